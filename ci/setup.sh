@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs everything memgate needs on a fresh Debian machine (and is cheap to rerun when all is there):
+# the Debian -dev packages (GoogleTest, Google Benchmark, yaml-cpp, nlohmann/json, ninja) and LibTorch from
+# the pinned torch wheel, in a virtual environment kept outside the repository.
+#
+#   ci/setup.sh            # install what is missing
+#   MEMGATE_VENV=/opt/memgate-venv ci/setup.sh
+#
+# Prints, on its last line, the Python whose torch the build uses (source ci/env.sh to get it in $MEMGATE_PYTHON).
+set -euo pipefail
+
+torch_version="${MEMGATE_TORCH_VERSION:-2.11.0}"
+venv="${MEMGATE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/memgate/venv}"
+debs=(cmake ninja-build g++ python3-venv libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev nlohmann-json3-dev)
+
+log() { printf '[memgate setup] %s\n' "$*" >&2; }
+
+# --- Debian packages -----------------------------------------------------------------------------------------
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+# python3-venv is only needed when the Python in use is Debian's own.
+if ((${#missing[@]})); then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  log "installing Debian packages: ${missing[*]}"
+  if ! $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1; then
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+else
+  log "Debian packages: all present"
+fi
+
+# --- LibTorch from the torch wheel, in a venv outside the repository -------------------------------------------
+python="${MEMGATE_PYTHON_BASE:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+  log "creating virtual environment $venv"
+  mkdir -p "$(dirname "$venv")"
+  "$python" -m venv "$venv"
+fi
+have=$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+if [[ "$have" == "$torch_version"* ]]; then
+  log "torch $have already in $venv: nothing to download"
+else
+  log "installing torch==$torch_version into $venv (a CUDA build: several GB on the first run)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_version"
+fi
+"$venv/bin/python" - <<'PY' >&2
+import torch
+print(f"[memgate setup] torch {torch.__version__}, CUDA {torch.version.cuda}, cmake prefix {torch.utils.cmake_prefix_path}")
+PY
+echo "$venv/bin/python"

@@ -1,0 +1,47 @@
+// A counting CPU allocator: LibTorch's CPU tensors go through it, so memgate can read current and peak bytes.
+#pragma once
+
+#include <c10/core/Allocator.h>
+
+#include <cstdint>
+
+namespace memgate {
+
+/// Counts the bytes that LibTorch's CPU tensors hold. Installed once per process with `c10::SetCPUAllocator`;
+/// every CPU allocation from then on is counted at its requested size (the size a tensor's storage asks for).
+///
+///   auto& counter = memgate::CountingCpuAllocator::install();
+///   counter.reset_peak();
+///   auto t = torch::ones({256});   // counter.current_bytes() grows by 1024
+///
+/// The DataPtr's pointer and context are the same pointer and `raw_deleter` frees it, as LibTorch's
+/// `raw_allocate` requires. Counters are atomic: tensors may be freed on any thread.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  /// Installs the allocator as LibTorch's CPU allocator (once; later calls return the same instance).
+  static CountingCpuAllocator& install();
+  /// The installed instance, or nullptr before `install()`.
+  [[nodiscard]] static CountingCpuAllocator* instance();
+
+  c10::DataPtr allocate(size_t nbytes) override;
+  [[nodiscard]] c10::DeleterFnPtr raw_deleter() const override;
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+
+  /// Bytes held now by tensors allocated through this allocator.
+  [[nodiscard]] std::int64_t current_bytes() const;
+  /// Highest `current_bytes()` since the last `reset_peak()`.
+  [[nodiscard]] std::int64_t peak_bytes() const;
+  /// Sets the peak to the current bytes.
+  void reset_peak();
+  /// Number of allocations since install.
+  [[nodiscard]] std::int64_t allocation_count() const;
+  /// Makes allocations that would take `current_bytes()` above `bytes` throw `c10::OutOfMemoryError`, as a GPU
+  /// of that size would; 0 removes the limit. Lets the CPU exercise out-of-memory handling.
+  void set_limit(std::int64_t bytes);
+  [[nodiscard]] std::int64_t limit() const;
+
+ private:
+  CountingCpuAllocator() = default;
+};
+
+}  // namespace memgate

@@ -1,0 +1,148 @@
+// memgate's command-line tool: profile a fixture; more subcommands below.
+#include "memgate/budget.h"
+#include "memgate/cpu_allocator.h"
+#include "memgate/device.h"
+#include "memgate/error.h"
+#include "memgate/fixture.h"
+#include "memgate/probe.h"
+#include "memgate/report.h"
+
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: memgate <command> [options]
+
+commands:
+  profile --config <model.yaml> [--batch-sizes 1,8,32] [--device auto|cpu|cuda[:N]] [--output <file.json>]
+          [--gpus <dir>] [--cpu-memory-limit-mib N]
+      Measures each component of a training step at each batch size and prints the report; --output also
+      writes it as JSON. An out-of-memory at one batch size is reported and the next batch sizes still run.
+
+  help
+      Prints this message.
+)";
+
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// "--flag value" pairs after the subcommand; every flag must be known and have a value.
+std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
+                                               const std::vector<std::string>& known) {
+  std::map<std::string, std::string> flags;
+  for (int i = first; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool has_value = false;
+    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    if (std::find(known.begin(), known.end(), arg) == known.end()) {
+      throw UsageError("unknown option '" + arg + "'");
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) throw UsageError("option " + arg + " needs a value");
+      value = argv[++i];
+    }
+    flags[arg] = value;
+  }
+  return flags;
+}
+
+std::vector<std::int64_t> parse_batch_sizes(const std::string& text) {
+  std::vector<std::int64_t> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    auto comma = text.find(',', start);
+    auto item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::int64_t v = 0;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 1) {
+      throw UsageError("--batch-sizes: expected positive integers separated by commas (e.g. 1,8,32), got '" +
+                       text + "'");
+    }
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string default_gpus_dir() {
+  if (const char* src = std::getenv("MEMGATE_SOURCE_DIR")) return std::string(src) + "/fixtures/gpus";
+  return std::string(MEMGATE_SOURCE_DIR) + "/fixtures/gpus";
+}
+
+int run_profile_command(int argc, char** argv) {
+  auto flags = parse_flags(argc, argv, 2,
+                           {"--config", "--batch-sizes", "--device", "--output", "--gpus", "--cpu-memory-limit-mib"});
+  if (!flags.count("--config")) throw UsageError("profile needs --config <model.yaml>");
+  const auto fixture = memgate::load_fixture(flags["--config"]);
+  const auto batch_sizes = flags.count("--batch-sizes") ? parse_batch_sizes(flags["--batch-sizes"]) : fixture.batch_sizes;
+  const auto device = memgate::resolve_device(flags.count("--device") ? flags["--device"] : "auto");
+  std::vector<memgate::GpuSpec> gpus;
+  const auto gpus_dir = flags.count("--gpus") ? flags["--gpus"] : default_gpus_dir();
+  if (std::filesystem::is_directory(gpus_dir)) gpus = memgate::load_gpus(gpus_dir);
+  if (flags.count("--cpu-memory-limit-mib")) {
+    std::int64_t mib = 0;
+    const auto& text = flags["--cpu-memory-limit-mib"];
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), mib);
+    if (ec != std::errc() || end != text.data() + text.size() || mib < 1) {
+      throw UsageError("--cpu-memory-limit-mib: expected a positive integer, got '" + text + "'");
+    }
+    memgate::CountingCpuAllocator::install().set_limit(mib << 20);
+  }
+  const auto profile = memgate::run_profile(fixture, batch_sizes, device);
+  std::cout << memgate::format_profile(profile, gpus);
+  if (flags.count("--output")) {
+    const std::filesystem::path out = flags["--output"];
+    if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+    const auto tmp = out.string() + ".tmp";
+    {
+      std::ofstream file(tmp);
+      if (!file) throw memgate::Error(out.string() + ": cannot write");
+      file << memgate::profile_to_json(profile).dump(2) << "\n";
+    }
+    std::filesystem::rename(tmp, out);
+    std::cout << "\nwrote " << out.string() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string command = argv[1];
+  try {
+    if (command == "profile") return run_profile_command(argc, argv);
+    if (command == "help" || command == "--help" || command == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+    throw UsageError("unknown command '" + command + "'");
+  } catch (const UsageError& e) {
+    std::cerr << "memgate: " << e.what() << "\n\n" << kUsage;
+    return 2;
+  } catch (const memgate::Error& e) {
+    std::cerr << "memgate: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "memgate: unexpected error: " << e.what() << "\n";
+    return 1;
+  }
+}
