@@ -19,7 +19,7 @@ endfunction()
 function(memgate_add_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE memgate::core GTest::gtest GTest::gmock memgate::warnings)
+  target_link_libraries(${name} PRIVATE memgate::core GTest::gtest_main GTest::gmock memgate::warnings)
   memgate_use_pch(${name})
   include(GoogleTest)
   gtest_discover_tests(${name}
@@ -33,4 +33,29 @@ function(memgate_add_bench name)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE memgate::core benchmark::benchmark memgate::warnings)
   memgate_use_pch(${name})
+endfunction()
+
+# memgate_add_memory_suite(<name> SOURCES <files...>)
+# The memory regression suite executable. Its CTest tests are listed when ctest runs (from fixtures/suites/*.yaml,
+# so a new fixture needs no reconfigure), one per fixture x batch size x component, each with the labels
+# cpu|gpu, memory, the fixture and the component, and GPU tests claiming one GPU through RESOURCE_GROUPS.
+function(memgate_add_memory_suite name)
+  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE memgate::core GTest::gtest memgate::warnings)
+  memgate_use_pch(${name})
+  set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_include.cmake")
+  set(list_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_tests.cmake")
+  file(GENERATE OUTPUT "${include_file}" CONTENT
+"execute_process(COMMAND \"$<TARGET_FILE:${name}>\" --memgate_ctest_list
+  OUTPUT_FILE \"${list_file}\" ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(rc EQUAL 0)
+  include(\"${list_file}\")
+else()
+  string(REPLACE \"\\n\" \" \" err \"\${err}\")
+  add_test(${name}_cannot_list_suites \"${CMAKE_COMMAND}\" -E echo \"memgate: listing the memory suites failed: \${err}\")
+  set_tests_properties(${name}_cannot_list_suites PROPERTIES LABELS \"cpu;gpu;memory\" WILL_FAIL TRUE)
+endif()
+")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${include_file}")
 endfunction()

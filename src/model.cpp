@@ -22,6 +22,11 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, torch::Device device, 
   torch::manual_seed(seed);
   nn::ParamOptions param{device, torch::kFloat32};
   if (const auto* vit = std::get_if<VitSpec>(&spec.spec)) return make_vit_model(*vit, param);
+  if (const auto* resnet = std::get_if<ResNetSpec>(&spec.spec)) return make_resnet_model(*resnet, param);
+  if (const auto* unet = std::get_if<UNetSpec>(&spec.spec)) return make_unet_model(*unet, param);
+  if (const auto* gpt = std::get_if<GptSpec>(&spec.spec)) return make_gpt_model(*gpt, param);
+  if (const auto* segnet = std::get_if<SegNetSpec>(&spec.spec)) return make_segnet_model(*segnet, param);
+  if (const auto* mm = std::get_if<MultimodalSpec>(&spec.spec)) return make_multimodal_model(*mm, param);
   throw Error("model.arch: '" + spec.arch + "' is not built by this version of memgate");
 }
 
