@@ -6,6 +6,7 @@
 #include "memgate/fixture.h"
 #include "memgate/probe.h"
 #include "memgate/report.h"
+#include "memgate/summary.h"
 
 #include <charconv>
 #include <cstdio>
@@ -25,6 +26,11 @@ commands:
           [--gpus <dir>] [--cpu-memory-limit-mib N]
       Measures each component of a training step at each batch size and prints the report; --output also
       writes it as JSON. An out-of-memory at one batch size is reported and the next batch sizes still run.
+
+  summary --results <memgate-results.jsonl> [--output <summary.md>]
+      Turns the memory suite's results into a Markdown table per fixture (component x batch size: baseline,
+      measured, difference); appends it to $GITHUB_STEP_SUMMARY when that is set. Exits 1 when any
+      component regressed, changed or ran out of memory.
 
   help
       Prints this message.
@@ -120,6 +126,20 @@ int run_profile_command(int argc, char** argv) {
   return 0;
 }
 
+int run_summary_command(int argc, char** argv) {
+  auto flags = parse_flags(argc, argv, 2, {"--results", "--output"});
+  if (!flags.count("--results")) throw UsageError("summary needs --results <memgate-results.jsonl>");
+  const auto summary = memgate::summarize_results(flags["--results"]);
+  std::cout << summary.markdown;
+  if (flags.count("--output")) {
+    std::ofstream(flags["--output"]) << summary.markdown;
+  }
+  if (const char* step = std::getenv("GITHUB_STEP_SUMMARY"); step != nullptr && *step != '\0') {
+    std::ofstream(step, std::ios::app) << summary.markdown;
+  }
+  return summary.failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,6 +150,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   try {
     if (command == "profile") return run_profile_command(argc, argv);
+    if (command == "summary") return run_summary_command(argc, argv);
     if (command == "help" || command == "--help" || command == "-h") {
       std::cout << kUsage;
       return 0;

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine (ci/setup.sh) and runs memgate's tests: configure, build, unit tests and the CPU memory
+# gate, through the `cpu` workflow preset. JUnit lands in build/cpu/junit.xml, the gate's summary in
+# build/cpu/memgate-summary.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=$(ci/setup.sh)
+export MEMGATE_PYTHON="$python"
+rm -f build/cpu/memgate-results.jsonl
+status=0
+cmake --workflow --preset cpu || status=$?
+if [ -s build/cpu/memgate-results.jsonl ]; then
+  build/cpu/src/memgate summary --results build/cpu/memgate-results.jsonl --output build/cpu/memgate-summary.md \
+    >/dev/null || true
+fi
+exit "$status"
