@@ -7,6 +7,18 @@
 
 namespace memgate {
 
+namespace {
+
+// Table cells: MiB, or KiB below one MiB so that the tiny CPU twins do not read as zero.
+std::string format_cell(std::int64_t bytes) {
+  if (bytes >= (1 << 20) || bytes == 0) return format_mib(bytes);
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.1f KiB", static_cast<double>(bytes) / 1024.0);
+  return buffer;
+}
+
+}  // namespace
+
 std::string format_mib(std::int64_t bytes) {
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
@@ -74,7 +86,7 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
   for (auto name : kComponents) {
     out << std::left << std::setw(kNameWidth) << name;
     for (const auto& p : profile.probes) {
-      out << std::right << std::setw(kColWidth) << (p.oom ? std::string("OOM") : format_mib(p.components.get(name)));
+      out << std::right << std::setw(kColWidth) << (p.oom ? std::string("OOM") : format_cell(p.components.get(name)));
     }
     out << "\n";
   }
