@@ -4,6 +4,7 @@
 
 #include "memgate/error.h"
 #include "memgate/memory_backend.h"
+#include "memgate/train_step.h"
 #include "memgate/training.h"
 
 #include <ATen/Context.h>
@@ -144,11 +145,7 @@ Measured measure(const Fixture& fixture, std::int64_t batch_size, c10::Device de
       tracker->reset();
       before = backend.snapshot().allocated;
     }
-    {
-      AutocastScope autocast(device.type(), training.precision);
-      loss = model->loss(batch);
-    }
-    if (k > 1) loss = loss / static_cast<double>(k);
+    loss = micro_batch_loss(*model, batch, training, device.type());
     if (measure_forward) {
       backend.synchronize();
       const auto s = backend.snapshot();
