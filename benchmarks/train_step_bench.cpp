@@ -1,0 +1,283 @@
+// memgate_bench: the time and peak memory of one training step, for every probe of the suites the tests run
+// (fixtures/suites/cpu.yaml and gpu.yaml), as Google Benchmark cases:
+//
+//   BM_TrainStep/fixture:vit_tiny_lora/bs:8/real_time             CPU: wall time
+//   BM_TrainStep/gpu/fixture:retfound_large_lora/bs:32/manual_time  GPU: CUDA events around each step
+//
+// One iteration is one whole step (TrainingStep::run: every accumulation micro-batch, the optimizer step,
+// zero_grad). The model is built and warmed up outside the timed region, once per case (later repetitions reuse
+// it). Memory: a MemoryManager reports the step's peak allocated bytes as `max_bytes_used` (above what was
+// allocated before the model was built, as the probe's step_peak), and each case has the counters
+// peak_allocated_MiB, peak_reserved_MiB and samples_per_second. GPU cases skip with an error where no GPU is
+// present.
+#include "memgate/cpu_allocator.h"
+#include "memgate/device.h"
+#include "memgate/error.h"
+#include "memgate/fixture.h"
+#include "memgate/memory_backend.h"
+#include "memgate/probe.h"
+#include "memgate/suite.h"
+#include "memgate/train_step.h"
+
+#include <benchmark/benchmark.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <deque>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+/// Full steps before the timed ones: optimizer state, workspaces and caches exist after them.
+constexpr int kWarmupSteps = 2;
+
+// Allocations so far on a device (the counting CPU allocator, or CUDA's caching allocator's count).
+std::int64_t allocation_count(c10::Device device) {
+  if (device.is_cpu()) return memgate::CountingCpuAllocator::install().allocation_count();
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  return stats.allocation[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].allocated;
+}
+
+// What the last run of a case measured: its steps' peaks and allocations. Filled by the case, read by the
+// memory manager's Stop and by the case's counters.
+struct StepMemory {
+  std::int64_t peak_allocated = 0;  // bytes, above what was allocated before the model was built
+  std::int64_t peak_reserved = 0;
+  std::int64_t allocations = 0;     // during the timed steps
+};
+std::optional<StepMemory> g_last_steps;
+std::string g_current_case;  // the registered name of the case that ran last
+
+// Reports the peak allocated bytes of the steps of a case (benchmark 1.7.1 runs each case once more between
+// Start and Stop for it, with up to 16 iterations, after each repetition).
+//
+// It also keeps every result: benchmark 1.7.1 reports a run's memory through a pointer into a std::vector that
+// grows with each repetition, so all but the last repetitions would print freed memory (max_bytes_used: 9).
+// StableMemoryReporter points the runs at these copies instead.
+class StepMemoryManager final : public benchmark::MemoryManager {
+ public:
+  void Start() override {
+    g_last_steps.reset();
+    memgate::make_memory_backend(c10::Device(c10::DeviceType::CPU))->reset_peak();
+    if (memgate::cuda_available()) memgate::make_memory_backend(memgate::resolve_device("cuda"))->reset_peak();
+  }
+  void Stop(Result& result) override {
+    if (g_last_steps) {  // else the case was skipped
+      result.max_bytes_used = g_last_steps->peak_allocated;
+      result.num_allocs = g_last_steps->allocations;
+    }
+    results_[g_current_case].push_back(result);
+  }
+  // benchmark 1.7.1 still declares the deprecated pointer overload pure virtual.
+  void Stop(Result* result) override { Stop(*result); }
+
+  // The result of a case's repetition, or nullptr.
+  [[nodiscard]] const Result* find(const std::string& name, std::int64_t repetition) const {
+    auto it = results_.find(name);
+    if (it == results_.end() || repetition < 0 || static_cast<std::size_t>(repetition) >= it->second.size()) {
+      return nullptr;
+    }
+    return &it->second[static_cast<std::size_t>(repetition)];
+  }
+
+ private:
+  std::map<std::string, std::deque<Result>> results_;  // deque: pointers stay valid as it grows
+};
+
+// Passes runs to another reporter with their memory results taken from the memory manager's copies.
+class StableMemoryReporter final : public benchmark::BenchmarkReporter {
+ public:
+  StableMemoryReporter(std::unique_ptr<benchmark::BenchmarkReporter> inner, const StepMemoryManager& memory)
+      : inner_(std::move(inner)), memory_(memory) {}
+  bool ReportContext(const Context& context) override {
+    // The library sets this reporter's streams (the --benchmark_out file) before it calls ReportContext.
+    inner_->SetOutputStream(&GetOutputStream());
+    inner_->SetErrorStream(&GetErrorStream());
+    return inner_->ReportContext(context);
+  }
+  void ReportRuns(const std::vector<Run>& runs) override {
+    auto fixed = runs;
+    for (auto& run : fixed) {
+      if (run.memory_result == nullptr || run.run_type != Run::RT_Iteration) continue;
+      const auto* result = memory_.find(run.run_name.function_name, run.repetition_index);
+      if (result != nullptr) run.memory_result = result;
+    }
+    inner_->ReportRuns(fixed);
+  }
+  void Finalize() override { inner_->Finalize(); }
+
+ private:
+  std::unique_ptr<benchmark::BenchmarkReporter> inner_;
+  const StepMemoryManager& memory_;
+};
+
+// The value of `--<flag>=value` on the command line (before benchmark::Initialize consumes it).
+std::optional<std::string> flag_value(int argc, char** argv, const std::string& flag) {
+  std::optional<std::string> value;
+  const auto prefix = "--" + flag + "=";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind(prefix, 0) == 0) value = arg.substr(prefix.size());
+  }
+  return value;
+}
+
+// A case's model, optimizer and batch, built once and kept while the same case runs again (repetitions, the
+// memory manager's run); building another case frees it first.
+struct Prepared {
+  std::string key;
+  c10::Device device{c10::DeviceType::CPU};
+  std::unique_ptr<memgate::MemoryBackend> backend;
+  memgate::MemorySnapshot base;  // before the model was built
+  std::unique_ptr<memgate::TrainingStep> step;
+};
+std::unique_ptr<Prepared> g_prepared;
+
+void release_prepared() {
+  if (!g_prepared) return;
+  auto backend = std::move(g_prepared->backend);
+  g_prepared.reset();
+  backend->empty_cache();
+}
+
+Prepared& prepare(const std::string& key, const memgate::Fixture& fixture, std::int64_t batch_size,
+                  c10::Device device) {
+  if (g_prepared && g_prepared->key == key) return *g_prepared;
+  release_prepared();
+  auto p = std::make_unique<Prepared>();
+  p->key = key;
+  p->device = device;
+  p->backend = memgate::make_memory_backend(device);
+  p->backend->apply_allocator_settings(fixture.training.allocator);
+  p->backend->empty_cache();
+  p->backend->synchronize();
+  p->base = p->backend->snapshot();
+  p->step = std::make_unique<memgate::TrainingStep>(fixture, batch_size, device);
+  for (int i = 0; i < kWarmupSteps; ++i) p->step->run();
+  p->backend->synchronize();
+  g_prepared = std::move(p);
+  return *g_prepared;
+}
+
+struct Case {
+  std::string name;  // as registered
+  memgate::ProbeCase probe;
+  std::string device;  // the suite's: cpu | cuda
+};
+
+void BM_TrainStep(benchmark::State& state, const Case& c) {
+  g_current_case = c.name;
+  const bool on_gpu = c.device != "cpu";
+  if (on_gpu && !memgate::cuda_available()) {
+    state.SkipWithError("no GPU: LibTorch sees no CUDA device, GPU cases skip");
+    return;
+  }
+  try {
+    const auto device = memgate::resolve_device(c.device);
+    std::optional<c10::cuda::CUDAGuard> guard;
+    if (on_gpu) guard.emplace(device);
+    const auto fixture = memgate::load_fixture(c.probe.fixture_path);
+    auto& p = prepare(c.probe.name() + "@" + c.device, fixture, c.probe.batch_size, device);
+    auto& backend = *p.backend;
+
+    backend.synchronize();
+    backend.reset_peak();
+    const auto allocations_before = allocation_count(device);
+    if (on_gpu) {
+      c10::cuda::CUDAEvent start(cudaEventDefault);
+      c10::cuda::CUDAEvent end(cudaEventDefault);
+      for (auto _ : state) {
+        start.record();
+        p.step->run();
+        end.record();
+        end.synchronize();
+        state.SetIterationTime(static_cast<double>(start.elapsed_time(end)) / 1000.0);
+      }
+    } else {
+      for (auto _ : state) p.step->run();
+    }
+    backend.synchronize();
+    const auto s = backend.snapshot();
+    StepMemory m;
+    m.peak_allocated = s.peak_allocated - p.base.allocated;
+    m.peak_reserved = s.peak_reserved - p.base.reserved;
+    m.allocations = allocation_count(device) - allocations_before;
+    g_last_steps = m;
+
+    state.counters["peak_allocated_MiB"] = static_cast<double>(m.peak_allocated) / kMiB;
+    state.counters["peak_reserved_MiB"] = static_cast<double>(m.peak_reserved) / kMiB;
+    state.counters["samples_per_second"] = benchmark::Counter(
+        static_cast<double>(p.step->samples_per_step() * state.iterations()), benchmark::Counter::kIsRate);
+  } catch (const c10::OutOfMemoryError& e) {
+    release_prepared();
+    state.SkipWithError(("out of memory: " + std::string(e.what_without_backtrace())).c_str());
+  } catch (const std::exception& e) {
+    release_prepared();
+    state.SkipWithError(e.what());
+  }
+}
+
+// Registers one case per probe of a suite file; returns false (after saying why) when the file is bad.
+bool register_suite(const std::string& suite_name, std::vector<std::unique_ptr<Case>>& cases) {
+  const auto dir = memgate::source_dir();
+  memgate::Suite suite;
+  try {
+    suite = memgate::load_suite(dir + "/fixtures/suites/" + suite_name + ".yaml", dir + "/fixtures/models");
+  } catch (const memgate::Error& e) {
+    std::cerr << "memgate_bench: " << e.what() << "\n";
+    return false;
+  }
+  const std::string prefix = suite.device == "cpu" ? "" : suite.name + "/";
+  for (const auto& probe : suite.probes) {
+    const auto name = "BM_TrainStep/" + prefix + "fixture:" + probe.fixture + "/bs:" + std::to_string(probe.batch_size);
+    cases.push_back(std::make_unique<Case>(Case{name, probe, suite.device}));
+    const Case& c = *cases.back();
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [&c](benchmark::State& state) { BM_TrainStep(state, c); });
+    b->Unit(benchmark::kMillisecond);
+    if (suite.device == "cpu") {
+      b->UseRealTime();
+    } else {
+      b->UseManualTime();
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before any tensor: CPU bytes are counted from the first allocation on, and probes pin intra-op threads.
+  memgate::CountingCpuAllocator::install();
+  torch::set_num_threads(1);
+  memgate::configure_determinism();
+
+  // A JSON file reporter of our own where --benchmark_out is given (the library refuses one without it); the
+  // console and CSV formats print no memory.
+  const auto out = flag_value(argc, argv, "benchmark_out");
+  const bool json_out = out && !out->empty() && flag_value(argc, argv, "benchmark_out_format").value_or("json") == "json";
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  std::vector<std::unique_ptr<Case>> cases;
+  if (!register_suite("cpu", cases) || !register_suite("gpu", cases)) return 1;
+  StepMemoryManager memory;
+  benchmark::RegisterMemoryManager(&memory);
+  std::unique_ptr<benchmark::BenchmarkReporter> file_reporter;
+  if (json_out) file_reporter = std::make_unique<StableMemoryReporter>(std::make_unique<benchmark::JSONReporter>(), memory);
+  // nullptr: the display that --benchmark_format asks for. A filter that matches no case is an error.
+  const auto matched = benchmark::RunSpecifiedBenchmarks(nullptr, file_reporter.get());
+  benchmark::RegisterMemoryManager(nullptr);
+  release_prepared();
+  benchmark::Shutdown();
+  return matched > 0 ? 0 : 1;
+}
