@@ -1,4 +1,5 @@
 // memgate's command-line tool: profile a fixture; more subcommands below.
+#include "memgate/bench_compare.h"
 #include "memgate/budget.h"
 #include "memgate/cpu_allocator.h"
 #include "memgate/device.h"
@@ -31,6 +32,19 @@ commands:
       Turns the memory suite's results into a Markdown table per fixture (component x batch size: baseline,
       measured, difference); appends it to $GITHUB_STEP_SUMMARY when that is set. Exits 1 when any
       component regressed, changed or ran out of memory.
+
+  bench-compare <old.json> <new.json> [--threshold-pct 5]
+      Compares two memgate_bench runs (Google Benchmark JSON, e.g. build/cpu/bench.json of `ctest --preset
+      bench`) case by case: mean step time +- its standard deviation across repetitions, the change in %,
+      and the peak allocated memory. Time is "slower"/"faster" only when the means differ by more than the
+      threshold AND by more than the noise, |mean_new - mean_old| > 3 x sqrt(sd_old^2/n_old + sd_new^2/n_new)
+      (a Welch-style bound); else "same". Memory is deterministic: "grew"/"shrank" beyond 0.5%. Cases in one
+      file only are listed as added/removed. Exits 1 when a case got slower or its memory grew.
+
+  bench-convert <bench.json> --output <file.json>
+      Writes the peak memory of each case in github-action-benchmark's customSmallerIsBetter format
+      ([{"name": "<case> peak_allocated", "unit": "MiB", "value": ...}]); the time JSON itself goes to
+      github-action-benchmark unchanged, with `tool: googlecpp`.
 
   help
       Prints this message.
@@ -140,6 +154,71 @@ int run_summary_command(int argc, char** argv) {
   return summary.failed ? 1 : 0;
 }
 
+// Positional arguments and "--flag value" pairs after the subcommand, in any order.
+std::vector<std::string> split_positionals(int argc, char** argv, int first, std::vector<std::string>& rest) {
+  std::vector<std::string> positionals;
+  for (int i = first; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) == 0) {
+      rest.push_back(arg);
+      if (arg.find('=') == std::string::npos && i + 1 < argc) rest.emplace_back(argv[++i]);
+    } else {
+      positionals.push_back(arg);
+    }
+  }
+  return positionals;
+}
+
+std::map<std::string, std::string> parse_rest(const std::vector<std::string>& rest,
+                                              const std::vector<std::string>& known) {
+  std::vector<char*> args{nullptr};
+  for (const auto& a : rest) args.push_back(const_cast<char*>(a.c_str()));
+  return parse_flags(static_cast<int>(args.size()), args.data(), 1, known);
+}
+
+int run_bench_compare_command(int argc, char** argv) {
+  std::vector<std::string> rest;
+  const auto files = split_positionals(argc, argv, 2, rest);
+  auto flags = parse_rest(rest, {"--threshold-pct"});
+  if (files.size() != 2) throw UsageError("bench-compare needs <old.json> <new.json>");
+  memgate::CompareOptions options;
+  if (flags.count("--threshold-pct")) {
+    const auto& text = flags["--threshold-pct"];
+    std::size_t used = 0;
+    double pct = -1.0;
+    try {
+      pct = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != text.size() || pct < 0.0) {
+      throw UsageError("--threshold-pct: expected a number >= 0, got '" + text + "'");
+    }
+    options.threshold_pct = pct;
+  }
+  const auto comparison =
+      memgate::compare_bench(memgate::load_bench_json(files[0]), memgate::load_bench_json(files[1]), options);
+  std::cout << comparison.text;
+  return comparison.regressed ? 1 : 0;
+}
+
+int run_bench_convert_command(int argc, char** argv) {
+  std::vector<std::string> rest;
+  const auto files = split_positionals(argc, argv, 2, rest);
+  auto flags = parse_rest(rest, {"--output"});
+  if (files.size() != 1 || !flags.count("--output")) {
+    throw UsageError("bench-convert needs <bench.json> --output <file.json>");
+  }
+  const auto entries = memgate::bench_memory_to_custom(memgate::load_bench_json(files[0]));
+  const std::filesystem::path out = flags["--output"];
+  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+  std::ofstream file(out);
+  if (!file) throw memgate::Error(out.string() + ": cannot write");
+  file << entries.dump(2) << "\n";
+  std::cout << "wrote " << entries.size() << " entries to " << out.string() << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,6 +230,8 @@ int main(int argc, char** argv) {
   try {
     if (command == "profile") return run_profile_command(argc, argv);
     if (command == "summary") return run_summary_command(argc, argv);
+    if (command == "bench-compare") return run_bench_compare_command(argc, argv);
+    if (command == "bench-convert") return run_bench_convert_command(argc, argv);
     if (command == "help" || command == "--help" || command == "-h") {
       std::cout << kUsage;
       return 0;

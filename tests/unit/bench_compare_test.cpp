@@ -1,0 +1,335 @@
+// bench-compare and bench-convert: verdicts on hand-made Google Benchmark JSON, and memgate_bench end to end.
+#include "memgate/bench_compare.h"
+#include "memgate/error.h"
+#include "memgate/suite.h"
+#include "test_util.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// One case of a hand-made run: its repetitions' times (ms) and its peak bytes.
+struct FakeCase {
+  std::string name;
+  std::vector<double> ms;
+  double peak_bytes = 0.0;
+};
+
+// A Google Benchmark JSON document as memgate_bench writes it: per-repetition runs, then the aggregates (which
+// the comparison must ignore: they get nonsense numbers here).
+nlohmann::json bench_doc(const std::vector<FakeCase>& cases) {
+  nlohmann::json doc = {{"context", {{"executable", "memgate_bench"}, {"num_cpus", 2}}},
+                        {"benchmarks", nlohmann::json::array()}};
+  for (const auto& c : cases) {
+    const auto run_name = c.name + "/real_time";
+    for (std::size_t i = 0; i < c.ms.size(); ++i) {
+      doc["benchmarks"].push_back({{"name", run_name},
+                                   {"run_name", run_name},
+                                   {"run_type", "iteration"},
+                                   {"repetitions", c.ms.size()},
+                                   {"repetition_index", i},
+                                   {"iterations", 10},
+                                   {"real_time", c.ms[i]},
+                                   {"cpu_time", c.ms[i]},
+                                   {"time_unit", "ms"},
+                                   {"allocs_per_iter", 100.0},
+                                   {"max_bytes_used", c.peak_bytes},
+                                   {"peak_allocated_MiB", c.peak_bytes / kMiB}});
+    }
+    for (const char* aggregate : {"mean", "median", "stddev", "cv"}) {
+      doc["benchmarks"].push_back({{"name", run_name + "_" + aggregate},
+                                   {"run_name", run_name},
+                                   {"run_type", "aggregate"},
+                                   {"aggregate_name", aggregate},
+                                   {"real_time", 1e9},
+                                   {"cpu_time", 1e9},
+                                   {"time_unit", "ms"}});
+    }
+  }
+  return doc;
+}
+
+std::map<std::string, BenchCase> cases_of(const std::vector<FakeCase>& cases) {
+  return parse_bench_json(bench_doc(cases), "test");
+}
+
+const CaseComparison& find(const BenchComparison& c, const std::string& name) {
+  for (const auto& x : c.cases) {
+    if (x.name == name) return x;
+  }
+  throw std::runtime_error("no case " + name);
+}
+
+const std::vector<double> kSteady{10.0, 10.1, 9.9, 10.05, 9.95};
+
+TEST(BenchCompareTest, ParsesRepetitionsAndIgnoresAggregates) {
+  const auto cases = cases_of({{"BM_A", {10.0, 12.0, 14.0}, 8 * kMiB}});
+  ASSERT_EQ(cases.size(), 1U);
+  const auto& c = cases.at("BM_A/real_time");
+  EXPECT_EQ(c.seconds.size(), 3U);
+  EXPECT_NEAR(c.mean(), 0.012, 1e-12);
+  EXPECT_NEAR(c.stddev(), 0.002, 1e-12);
+  ASSERT_TRUE(c.peak_bytes.has_value());
+  EXPECT_DOUBLE_EQ(*c.peak_bytes, 8 * kMiB);
+}
+
+TEST(BenchCompareTest, IdenticalRunsAreAllSame) {
+  const std::vector<FakeCase> run{{"BM_A", kSteady, 8 * kMiB}, {"BM_B", {3.0, 3.1, 2.9}, 2 * kMiB}};
+  const auto c = compare_bench(cases_of(run), cases_of(run));
+  EXPECT_FALSE(c.regressed);
+  ASSERT_EQ(c.cases.size(), 2U);
+  for (const auto& x : c.cases) {
+    EXPECT_EQ(x.status, "compared");
+    EXPECT_EQ(x.time_verdict, "same") << x.name;
+    EXPECT_EQ(x.memory_verdict, "same") << x.name;
+  }
+  EXPECT_THAT(c.text, HasSubstr("2 cases compared: 0 slower, 0 faster, 0 grew, 0 shrank"));
+}
+
+TEST(BenchCompareTest, FiftyPercentSlowerBeyondTheNoiseIsSlower) {
+  std::vector<double> slow;
+  for (double ms : kSteady) slow.push_back(ms * 1.5);
+  const auto c = compare_bench(cases_of({{"BM_A", kSteady, 8 * kMiB}}), cases_of({{"BM_A", slow, 8 * kMiB}}));
+  const auto& a = find(c, "BM_A/real_time");
+  EXPECT_EQ(a.time_verdict, "slower");
+  EXPECT_NEAR(a.time_change_pct, 50.0, 1e-9);
+  EXPECT_EQ(a.memory_verdict, "same");
+  EXPECT_TRUE(c.regressed);
+
+  const auto back = compare_bench(cases_of({{"BM_A", slow, 8 * kMiB}}), cases_of({{"BM_A", kSteady, 8 * kMiB}}));
+  EXPECT_EQ(find(back, "BM_A/real_time").time_verdict, "faster");
+  EXPECT_FALSE(back.regressed) << "faster is no regression";
+}
+
+TEST(BenchCompareTest, TenPercentMoreMemoryGrew) {
+  const auto c = compare_bench(cases_of({{"BM_A", kSteady, 100 * kMiB}}),
+                               cases_of({{"BM_A", kSteady, 110 * kMiB}}));
+  const auto& a = find(c, "BM_A/real_time");
+  EXPECT_EQ(a.memory_verdict, "grew");
+  ASSERT_TRUE(a.memory_change_pct.has_value());
+  EXPECT_NEAR(*a.memory_change_pct, 10.0, 1e-9);
+  EXPECT_EQ(a.time_verdict, "same");
+  EXPECT_TRUE(c.regressed);
+  EXPECT_THAT(c.text, HasSubstr("+10.0%"));
+
+  const auto small = compare_bench(cases_of({{"BM_A", kSteady, 100 * kMiB}}),
+                                   cases_of({{"BM_A", kSteady, 100.4 * kMiB}}));
+  EXPECT_EQ(find(small, "BM_A/real_time").memory_verdict, "same") << "within 0.5%";
+  const auto shrank = compare_bench(cases_of({{"BM_A", kSteady, 100 * kMiB}}),
+                                    cases_of({{"BM_A", kSteady, 90 * kMiB}}));
+  EXPECT_EQ(find(shrank, "BM_A/real_time").memory_verdict, "shrank");
+  EXPECT_FALSE(shrank.regressed);
+}
+
+TEST(BenchCompareTest, NoisyRunsWithOverlappingSpreadsAreSame) {
+  // +30% on the means, far beyond the 5% threshold, but the repetitions scatter by +-40%: within the noise.
+  const auto c = compare_bench(cases_of({{"BM_A", {10.0, 14.0, 6.0, 12.0, 8.0}, 8 * kMiB}}),
+                               cases_of({{"BM_A", {13.0, 9.0, 17.0, 11.0, 15.0}, 8 * kMiB}}));
+  const auto& a = find(c, "BM_A/real_time");
+  EXPECT_NEAR(a.time_change_pct, 30.0, 1e-9);
+  EXPECT_GT(a.noise_seconds, 0.003);
+  EXPECT_EQ(a.time_verdict, "same");
+  EXPECT_FALSE(c.regressed);
+}
+
+TEST(BenchCompareTest, ChangesWithinTheThresholdAreSameEvenWithoutNoise) {
+  const auto c = compare_bench(cases_of({{"BM_A", {10.0, 10.0, 10.0}, kMiB}}),
+                               cases_of({{"BM_A", {10.4, 10.4, 10.4}, kMiB}}));
+  EXPECT_EQ(find(c, "BM_A/real_time").time_verdict, "same");
+  CompareOptions strict;
+  strict.threshold_pct = 1.0;
+  const auto s = compare_bench(cases_of({{"BM_A", {10.0, 10.0, 10.0}, kMiB}}),
+                               cases_of({{"BM_A", {10.4, 10.4, 10.4}, kMiB}}), strict);
+  EXPECT_EQ(find(s, "BM_A/real_time").time_verdict, "slower");
+}
+
+TEST(BenchCompareTest, CasesInOneFileAreAddedOrRemoved) {
+  const auto c = compare_bench(cases_of({{"BM_A", kSteady, kMiB}, {"BM_Old", kSteady, kMiB}}),
+                               cases_of({{"BM_A", kSteady, kMiB}, {"BM_New", kSteady, kMiB}}));
+  EXPECT_EQ(find(c, "BM_Old/real_time").status, "removed");
+  EXPECT_EQ(find(c, "BM_New/real_time").status, "added");
+  EXPECT_FALSE(c.regressed);
+  EXPECT_THAT(c.text, HasSubstr("added:   BM_New/real_time"));
+  EXPECT_THAT(c.text, HasSubstr("removed: BM_Old/real_time"));
+}
+
+TEST(BenchCompareTest, SkippedCasesAreListedWithTheirError) {
+  auto doc = bench_doc({});
+  doc["benchmarks"].push_back({{"name", "BM_Gpu/manual_time"},
+                               {"run_name", "BM_Gpu/manual_time"},
+                               {"run_type", "iteration"},
+                               {"error_occurred", true},
+                               {"error_message", "no GPU: LibTorch sees no CUDA device"}});
+  const auto cases = parse_bench_json(doc, "test");
+  const auto c = compare_bench(cases, cases);
+  EXPECT_EQ(find(c, "BM_Gpu/manual_time").status, "skipped");
+  EXPECT_THAT(c.text, HasSubstr("skipped in both runs: 1 case: no GPU"));
+
+  auto ran = bench_doc({});
+  ran["benchmarks"].push_back({{"name", "BM_Gpu/manual_time"},
+                               {"run_name", "BM_Gpu/manual_time"},
+                               {"run_type", "iteration"},
+                               {"real_time", 5.0},
+                               {"time_unit", "ms"},
+                               {"max_bytes_used", 1024}});
+  const auto once = compare_bench(cases, parse_bench_json(ran, "test"));
+  EXPECT_EQ(find(once, "BM_Gpu/manual_time").status, "skipped");
+  EXPECT_THAT(once.text, HasSubstr("skipped in the old run: no GPU"));
+  EXPECT_FALSE(c.regressed);
+}
+
+TEST(BenchCompareTest, BadFilesNameTheFile) {
+  testing::TempDir dir;
+  testing::write_file(dir / "bad.json", "{ not json");
+  testing::write_file(dir / "other.json", "{\"results\": []}");
+  EXPECT_THROW((void)load_bench_json(dir / "missing.json"), Error);
+  try {
+    (void)load_bench_json(dir / "bad.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("bad.json: not valid JSON"));
+  }
+  try {
+    (void)load_bench_json(dir / "other.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("other.json: not a Google Benchmark JSON file"));
+  }
+}
+
+TEST(BenchCompareTest, MemoryConvertsToCustomSmallerIsBetter) {
+  const auto j = bench_memory_to_custom(cases_of({{"BM_A", kSteady, 12.5 * kMiB}}));
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 1U);
+  EXPECT_EQ(j[0]["name"], "BM_A/real_time peak_allocated");
+  EXPECT_EQ(j[0]["unit"], "MiB");
+  EXPECT_DOUBLE_EQ(j[0]["value"].get<double>(), 12.5);
+}
+
+// The command line: exit codes and files.
+TEST(BenchCompareCliTest, ExitCodesFollowTheVerdicts) {
+  testing::TempDir dir;
+  std::vector<double> slow;
+  for (double ms : kSteady) slow.push_back(ms * 1.5);
+  testing::write_file(dir / "old.json", bench_doc({{"BM_A", kSteady, 8 * kMiB}}).dump());
+  testing::write_file(dir / "same.json", bench_doc({{"BM_A", kSteady, 8 * kMiB}}).dump());
+  testing::write_file(dir / "slow.json", bench_doc({{"BM_A", slow, 8 * kMiB}}).dump());
+  testing::write_file(dir / "grew.json", bench_doc({{"BM_A", kSteady, 8.8 * kMiB}}).dump());
+  const std::string cli = MEMGATE_CLI;
+  std::string out;
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "same.json"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("same"));
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "slow.json"), &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("slower"));
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "slow.json") +
+                             " --threshold-pct 60", &out), 0)
+      << out;
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "grew.json"), &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("grew"));
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json"), &out), 2) << out;
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "missing.json"), &out), 1);
+  EXPECT_THAT(out, HasSubstr("missing.json: cannot read"));
+
+  EXPECT_EQ(testing::run(cli + " bench-convert " + (dir / "old.json") + " --output " + (dir / "mem.json"), &out), 0)
+      << out;
+  const auto j = nlohmann::json::parse(testing::read_file(dir / "mem.json"));
+  ASSERT_EQ(j.size(), 1U);
+  EXPECT_EQ(j[0]["name"], "BM_A/real_time peak_allocated");
+  EXPECT_DOUBLE_EQ(j[0]["value"].get<double>(), 8.0);
+}
+
+// memgate_bench end to end: one tiny CPU case, three repetitions.
+class BenchEndToEndTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifndef MEMGATE_BENCH
+    GTEST_SKIP() << "memgate_bench is not built (MEMGATE_BUILD_BENCHMARKS=OFF)";
+#endif
+  }
+
+  // Runs memgate_bench on the cases matching `filter`; returns the JSON file it wrote.
+  std::string bench(const std::string& source_dir, const std::string& filter, const std::string& out_name) {
+    const auto out = dir / out_name;
+    std::string log;
+#ifdef MEMGATE_BENCH
+    const int rc = testing::run("MEMGATE_SOURCE_DIR=" + source_dir + " " + MEMGATE_BENCH + " --benchmark_filter='" +
+                                    filter + "' --benchmark_repetitions=3 --benchmark_min_time=0.01" +
+                                    " --benchmark_out_format=json --benchmark_out=" + out,
+                                &log);
+    EXPECT_EQ(rc, 0) << log;
+#endif
+    EXPECT_TRUE(fs::exists(out)) << log;
+    return out;
+  }
+
+  int compare(const std::string& old_json, const std::string& new_json, std::string* out) {
+    // Timing noise of two runs is not what these tests check: only memory may fail them.
+    return testing::run(std::string(MEMGATE_CLI) + " bench-compare " + old_json + " " + new_json +
+                            " --threshold-pct 1000",
+                        out);
+  }
+
+  testing::TempDir dir;
+};
+
+TEST_F(BenchEndToEndTest, TwoRunsOfTheSameBuildHaveTheSameMemory) {
+  const std::string filter = "^BM_TrainStep/fixture:vit_tiny_lora/bs:1/";
+  const auto a = bench(source_dir(), filter, "a.json");
+  const auto b = bench(source_dir(), filter, "b.json");
+  const auto old_cases = load_bench_json(a);
+  ASSERT_EQ(old_cases.size(), 1U);
+  const auto& c = old_cases.begin()->second;
+  EXPECT_EQ(c.name, "BM_TrainStep/fixture:vit_tiny_lora/bs:1/real_time");
+  EXPECT_EQ(c.seconds.size(), 3U);
+  ASSERT_TRUE(c.peak_bytes.has_value());
+  EXPECT_GT(*c.peak_bytes, 0.0);
+
+  const auto comparison = compare_bench(old_cases, load_bench_json(b));
+  ASSERT_EQ(comparison.cases.size(), 1U);
+  EXPECT_EQ(comparison.cases[0].memory_verdict, "same");
+  EXPECT_EQ(comparison.cases[0].memory_change_pct.value_or(-1.0), 0.0) << "peak bytes repeat exactly";
+  std::string out;
+  EXPECT_EQ(compare(a, b, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("0 grew, 0 shrank"));
+}
+
+TEST_F(BenchEndToEndTest, ALargerModelGrows) {
+  // A source tree with one tiny ViT in its CPU suite; then the same fixture with twice the width.
+  const auto tree = dir.path() / "tree";
+  const auto write_tree = [&](const std::string& embed_dim) {
+    testing::write_file((tree / "fixtures/models/bench_vit.yaml").string(),
+                        "model:\n  arch: vit\n  img_size: 32\n  patch_size: 8\n  embed_dim: " + embed_dim +
+                            "\n  depth: 2\n  num_heads: 4\n  num_classes: 5\n"
+                            "training:\n  optimizer: adamw\n  trainable: all\nbatch_sizes: [2]\n");
+    testing::write_file((tree / "fixtures/suites/cpu.yaml").string(), "device: cpu\nfixtures:\n  - bench_vit\n");
+    testing::write_file((tree / "fixtures/suites/gpu.yaml").string(), "device: cuda\nfixtures:\n  - bench_vit\n");
+  };
+  const std::string filter = "^BM_TrainStep/fixture:bench_vit/bs:2/";
+  write_tree("64");
+  const auto small = bench(tree.string(), filter, "small.json");
+  write_tree("128");
+  const auto large = bench(tree.string(), filter, "large.json");
+
+  std::string out;
+  EXPECT_EQ(compare(small, large, &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("grew"));
+  const auto comparison = compare_bench(load_bench_json(small), load_bench_json(large));
+  ASSERT_EQ(comparison.cases.size(), 1U);
+  EXPECT_EQ(comparison.cases[0].memory_verdict, "grew");
+  EXPECT_GT(comparison.cases[0].memory_change_pct.value_or(0.0), 50.0) << out;
+}
+
+}  // namespace
+}  // namespace memgate
