@@ -117,11 +117,7 @@ torch::Tensor GptImpl::forward_embeddings(const torch::Tensor& embeddings, bool 
   }
   for (const auto& module : *h) {
     auto block = std::dynamic_pointer_cast<GptBlockImpl>(module);
-    if (checkpoint_blocks) {
-      x = checkpoint([block](const torch::Tensor& t) { return block->forward(t); }, x);
-    } else {
-      x = block->forward(x);
-    }
+    x = run_block(block, x, checkpoint_blocks);
   }
   return ln_f->forward(x);
 }

@@ -108,11 +108,7 @@ torch::Tensor ResNetImpl::forward_features(const torch::Tensor& images, bool che
   for (const auto& layer : layers) {
     for (const auto& module : *layer) {
       auto block = std::dynamic_pointer_cast<ResNetBlockImpl>(module);
-      if (checkpoint_blocks) {
-        x = checkpoint([block](const torch::Tensor& t) { return block->forward(t); }, x);
-      } else {
-        x = block->forward(x);
-      }
+      x = run_block(block, x, checkpoint_blocks);
     }
   }
   return torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);

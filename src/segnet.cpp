@@ -153,11 +153,7 @@ std::vector<torch::Tensor> SegNetImpl::forward_features(const torch::Tensor& ima
     if (stage->down_conv) x = stage->down_conv->forward(stage->down_norm->forward(x));
     for (const auto& module : *stage->blocks) {
       auto block = std::dynamic_pointer_cast<ConvNeXtBlockImpl>(module);
-      if (checkpoint_blocks) {
-        x = checkpoint([block](const torch::Tensor& t) { return block->forward(t); }, x);
-      } else {
-        x = block->forward(x);
-      }
+      x = run_block(block, x, checkpoint_blocks);
     }
     features.push_back(x);
   }

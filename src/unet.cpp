@@ -7,15 +7,6 @@
 #include <torch/torch.h>
 
 namespace memgate {
-namespace {
-
-torch::Tensor run_block(DoubleConv block, const torch::Tensor& x, bool checkpoint_block) {
-  if (!checkpoint_block) return block->forward(x);
-  return checkpoint([block](const torch::Tensor& t) mutable { return block->forward(t); }, x);
-}
-
-}  // namespace
-
 DoubleConvImpl::DoubleConvImpl(std::int64_t in, std::int64_t out, std::int64_t mid, nn::ParamOptions param) {
   auto seq = register_module("double_conv", std::make_shared<torch::nn::Module>());
   nn::Conv2dOptions c1(in, mid, 3), c2(mid, out, 3);

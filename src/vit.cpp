@@ -87,11 +87,7 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& image
   x = torch::cat({cls_token.expand({x.size(0), -1, -1}).to(x.dtype()), x}, 1) + pos_embed.to(x.dtype());
   for (const auto& module : *blocks) {
     auto block = std::dynamic_pointer_cast<VitBlockImpl>(module);
-    if (checkpoint_blocks) {
-      x = checkpoint([block](const torch::Tensor& t) { return block->forward(t); }, x);
-    } else {
-      x = block->forward(x);
-    }
+    x = run_block(block, x, checkpoint_blocks);
   }
   return norm->forward(x);
 }

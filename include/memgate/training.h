@@ -22,6 +22,13 @@ using BlockFn = std::function<torch::Tensor(const torch::Tensor&)>;
 ///   x = memgate::checkpoint([&](const torch::Tensor& t) { return block->forward(t); }, x);
 [[nodiscard]] torch::Tensor checkpoint(BlockFn fn, const torch::Tensor& x);
 
+/// `block->forward(x)`, through `checkpoint` when `checkpointed`: how every model runs its repeated blocks.
+template <typename Block>
+[[nodiscard]] torch::Tensor run_block(Block block, const torch::Tensor& x, bool checkpointed) {
+  if (!checkpointed) return block->forward(x);
+  return checkpoint([block](const torch::Tensor& t) mutable { return block->forward(t); }, x);
+}
+
 /// Autocast on `device_type` in `precision` for its lifetime (no-op for fp32); restores the previous state.
 class AutocastScope {
  public:
