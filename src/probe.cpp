@@ -189,9 +189,7 @@ Measured measure(const Fixture& fixture, std::int64_t batch_size, c10::Device de
 
 ProbeResult run_probe(const Fixture& fixture, std::int64_t batch_size, c10::Device device,
                       const ProbeOptions& options) {
-  if (batch_size < 1) {
-    throw Error(fixture.path + ": batch size " + std::to_string(batch_size) + ": expected an integer >= 1");
-  }
+  require_batch_size(fixture, batch_size);
   configure_determinism();
   ThreadScope threads(device, options.cpu_threads);
   auto backend = make_memory_backend(device);
@@ -215,15 +213,19 @@ ProbeResult run_probe(const Fixture& fixture, std::int64_t batch_size, c10::Devi
 Profile run_profile(const Fixture& fixture, const std::vector<std::int64_t>& batch_sizes, c10::Device device,
                     const ProbeOptions& options) {
   Profile profile;
-  profile.device = describe_device(device);
-  profile.device.allocator_settings = fixture.training.allocator.empty() ? profile.device.allocator_settings
-                                                                           : fixture.training.allocator;
-  profile.device.cpu_threads = device.is_cpu() ? options.cpu_threads : 0;
+  profile.device = describe_probe_device(device, fixture, options);
   profile.fixture = fixture.name;
   profile.fixture_hash = fixture.hash;
   profile.params = fixture_param_counts(fixture);
   for (auto bs : batch_sizes) profile.probes.push_back(run_probe(fixture, bs, device, options));
   return profile;
+}
+
+DeviceInfo describe_probe_device(c10::Device device, const Fixture& fixture, const ProbeOptions& options) {
+  auto info = describe_device(device);
+  if (!fixture.training.allocator.empty()) info.allocator_settings = fixture.training.allocator;
+  info.cpu_threads = device.is_cpu() ? options.cpu_threads : 0;
+  return info;
 }
 
 ParamCounts fixture_param_counts(const Fixture& fixture) {

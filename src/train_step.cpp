@@ -8,6 +8,12 @@
 
 namespace memgate {
 
+void require_batch_size(const Fixture& fixture, std::int64_t batch_size) {
+  if (batch_size < 1) {
+    throw Error(fixture.path + ": batch size " + std::to_string(batch_size) + ": expected an integer >= 1");
+  }
+}
+
 torch::Tensor micro_batch_loss(Model& model, const Batch& batch, const TrainingSpec& training,
                                torch::DeviceType device_type) {
   torch::Tensor loss;
@@ -22,9 +28,7 @@ torch::Tensor micro_batch_loss(Model& model, const Batch& batch, const TrainingS
 TrainingStep::TrainingStep(const Fixture& fixture, std::int64_t batch_size, c10::Device device,
                            std::uint64_t seed)
     : training_(fixture.training), batch_size_(batch_size), device_(device) {
-  if (batch_size < 1) {
-    throw Error(fixture.path + ": batch size " + std::to_string(batch_size) + ": expected an integer >= 1");
-  }
+  require_batch_size(fixture, batch_size);
   // The probe's order: model (seed), trainable parameters, batch (seed + 1), optimizer.
   model_ = build_model(fixture.model, device, seed);
   model_->set_gradient_checkpointing(training_.gradient_checkpointing);

@@ -74,6 +74,11 @@ struct ProbeOptions {
 [[nodiscard]] Profile run_profile(const Fixture& fixture, const std::vector<std::int64_t>& batch_sizes,
                                   c10::Device device, const ProbeOptions& options = {});
 
+/// The description a probe of `fixture` records: `describe_device`, with the fixture's allocator settings where it
+/// sets any and the intra-op threads the probe pins on the CPU.
+[[nodiscard]] DeviceInfo describe_probe_device(c10::Device device, const Fixture& fixture,
+                                               const ProbeOptions& options = {});
+
 /// Counts the fixture's parameters (total / trainable / frozen) on the meta device: nothing is allocated.
 [[nodiscard]] ParamCounts fixture_param_counts(const Fixture& fixture);
 

@@ -11,6 +11,9 @@
 
 namespace memgate {
 
+/// Throws memgate::Error, naming the fixture's file, for a batch size below 1.
+void require_batch_size(const Fixture& fixture, std::int64_t batch_size);
+
 /// The loss one micro-batch back-propagates: the task's loss under the fixture's autocast, divided by the
 /// accumulation steps when there are several. The probe and TrainingStep both call it.
 [[nodiscard]] torch::Tensor micro_batch_loss(Model& model, const Batch& batch, const TrainingSpec& training,

@@ -95,12 +95,7 @@ const DeviceInfo& device_info(c10::Device device, const Fixture& fixture) {
   static std::map<std::string, DeviceInfo> cache;
   const auto key = device.str() + "/" + fixture.training.allocator;
   auto it = cache.find(key);
-  if (it == cache.end()) {
-    auto info = describe_device(device);
-    if (!fixture.training.allocator.empty()) info.allocator_settings = fixture.training.allocator;
-    info.cpu_threads = device.is_cpu() ? ProbeOptions{}.cpu_threads : 0;
-    it = cache.emplace(key, info).first;
-  }
+  if (it == cache.end()) it = cache.emplace(key, describe_probe_device(device, fixture)).first;
   return it->second;
 }
 
