@@ -251,33 +251,24 @@ Fixture load_fixture(const std::string& path) {
   const YAML::Node root = detail::load_yaml_file(path);
   Fixture f;
   f.path = path;
-  nlohmann::json canonical = nlohmann::json::object();
-  MapReader top(root, path, "");
+  nlohmann::json read = nlohmann::json::object();  // what the file says, defaults filled in
+  MapReader top(root, path, "", &read);
   f.name = top.get_string("name", std::filesystem::path(path).stem().string());
   for (char c : f.name) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') {
       top.fail("name", "letters, digits, '_' and '-' only (it names baseline files and tests)", "'" + f.name + "'");
     }
   }
-  {
-    nlohmann::json model_json;
-    auto model = MapReader(root["model"], path, "model", &model_json);
-    if (!top.has("model")) top.fail("model", "a map (the key is required)", "nothing");
-    f.model = read_model(model);
-    canonical["model"] = model_json;
-  }
-  {
-    nlohmann::json training_json;
-    auto training = MapReader(root["training"], path, "training", &training_json);
-    f.training = read_training(training, f.model);
-    canonical["training"] = training_json;
-  }
-  (void)top.child("model");
-  (void)top.child("training");
+  auto model = top.child("model", /*required=*/true);
+  f.model = read_model(model);
+  auto training = top.child("training");
+  f.training = read_training(training, f.model);
   f.batch_sizes = top.get_int_list("batch_sizes", std::nullopt, 1, 1 << 20);
   auto gate = top.child("gate");
   f.tolerance = read_tolerance(gate);
   top.finish();
+  // The hash covers what the model is and how it trains, not batch sizes, tolerances or formatting.
+  const nlohmann::json canonical = {{"model", read["model"]}, {"training", read["training"]}};
   f.canonical = canonical;
   f.hash = content_hash(canonical.dump());
   return f;
