@@ -13,6 +13,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The suite under test must not inherit the outer run's settings: its rows would land in the outer run's
+// results file (and its summary), and an outer strict or update mode would change what it asserts.
+const std::string kCleanEnv = "MEMGATE_RESULTS= MEMGATE_STRICT= MEMGATE_UPDATE_BASELINES= ";
+
 // A source tree of two tiny fixtures, with a CPU suite probing each at batch 2.
 class GateTest : public ::testing::Test {
  protected:
@@ -31,7 +35,7 @@ class GateTest : public ::testing::Test {
   int suite(const std::string& env, std::vector<std::string>* failed = nullptr, std::string* log = nullptr) {
     const auto report = tree / "report.json";
     std::string out;
-    const int rc = testing::run("MEMGATE_SOURCE_DIR=" + tree.path().string() + " MEMGATE_COMMIT=test " + env + " " +
+    const int rc = testing::run(kCleanEnv + "MEMGATE_SOURCE_DIR=" + tree.path().string() + " MEMGATE_COMMIT=test " + env + " " +
                                     MEMGATE_MEMORY_SUITE + " --gtest_filter='Cpu/*' --gtest_output=json:" + report,
                                 &out);
     if (log != nullptr) *log = out;
