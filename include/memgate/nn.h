@@ -83,7 +83,7 @@ TORCH_MODULE(Conv2d);
 
 /// Layer normalisation over the last dimension, or over channels of an NCHW tensor with `channels_first`.
 struct LayerNormOptions {
-  explicit LayerNormOptions(std::int64_t dim) : dim(dim) {}
+  explicit LayerNormOptions(std::int64_t width) : dim(width) {}
   /// Normalised width.
   std::int64_t dim;
   /// Epsilon added to the variance.
@@ -109,7 +109,7 @@ TORCH_MODULE(LayerNorm);
 
 /// Batch normalisation of NCHW tensors, with torchvision's buffers (running mean/var, batches tracked).
 struct BatchNorm2dOptions {
-  explicit BatchNorm2dOptions(std::int64_t channels) : channels(channels) {}
+  explicit BatchNorm2dOptions(std::int64_t num_channels) : channels(num_channels) {}
   /// Channels.
   std::int64_t channels;
   /// Device and dtype of the parameters.
@@ -129,7 +129,7 @@ TORCH_MODULE(BatchNorm2d);
 
 /// A lookup table of `count` vectors of width `dim`.
 struct EmbeddingOptions {
-  EmbeddingOptions(std::int64_t count, std::int64_t dim) : count(count), dim(dim) {}
+  EmbeddingOptions(std::int64_t num_embeddings, std::int64_t width) : count(num_embeddings), dim(width) {}
   /// Rows.
   std::int64_t count;
   /// Width.
