@@ -10,6 +10,11 @@
 // allocated before the model was built, as the probe's step_peak), and each case has the counters
 // peak_allocated_MiB, peak_reserved_MiB and samples_per_second. GPU cases skip with an error where no GPU is
 // present.
+//
+//   BM_Reference/cpu/real_time, BM_Reference/gpu/manual_time       the machine's speed (see Reference)
+//
+// Run the cases with --benchmark_enable_random_interleaving=true (the bench presets do): each case's repetitions
+// are then spread over the whole run, so their spread includes the machine's drift during it.
 #include "memgate/cpu_allocator.h"
 #include "memgate/device.h"
 #include "memgate/error.h"
@@ -228,6 +233,80 @@ void BM_TrainStep(benchmark::State& state, const Case& c) {
   }
 }
 
+// The machine's speed: a fixed LibTorch training step that does not depend on memgate's code (convolution, GEMM,
+// GELU, LayerNorm, softmax, their backward and an SGD update, in fp32 with fixed weights and inputs), so that
+// `memgate bench-compare` can tell a runner that got slower from a step that got slower. Interleaved with the
+// cases (--benchmark_enable_random_interleaving), it samples the same moments of the run as they do. The GPU
+// one does the same work on a bigger batch, timed by CUDA events.
+struct Reference {
+  torch::Tensor conv_w, fc_w, x;
+  explicit Reference(c10::Device device, std::int64_t batch) {
+    torch::manual_seed(0);
+    const auto opts = torch::TensorOptions().device(device).dtype(torch::kFloat32);
+    conv_w = (torch::randn({32, 16, 3, 3}, opts) * 0.1).set_requires_grad(true);
+    fc_w = (torch::randn({256, 256}, opts) * 0.05).set_requires_grad(true);
+    x = torch::randn({batch, 16, 16, 16}, opts);
+  }
+  void step() {
+    auto h = torch::gelu(torch::conv2d(x, conv_w, {}, 1, 1));           // [B, 32, 16, 16]
+    h = h.reshape({h.size(0) * 8, -1, 256});                             // [B*8, 32, 256]
+    h = torch::layer_norm(torch::matmul(h, fc_w), {256});
+    const auto loss = torch::softmax(h, -1).mul(h).mean();
+    loss.backward();
+    torch::NoGradGuard no_grad;
+    for (auto* w : {&conv_w, &fc_w}) {
+      w->sub_(w->grad(), 1e-3);
+      w->mutable_grad() = torch::Tensor();
+    }
+  }
+};
+
+void BM_Reference(benchmark::State& state, const std::string& name, bool on_gpu) {
+  g_current_case = name;
+  if (on_gpu && !memgate::cuda_available()) {
+    state.SkipWithError("no GPU: LibTorch sees no CUDA device, GPU cases skip");
+    return;
+  }
+  release_prepared();  // what a case kept is freed: the reference runs in the same memory state every time
+  const auto device = memgate::resolve_device(on_gpu ? "cuda" : "cpu");
+  std::optional<c10::cuda::CUDAGuard> guard;
+  if (on_gpu) guard.emplace(device);
+  auto backend = memgate::make_memory_backend(device);
+  backend->synchronize();
+  const auto base = backend->snapshot();
+  Reference ref(device, on_gpu ? 512 : 4);
+  for (int i = 0; i < kWarmupSteps; ++i) ref.step();
+  backend->synchronize();
+  backend->reset_peak();
+  const auto allocations_before = allocation_count(device);
+  if (on_gpu) {
+    c10::cuda::CUDAEvent start(cudaEventDefault);
+    c10::cuda::CUDAEvent end(cudaEventDefault);
+    for (auto _ : state) {
+      start.record();
+      ref.step();
+      end.record();
+      end.synchronize();
+      state.SetIterationTime(static_cast<double>(start.elapsed_time(end)) / 1000.0);
+    }
+  } else {
+    for (auto _ : state) ref.step();
+  }
+  backend->synchronize();
+  const auto s = backend->snapshot();
+  g_last_steps = StepMemory{s.peak_allocated - base.allocated, s.peak_reserved - base.reserved,
+                            allocation_count(device) - allocations_before};
+}
+
+void register_references() {
+  benchmark::RegisterBenchmark("BM_Reference/cpu", [](benchmark::State& s) { BM_Reference(s, "BM_Reference/cpu", false); })
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_Reference/gpu", [](benchmark::State& s) { BM_Reference(s, "BM_Reference/gpu", true); })
+      ->Unit(benchmark::kMillisecond)
+      ->UseManualTime();
+}
+
 // Registers one case per probe of a suite file; returns false (after saying why) when the file is bad.
 bool register_suite(const std::string& suite_name, std::vector<std::unique_ptr<Case>>& cases) {
   const auto dir = memgate::source_dir();
@@ -269,6 +348,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   std::vector<std::unique_ptr<Case>> cases;
+  register_references();
   if (!register_suite("cpu", cases) || !register_suite("gpu", cases)) return 1;
   StepMemoryManager memory;
   benchmark::RegisterMemoryManager(&memory);

@@ -49,6 +49,13 @@ std::string format_mib(const std::optional<double>& bytes) {
 }
 std::string format_pct(double pct) { return format("%+.1f%%", pct); }
 
+constexpr const char* kReferencePrefix = "BM_Reference/";
+
+// The standard error of a case's mean time: sd / sqrt(n).
+double standard_error(const BenchCase& c) {
+  return c.seconds.empty() ? 0.0 : c.stddev() / std::sqrt(static_cast<double>(c.seconds.size()));
+}
+
 std::string pad(std::string s, std::size_t width) {
   // Counts UTF-8 code points, so that "±" takes one column.
   std::size_t columns = 0;
@@ -124,16 +131,45 @@ std::map<std::string, BenchCase> load_bench_json(const std::string& path) {
   return parse_bench_json(doc, path);
 }
 
+bool is_reference_case(const std::string& name) { return name.rfind(kReferencePrefix, 0) == 0; }
+
+std::string reference_for(const std::string& name) {
+  return name.rfind("BM_TrainStep/gpu/", 0) == 0 ? "BM_Reference/gpu" : "BM_Reference/cpu";
+}
+
 BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
                               const std::map<std::string, BenchCase>& new_cases, const CompareOptions& options) {
   BenchComparison out;
   std::vector<CaseComparison> added;
   std::vector<CaseComparison> removed;
+  std::vector<CaseComparison> references;
+
+  // The machine factors: a reference's run_name is `BM_Reference/<device>/<real_time|manual_time>`.
+  for (const auto& [name, o] : old_cases) {
+    if (!is_reference_case(name)) continue;
+    auto it = new_cases.find(name);
+    if (it == new_cases.end() || o.seconds.empty() || it->second.seconds.empty() || o.mean() <= 0.0) continue;
+    const auto& n = it->second;
+    MachineSpeed m;
+    m.reference = name.substr(0, name.find('/', std::string(kReferencePrefix).size()));
+    m.old_case = o;
+    m.new_case = n;
+    m.factor = n.mean() / o.mean();
+    m.factor_rel_se = std::sqrt(std::pow(standard_error(o) / o.mean(), 2) + std::pow(standard_error(n) / n.mean(), 2));
+    out.machine[m.reference] = m;
+  }
+
   for (const auto& [name, o] : old_cases) {
     CaseComparison c;
     c.name = name;
     c.old_case = o;
     auto it = new_cases.find(name);
+    if (is_reference_case(name)) {
+      c.status = "reference";
+      if (it != new_cases.end()) c.new_case = it->second;
+      references.push_back(std::move(c));
+      continue;
+    }
     if (it == new_cases.end()) {
       c.status = "removed";
       removed.push_back(std::move(c));
@@ -147,12 +183,22 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
       continue;
     }
     c.status = "compared";
-    const double diff = n.mean() - o.mean();
-    c.time_change_pct = o.mean() > 0.0 ? 100.0 * diff / o.mean() : 0.0;
-    const double no = static_cast<double>(o.seconds.size());
-    const double nn = static_cast<double>(n.seconds.size());
-    c.noise_seconds = options.noise_sigmas * std::sqrt(o.stddev() * o.stddev() / no + n.stddev() * n.stddev() / nn);
-    const bool beyond = std::abs(c.time_change_pct) > options.threshold_pct && std::abs(diff) > c.noise_seconds;
+    double factor_rel_se = 0.0;
+    if (options.normalize) {
+      auto m = out.machine.find(reference_for(name));
+      if (m != out.machine.end()) {
+        c.machine_factor = m->second.factor;
+        factor_rel_se = m->second.factor_rel_se;
+      }
+    }
+    c.time_change_pct = o.mean() > 0.0 ? 100.0 * (n.mean() - o.mean()) / o.mean() : 0.0;
+    const double new_mean = n.mean() / c.machine_factor;
+    const double diff = new_mean - o.mean();
+    c.normalized_change_pct = o.mean() > 0.0 ? 100.0 * diff / o.mean() : 0.0;
+    const double se_new = standard_error(n) / c.machine_factor;
+    c.noise_seconds = options.noise_sigmas * std::sqrt(std::pow(standard_error(o), 2) + se_new * se_new +
+                                                       std::pow(new_mean * factor_rel_se, 2));
+    const bool beyond = std::abs(c.normalized_change_pct) > options.threshold_pct && std::abs(diff) > c.noise_seconds;
     c.time_verdict = !beyond ? "same" : diff > 0 ? "slower" : "faster";
     if (o.peak_bytes && n.peak_bytes) {
       const double d = *n.peak_bytes - *o.peak_bytes;
@@ -167,7 +213,7 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
     out.cases.push_back(std::move(c));
   }
   for (const auto& [name, n] : new_cases) {
-    if (old_cases.count(name) != 0) continue;
+    if (old_cases.count(name) != 0 || is_reference_case(name)) continue;
     CaseComparison c;
     c.name = name;
     c.status = "added";
@@ -180,8 +226,22 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
   for (const auto& c : out.cases) width = std::max(width, c.name.size());
   int compared = 0, skipped = 0, slower = 0, faster = 0, grew = 0, shrank = 0;
   std::map<std::string, int> skipped_alike;  // skipped in both runs for the same reason: one line per reason
+  for (const auto& [ref, m] : out.machine) {
+    const auto unit = pick_unit(std::max(m.old_case.mean(), m.new_case.mean()));
+    text << "machine speed (" << ref << "): " << format_time(m.old_case, unit) << " -> "
+         << format_time(m.new_case, unit) << ", " << format_pct(100.0 * (m.factor - 1.0)) << ": "
+         << (options.normalize ? "the new times of its cases are divided by " + format("%.3f", m.factor)
+                               : std::string("not applied (--no-normalize)"))
+         << "\n";
+  }
+  for (const auto& r : references) {
+    if (out.machine.count(r.name.substr(0, r.name.find('/', std::string(kReferencePrefix).size()))) != 0) continue;
+    if (r.old_case.seconds.empty() && r.new_case.seconds.empty()) continue;  // skipped in both (no GPU)
+    text << "machine speed (" << r.name << "): not in both runs, raw times compared\n";
+  }
   text << pad("case", width) << "  " << pad("old time", 30) << pad("new time", 30) << pad("change", 9)
-       << pad("time", 8) << "| " << pad("old peak", 14) << pad("new peak", 14) << pad("change", 9) << "memory\n";
+       << pad("machine", 9) << pad("time", 8) << "| " << pad("old peak", 14) << pad("new peak", 14)
+       << pad("change", 9) << "memory\n";
   for (const auto& c : out.cases) {
     if (c.status == "skipped") {
       ++skipped;
@@ -198,7 +258,7 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
     const auto unit = pick_unit(std::max(c.old_case.mean(), c.new_case.mean()));
     text << pad(c.name, width) << "  " << pad(format_time(c.old_case, unit), 30)
          << pad(format_time(c.new_case, unit), 30) << pad(format_pct(c.time_change_pct), 9)
-         << pad(c.time_verdict, 8) << "| " << pad(format_mib(c.old_case.peak_bytes), 14)
+         << pad(c.machine_factor != 1.0 ? format_pct(c.normalized_change_pct) : "-", 9) << pad(c.time_verdict, 8) << "| " << pad(format_mib(c.old_case.peak_bytes), 14)
          << pad(format_mib(c.new_case.peak_bytes), 14)
          << pad(c.memory_change_pct ? format_pct(*c.memory_change_pct) : "-", 9) << c.memory_verdict << "\n";
     ++compared;
@@ -216,20 +276,21 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
        << compared << " cases compared: " << slower << " slower, " << faster << " faster, " << grew
        << " grew, " << shrank << " shrank; " << skipped << " skipped, " << added.size() << " added, " << removed.size()
        << " removed.\n"
-       << "time: slower/faster when |change| > " << format("%g", options.threshold_pct) << "% and |mean_new - mean_old| > "
-       << format("%g", options.noise_sigmas)
-       << " x sqrt(sd_old^2/n_old + sd_new^2/n_new); memory: grew/shrank beyond "
+       << "time: slower/faster when the change (\"machine\": after dividing the new times by the machine factor) is"
+       << " beyond " << format("%g", options.threshold_pct) << "% and beyond " << format("%g", options.noise_sigmas)
+       << " standard errors of the difference of the means (the repetitions' spread); memory: grew/shrank beyond "
        << format("%g", options.memory_threshold_pct) << "%.\n";
   out.text = text.str();
   for (auto& c : added) out.cases.push_back(std::move(c));
   for (auto& c : removed) out.cases.push_back(std::move(c));
+  for (auto& c : references) out.cases.push_back(std::move(c));
   return out;
 }
 
 nlohmann::json bench_memory_to_custom(const std::map<std::string, BenchCase>& cases) {
   auto out = nlohmann::json::array();
   for (const auto& [name, c] : cases) {
-    if (!c.peak_bytes) continue;
+    if (!c.peak_bytes || is_reference_case(name)) continue;
     out.push_back({{"name", name + " peak_allocated"}, {"unit", "MiB"}, {"value", *c.peak_bytes / kMiB}});
   }
   return out;

@@ -30,14 +30,34 @@ struct BenchCase {
 /// The same from an already parsed document; `origin` names it in errors.
 [[nodiscard]] std::map<std::string, BenchCase> parse_bench_json(const nlohmann::json& doc, const std::string& origin);
 
+/// Whether a case is a machine-speed reference (`BM_Reference/<device>/...`, see benchmarks/train_step_bench.cpp).
+[[nodiscard]] bool is_reference_case(const std::string& name);
+/// The reference that measures the machine a case ran on: `BM_Reference/gpu` for the GPU suite's cases
+/// (`BM_TrainStep/gpu/...`), `BM_Reference/cpu` for the others.
+[[nodiscard]] std::string reference_for(const std::string& name);
+
+/// How much slower the new run's machine was than the old run's, from a reference case in both files.
+struct MachineSpeed {
+  std::string reference;      ///< BM_Reference/cpu | BM_Reference/gpu
+  BenchCase old_case;
+  BenchCase new_case;
+  double factor = 1.0;        ///< new mean / old mean of the reference (1.08: the new machine was 8% slower)
+  double factor_rel_se = 0.0; ///< the relative standard error of `factor`
+};
+
 /// How one case changed between the old and the new file.
 struct CaseComparison {
   std::string name;
-  std::string status;  ///< compared | added | removed | skipped (an error in either file)
+  std::string status;  ///< compared | added | removed | skipped (an error in either file) | reference
   BenchCase old_case;
   BenchCase new_case;
-  double time_change_pct = 0.0;    ///< (new mean - old mean) / old mean x 100
-  double noise_seconds = 0.0;      ///< 3 x sqrt(sd_old^2 / n_old + sd_new^2 / n_new)
+  double time_change_pct = 0.0;    ///< (new mean - old mean) / old mean x 100, as measured
+  /// The change once the new times are divided by the machine factor (the time change when there is none).
+  double normalized_change_pct = 0.0;
+  double machine_factor = 1.0;     ///< the factor the new times were divided by (1: not normalized)
+  /// noise_sigmas x the standard error of (normalized) mean_new - mean_old, in seconds: the repetitions' spread
+  /// of both cases and, when normalized, of the reference.
+  double noise_seconds = 0.0;
   std::string time_verdict;        ///< slower | faster | same ("" when not compared)
   std::optional<double> memory_change_pct;
   std::string memory_verdict;      ///< grew | shrank | same | n/a (no memory numbers) ("" when not compared)
@@ -47,6 +67,8 @@ struct CaseComparison {
 struct CompareOptions {
   /// A time change must exceed this many percent (and the noise) to count as slower or faster.
   double threshold_pct = 5.0;
+  /// Divide the new run's times by the machine factor of their reference, where both files have it.
+  bool normalize = true;
   /// Peak memory is deterministic: any change beyond this many percent counts as grew or shrank.
   double memory_threshold_pct = 0.5;
   /// The noise bound in standard errors of the difference of the means (Welch): 3.
@@ -55,23 +77,31 @@ struct CompareOptions {
 
 /// The comparison of two files.
 struct BenchComparison {
-  std::vector<CaseComparison> cases;  ///< by name: compared, then added and removed ones in the same order
+  std::vector<CaseComparison> cases;  ///< by name: compared, then added, removed and reference ones in turn
+  std::map<std::string, MachineSpeed> machine;  ///< by reference name, the references both files measured
   std::string text;                   ///< the printed report
   bool regressed = false;             ///< a case got slower or its memory grew
 };
 
 /// Compares every case of `old_cases` with the same case of `new_cases`.
 ///
-/// Time: a case is "slower" (or "faster") only when its mean time changed by more than `threshold_pct` percent
-/// AND by more than the noise, |mean_new - mean_old| > noise_sigmas x sqrt(sd_old^2/n_old + sd_new^2/n_new)
-/// (a Welch-style bound on the difference of two means, from the standard deviations across repetitions);
-/// otherwise "same". Memory: "grew"/"shrank" on any change beyond `memory_threshold_pct`, else "same".
+/// Machine speed: where both files hold a case's reference (reference_for), the new run's times are divided by
+/// factor = mean_new(reference) / mean_old(reference), so that a runner that got slower (another tenant, a lower
+/// clock) is not read as a slower step. The reference is fixed LibTorch work, independent of the fixtures and of
+/// memgate's models, so a change to them does not move it.
+///
+/// Time: a case is "slower" (or "faster") only when its (normalized) mean time changed by more than
+/// `threshold_pct` percent AND by more than the noise, |mean_new/factor - mean_old| > noise_sigmas x
+/// sqrt(sd_old^2/n_old + (sd_new/factor)^2/n_new + (mean_new/factor)^2 x rel_se(factor)^2) (a Welch-style bound
+/// on the difference of two means, from the standard deviations across repetitions); otherwise "same".
+/// Memory: "grew"/"shrank" on any change beyond `memory_threshold_pct`, else "same".
 [[nodiscard]] BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
                                             const std::map<std::string, BenchCase>& new_cases,
                                             const CompareOptions& options = {});
 
 /// github-action-benchmark's customSmallerIsBetter entries of a file's peak memory:
-/// [{"name": "<case> peak_allocated", "unit": "MiB", "value": <MiB>}, ...], one per case with a memory number.
+/// [{"name": "<case> peak_allocated", "unit": "MiB", "value": <MiB>}, ...], one per case with a memory number
+/// (the machine references left out).
 [[nodiscard]] nlohmann::json bench_memory_to_custom(const std::map<std::string, BenchCase>& cases);
 
 }  // namespace memgate

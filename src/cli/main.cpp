@@ -9,6 +9,7 @@
 #include "memgate/report.h"
 #include "memgate/summary.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -33,13 +34,16 @@ commands:
       measured, difference); appends it to $GITHUB_STEP_SUMMARY when that is set. Exits 1 when any
       component regressed, changed or ran out of memory.
 
-  bench-compare <old.json> <new.json> [--threshold-pct 5]
+  bench-compare <old.json> <new.json> [--threshold-pct 5] [--no-normalize]
       Compares two memgate_bench runs (Google Benchmark JSON, e.g. build/cpu/bench.json of `ctest --preset
       bench`) case by case: mean step time +- its standard deviation across repetitions, the change in %,
-      and the peak allocated memory. Time is "slower"/"faster" only when the means differ by more than the
-      threshold AND by more than the noise, |mean_new - mean_old| > 3 x sqrt(sd_old^2/n_old + sd_new^2/n_new)
-      (a Welch-style bound); else "same". Memory is deterministic: "grew"/"shrank" beyond 0.5%. Cases in one
-      file only are listed as added/removed. Exits 1 when a case got slower or its memory grew.
+      and the peak allocated memory. Where both runs measured the machine (BM_Reference/cpu, /gpu: fixed
+      LibTorch work), the new times are first divided by how much slower that reference got ("machine"
+      column; --no-normalize compares raw times). Time is "slower"/"faster" only when the means differ by
+      more than the threshold AND by more than the noise, 3 standard errors of the difference of the means
+      (from the repetitions' spread, and the reference's); else "same". Memory is deterministic:
+      "grew"/"shrank" beyond 0.5%. Cases in one file only are listed as added/removed. Exits 1 when a case
+      got slower or its memory grew.
 
   bench-convert <bench.json> --output <file.json>
       Writes the peak memory of each case in github-action-benchmark's customSmallerIsBetter format
@@ -57,7 +61,8 @@ class UsageError : public std::runtime_error {
 
 // "--flag value" pairs after the subcommand; every flag must be known and have a value.
 std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
-                                               const std::vector<std::string>& known) {
+                                               const std::vector<std::string>& known,
+                                               const std::vector<std::string>& switches = {}) {
   std::map<std::string, std::string> flags;
   for (int i = first; i < argc; ++i) {
     std::string arg = argv[i];
@@ -67,6 +72,11 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
       value = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
       has_value = true;
+    }
+    if (std::find(switches.begin(), switches.end(), arg) != switches.end()) {
+      if (has_value) throw UsageError("option " + arg + " takes no value");
+      flags[arg] = "";
+      continue;
     }
     if (std::find(known.begin(), known.end(), arg) == known.end()) {
       throw UsageError("unknown option '" + arg + "'");
@@ -155,13 +165,15 @@ int run_summary_command(int argc, char** argv) {
 }
 
 // Positional arguments and "--flag value" pairs after the subcommand, in any order.
-std::vector<std::string> split_positionals(int argc, char** argv, int first, std::vector<std::string>& rest) {
+std::vector<std::string> split_positionals(int argc, char** argv, int first, std::vector<std::string>& rest,
+                                           const std::vector<std::string>& switches = {}) {
   std::vector<std::string> positionals;
   for (int i = first; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--", 0) == 0) {
       rest.push_back(arg);
-      if (arg.find('=') == std::string::npos && i + 1 < argc) rest.emplace_back(argv[++i]);
+      const bool is_switch = std::find(switches.begin(), switches.end(), arg) != switches.end();
+      if (!is_switch && arg.find('=') == std::string::npos && i + 1 < argc) rest.emplace_back(argv[++i]);
     } else {
       positionals.push_back(arg);
     }
@@ -170,16 +182,18 @@ std::vector<std::string> split_positionals(int argc, char** argv, int first, std
 }
 
 std::map<std::string, std::string> parse_rest(const std::vector<std::string>& rest,
-                                              const std::vector<std::string>& known) {
+                                              const std::vector<std::string>& known,
+                                              const std::vector<std::string>& switches = {}) {
   std::vector<char*> args{nullptr};
   for (const auto& a : rest) args.push_back(const_cast<char*>(a.c_str()));
-  return parse_flags(static_cast<int>(args.size()), args.data(), 1, known);
+  return parse_flags(static_cast<int>(args.size()), args.data(), 1, known, switches);
 }
 
 int run_bench_compare_command(int argc, char** argv) {
   std::vector<std::string> rest;
-  const auto files = split_positionals(argc, argv, 2, rest);
-  auto flags = parse_rest(rest, {"--threshold-pct"});
+  const std::vector<std::string> switches{"--no-normalize"};
+  const auto files = split_positionals(argc, argv, 2, rest, switches);
+  auto flags = parse_rest(rest, {"--threshold-pct"}, switches);
   if (files.size() != 2) throw UsageError("bench-compare needs <old.json> <new.json>");
   memgate::CompareOptions options;
   if (flags.count("--threshold-pct")) {
@@ -196,6 +210,7 @@ int run_bench_compare_command(int argc, char** argv) {
     }
     options.threshold_pct = pct;
   }
+  options.normalize = flags.count("--no-normalize") == 0;
   const auto comparison =
       memgate::compare_bench(memgate::load_bench_json(files[0]), memgate::load_bench_json(files[1]), options);
   std::cout << comparison.text;

@@ -1,5 +1,6 @@
 // bench-compare and bench-convert: verdicts on hand-made Google Benchmark JSON, and memgate_bench end to end.
 #include "memgate/bench_compare.h"
+#include "memgate/device.h"
 #include "memgate/error.h"
 #include "memgate/suite.h"
 #include "test_util.h"
@@ -17,6 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
@@ -209,7 +211,98 @@ TEST(BenchCompareTest, BadFilesNameTheFile) {
   }
 }
 
+// kSteady times `factor`.
+std::vector<double> scaled(const std::vector<double>& ms, double factor) {
+  std::vector<double> out;
+  for (double x : ms) out.push_back(x * factor);
+  return out;
+}
+
+TEST(BenchCompareTest, ReferencesAreFoundByName) {
+  EXPECT_TRUE(is_reference_case("BM_Reference/cpu/real_time"));
+  EXPECT_FALSE(is_reference_case("BM_TrainStep/fixture:vit_tiny_lora/bs:1/real_time"));
+  EXPECT_EQ(reference_for("BM_TrainStep/fixture:vit_tiny_lora/bs:1/real_time"), "BM_Reference/cpu");
+  EXPECT_EQ(reference_for("BM_TrainStep/gpu/fixture:retfound_large_lora/bs:32/manual_time"), "BM_Reference/gpu");
+}
+
+TEST(BenchCompareTest, AMachineThatGotSlowerIsNotASlowerStep) {
+  // The whole new run is 15% slower, the reference with it: the steps are the same.
+  const auto old_cases = cases_of({{"BM_Reference/cpu", {2.0, 2.02, 1.98, 2.01, 1.99}}, {"BM_A", kSteady, kMiB}});
+  const auto new_cases =
+      cases_of({{"BM_Reference/cpu", scaled({2.0, 2.02, 1.98, 2.01, 1.99}, 1.15)}, {"BM_A", scaled(kSteady, 1.15), kMiB}});
+  const auto c = compare_bench(old_cases, new_cases);
+  ASSERT_EQ(c.machine.count("BM_Reference/cpu"), 1U);
+  EXPECT_NEAR(c.machine.at("BM_Reference/cpu").factor, 1.15, 1e-9);
+  const auto& a = find(c, "BM_A/real_time");
+  EXPECT_NEAR(a.time_change_pct, 15.0, 1e-9) << "the raw change is still reported";
+  EXPECT_NEAR(a.machine_factor, 1.15, 1e-9);
+  EXPECT_NEAR(a.normalized_change_pct, 0.0, 1e-9);
+  EXPECT_EQ(a.time_verdict, "same");
+  EXPECT_FALSE(c.regressed);
+  EXPECT_EQ(find(c, "BM_Reference/cpu/real_time").status, "reference");
+  EXPECT_THAT(c.text, HasSubstr("machine speed (BM_Reference/cpu)"));
+  EXPECT_THAT(c.text, HasSubstr("+15.0%: the new times of its cases are divided by 1.150"));
+  EXPECT_THAT(c.text, HasSubstr("1 cases compared: 0 slower")) << "the reference is not a case";
+
+  CompareOptions raw;
+  raw.normalize = false;
+  const auto r = compare_bench(old_cases, new_cases, raw);
+  EXPECT_EQ(find(r, "BM_A/real_time").time_verdict, "slower");
+  EXPECT_THAT(r.text, HasSubstr("not applied (--no-normalize)"));
+}
+
+TEST(BenchCompareTest, AStepSlowerThanTheMachineIsSlower) {
+  // The machine got 15% slower and the step 40%: 40/15 -> +21.7% of its own.
+  const std::vector<double> ref{2.0, 2.02, 1.98, 2.01, 1.99};
+  const auto c = compare_bench(cases_of({{"BM_Reference/cpu", ref}, {"BM_A", kSteady, kMiB}}),
+                               cases_of({{"BM_Reference/cpu", scaled(ref, 1.15)}, {"BM_A", scaled(kSteady, 1.40), kMiB}}));
+  const auto& a = find(c, "BM_A/real_time");
+  EXPECT_NEAR(a.normalized_change_pct, 100.0 * (1.40 / 1.15 - 1.0), 1e-9);
+  EXPECT_EQ(a.time_verdict, "slower");
+  EXPECT_TRUE(c.regressed);
+}
+
+TEST(BenchCompareTest, GpuCasesUseTheGpuReference) {
+  // The CPU got 50% slower, the GPU did not: a GPU case at the same time is "same", not "faster".
+  const std::vector<double> ref{2.0, 2.02, 1.98, 2.01, 1.99};
+  const std::string gpu_case = "BM_TrainStep/gpu/fixture:x/bs:1";
+  const auto c = compare_bench(
+      cases_of({{"BM_Reference/cpu", ref}, {"BM_Reference/gpu", ref}, {gpu_case, kSteady, kMiB}}),
+      cases_of({{"BM_Reference/cpu", scaled(ref, 1.5)}, {"BM_Reference/gpu", ref}, {gpu_case, kSteady, kMiB}}));
+  const auto& g = find(c, gpu_case + "/real_time");
+  EXPECT_NEAR(g.machine_factor, 1.0, 1e-9);
+  EXPECT_EQ(g.time_verdict, "same");
+  EXPECT_EQ(c.machine.size(), 2U);
+}
+
+TEST(BenchCompareTest, ANoisyReferenceWidensTheNoise) {
+  const std::vector<double> steady_ref{2.0, 2.02, 1.98, 2.01, 1.99};
+  const std::vector<double> noisy_ref{1.6, 2.4, 1.7, 2.3, 2.0};
+  const auto run = [&](const std::vector<double>& ref) {
+    return find(compare_bench(cases_of({{"BM_Reference/cpu", ref}, {"BM_A", kSteady, kMiB}}),
+                              cases_of({{"BM_Reference/cpu", ref}, {"BM_A", scaled(kSteady, 1.3), kMiB}})),
+                "BM_A/real_time");
+  };
+  const auto steady = run(steady_ref);
+  const auto noisy = run(noisy_ref);
+  EXPECT_GT(noisy.noise_seconds, 2.0 * steady.noise_seconds);
+  EXPECT_EQ(steady.time_verdict, "slower");
+  EXPECT_EQ(noisy.time_verdict, "same") << "a 30% change inside a reference that wanders by 20% is not a finding";
+}
+
+TEST(BenchCompareTest, AReferenceInOneRunOnlyComparesRawTimes) {
+  const auto c = compare_bench(cases_of({{"BM_A", kSteady, kMiB}}),
+                               cases_of({{"BM_Reference/cpu", {2.0, 2.1}}, {"BM_A", scaled(kSteady, 1.5), kMiB}}));
+  EXPECT_TRUE(c.machine.empty());
+  const auto& a = find(c, "BM_A/real_time");
+  EXPECT_DOUBLE_EQ(a.machine_factor, 1.0);
+  EXPECT_EQ(a.time_verdict, "slower");
+  EXPECT_THAT(c.text, Not(HasSubstr("added:"))) << "a reference is no added case";
+}
+
 TEST(BenchCompareTest, MemoryConvertsToCustomSmallerIsBetter) {
+  EXPECT_EQ(bench_memory_to_custom(cases_of({{"BM_Reference/cpu", kSteady, kMiB}})).size(), 0U)
+      << "the machine reference is not a tracked memory series";
   const auto j = bench_memory_to_custom(cases_of({{"BM_A", kSteady, 12.5 * kMiB}}));
   ASSERT_TRUE(j.is_array());
   ASSERT_EQ(j.size(), 1U);
@@ -236,6 +329,15 @@ TEST(BenchCompareCliTest, ExitCodesFollowTheVerdicts) {
   EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "slow.json") +
                              " --threshold-pct 60", &out), 0)
       << out;
+  // A switch before the files takes no value.
+  EXPECT_EQ(testing::run(cli + " bench-compare --no-normalize " + (dir / "old.json") + " " + (dir / "same.json"), &out),
+            0)
+      << out;
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "same.json") +
+                             " --no-normalize=yes", &out),
+            2)
+      << out;
+  EXPECT_THAT(out, HasSubstr("--no-normalize takes no value"));
   EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "grew.json"), &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("grew"));
   EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json"), &out), 2) << out;
@@ -285,21 +387,30 @@ class BenchEndToEndTest : public ::testing::Test {
 };
 
 TEST_F(BenchEndToEndTest, TwoRunsOfTheSameBuildHaveTheSameMemory) {
-  const std::string filter = "^BM_TrainStep/fixture:vit_tiny_lora/bs:1/";
+  const std::string filter = "^BM_(TrainStep/fixture:vit_tiny_lora/bs:1|Reference)/";
   const auto a = bench(source_dir(), filter, "a.json");
   const auto b = bench(source_dir(), filter, "b.json");
   const auto old_cases = load_bench_json(a);
-  ASSERT_EQ(old_cases.size(), 1U);
-  const auto& c = old_cases.begin()->second;
-  EXPECT_EQ(c.name, "BM_TrainStep/fixture:vit_tiny_lora/bs:1/real_time");
+  ASSERT_EQ(old_cases.size(), 3U) << "the case and the CPU and GPU references";
+  const auto& c = old_cases.at("BM_TrainStep/fixture:vit_tiny_lora/bs:1/real_time");
   EXPECT_EQ(c.seconds.size(), 3U);
   ASSERT_TRUE(c.peak_bytes.has_value());
   EXPECT_GT(*c.peak_bytes, 0.0);
+  const auto& ref = old_cases.at("BM_Reference/cpu/real_time");
+  EXPECT_EQ(ref.seconds.size(), 3U);
+  EXPECT_GT(ref.mean(), 0.0);
+  if (!cuda_available()) {
+    EXPECT_THAT(old_cases.at("BM_Reference/gpu/manual_time").error, HasSubstr("no GPU"));
+  }
 
   const auto comparison = compare_bench(old_cases, load_bench_json(b));
-  ASSERT_EQ(comparison.cases.size(), 1U);
-  EXPECT_EQ(comparison.cases[0].memory_verdict, "same");
-  EXPECT_EQ(comparison.cases[0].memory_change_pct.value_or(-1.0), 0.0) << "peak bytes repeat exactly";
+  ASSERT_EQ(comparison.machine.count("BM_Reference/cpu"), 1U);
+  EXPECT_GT(comparison.machine.at("BM_Reference/cpu").factor, 0.0);
+  const auto& step = find(comparison, "BM_TrainStep/fixture:vit_tiny_lora/bs:1/real_time");
+  EXPECT_EQ(step.status, "compared");
+  EXPECT_DOUBLE_EQ(step.machine_factor, comparison.machine.at("BM_Reference/cpu").factor);
+  EXPECT_EQ(step.memory_verdict, "same");
+  EXPECT_EQ(step.memory_change_pct.value_or(-1.0), 0.0) << "peak bytes repeat exactly";
   std::string out;
   EXPECT_EQ(compare(a, b, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("0 grew, 0 shrank"));
