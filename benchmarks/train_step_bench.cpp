@@ -13,8 +13,10 @@
 //
 //   BM_Reference/cpu/real_time, BM_Reference/gpu/manual_time       the machine's speed (see Reference)
 //
-// Run the cases with --benchmark_enable_random_interleaving=true (the bench presets do): each case's repetitions
-// are then spread over the whole run, so their spread includes the machine's drift during it.
+// Run the cases with --benchmark_enable_random_interleaving=true and --memgate_processes=N (the bench presets
+// do): each case's repetitions are then spread over the whole run and over N processes, so their spread includes
+// the machine's drift during the run and the differences between processes (see run_in_processes).
+#include "memgate/bench_compare.h"
 #include "memgate/cpu_allocator.h"
 #include "memgate/device.h"
 #include "memgate/error.h"
@@ -32,8 +34,16 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
 #include <cstdint>
+#include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -335,7 +345,102 @@ bool register_suite(const std::string& suite_name, std::vector<std::unique_ptr<C
 
 }  // namespace
 
+// --memgate_processes=N: run the benchmarks in N processes, one after the other, each with the same flags, and
+// merge their JSON into the --benchmark_out file. A process's repetitions share its address-space layout,
+// allocator state and caches, so a case can run a few percent faster or slower in one process than in the
+// next for no reason in the code: repetitions from several processes carry that spread, so that
+// `memgate bench-compare` does not read it as a change. Returns the exit code.
+int run_in_processes(int processes, const std::string& out, int argc, char** argv) {
+  namespace fs = std::filesystem;
+  const auto exe = fs::read_symlink("/proc/self/exe");
+  const fs::path parts = out + ".processes";
+  fs::remove_all(parts);
+  fs::create_directories(parts);
+  std::vector<nlohmann::json> docs;
+  for (int i = 0; i < processes; ++i) {
+    const auto part = (parts / ("process_" + std::to_string(i) + ".json")).string();
+    std::vector<std::string> args{exe.string()};
+    for (int a = 1; a < argc; ++a) {
+      const std::string arg = argv[a];
+      if (arg.rfind("--benchmark_out=", 0) == 0 || arg.rfind("--benchmark_out_format=", 0) == 0 ||
+          arg.rfind("--memgate_processes=", 0) == 0) {
+        continue;
+      }
+      args.push_back(arg);
+    }
+    args.push_back("--benchmark_out=" + part);
+    args.push_back("--benchmark_out_format=json");
+    std::vector<char*> cargs;
+    for (auto& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    std::cout << "memgate_bench: process " << (i + 1) << " of " << processes << std::endl;
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::cerr << "memgate_bench: fork failed: " << std::strerror(errno) << "\n";
+      return 1;
+    }
+    if (pid == 0) {
+      execv(cargs[0], cargs.data());
+      std::cerr << "memgate_bench: cannot run " << cargs[0] << ": " << std::strerror(errno) << "\n";
+      _exit(127);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::cerr << "memgate_bench: process " << (i + 1) << " of " << processes << " failed (status " << status
+                << "); its output is in " << part << "\n";
+      return 1;
+    }
+    std::ifstream in(part);
+    try {
+      docs.push_back(nlohmann::json::parse(in));
+    } catch (const nlohmann::json::exception& e) {
+      std::cerr << "memgate_bench: " << part << ": not valid JSON: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  try {
+    const auto merged = memgate::merge_bench_json(docs, out);
+    const auto tmp = out + ".tmp";
+    {
+      std::ofstream o(tmp);
+      o << merged.dump(2) << "\n";
+      if (!o) throw memgate::Error(tmp + ": cannot write");
+    }
+    fs::rename(tmp, out);
+  } catch (const std::exception& e) {
+    std::cerr << "memgate_bench: " << e.what() << "\n";
+    return 1;
+  }
+  fs::remove_all(parts);
+  std::cout << "memgate_bench: " << processes << " processes merged into " << out << std::endl;
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  const auto processes_flag = flag_value(argc, argv, "memgate_processes");
+  if (processes_flag) {
+    int processes = 0;
+    const auto [end, ec] = std::from_chars(processes_flag->data(), processes_flag->data() + processes_flag->size(), processes);
+    if (ec != std::errc() || end != processes_flag->data() + processes_flag->size() || processes < 1) {
+      std::cerr << "memgate_bench: --memgate_processes: expected a positive integer, got '" << *processes_flag << "'\n";
+      return 2;
+    }
+    const auto out = flag_value(argc, argv, "benchmark_out");
+    if (processes > 1) {
+      if (!out || out->empty() || flag_value(argc, argv, "benchmark_out_format").value_or("json") != "json") {
+        std::cerr << "memgate_bench: --memgate_processes above 1 merges JSON: give --benchmark_out=<file.json>\n";
+        return 2;
+      }
+      return run_in_processes(processes, *out, argc, argv);
+    }
+    // One process: drop the flag, as benchmark::Initialize would not know it.
+    int kept = 1;
+    for (int a = 1; a < argc; ++a) {
+      if (std::string(argv[a]).rfind("--memgate_processes=", 0) != 0) argv[kept++] = argv[a];
+    }
+    argc = kept;
+  }
+
   // Before any tensor: CPU bytes are counted from the first allocation on, and probes pin intra-op threads.
   memgate::CountingCpuAllocator::install();
   torch::set_num_threads(1);

@@ -51,6 +51,13 @@ std::string format_pct(double pct) { return format("%+.1f%%", pct); }
 
 constexpr const char* kReferencePrefix = "BM_Reference/";
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 // The standard error of a case's mean time: sd / sqrt(n).
 double standard_error(const BenchCase& c) {
   return c.seconds.empty() ? 0.0 : c.stddev() / std::sqrt(static_cast<double>(c.seconds.size()));
@@ -198,8 +205,6 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
     const double se_new = standard_error(n) / c.machine_factor;
     c.noise_seconds = options.noise_sigmas * std::sqrt(std::pow(standard_error(o), 2) + se_new * se_new +
                                                        std::pow(new_mean * factor_rel_se, 2));
-    const bool beyond = std::abs(c.normalized_change_pct) > options.threshold_pct && std::abs(diff) > c.noise_seconds;
-    c.time_verdict = !beyond ? "same" : diff > 0 ? "slower" : "faster";
     if (o.peak_bytes && n.peak_bytes) {
       const double d = *n.peak_bytes - *o.peak_bytes;
       c.memory_change_pct = *o.peak_bytes > 0.0 ? 100.0 * d / *o.peak_bytes : (d == 0.0 ? 0.0 : 100.0);
@@ -209,9 +214,37 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
     } else {
       c.memory_verdict = "n/a";
     }
-    out.regressed = out.regressed || c.time_verdict == "slower" || c.memory_verdict == "grew";
     out.cases.push_back(std::move(c));
   }
+
+  // The between-run noise floor of each machine (the cases of one reference): 3 x the robust spread (1.4826 x
+  // the median absolute deviation) of the changes of all its compared cases. Two runs of one build still differ
+  // case by case (another process's memory layout, the runner's neighbours): most cases do not change, so how
+  // much they wandered is how much one case may wander without a cause.
+  if (options.noise_floor) {
+    std::map<std::string, std::vector<double>> changes;
+    for (const auto& c : out.cases) {
+      if (c.status == "compared") changes[reference_for(c.name)].push_back(c.normalized_change_pct);
+    }
+    for (auto& [ref, v] : changes) {
+      if (v.size() < options.noise_floor_min_cases) continue;
+      const double med = median(v);
+      std::vector<double> deviations;
+      for (double x : v) deviations.push_back(std::abs(x - med));
+      out.noise_floor_pct[ref] = options.noise_floor_sigmas * 1.4826 * median(deviations);
+    }
+  }
+  for (auto& c : out.cases) {
+    if (c.status != "compared") continue;
+    const auto floor = out.noise_floor_pct.find(reference_for(c.name));
+    c.noise_floor_pct = floor == out.noise_floor_pct.end() ? 0.0 : floor->second;
+    const double change = std::abs(c.normalized_change_pct);
+    const double diff = c.new_case.mean() / c.machine_factor - c.old_case.mean();
+    const bool beyond = change > options.threshold_pct && change > c.noise_floor_pct && std::abs(diff) > c.noise_seconds;
+    c.time_verdict = !beyond ? "same" : diff > 0 ? "slower" : "faster";
+    out.regressed = out.regressed || c.time_verdict == "slower" || c.memory_verdict == "grew";
+  }
+
   for (const auto& [name, n] : new_cases) {
     if (old_cases.count(name) != 0 || is_reference_case(name)) continue;
     CaseComparison c;
@@ -238,6 +271,10 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
     if (out.machine.count(r.name.substr(0, r.name.find('/', std::string(kReferencePrefix).size()))) != 0) continue;
     if (r.old_case.seconds.empty() && r.new_case.seconds.empty()) continue;  // skipped in both (no GPU)
     text << "machine speed (" << r.name << "): not in both runs, raw times compared\n";
+  }
+  for (const auto& [ref, floor] : out.noise_floor_pct) {
+    text << "between-run noise floor (cases measured by " << ref << "): " << format("%.1f", floor)
+         << "%, 3 x the robust spread of their changes\n";
   }
   text << pad("case", width) << "  " << pad("old time", 30) << pad("new time", 30) << pad("change", 9)
        << pad("machine", 9) << pad("time", 8) << "| " << pad("old peak", 14) << pad("new peak", 14)
@@ -277,13 +314,99 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
        << " grew, " << shrank << " shrank; " << skipped << " skipped, " << added.size() << " added, " << removed.size()
        << " removed.\n"
        << "time: slower/faster when the change (\"machine\": after dividing the new times by the machine factor) is"
-       << " beyond " << format("%g", options.threshold_pct) << "% and beyond " << format("%g", options.noise_sigmas)
+       << " beyond " << format("%g", options.threshold_pct) << "%, beyond the between-run noise floor and beyond "
+       << format("%g", options.noise_sigmas)
        << " standard errors of the difference of the means (the repetitions' spread); memory: grew/shrank beyond "
        << format("%g", options.memory_threshold_pct) << "%.\n";
   out.text = text.str();
   for (auto& c : added) out.cases.push_back(std::move(c));
   for (auto& c : removed) out.cases.push_back(std::move(c));
   for (auto& c : references) out.cases.push_back(std::move(c));
+  return out;
+}
+
+nlohmann::json merge_bench_json(const std::vector<nlohmann::json>& docs, const std::string& origin) {
+  if (docs.empty()) throw Error(origin + ": no benchmark output to merge");
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<nlohmann::json>> runs;
+  for (std::size_t i = 0; i < docs.size(); ++i) {
+    const auto& doc = docs[i];
+    if (!doc.is_object() || !doc.contains("benchmarks") || !doc["benchmarks"].is_array()) {
+      throw Error(origin + ": process " + std::to_string(i) +
+                  ": not a Google Benchmark JSON file (expected an object with a \"benchmarks\" array)");
+    }
+    for (const auto& b : doc["benchmarks"]) {
+      if (!b.is_object() || !b.contains("name") || !b["name"].is_string()) {
+        throw Error(origin + ": process " + std::to_string(i) + ": a benchmark entry without a \"name\"");
+      }
+      if (b.value("run_type", std::string("iteration")) != "iteration") continue;
+      const auto run_name = b.contains("run_name") && b["run_name"].is_string() ? b["run_name"].get<std::string>()
+                                                                                 : b["name"].get<std::string>();
+      if (runs.count(run_name) == 0) order.push_back(run_name);
+      auto entry = b;
+      entry["memgate_process"] = i;
+      runs[run_name].push_back(std::move(entry));
+    }
+  }
+
+  nlohmann::json out = {{"context", docs[0].value("context", nlohmann::json::object())},
+                        {"benchmarks", nlohmann::json::array()}};
+  out["context"]["memgate_processes"] = docs.size();
+  for (const auto& run_name : order) {
+    auto& entries = runs[run_name];
+    std::vector<const nlohmann::json*> measured;
+    for (std::size_t k = 0; k < entries.size(); ++k) {
+      entries[k]["repetition_index"] = k;
+      entries[k]["repetitions"] = entries.size();
+    }
+    for (const auto& e : entries) {
+      out["benchmarks"].push_back(e);
+      const bool failed = (e.contains("error_occurred") && e["error_occurred"].is_boolean() && e["error_occurred"].get<bool>()) ||
+                          (e.contains("skipped") && e["skipped"].is_boolean() && e["skipped"].get<bool>());
+      if (!failed && e.contains("real_time") && e.contains("cpu_time")) measured.push_back(&e);
+    }
+    if (measured.size() < 2) continue;
+    const auto column = [&](const char* key) {
+      std::vector<double> v;
+      for (const auto* e : measured) v.push_back((*e)[key].get<double>());
+      return v;
+    };
+    const auto mean = [](const std::vector<double>& v) {
+      double sum = 0.0;
+      for (double x : v) sum += x;
+      return sum / static_cast<double>(v.size());
+    };
+    const auto stddev = [&](const std::vector<double>& v) {
+      const double m = mean(v);
+      double sq = 0.0;
+      for (double x : v) sq += (x - m) * (x - m);
+      return std::sqrt(sq / static_cast<double>(v.size() - 1));
+    };
+    const auto real = column("real_time");
+    const auto cpu = column("cpu_time");
+    const auto& first = *measured.front();
+    const auto aggregate = [&](const char* name, const char* unit, double real_value, double cpu_value) {
+      nlohmann::json a = {{"name", run_name + "_" + name},
+                          {"run_name", run_name},
+                          {"run_type", "aggregate"},
+                          {"repetitions", entries.size()},
+                          {"threads", first.value("threads", 1)},
+                          {"aggregate_name", name},
+                          {"aggregate_unit", unit},
+                          {"iterations", measured.size()},
+                          {"real_time", real_value},
+                          {"cpu_time", cpu_value},
+                          {"time_unit", first.value("time_unit", std::string("ns"))}};
+      for (const char* key : {"family_index", "per_family_instance_index"}) {
+        if (first.contains(key)) a[key] = first[key];
+      }
+      out["benchmarks"].push_back(std::move(a));
+    };
+    aggregate("mean", "time", mean(real), mean(cpu));
+    aggregate("median", "time", median(real), median(cpu));
+    aggregate("stddev", "time", stddev(real), stddev(cpu));
+    aggregate("cv", "percentage", stddev(real) / mean(real), stddev(cpu) / mean(cpu));
+  }
   return out;
 }
 

@@ -58,6 +58,8 @@ struct CaseComparison {
   /// noise_sigmas x the standard error of (normalized) mean_new - mean_old, in seconds: the repetitions' spread
   /// of both cases and, when normalized, of the reference.
   double noise_seconds = 0.0;
+  /// The between-run noise floor of the case's machine, in percent (0: none, too few cases).
+  double noise_floor_pct = 0.0;
   std::string time_verdict;        ///< slower | faster | same ("" when not compared)
   std::optional<double> memory_change_pct;
   std::string memory_verdict;      ///< grew | shrank | same | n/a (no memory numbers) ("" when not compared)
@@ -69,6 +71,12 @@ struct CompareOptions {
   double threshold_pct = 5.0;
   /// Divide the new run's times by the machine factor of their reference, where both files have it.
   bool normalize = true;
+  /// Require a time change beyond the between-run noise floor: noise_floor_sigmas x 1.4826 x the median absolute
+  /// deviation of the (normalized) changes of all compared cases of one machine, where there are at least
+  /// noise_floor_min_cases of them.
+  bool noise_floor = true;
+  double noise_floor_sigmas = 3.0;
+  std::size_t noise_floor_min_cases = 8;
   /// Peak memory is deterministic: any change beyond this many percent counts as grew or shrank.
   double memory_threshold_pct = 0.5;
   /// The noise bound in standard errors of the difference of the means (Welch): 3.
@@ -79,6 +87,7 @@ struct CompareOptions {
 struct BenchComparison {
   std::vector<CaseComparison> cases;  ///< by name: compared, then added, removed and reference ones in turn
   std::map<std::string, MachineSpeed> machine;  ///< by reference name, the references both files measured
+  std::map<std::string, double> noise_floor_pct;  ///< by reference name: the between-run noise floor of its cases
   std::string text;                   ///< the printed report
   bool regressed = false;             ///< a case got slower or its memory grew
 };
@@ -91,13 +100,24 @@ struct BenchComparison {
 /// memgate's models, so a change to them does not move it.
 ///
 /// Time: a case is "slower" (or "faster") only when its (normalized) mean time changed by more than
-/// `threshold_pct` percent AND by more than the noise, |mean_new/factor - mean_old| > noise_sigmas x
+/// `threshold_pct` percent, AND by more than the between-run noise floor of its machine (see
+/// CompareOptions::noise_floor: how much all the cases of this comparison wandered; it assumes most cases did not
+/// change, and widens, so stays quiet, when many changed by different amounts), AND by more than the repetition
+/// noise, |mean_new/factor - mean_old| > noise_sigmas x
 /// sqrt(sd_old^2/n_old + (sd_new/factor)^2/n_new + (mean_new/factor)^2 x rel_se(factor)^2) (a Welch-style bound
 /// on the difference of two means, from the standard deviations across repetitions); otherwise "same".
 /// Memory: "grew"/"shrank" on any change beyond `memory_threshold_pct`, else "same".
 [[nodiscard]] BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
                                             const std::map<std::string, BenchCase>& new_cases,
                                             const CompareOptions& options = {});
+
+/// Merges the Google Benchmark JSON documents of several processes of one run (memgate_bench
+/// --memgate_processes) into one document: the first one's context (with "memgate_processes": N), every
+/// repetition of every process under its case in the order the cases first appear, renumbered
+/// (repetition_index, repetitions) and tagged "memgate_process": i, then the mean, median, stddev and cv of
+/// real_time and cpu_time over all of them. The processes' own aggregates are dropped. `origin` names the
+/// documents in errors.
+[[nodiscard]] nlohmann::json merge_bench_json(const std::vector<nlohmann::json>& docs, const std::string& origin);
 
 /// github-action-benchmark's customSmallerIsBetter entries of a file's peak memory:
 /// [{"name": "<case> peak_allocated", "unit": "MiB", "value": <MiB>}, ...], one per case with a memory number

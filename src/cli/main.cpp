@@ -34,14 +34,16 @@ commands:
       measured, difference); appends it to $GITHUB_STEP_SUMMARY when that is set. Exits 1 when any
       component regressed, changed or ran out of memory.
 
-  bench-compare <old.json> <new.json> [--threshold-pct 5] [--no-normalize]
+  bench-compare <old.json> <new.json> [--threshold-pct 5] [--no-normalize] [--no-noise-floor]
       Compares two memgate_bench runs (Google Benchmark JSON, e.g. build/cpu/bench.json of `ctest --preset
       bench`) case by case: mean step time +- its standard deviation across repetitions, the change in %,
       and the peak allocated memory. Where both runs measured the machine (BM_Reference/cpu, /gpu: fixed
       LibTorch work), the new times are first divided by how much slower that reference got ("machine"
       column; --no-normalize compares raw times). Time is "slower"/"faster" only when the means differ by
-      more than the threshold AND by more than the noise, 3 standard errors of the difference of the means
-      (from the repetitions' spread, and the reference's); else "same". Memory is deterministic:
+      more than the threshold, AND by more than the between-run noise floor (3 x the robust spread of the
+      changes of all cases on that machine, from 8 cases on; --no-noise-floor drops it), AND by more than
+      3 standard errors of the difference of the means (from the repetitions' spread, and the
+      reference's); else "same". Memory is deterministic:
       "grew"/"shrank" beyond 0.5%. Cases in one file only are listed as added/removed. Exits 1 when a case
       got slower or its memory grew.
 
@@ -191,7 +193,7 @@ std::map<std::string, std::string> parse_rest(const std::vector<std::string>& re
 
 int run_bench_compare_command(int argc, char** argv) {
   std::vector<std::string> rest;
-  const std::vector<std::string> switches{"--no-normalize"};
+  const std::vector<std::string> switches{"--no-normalize", "--no-noise-floor"};
   const auto files = split_positionals(argc, argv, 2, rest, switches);
   auto flags = parse_rest(rest, {"--threshold-pct"}, switches);
   if (files.size() != 2) throw UsageError("bench-compare needs <old.json> <new.json>");
@@ -211,6 +213,7 @@ int run_bench_compare_command(int argc, char** argv) {
     options.threshold_pct = pct;
   }
   options.normalize = flags.count("--no-normalize") == 0;
+  options.noise_floor = flags.count("--no-noise-floor") == 0;
   const auto comparison =
       memgate::compare_bench(memgate::load_bench_json(files[0]), memgate::load_bench_json(files[1]), options);
   std::cout << comparison.text;

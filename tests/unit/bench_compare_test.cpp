@@ -9,8 +9,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace memgate {
@@ -258,6 +262,7 @@ TEST(BenchCompareTest, AStepSlowerThanTheMachineIsSlower) {
                                cases_of({{"BM_Reference/cpu", scaled(ref, 1.15)}, {"BM_A", scaled(kSteady, 1.40), kMiB}}));
   const auto& a = find(c, "BM_A/real_time");
   EXPECT_NEAR(a.normalized_change_pct, 100.0 * (1.40 / 1.15 - 1.0), 1e-9);
+  EXPECT_TRUE(c.noise_floor_pct.empty()) << "one case is too few for a between-run floor";
   EXPECT_EQ(a.time_verdict, "slower");
   EXPECT_TRUE(c.regressed);
 }
@@ -298,6 +303,107 @@ TEST(BenchCompareTest, AReferenceInOneRunOnlyComparesRawTimes) {
   EXPECT_DOUBLE_EQ(a.machine_factor, 1.0);
   EXPECT_EQ(a.time_verdict, "slower");
   EXPECT_THAT(c.text, Not(HasSubstr("added:"))) << "a reference is no added case";
+}
+
+// `count` cases BM_C<i> of different speeds; in the new run case i is scaled by factor(i).
+std::pair<std::map<std::string, BenchCase>, std::map<std::string, BenchCase>> many_cases(
+    int count, const std::function<double(int)>& factor) {
+  std::vector<FakeCase> old_cases;
+  std::vector<FakeCase> new_cases;
+  for (int i = 0; i < count; ++i) {
+    const auto name = "BM_C" + std::to_string(i);
+    const auto base = scaled(kSteady, 1.0 + 0.25 * i);
+    old_cases.push_back({name, base, kMiB});
+    new_cases.push_back({name, scaled(base, factor(i)), kMiB});
+  }
+  return {cases_of(old_cases), cases_of(new_cases)};
+}
+
+TEST(BenchCompareTest, TheBetweenRunNoiseFloorQuietsTwoRunsOfOneBuild) {
+  // Every case wanders by up to 9% between the runs, each with a tight spread inside its run (as cases do across
+  // processes on a shared runner): the repetition noise alone would call several of them slower or faster.
+  const auto wander = [](int i) { return 1.0 + 0.09 * std::sin(2.3 * i); };
+  const auto [old_cases, new_cases] = many_cases(20, wander);
+  const auto c = compare_bench(old_cases, new_cases);
+  ASSERT_EQ(c.noise_floor_pct.count("BM_Reference/cpu"), 1U);
+  EXPECT_GT(c.noise_floor_pct.at("BM_Reference/cpu"), 9.0);
+  EXPECT_THAT(c.text, HasSubstr("20 cases compared: 0 slower, 0 faster"));
+  EXPECT_THAT(c.text, HasSubstr("between-run noise floor (cases measured by BM_Reference/cpu)"));
+  EXPECT_FALSE(c.regressed);
+
+  CompareOptions no_floor;
+  no_floor.noise_floor = false;
+  const auto raw = compare_bench(old_cases, new_cases, no_floor);
+  EXPECT_TRUE(raw.noise_floor_pct.empty());
+  EXPECT_TRUE(raw.regressed) << "without the floor the wandering reads as slower steps";
+
+  // One case of the same two runs that got 60% slower stands out of the floor.
+  auto [o2, n2] = many_cases(21, [&](int i) { return i == 20 ? 1.6 : wander(i); });
+  const auto one = compare_bench(o2, n2);
+  EXPECT_EQ(find(one, "BM_C20/real_time").time_verdict, "slower");
+  int flagged = 0;
+  for (const auto& x : one.cases) flagged += x.time_verdict != "same";
+  EXPECT_EQ(flagged, 1);
+}
+
+TEST(BenchCompareTest, TheFloorDoesNotHideAStepThatGotSlowerEverywhere) {
+  // A change that makes every step 30% slower (the reference, fixed LibTorch work, does not move).
+  const auto [old_cases, new_cases] = many_cases(20, [](int i) { return 1.30 + 0.01 * std::sin(2.3 * i); });
+  const auto c = compare_bench(old_cases, new_cases);
+  EXPECT_LT(c.noise_floor_pct.at("BM_Reference/cpu"), 5.0);
+  EXPECT_THAT(c.text, HasSubstr("20 cases compared: 20 slower"));
+  EXPECT_TRUE(c.regressed);
+}
+
+TEST(BenchCompareTest, ProcessesMergeIntoOneRun) {
+  // Two processes of one run: 3 and 2 repetitions of BM_A, and a GPU case that skipped in both.
+  auto first = bench_doc({{"BM_A", {10.0, 11.0, 12.0}, kMiB}});
+  auto second = bench_doc({{"BM_A", {13.0, 14.0}, kMiB}});
+  for (auto* doc : {&first, &second}) {
+    (*doc)["benchmarks"].push_back({{"name", "BM_Gpu/manual_time"},
+                                    {"run_name", "BM_Gpu/manual_time"},
+                                    {"run_type", "iteration"},
+                                    {"error_occurred", true},
+                                    {"error_message", "no GPU"}});
+  }
+  const auto merged = merge_bench_json({first, second}, "bench.json");
+  EXPECT_EQ(merged["context"]["memgate_processes"], 2);
+  EXPECT_EQ(merged["context"]["executable"], "memgate_bench");
+
+  std::vector<nlohmann::json> runs;
+  std::map<std::string, nlohmann::json> aggregates;
+  for (const auto& b : merged["benchmarks"]) {
+    if (b["run_name"] != "BM_A/real_time") continue;
+    if (b["run_type"] == "iteration") runs.push_back(b);
+    if (b["run_type"] == "aggregate") aggregates[b["aggregate_name"].get<std::string>()] = b;
+  }
+  ASSERT_EQ(runs.size(), 5U) << "the processes' aggregates are dropped, their repetitions kept";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(runs[i]["repetition_index"], i);
+    EXPECT_EQ(runs[i]["repetitions"], 5);
+    EXPECT_EQ(runs[i]["memgate_process"], i < 3 ? 0 : 1);
+  }
+  ASSERT_EQ(aggregates.size(), 4U);
+  EXPECT_DOUBLE_EQ(aggregates["mean"]["real_time"].get<double>(), 12.0);
+  EXPECT_DOUBLE_EQ(aggregates["median"]["real_time"].get<double>(), 12.0);
+  EXPECT_NEAR(aggregates["stddev"]["real_time"].get<double>(), std::sqrt(2.5), 1e-12);
+  EXPECT_NEAR(aggregates["cv"]["real_time"].get<double>(), std::sqrt(2.5) / 12.0, 1e-12);
+  EXPECT_EQ(aggregates["cv"]["aggregate_unit"], "percentage");
+
+  // What bench-compare reads back: all five repetitions, the peak, and the skipped case with its reason.
+  const auto cases = parse_bench_json(merged, "bench.json");
+  EXPECT_EQ(cases.at("BM_A/real_time").seconds.size(), 5U);
+  EXPECT_NEAR(cases.at("BM_A/real_time").mean(), 0.012, 1e-12);
+  EXPECT_DOUBLE_EQ(cases.at("BM_A/real_time").peak_bytes.value_or(0.0), kMiB);
+  EXPECT_EQ(cases.at("BM_Gpu/manual_time").error, "no GPU");
+
+  try {
+    (void)merge_bench_json({first, nlohmann::json::array()}, "bench.json");
+    ADD_FAILURE() << "a process without benchmarks must not merge";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("bench.json: process 1: not a Google Benchmark JSON file"));
+  }
+  EXPECT_THROW((void)merge_bench_json({}, "bench.json"), Error);
 }
 
 TEST(BenchCompareTest, MemoryConvertsToCustomSmallerIsBetter) {
@@ -414,6 +520,29 @@ TEST_F(BenchEndToEndTest, TwoRunsOfTheSameBuildHaveTheSameMemory) {
   std::string out;
   EXPECT_EQ(compare(a, b, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("0 grew, 0 shrank"));
+}
+
+TEST_F(BenchEndToEndTest, ProcessesWriteOneMergedFile) {
+  const auto out = dir / "merged.json";
+  std::string log;
+#ifdef MEMGATE_BENCH
+  const int rc = testing::run("MEMGATE_SOURCE_DIR=" + source_dir() + " " + MEMGATE_BENCH +
+                                  " --memgate_processes=2 --benchmark_filter='^BM_TrainStep/fixture:vit_tiny_lora/bs:1/'"
+                                  " --benchmark_repetitions=2 --benchmark_min_time=0.01 --benchmark_out=" + out,
+                              &log);
+  EXPECT_EQ(rc, 0) << log;
+  EXPECT_THAT(log, HasSubstr("process 2 of 2"));
+  EXPECT_EQ(testing::run("MEMGATE_SOURCE_DIR=" + source_dir() + " " + MEMGATE_BENCH + " --memgate_processes=2", &log),
+            2)
+      << "merging needs an output file";
+  EXPECT_THAT(log, HasSubstr("give --benchmark_out"));
+  EXPECT_EQ(testing::run(std::string(MEMGATE_BENCH) + " --memgate_processes=zero", &log), 2);
+  EXPECT_THAT(log, HasSubstr("--memgate_processes: expected a positive integer, got 'zero'"));
+#endif
+  const auto cases = load_bench_json(out);
+  ASSERT_EQ(cases.size(), 1U) << log;
+  EXPECT_EQ(cases.begin()->second.seconds.size(), 4U) << "2 processes x 2 repetitions";
+  EXPECT_FALSE(fs::exists(out + ".processes")) << "the parts are removed once merged";
 }
 
 TEST_F(BenchEndToEndTest, ALargerModelGrows) {
