@@ -185,6 +185,40 @@ Prepared& prepare(const std::string& key, const memgate::Fixture& fixture, std::
   return *g_prepared;
 }
 
+// Times `step` once per benchmark iteration (CUDA events around it on a GPU, wall time on the CPU), and returns
+// what the timed steps held: their peaks above `base` and their allocations.
+template <class Step>
+StepMemory time_steps(benchmark::State& state, c10::Device device, memgate::MemoryBackend& backend,
+                      const memgate::MemorySnapshot& base, Step&& step) {
+  backend.synchronize();
+  backend.reset_peak();
+  const auto allocations_before = allocation_count(device);
+  if (device.is_cuda()) {
+    c10::cuda::CUDAEvent start(cudaEventDefault);
+    c10::cuda::CUDAEvent end(cudaEventDefault);
+    for (auto _ : state) {
+      start.record();
+      step();
+      end.record();
+      end.synchronize();
+      state.SetIterationTime(static_cast<double>(start.elapsed_time(end)) / 1000.0);
+    }
+  } else {
+    for (auto _ : state) step();
+  }
+  backend.synchronize();
+  const auto s = backend.snapshot();
+  return {s.peak_allocated - base.allocated, s.peak_reserved - base.reserved,
+          allocation_count(device) - allocations_before};
+}
+
+// Skips a GPU case where LibTorch sees no GPU; returns whether it did.
+bool skipped_without_gpu(benchmark::State& state, bool on_gpu) {
+  if (!on_gpu || memgate::cuda_available()) return false;
+  state.SkipWithError("no GPU: LibTorch sees no CUDA device, GPU cases skip");
+  return true;
+}
+
 struct Case {
   std::string name;  // as registered
   memgate::ProbeCase probe;
@@ -194,40 +228,14 @@ struct Case {
 void BM_TrainStep(benchmark::State& state, const Case& c) {
   g_current_case = c.name;
   const bool on_gpu = c.device != "cpu";
-  if (on_gpu && !memgate::cuda_available()) {
-    state.SkipWithError("no GPU: LibTorch sees no CUDA device, GPU cases skip");
-    return;
-  }
+  if (skipped_without_gpu(state, on_gpu)) return;
   try {
     const auto device = memgate::resolve_device(c.device);
     std::optional<c10::cuda::CUDAGuard> guard;
     if (on_gpu) guard.emplace(device);
     const auto fixture = memgate::load_fixture(c.probe.fixture_path);
     auto& p = prepare(c.probe.name() + "@" + c.device, fixture, c.probe.batch_size, device);
-    auto& backend = *p.backend;
-
-    backend.synchronize();
-    backend.reset_peak();
-    const auto allocations_before = allocation_count(device);
-    if (on_gpu) {
-      c10::cuda::CUDAEvent start(cudaEventDefault);
-      c10::cuda::CUDAEvent end(cudaEventDefault);
-      for (auto _ : state) {
-        start.record();
-        p.step->run();
-        end.record();
-        end.synchronize();
-        state.SetIterationTime(static_cast<double>(start.elapsed_time(end)) / 1000.0);
-      }
-    } else {
-      for (auto _ : state) p.step->run();
-    }
-    backend.synchronize();
-    const auto s = backend.snapshot();
-    StepMemory m;
-    m.peak_allocated = s.peak_allocated - p.base.allocated;
-    m.peak_reserved = s.peak_reserved - p.base.reserved;
-    m.allocations = allocation_count(device) - allocations_before;
+    const auto m = time_steps(state, device, *p.backend, p.base, [&p] { p.step->run(); });
     g_last_steps = m;
 
     state.counters["peak_allocated_MiB"] = static_cast<double>(m.peak_allocated) / kMiB;
@@ -273,39 +281,21 @@ struct Reference {
 
 void BM_Reference(benchmark::State& state, const std::string& name, bool on_gpu) {
   g_current_case = name;
-  if (on_gpu && !memgate::cuda_available()) {
-    state.SkipWithError("no GPU: LibTorch sees no CUDA device, GPU cases skip");
-    return;
-  }
+  if (skipped_without_gpu(state, on_gpu)) return;
   release_prepared();  // what a case kept is freed: the reference runs in the same memory state every time
-  const auto device = memgate::resolve_device(on_gpu ? "cuda" : "cpu");
-  std::optional<c10::cuda::CUDAGuard> guard;
-  if (on_gpu) guard.emplace(device);
-  auto backend = memgate::make_memory_backend(device);
-  backend->synchronize();
-  const auto base = backend->snapshot();
-  Reference ref(device, on_gpu ? 512 : 4);
-  for (int i = 0; i < kWarmupSteps; ++i) ref.step();
-  backend->synchronize();
-  backend->reset_peak();
-  const auto allocations_before = allocation_count(device);
-  if (on_gpu) {
-    c10::cuda::CUDAEvent start(cudaEventDefault);
-    c10::cuda::CUDAEvent end(cudaEventDefault);
-    for (auto _ : state) {
-      start.record();
-      ref.step();
-      end.record();
-      end.synchronize();
-      state.SetIterationTime(static_cast<double>(start.elapsed_time(end)) / 1000.0);
-    }
-  } else {
-    for (auto _ : state) ref.step();
+  try {
+    const auto device = memgate::resolve_device(on_gpu ? "cuda" : "cpu");
+    std::optional<c10::cuda::CUDAGuard> guard;
+    if (on_gpu) guard.emplace(device);
+    auto backend = memgate::make_memory_backend(device);
+    backend->synchronize();
+    const auto base = backend->snapshot();
+    Reference ref(device, on_gpu ? 512 : 4);
+    for (int i = 0; i < kWarmupSteps; ++i) ref.step();
+    g_last_steps = time_steps(state, device, *backend, base, [&ref] { ref.step(); });
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
   }
-  backend->synchronize();
-  const auto s = backend->snapshot();
-  g_last_steps = StepMemory{s.peak_allocated - base.allocated, s.peak_reserved - base.reserved,
-                            allocation_count(device) - allocations_before};
 }
 
 void register_references() {
