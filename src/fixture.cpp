@@ -57,6 +57,7 @@ ResNetSpec read_resnet(MapReader& r) {
   }
   s.img_size = r.get_int("img_size", s.img_size, 16, 1 << 16);
   s.in_chans = r.get_int("in_chans", s.in_chans, 1, 1024);
+  s.width = r.get_int("width", s.width, 1, 1 << 14);
   s.task = r.get_string("task", s.task, {"classify", "protonet"});
   if (s.task == "classify") {
     s.num_classes = r.get_int("num_classes", s.num_classes, 1, 1 << 24);

@@ -81,12 +81,12 @@ torch::Tensor ResNetBlockImpl::forward(const torch::Tensor& x) {
 ResNetImpl::ResNetImpl(const ResNetSpec& spec_, bool with_fc, nn::ParamOptions param) : spec(spec_) {
   const bool bottleneck = spec.depth >= 50;
   const std::int64_t expansion = bottleneck ? 4 : 1;
-  conv1 = register_module("conv1", make_conv(spec.in_chans, 64, 7, 2, 3, param));
-  bn1 = register_module("bn1", make_bn(64, param));
+  conv1 = register_module("conv1", make_conv(spec.in_chans, spec.width, 7, 2, 3, param));
+  bn1 = register_module("bn1", make_bn(spec.width, param));
   const auto stage_blocks = resnet_stage_blocks(spec.depth);
-  std::int64_t inplanes = 64;
+  std::int64_t inplanes = spec.width;
   for (std::size_t stage = 0; stage < stage_blocks.size(); ++stage) {
-    const std::int64_t planes = std::int64_t{64} << stage;
+    const std::int64_t planes = spec.width << stage;
     auto layer = register_module("layer" + std::to_string(stage + 1), torch::nn::ModuleList());
     for (std::int64_t i = 0; i < stage_blocks[stage]; ++i) {
       const std::int64_t stride = (stage > 0 && i == 0) ? 2 : 1;

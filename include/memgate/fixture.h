@@ -38,6 +38,7 @@ struct ResNetSpec {
   std::int64_t depth = 50;         ///< 18 | 34 | 50 | 101 | 152
   std::int64_t img_size = 224;     ///< input height and width
   std::int64_t in_chans = 3;       ///< input channels
+  std::int64_t width = 64;         ///< channels of the stem and the first stage, doubled per stage (torchvision: 64)
   std::int64_t num_classes = 1000; ///< classifier outputs (classify task)
   std::string task = "classify";   ///< classify | protonet (few-shot episodes; batch size = episodes per step)
   std::int64_t ways = 5;           ///< protonet: classes per episode

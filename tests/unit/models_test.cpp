@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace memgate {
@@ -49,6 +51,24 @@ TEST(ResNetTest, CountsMatchTorchvision) {
   EXPECT_EQ(count_on_meta(resnet_classifier(18)).total, 11'689'512);
   EXPECT_EQ(count_on_meta(resnet_classifier(34)).total, 21'797'672);
   EXPECT_EQ(count_on_meta(resnet_classifier(50)).total, 25'557'032);
+}
+
+TEST(ResNetTest, WidthScalesEveryStage) {
+  // ResNet-18 at width 16: every convolution and BatchNorm a quarter as wide as torchvision's 64.
+  auto spec = resnet_classifier(18);
+  std::get<ResNetSpec>(spec.spec).width = 16;
+  auto model = build_model(spec, torch::Device(torch::kMeta));
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& p : model->module().named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+  EXPECT_EQ(shapes.at("conv1.weight"), (std::vector<std::int64_t>{16, 3, 7, 7}));
+  EXPECT_EQ(shapes.at("layer1.0.conv1.weight"), (std::vector<std::int64_t>{16, 16, 3, 3}));
+  EXPECT_EQ(shapes.at("layer4.1.conv2.weight"), (std::vector<std::int64_t>{128, 128, 3, 3}));
+  EXPECT_EQ(shapes.at("fc.weight"), (std::vector<std::int64_t>{1000, 128}));
+  // Convolutions scale with width^2, the stem and BatchNorm with width, the classifier's weight with width.
+  const auto full = count_on_meta(resnet_classifier(18)).total;
+  const auto narrow = count_parameters(model->module()).total;
+  EXPECT_LT(narrow, full / 10);
+  EXPECT_GT(narrow, full / 20);
 }
 
 TEST(ResNetTest, NamesFollowTorchvision) {
