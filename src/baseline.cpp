@@ -159,7 +159,8 @@ std::string source_commit(const std::string& source_dir) {
   const auto quoted = "'" + source_dir + "'";
   auto commit = run_command("git -C " + quoted + " rev-parse --short=12 HEAD 2>/dev/null");
   if (commit.empty()) return "unknown";
-  auto dirty = run_command("git -C " + quoted + " status --porcelain --untracked-files=no 2>/dev/null");
+  auto dirty = run_command("git -C " + quoted +
+                           " status --porcelain --untracked-files=no -- . ':(exclude)baselines' 2>/dev/null");
   return dirty.empty() ? commit : commit + "+dirty";
 }
 

@@ -41,8 +41,9 @@ struct Baseline {
 /// The baseline's JSON, keys sorted, probes by batch size.
 [[nodiscard]] nlohmann::json baseline_to_json(const Baseline& baseline);
 
-/// The commit of the source tree ($MEMGATE_COMMIT, else `git rev-parse --short=12 HEAD`, "+dirty" when the
-/// tree has changes), or "unknown".
+/// The commit of the source tree ($MEMGATE_COMMIT, else `git rev-parse --short=12 HEAD`, "+dirty" when tracked
+/// files outside baselines/ have changes: the update writing baselines/ does not make its own commit dirty), or
+/// "unknown".
 [[nodiscard]] std::string source_commit(const std::string& source_dir);
 
 /// Writes the measured probes into `path`: only those probes are replaced, every other entry is kept; the file

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 namespace memgate {
 namespace {
 
@@ -83,6 +85,24 @@ TEST(BaselineTest, CorruptFilesNameTheFileAndTheKey) {
   // An update never overwrites a corrupt file: it stops with the same error, and the file is kept.
   EXPECT_THROW(update_baseline(path, f, cpu_info(), {result(2, 20)}, "c"), Error);
   EXPECT_EQ(testing::read_file(path), text);
+}
+
+TEST(BaselineTest, ProvenanceCommitIsDirtyForSourceChangesOnly) {
+  // A git tree with a fixture and a baseline: rewriting baselines/ (what an update does) keeps the commit clean.
+  ::unsetenv("MEMGATE_COMMIT");  // it would stand in for git
+  TempDir dir;
+  testing::write_file(dir / "fixtures/models/a.yaml", "model: {}\n");
+  testing::write_file(dir / "baselines/cpu/a.json", "{}\n");
+  const std::string git = "git -C '" + dir.path().string() + "' -c user.name=t -c user.email=t@t ";
+  ASSERT_EQ(testing::run(git + "init -q && " + git + "add -A && " + git + "commit -qm init"), 0);
+  std::string head;
+  ASSERT_EQ(testing::run(git + "rev-parse --short=12 HEAD", &head), 0);
+  head = head.substr(0, 12);
+  EXPECT_EQ(source_commit(dir.path().string()), head);
+  testing::write_file(dir / "baselines/cpu/a.json", "{\"probes\": []}\n");
+  EXPECT_EQ(source_commit(dir.path().string()), head) << "a baseline being rewritten is not a source change";
+  testing::write_file(dir / "fixtures/models/a.yaml", "model: {arch: vit}\n");
+  EXPECT_EQ(source_commit(dir.path().string()), head + "+dirty");
 }
 
 TEST(BaselineTest, ToleranceIsTheLargerOfRelativeAndAbsolute) {
