@@ -380,11 +380,10 @@ int run_in_processes(int processes, const std::string& out, int argc, char** arg
                 << "); its output is in " << part << "\n";
       return 1;
     }
-    std::ifstream in(part);
     try {
-      docs.push_back(nlohmann::json::parse(in));
-    } catch (const nlohmann::json::exception& e) {
-      std::cerr << "memgate_bench: " << part << ": not valid JSON: " << e.what() << "\n";
+      docs.push_back(memgate::read_bench_document(part));
+    } catch (const memgate::Error& e) {
+      std::cerr << "memgate_bench: " << e.what() << "\n";
       return 1;
     }
   }

@@ -126,7 +126,7 @@ std::map<std::string, BenchCase> parse_bench_json(const nlohmann::json& doc, con
   return cases;
 }
 
-std::map<std::string, BenchCase> load_bench_json(const std::string& path) {
+nlohmann::json read_bench_document(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot read");
   nlohmann::json doc;
@@ -135,7 +135,12 @@ std::map<std::string, BenchCase> load_bench_json(const std::string& path) {
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(path + ": not valid JSON: " + e.what());
   }
-  return parse_bench_json(doc, path);
+  (void)parse_bench_json(doc, path);  // the same checks as a comparison makes, naming the file
+  return doc;
+}
+
+std::map<std::string, BenchCase> load_bench_json(const std::string& path) {
+  return parse_bench_json(read_bench_document(path), path);
 }
 
 bool is_reference_case(const std::string& name) { return name.rfind(kReferencePrefix, 0) == 0; }
@@ -217,7 +222,7 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
     out.cases.push_back(std::move(c));
   }
 
-  // The between-run noise floor of each machine (the cases of one reference): 3 x the robust spread (1.4826 x
+  // The between-run noise floor of each machine (the cases of one reference): k x the robust spread (1.4826 x
   // the median absolute deviation) of the changes of all its compared cases. Two runs of one build still differ
   // case by case (another process's memory layout, the runner's neighbours): most cases do not change, so how
   // much they wandered is how much one case may wander without a cause.
@@ -273,8 +278,8 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
     text << "machine speed (" << r.name << "): not in both runs, raw times compared\n";
   }
   for (const auto& [ref, floor] : out.noise_floor_pct) {
-    text << "between-run noise floor (cases measured by " << ref << "): " << format("%.1f", floor)
-         << "%, 3 x the robust spread of their changes\n";
+    text << "between-run noise floor (cases measured by " << ref << "): " << format("%.1f", floor) << "%, "
+         << format("%g", options.noise_floor_sigmas) << " x the robust spread of their changes\n";
   }
   text << pad("case", width) << "  " << pad("old time", 30) << pad("new time", 30) << pad("change", 9)
        << pad("machine", 9) << pad("time", 8) << "| " << pad("old peak", 14) << pad("new peak", 14)
@@ -332,12 +337,12 @@ nlohmann::json merge_bench_json(const std::vector<nlohmann::json>& docs, const s
   for (std::size_t i = 0; i < docs.size(); ++i) {
     const auto& doc = docs[i];
     if (!doc.is_object() || !doc.contains("benchmarks") || !doc["benchmarks"].is_array()) {
-      throw Error(origin + ": process " + std::to_string(i) +
+      throw Error(origin + ": part " + std::to_string(i) +
                   ": not a Google Benchmark JSON file (expected an object with a \"benchmarks\" array)");
     }
     for (const auto& b : doc["benchmarks"]) {
       if (!b.is_object() || !b.contains("name") || !b["name"].is_string()) {
-        throw Error(origin + ": process " + std::to_string(i) + ": a benchmark entry without a \"name\"");
+        throw Error(origin + ": part " + std::to_string(i) + ": a benchmark entry without a \"name\"");
       }
       if (b.value("run_type", std::string("iteration")) != "iteration") continue;
       const auto run_name = b.contains("run_name") && b["run_name"].is_string() ? b["run_name"].get<std::string>()

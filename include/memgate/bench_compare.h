@@ -27,6 +27,8 @@ struct BenchCase {
 /// entries (mean, median, stddev, cv) are ignored: the repetitions are re-aggregated here. Throws memgate::Error
 /// naming the file for a file that cannot be read or is not a Google Benchmark JSON document.
 [[nodiscard]] std::map<std::string, BenchCase> load_bench_json(const std::string& path);
+/// A Google Benchmark JSON file as it is, once it has passed load_bench_json's checks (errors name the file).
+[[nodiscard]] nlohmann::json read_bench_document(const std::string& path);
 /// The same from an already parsed document; `origin` names it in errors.
 [[nodiscard]] std::map<std::string, BenchCase> parse_bench_json(const nlohmann::json& doc, const std::string& origin);
 
@@ -75,7 +77,11 @@ struct CompareOptions {
   /// deviation of the (normalized) changes of all compared cases of one machine, where there are at least
   /// noise_floor_min_cases of them.
   bool noise_floor = true;
-  double noise_floor_sigmas = 3.0;
+  /// 5, not 3: between two runs of one build, unchanged cases wander with heavy tails (a case slowed down for a
+  /// whole run by another tenant of a shared runner). On the 2-core CI machine, 4 of 9 such pairs of runs held a
+  /// case 4 to 6.6 robust standard deviations out; at 5 none of the 3 pairs of the current build did, and every
+  /// deliberate change (+56% and more) still stood out.
+  double noise_floor_sigmas = 5.0;
   std::size_t noise_floor_min_cases = 8;
   /// Peak memory is deterministic: any change beyond this many percent counts as grew or shrank.
   double memory_threshold_pct = 0.5;
@@ -111,12 +117,12 @@ struct BenchComparison {
                                             const std::map<std::string, BenchCase>& new_cases,
                                             const CompareOptions& options = {});
 
-/// Merges the Google Benchmark JSON documents of several processes of one run (memgate_bench
-/// --memgate_processes) into one document: the first one's context (with "memgate_processes": N), every
-/// repetition of every process under its case in the order the cases first appear, renumbered
-/// (repetition_index, repetitions) and tagged "memgate_process": i, then the mean, median, stddev and cv of
-/// real_time and cpu_time over all of them. The processes' own aggregates are dropped. `origin` names the
-/// documents in errors.
+/// Merges Google Benchmark JSON documents into one: the processes of one run (memgate_bench
+/// --memgate_processes), or whole runs of one build (memgate bench-merge). The result has the first one's context
+/// (with "memgate_processes": N, the number of parts), every repetition of every part under its case in the order
+/// the cases first appear, renumbered (repetition_index, repetitions) and tagged "memgate_process": i (the part),
+/// then the mean, median, stddev and cv of real_time and cpu_time over all of them. The parts' own aggregates are
+/// dropped. `origin` names the result in errors.
 [[nodiscard]] nlohmann::json merge_bench_json(const std::vector<nlohmann::json>& docs, const std::string& origin);
 
 /// github-action-benchmark's customSmallerIsBetter entries of a file's peak memory:

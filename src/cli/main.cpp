@@ -17,6 +17,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -34,18 +35,23 @@ commands:
       measured, difference); appends it to $GITHUB_STEP_SUMMARY when that is set. Exits 1 when any
       component regressed, changed or ran out of memory.
 
-  bench-compare <old.json> <new.json> [--threshold-pct 5] [--no-normalize] [--no-noise-floor]
+  bench-compare <old.json> <new.json> [--threshold-pct 5] [--floor-sigmas 5] [--no-normalize] [--no-noise-floor]
       Compares two memgate_bench runs (Google Benchmark JSON, e.g. build/cpu/bench.json of `ctest --preset
       bench`) case by case: mean step time +- its standard deviation across repetitions, the change in %,
       and the peak allocated memory. Where both runs measured the machine (BM_Reference/cpu, /gpu: fixed
       LibTorch work), the new times are first divided by how much slower that reference got ("machine"
       column; --no-normalize compares raw times). Time is "slower"/"faster" only when the means differ by
-      more than the threshold, AND by more than the between-run noise floor (3 x the robust spread of the
-      changes of all cases on that machine, from 8 cases on; --no-noise-floor drops it), AND by more than
+      more than the threshold, AND by more than the between-run noise floor (--floor-sigmas x the robust
+      spread of the changes of all cases on that machine, from 8 cases on; --no-noise-floor drops it), AND by more than
       3 standard errors of the difference of the means (from the repetitions' spread, and the
       reference's); else "same". Memory is deterministic:
       "grew"/"shrank" beyond 0.5%. Cases in one file only are listed as added/removed. Exits 1 when a case
       got slower or its memory grew.
+
+  bench-merge <a.json> <b.json> [...] --output <merged.json>
+      Pools several runs of one build (Google Benchmark JSON of memgate_bench) into one file, every
+      repetition kept: compare pooled runs when one run each is too noisy to decide on time (a case slowed
+      down for a whole run by another tenant of a shared runner).
 
   bench-convert <bench.json> --output <file.json>
       Writes the peak memory of each case in github-action-benchmark's customSmallerIsBetter format
@@ -195,22 +201,24 @@ int run_bench_compare_command(int argc, char** argv) {
   std::vector<std::string> rest;
   const std::vector<std::string> switches{"--no-normalize", "--no-noise-floor"};
   const auto files = split_positionals(argc, argv, 2, rest, switches);
-  auto flags = parse_rest(rest, {"--threshold-pct"}, switches);
+  auto flags = parse_rest(rest, {"--threshold-pct", "--floor-sigmas"}, switches);
   if (files.size() != 2) throw UsageError("bench-compare needs <old.json> <new.json>");
   memgate::CompareOptions options;
-  if (flags.count("--threshold-pct")) {
-    const auto& text = flags["--threshold-pct"];
+  for (const auto& [flag, target] : {std::pair{"--threshold-pct", &options.threshold_pct},
+                                     std::pair{"--floor-sigmas", &options.noise_floor_sigmas}}) {
+    if (!flags.count(flag)) continue;
+    const auto& text = flags[flag];
     std::size_t used = 0;
-    double pct = -1.0;
+    double value = -1.0;
     try {
-      pct = std::stod(text, &used);
+      value = std::stod(text, &used);
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != text.size() || pct < 0.0) {
-      throw UsageError("--threshold-pct: expected a number >= 0, got '" + text + "'");
+    if (used != text.size() || value < 0.0) {
+      throw UsageError(std::string(flag) + ": expected a number >= 0, got '" + text + "'");
     }
-    options.threshold_pct = pct;
+    *target = value;
   }
   options.normalize = flags.count("--no-normalize") == 0;
   options.noise_floor = flags.count("--no-noise-floor") == 0;
@@ -218,6 +226,30 @@ int run_bench_compare_command(int argc, char** argv) {
       memgate::compare_bench(memgate::load_bench_json(files[0]), memgate::load_bench_json(files[1]), options);
   std::cout << comparison.text;
   return comparison.regressed ? 1 : 0;
+}
+
+int run_bench_merge_command(int argc, char** argv) {
+  std::vector<std::string> rest;
+  const auto files = split_positionals(argc, argv, 2, rest);
+  auto flags = parse_rest(rest, {"--output"});
+  if (files.size() < 2 || !flags.count("--output")) {
+    throw UsageError("bench-merge needs <a.json> <b.json> [...] --output <merged.json>");
+  }
+  std::vector<nlohmann::json> docs;
+  for (const auto& f : files) docs.push_back(memgate::read_bench_document(f));
+  const auto merged = memgate::merge_bench_json(docs, flags["--output"]);
+  const std::filesystem::path out = flags["--output"];
+  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+  // Written beside, then renamed: an output that is also an input is replaced whole or not at all.
+  const auto tmp = out.string() + ".tmp";
+  {
+    std::ofstream file(tmp);
+    file << merged.dump(2) << "\n";
+    if (!file) throw memgate::Error(tmp + ": cannot write");
+  }
+  std::filesystem::rename(tmp, out);
+  std::cout << "merged " << files.size() << " runs into " << out.string() << "\n";
+  return 0;
 }
 
 int run_bench_convert_command(int argc, char** argv) {
@@ -250,6 +282,7 @@ int main(int argc, char** argv) {
     if (command == "summary") return run_summary_command(argc, argv);
     if (command == "bench-compare") return run_bench_compare_command(argc, argv);
     if (command == "bench-convert") return run_bench_convert_command(argc, argv);
+    if (command == "bench-merge") return run_bench_merge_command(argc, argv);
     if (command == "help" || command == "--help" || command == "-h") {
       std::cout << kUsage;
       return 0;

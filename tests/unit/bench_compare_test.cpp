@@ -401,7 +401,7 @@ TEST(BenchCompareTest, ProcessesMergeIntoOneRun) {
     (void)merge_bench_json({first, nlohmann::json::array()}, "bench.json");
     ADD_FAILURE() << "a process without benchmarks must not merge";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("bench.json: process 1: not a Google Benchmark JSON file"));
+    EXPECT_THAT(e.what(), HasSubstr("bench.json: part 1: not a Google Benchmark JSON file"));
   }
   EXPECT_THROW((void)merge_bench_json({}, "bench.json"), Error);
 }
@@ -444,6 +444,11 @@ TEST(BenchCompareCliTest, ExitCodesFollowTheVerdicts) {
             2)
       << out;
   EXPECT_THAT(out, HasSubstr("--no-normalize takes no value"));
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "same.json") +
+                             " --floor-sigmas lots", &out),
+            2)
+      << out;
+  EXPECT_THAT(out, HasSubstr("--floor-sigmas: expected a number >= 0, got 'lots'"));
   EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "grew.json"), &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("grew"));
   EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json"), &out), 2) << out;
@@ -456,6 +461,31 @@ TEST(BenchCompareCliTest, ExitCodesFollowTheVerdicts) {
   ASSERT_EQ(j.size(), 1U);
   EXPECT_EQ(j[0]["name"], "BM_A/real_time peak_allocated");
   EXPECT_DOUBLE_EQ(j[0]["value"].get<double>(), 8.0);
+}
+
+TEST(BenchCompareCliTest, BenchMergePoolsRuns) {
+  testing::TempDir dir;
+  testing::write_file(dir / "a.json", bench_doc({{"BM_A", {10.0, 11.0}, kMiB}}).dump());
+  testing::write_file(dir / "b.json", bench_doc({{"BM_A", {12.0, 13.0}, kMiB}}).dump());
+  testing::write_file(dir / "bad.json", "{\"benchmarks\": 3}");
+  const std::string cli = MEMGATE_CLI;
+  std::string out;
+  EXPECT_EQ(testing::run(cli + " bench-merge " + (dir / "a.json") + " " + (dir / "b.json") + " --output " +
+                             (dir / "ab.json"), &out),
+            0)
+      << out;
+  const auto pooled = load_bench_json(dir / "ab.json");
+  EXPECT_EQ(pooled.at("BM_A/real_time").seconds.size(), 4U);
+  EXPECT_NEAR(pooled.at("BM_A/real_time").mean(), 0.0115, 1e-12);
+
+  // A bad input names its file and writes nothing.
+  EXPECT_EQ(testing::run(cli + " bench-merge " + (dir / "a.json") + " " + (dir / "bad.json") + " --output " +
+                             (dir / "x.json"), &out),
+            1);
+  EXPECT_THAT(out, HasSubstr("bad.json: not a Google Benchmark JSON file"));
+  EXPECT_FALSE(fs::exists(dir / "x.json"));
+  EXPECT_EQ(testing::run(cli + " bench-merge " + (dir / "a.json") + " --output " + (dir / "x.json"), &out), 2)
+      << "one run is nothing to merge";
 }
 
 // memgate_bench end to end: one tiny CPU case, three repetitions.
