@@ -20,6 +20,7 @@
 #include "memgate/cpu_allocator.h"
 #include "memgate/device.h"
 #include "memgate/error.h"
+#include "memgate/files.h"
 #include "memgate/fixture.h"
 #include "memgate/memory_backend.h"
 #include "memgate/probe.h"
@@ -43,7 +44,6 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -388,14 +388,7 @@ int run_in_processes(int processes, const std::string& out, int argc, char** arg
     }
   }
   try {
-    const auto merged = memgate::merge_bench_json(docs, out);
-    const auto tmp = out + ".tmp";
-    {
-      std::ofstream o(tmp);
-      o << merged.dump(2) << "\n";
-      if (!o) throw memgate::Error(tmp + ": cannot write");
-    }
-    fs::rename(tmp, out);
+    memgate::write_file_atomically(out, memgate::merge_bench_json(docs, out).dump(2) + "\n");
   } catch (const std::exception& e) {
     std::cerr << "memgate_bench: " << e.what() << "\n";
     return 1;

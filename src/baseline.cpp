@@ -2,6 +2,7 @@
 #include "memgate/baseline.h"
 
 #include "memgate/error.h"
+#include "memgate/files.h"
 #include "memgate/report.h"
 
 #include <fcntl.h>
@@ -211,15 +212,7 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
             [](const BaselineProbe& x, const BaselineProbe& y) { return x.batch_size < y.batch_size; });
   const auto text = baseline_to_json(b).dump(2) + "\n";
   if (existed && read_file(path) == text) return false;
-  const auto tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(tmp + ": cannot write");
-    out << text;
-    out.flush();
-    if (!out) throw Error(tmp + ": write failed");
-  }
-  std::filesystem::rename(tmp, file);
+  write_file_atomically(path, text);
   return true;
 }
 

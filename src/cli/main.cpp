@@ -4,6 +4,7 @@
 #include "memgate/cpu_allocator.h"
 #include "memgate/device.h"
 #include "memgate/error.h"
+#include "memgate/files.h"
 #include "memgate/fixture.h"
 #include "memgate/probe.h"
 #include "memgate/report.h"
@@ -144,16 +145,8 @@ int run_profile_command(int argc, char** argv) {
   const auto profile = memgate::run_profile(fixture, batch_sizes, device);
   std::cout << memgate::format_profile(profile, gpus);
   if (flags.count("--output")) {
-    const std::filesystem::path out = flags["--output"];
-    if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
-    const auto tmp = out.string() + ".tmp";
-    {
-      std::ofstream file(tmp);
-      if (!file) throw memgate::Error(out.string() + ": cannot write");
-      file << memgate::profile_to_json(profile).dump(2) << "\n";
-    }
-    std::filesystem::rename(tmp, out);
-    std::cout << "\nwrote " << out.string() << "\n";
+    memgate::write_file_atomically(flags["--output"], memgate::profile_to_json(profile).dump(2) + "\n");
+    std::cout << "\nwrote " << flags["--output"] << "\n";
   }
   return 0;
 }
@@ -163,9 +156,7 @@ int run_summary_command(int argc, char** argv) {
   if (!flags.count("--results")) throw UsageError("summary needs --results <memgate-results.jsonl>");
   const auto summary = memgate::summarize_results(flags["--results"]);
   std::cout << summary.markdown;
-  if (flags.count("--output")) {
-    std::ofstream(flags["--output"]) << summary.markdown;
-  }
+  if (flags.count("--output")) memgate::write_file_atomically(flags["--output"], summary.markdown);
   if (const char* step = std::getenv("GITHUB_STEP_SUMMARY"); step != nullptr && *step != '\0') {
     std::ofstream(step, std::ios::app) << summary.markdown;
   }
@@ -238,17 +229,8 @@ int run_bench_merge_command(int argc, char** argv) {
   std::vector<nlohmann::json> docs;
   for (const auto& f : files) docs.push_back(memgate::read_bench_document(f));
   const auto merged = memgate::merge_bench_json(docs, flags["--output"]);
-  const std::filesystem::path out = flags["--output"];
-  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
-  // Written beside, then renamed: an output that is also an input is replaced whole or not at all.
-  const auto tmp = out.string() + ".tmp";
-  {
-    std::ofstream file(tmp);
-    file << merged.dump(2) << "\n";
-    if (!file) throw memgate::Error(tmp + ": cannot write");
-  }
-  std::filesystem::rename(tmp, out);
-  std::cout << "merged " << files.size() << " runs into " << out.string() << "\n";
+  memgate::write_file_atomically(flags["--output"], merged.dump(2) + "\n");
+  std::cout << "merged " << files.size() << " runs into " << flags["--output"] << "\n";
   return 0;
 }
 
@@ -260,12 +242,8 @@ int run_bench_convert_command(int argc, char** argv) {
     throw UsageError("bench-convert needs <bench.json> --output <file.json>");
   }
   const auto entries = memgate::bench_memory_to_custom(memgate::load_bench_json(files[0]));
-  const std::filesystem::path out = flags["--output"];
-  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
-  std::ofstream file(out);
-  if (!file) throw memgate::Error(out.string() + ": cannot write");
-  file << entries.dump(2) << "\n";
-  std::cout << "wrote " << entries.size() << " entries to " << out.string() << "\n";
+  memgate::write_file_atomically(flags["--output"], entries.dump(2) + "\n");
+  std::cout << "wrote " << entries.size() << " entries to " << flags["--output"] << "\n";
   return 0;
 }
 

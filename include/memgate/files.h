@@ -1,0 +1,13 @@
+// Writing files so that a reader never sees half of one.
+#pragma once
+
+#include <string>
+
+namespace memgate {
+
+/// Writes `text` to `path` through a temporary file beside it and a rename: the file is replaced whole or not at
+/// all (an output that is also an input loses nothing when the write fails). Creates missing parent folders.
+/// Throws memgate::Error naming the file it could not write.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+}  // namespace memgate
