@@ -51,11 +51,49 @@ std::string format_pct(double pct) { return format("%+.1f%%", pct); }
 
 constexpr const char* kReferencePrefix = "BM_Reference/";
 
+double mean_of(const std::vector<double>& v) {
+  if (v.empty()) return 0.0;
+  double sum = 0.0;
+  for (double x : v) sum += x;
+  return sum / static_cast<double>(v.size());
+}
+
+// The sample standard deviation (0 for fewer than two values).
+double stddev_of(const std::vector<double>& v) {
+  if (v.size() < 2) return 0.0;
+  const double m = mean_of(v);
+  double sq = 0.0;
+  for (double x : v) sq += (x - m) * (x - m);
+  return std::sqrt(sq / static_cast<double>(v.size() - 1));
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
   const auto n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Whether a benchmark entry holds no measurement: an error, or a skip.
+bool entry_failed(const nlohmann::json& b) {
+  const auto flag = [&b](const char* key) { return b.contains(key) && b[key].is_boolean() && b[key].get<bool>(); };
+  return flag("error_occurred") || flag("skipped");
+}
+
+// The reference a run name belongs to: `BM_Reference/cpu/real_time` -> `BM_Reference/cpu`.
+std::string reference_name(const std::string& run_name) {
+  return run_name.substr(0, run_name.find('/', std::string(kReferencePrefix).size()));
+}
+
+// A JSON file, with errors that name it.
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot read");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
 }
 
 // The standard error of a case's mean time: sd / sqrt(n).
@@ -73,20 +111,9 @@ std::string pad(std::string s, std::size_t width) {
 
 }  // namespace
 
-double BenchCase::mean() const {
-  if (seconds.empty()) return 0.0;
-  double sum = 0.0;
-  for (double s : seconds) sum += s;
-  return sum / static_cast<double>(seconds.size());
-}
+double BenchCase::mean() const { return mean_of(seconds); }
 
-double BenchCase::stddev() const {
-  if (seconds.size() < 2) return 0.0;
-  const double m = mean();
-  double sq = 0.0;
-  for (double s : seconds) sq += (s - m) * (s - m);
-  return std::sqrt(sq / static_cast<double>(seconds.size() - 1));
-}
+double BenchCase::stddev() const { return stddev_of(seconds); }
 
 std::map<std::string, BenchCase> parse_bench_json(const nlohmann::json& doc, const std::string& origin) {
   if (!doc.is_object() || !doc.contains("benchmarks") || !doc["benchmarks"].is_array()) {
@@ -103,8 +130,7 @@ std::map<std::string, BenchCase> parse_bench_json(const nlohmann::json& doc, con
     const auto run_name = b.contains("run_name") && b["run_name"].is_string() ? b["run_name"].get<std::string>() : name;
     auto& c = cases[run_name];
     c.name = run_name;
-    const auto flag = [&b](const char* key) { return b.contains(key) && b[key].is_boolean() && b[key].get<bool>(); };
-    if (flag("error_occurred") || flag("skipped")) {
+    if (entry_failed(b)) {
       c.error = b.value("error_message", std::string("skipped"));
       continue;
     }
@@ -127,20 +153,13 @@ std::map<std::string, BenchCase> parse_bench_json(const nlohmann::json& doc, con
 }
 
 nlohmann::json read_bench_document(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot read");
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(path + ": not valid JSON: " + e.what());
-  }
+  auto doc = read_json_file(path);
   (void)parse_bench_json(doc, path);  // the same checks as a comparison makes, naming the file
   return doc;
 }
 
 std::map<std::string, BenchCase> load_bench_json(const std::string& path) {
-  return parse_bench_json(read_bench_document(path), path);
+  return parse_bench_json(read_json_file(path), path);
 }
 
 bool is_reference_case(const std::string& name) { return name.rfind(kReferencePrefix, 0) == 0; }
@@ -163,7 +182,7 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
     if (it == new_cases.end() || o.seconds.empty() || it->second.seconds.empty() || o.mean() <= 0.0) continue;
     const auto& n = it->second;
     MachineSpeed m;
-    m.reference = name.substr(0, name.find('/', std::string(kReferencePrefix).size()));
+    m.reference = reference_name(name);
     m.old_case = o;
     m.new_case = n;
     m.factor = n.mean() / o.mean();
@@ -273,7 +292,7 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
          << "\n";
   }
   for (const auto& r : references) {
-    if (out.machine.count(r.name.substr(0, r.name.find('/', std::string(kReferencePrefix).size()))) != 0) continue;
+    if (out.machine.count(reference_name(r.name)) != 0) continue;
     if (r.old_case.seconds.empty() && r.new_case.seconds.empty()) continue;  // skipped in both (no GPU)
     text << "machine speed (" << r.name << "): not in both runs, raw times compared\n";
   }
@@ -366,26 +385,13 @@ nlohmann::json merge_bench_json(const std::vector<nlohmann::json>& docs, const s
     }
     for (const auto& e : entries) {
       out["benchmarks"].push_back(e);
-      const bool failed = (e.contains("error_occurred") && e["error_occurred"].is_boolean() && e["error_occurred"].get<bool>()) ||
-                          (e.contains("skipped") && e["skipped"].is_boolean() && e["skipped"].get<bool>());
-      if (!failed && e.contains("real_time") && e.contains("cpu_time")) measured.push_back(&e);
+      if (!entry_failed(e) && e.contains("real_time") && e.contains("cpu_time")) measured.push_back(&e);
     }
     if (measured.size() < 2) continue;
     const auto column = [&](const char* key) {
       std::vector<double> v;
       for (const auto* e : measured) v.push_back((*e)[key].get<double>());
       return v;
-    };
-    const auto mean = [](const std::vector<double>& v) {
-      double sum = 0.0;
-      for (double x : v) sum += x;
-      return sum / static_cast<double>(v.size());
-    };
-    const auto stddev = [&](const std::vector<double>& v) {
-      const double m = mean(v);
-      double sq = 0.0;
-      for (double x : v) sq += (x - m) * (x - m);
-      return std::sqrt(sq / static_cast<double>(v.size() - 1));
     };
     const auto real = column("real_time");
     const auto cpu = column("cpu_time");
@@ -407,10 +413,10 @@ nlohmann::json merge_bench_json(const std::vector<nlohmann::json>& docs, const s
       }
       out["benchmarks"].push_back(std::move(a));
     };
-    aggregate("mean", "time", mean(real), mean(cpu));
+    aggregate("mean", "time", mean_of(real), mean_of(cpu));
     aggregate("median", "time", median(real), median(cpu));
-    aggregate("stddev", "time", stddev(real), stddev(cpu));
-    aggregate("cv", "percentage", stddev(real) / mean(real), stddev(cpu) / mean(cpu));
+    aggregate("stddev", "time", stddev_of(real), stddev_of(cpu));
+    aggregate("cv", "percentage", stddev_of(real) / mean_of(real), stddev_of(cpu) / mean_of(cpu));
   }
   return out;
 }
