@@ -16,16 +16,16 @@
 // Run the cases with --benchmark_enable_random_interleaving=true and --memgate_processes=N (the bench presets
 // do): each case's repetitions are then spread over the whole run and over N processes, so their spread includes
 // the machine's drift during the run and the differences between processes (see run_in_processes).
-#include "memgate/bench_compare.h"
-#include "memgate/cpu_allocator.h"
-#include "memgate/device.h"
-#include "memgate/error.h"
-#include "memgate/files.h"
-#include "memgate/fixture.h"
-#include "memgate/memory_backend.h"
-#include "memgate/probe.h"
-#include "memgate/suite.h"
-#include "memgate/train_step.h"
+#include "memgate/bench/bench_compare.h"
+#include "memgate/measure/cpu_allocator.h"
+#include "memgate/measure/device.h"
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/measure/memory_backend.h"
+#include "memgate/measure/probe.h"
+#include "memgate/gate/suite.h"
+#include "memgate/measure/train_step.h"
 
 #include <benchmark/benchmark.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -54,8 +54,8 @@
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-/// Full steps before the timed ones: optimizer state, workspaces and caches exist after them.
-constexpr int kWarmupSteps = 2;
+/// Full steps before the machine reference's timed ones.
+constexpr int kReferenceWarmupSteps = 2;
 
 // Allocations so far on a device (the counting CPU allocator, or CUDA's caching allocator's count).
 std::int64_t allocation_count(c10::Device device) {
@@ -148,41 +148,31 @@ std::optional<std::string> flag_value(int argc, char** argv, const std::string& 
   return value;
 }
 
-// A case's model, optimizer and batch, built once and kept while the same case runs again (repetitions, the
-// memory manager's run); building another case frees it first.
+// A case's model, optimizer and batch, built and warmed up as a probe does (memgate::PreparedStep), kept while
+// the same case runs again (repetitions, the memory manager's run); building another case frees it first.
 struct Prepared {
   std::string key;
-  c10::Device device{c10::DeviceType::CPU};
-  std::unique_ptr<memgate::MemoryBackend> backend;
-  memgate::MemorySnapshot base;  // before the model was built
-  std::unique_ptr<memgate::TrainingStep> step;
+  std::unique_ptr<memgate::PreparedStep> prepared;
 };
 std::unique_ptr<Prepared> g_prepared;
 
 void release_prepared() {
   if (!g_prepared) return;
-  auto backend = std::move(g_prepared->backend);
+  const auto device = g_prepared->prepared->backend().device();
   g_prepared.reset();
-  backend->empty_cache();
+  memgate::make_memory_backend(device)->empty_cache();
 }
 
-Prepared& prepare(const std::string& key, const memgate::Fixture& fixture, std::int64_t batch_size,
-                  c10::Device device) {
-  if (g_prepared && g_prepared->key == key) return *g_prepared;
+memgate::PreparedStep& prepare(const std::string& key, const memgate::Fixture& fixture, std::int64_t batch_size,
+                               c10::Device device) {
+  if (g_prepared && g_prepared->key == key) return *g_prepared->prepared;
   release_prepared();
   auto p = std::make_unique<Prepared>();
   p->key = key;
-  p->device = device;
-  p->backend = memgate::make_memory_backend(device);
-  p->backend->apply_allocator_settings(fixture.training.allocator);
-  p->backend->empty_cache();
-  p->backend->synchronize();
-  p->base = p->backend->snapshot();
-  p->step = std::make_unique<memgate::TrainingStep>(fixture, batch_size, device);
-  for (int i = 0; i < kWarmupSteps; ++i) p->step->run();
-  p->backend->synchronize();
+  p->prepared = std::make_unique<memgate::PreparedStep>(fixture, batch_size, device);
+  p->prepared->backend().synchronize();
   g_prepared = std::move(p);
-  return *g_prepared;
+  return *g_prepared->prepared;
 }
 
 // Times `step` once per benchmark iteration (CUDA events around it on a GPU, wall time on the CPU), and returns
@@ -222,26 +212,26 @@ bool skipped_without_gpu(benchmark::State& state, bool on_gpu) {
 struct Case {
   std::string name;  // as registered
   memgate::ProbeCase probe;
-  std::string device;  // the suite's: cpu | cuda
+  memgate::SuiteDevice device;
 };
 
 void BM_TrainStep(benchmark::State& state, const Case& c) {
   g_current_case = c.name;
-  const bool on_gpu = c.device != "cpu";
+  const bool on_gpu = c.device == memgate::SuiteDevice::kCuda;
   if (skipped_without_gpu(state, on_gpu)) return;
   try {
-    const auto device = memgate::resolve_device(c.device);
+    const auto device = memgate::resolve_device(on_gpu ? "cuda" : "cpu");
     std::optional<c10::cuda::CUDAGuard> guard;
     if (on_gpu) guard.emplace(device);
     const auto fixture = memgate::load_fixture(c.probe.fixture_path);
-    auto& p = prepare(c.probe.name() + "@" + c.device, fixture, c.probe.batch_size, device);
-    const auto m = time_steps(state, device, *p.backend, p.base, [&p] { p.step->run(); });
+    auto& p = prepare(c.probe.name() + (on_gpu ? "@cuda" : "@cpu"), fixture, c.probe.batch_size, device);
+    const auto m = time_steps(state, device, p.backend(), p.base(), [&p] { p.step().run(); });
     g_last_steps = m;
 
     state.counters["peak_allocated_MiB"] = static_cast<double>(m.peak_allocated) / kMiB;
     state.counters["peak_reserved_MiB"] = static_cast<double>(m.peak_reserved) / kMiB;
     state.counters["samples_per_second"] = benchmark::Counter(
-        static_cast<double>(p.step->samples_per_step() * state.iterations()), benchmark::Counter::kIsRate);
+        static_cast<double>(p.step().samples_per_step() * state.iterations()), benchmark::Counter::kIsRate);
   } catch (const c10::OutOfMemoryError& e) {
     release_prepared();
     state.SkipWithError(("out of memory: " + std::string(e.what_without_backtrace())).c_str());
@@ -291,7 +281,7 @@ void BM_Reference(benchmark::State& state, const std::string& name, bool on_gpu)
     backend->synchronize();
     const auto base = backend->snapshot();
     Reference ref(device, on_gpu ? 512 : 4);
-    for (int i = 0; i < kWarmupSteps; ++i) ref.step();
+    for (int i = 0; i < kReferenceWarmupSteps; ++i) ref.step();
     g_last_steps = time_steps(state, device, *backend, base, [&ref] { ref.step(); });
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -317,14 +307,14 @@ bool register_suite(const std::string& suite_name, std::vector<std::unique_ptr<C
     std::cerr << "memgate_bench: " << e.what() << "\n";
     return false;
   }
-  const std::string prefix = suite.device == "cpu" ? "" : suite.name + "/";
+  const std::string prefix = suite.device == memgate::SuiteDevice::kCpu ? "" : suite.name + "/";
   for (const auto& probe : suite.probes) {
     const auto name = "BM_TrainStep/" + prefix + "fixture:" + probe.fixture + "/bs:" + std::to_string(probe.batch_size);
     cases.push_back(std::make_unique<Case>(Case{name, probe, suite.device}));
     const Case& c = *cases.back();
     auto* b = benchmark::RegisterBenchmark(name.c_str(), [&c](benchmark::State& state) { BM_TrainStep(state, c); });
     b->Unit(benchmark::kMillisecond);
-    if (suite.device == "cpu") {
+    if (suite.device == memgate::SuiteDevice::kCpu) {
       b->UseRealTime();
     } else {
       b->UseManualTime();

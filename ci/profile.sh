@@ -10,4 +10,4 @@ config="fixtures/models/vit_tiny_lora.yaml"
 if [ $# -gt 0 ] && [[ "$1" != --* ]]; then config="$1"; shift; fi
 cmake --preset cpu >/dev/null
 cmake --build --preset cpu --target memgate
-exec build/cpu/src/memgate profile --config "$config" "$@"
+exec build/cpu/bin/memgate profile --config "$config" "$@"

@@ -10,7 +10,7 @@ rm -f build/cpu/memgate-results.jsonl
 status=0
 cmake --workflow --preset cpu || status=$?
 if [ -s build/cpu/memgate-results.jsonl ]; then
-  build/cpu/src/memgate summary --results build/cpu/memgate-results.jsonl --output build/cpu/memgate-summary.md \
+  build/cpu/bin/memgate summary --results build/cpu/memgate-results.jsonl --output build/cpu/memgate-summary.md \
     >/dev/null || true
 fi
 exit "$status"

@@ -7,20 +7,38 @@ target_compile_options(memgate_warnings INTERFACE
     -Woverloaded-virtual -Wnull-dereference -Wno-unused-parameter>
   $<$<BOOL:${MEMGATE_WARNINGS_AS_ERRORS}>:-Werror>)
 
-# LibTorch's headers are heavy: every target precompiles them once, or reuses memgate_core's.
+# LibTorch's headers are heavy: memgate_models precompiles them once, the other LibTorch targets reuse that.
 function(memgate_use_pch target)
   if(MEMGATE_PCH)
-    target_precompile_headers(${target} REUSE_FROM memgate_core)
+    target_precompile_headers(${target} REUSE_FROM memgate_models)
   endif()
 endfunction()
 
-# memgate_add_test(<name> SOURCES <files...> [LABELS <labels...>])
-# A unit-test executable linked to memgate::core and GoogleTest, its tests registered with CTest.
+# memgate_add_library(<layer> SOURCES <files...> [PUBLIC <deps...>] [PRIVATE <deps...>])
+# The library target memgate_<layer> (alias memgate::<layer>) of one folder of src/, its headers under
+# include/memgate/<layer>/, warnings on, C++20 a usage requirement.
+function(memgate_add_library layer)
+  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC;PRIVATE" ${ARGN})
+  add_library(memgate_${layer} ${ARG_SOURCES})
+  add_library(memgate::${layer} ALIAS memgate_${layer})
+  target_include_directories(memgate_${layer}
+    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+    PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  target_compile_features(memgate_${layer} PUBLIC cxx_std_20)
+  target_link_libraries(memgate_${layer} PUBLIC ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE} memgate::warnings)
+endfunction()
+
+# memgate_add_test(<name> SOURCES <files...> LINK <targets...> [LABELS <labels...>])
+# A unit-test executable linked to the layer it tests and GoogleTest, its tests registered with CTest. It reuses
+# the precompiled LibTorch headers only when it links LibTorch.
 function(memgate_add_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;LINK;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE memgate::core GTest::gtest_main GTest::gmock memgate::warnings)
-  memgate_use_pch(${name})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
+  target_link_libraries(${name} PRIVATE ${ARG_LINK} GTest::gtest_main GTest::gmock memgate::warnings)
+  if(NOT "${ARG_LINK}" MATCHES "memgate::(base|bench_tools)$")
+    memgate_use_pch(${name})
+  endif()
   include(GoogleTest)
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
@@ -42,6 +60,7 @@ endfunction()
 function(memgate_add_memory_suite name)
   cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
   target_link_libraries(${name} PRIVATE memgate::core GTest::gtest memgate::warnings)
   memgate_use_pch(${name})
   set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_include.cmake")

@@ -1,14 +1,14 @@
 // memgate's command-line tool: profile a fixture; more subcommands below.
-#include "memgate/bench_compare.h"
-#include "memgate/budget.h"
-#include "memgate/cpu_allocator.h"
-#include "memgate/device.h"
-#include "memgate/error.h"
-#include "memgate/files.h"
-#include "memgate/fixture.h"
-#include "memgate/probe.h"
-#include "memgate/report.h"
-#include "memgate/summary.h"
+#include "memgate/bench/bench_compare.h"
+#include "memgate/gate/budget.h"
+#include "memgate/measure/cpu_allocator.h"
+#include "memgate/measure/device.h"
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/measure/probe.h"
+#include "memgate/gate/report.h"
+#include "memgate/gate/summary.h"
 
 #include <algorithm>
 #include <charconv>

@@ -1,13 +1,13 @@
 // The memory regression suites: one GoogleTest per fixture x batch size x component, from fixtures/suites/*.yaml,
 // asserted against baselines/<device>/<fixture>.json, and one per budget. A probe is measured once per process.
-#include "memgate/baseline.h"
-#include "memgate/budget.h"
-#include "memgate/device.h"
-#include "memgate/error.h"
-#include "memgate/fixture.h"
-#include "memgate/memory_backend.h"
-#include "memgate/probe.h"
-#include "memgate/suite.h"
+#include "memgate/gate/baseline.h"
+#include "memgate/gate/budget.h"
+#include "memgate/measure/device.h"
+#include "memgate/base/error.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/measure/memory_backend.h"
+#include "memgate/measure/probe.h"
+#include "memgate/gate/suite.h"
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -52,7 +52,9 @@ std::vector<ComponentCase> component_cases(const std::string& suite_name) {
   std::vector<ComponentCase> out;
   const auto suite = suite_or_empty(suite_name);
   for (const auto& probe : suite.probes) {
-    for (auto component : kComponents) out.push_back({probe, std::string(component), suite.device == "cuda"});
+    for (const auto& info : kComponentTable) {
+      out.push_back({probe, std::string(info.name), suite.device == SuiteDevice::kCuda});
+    }
   }
   return out;
 }
@@ -147,7 +149,7 @@ TEST_P(ComponentTest, StaysWithinBaseline) {
   if (recorded->fixture_hash() != fixture.hash) {
     row["status"] = "changed";
     record_result(row);
-    FAIL() << "the model changed: update the baselines. " << fixture.path << " hashes to " << fixture.hash
+    FAIL() << "the model changed: update the baselines. " << fixture.source << " hashes to " << fixture.hash
            << " but " << path << " (batch " << c.probe.batch_size << ") was recorded for "
            << recorded->fixture_hash() << "; " << how;
   }

@@ -1,0 +1,69 @@
+// The measured components of a probe as one table: name, member, and whether its bytes are exact or move by
+// allocator segments. The table drives reading and writing them, the test list, tolerances and output.
+// Needs no LibTorch.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace memgate {
+
+/// Bytes of each component of one probe (DESIGN.md, "The measurement protocol").
+struct Components {
+  std::int64_t params = 0;              ///< parameters and buffers on the device
+  std::int64_t gradients = 0;           ///< .grad of trainable parameters after backward
+  std::int64_t optimizer_state = 0;     ///< kept by the optimizer between steps
+  std::int64_t activations = 0;         ///< kept for backward at the end of a train-mode forward
+  std::int64_t forward_peak = 0;        ///< peak of the train-mode forward above what was allocated before it
+  std::int64_t eval_peak = 0;           ///< peak of an eval-mode no-grad forward, absolute
+  std::int64_t step_peak = 0;           ///< peak allocated during one steady-state step, absolute
+  std::int64_t step_peak_reserved = 0;  ///< peak reserved during that step, absolute
+
+  /// The component named `name` (a name of kComponentTable); throws memgate::Error for another name.
+  [[nodiscard]] std::int64_t get(std::string_view name) const;
+  /// Sets the component named `name`; throws memgate::Error for another name.
+  void set(std::string_view name, std::int64_t bytes);
+  friend bool operator==(const Components&, const Components&) = default;
+};
+
+/// What a component's bytes follow, and so how tightly the gate can hold them.
+enum class ComponentKind {
+  kAllocated,  ///< bytes in live tensors: exact on the counting CPU allocator and CUDA's caching allocator
+  kReserved,   ///< bytes the allocator holds from the device: moves by whole allocator segments on CUDA
+};
+
+/// One row of the component table.
+struct ComponentInfo {
+  std::string_view name;           ///< as in baselines, JSON, test names and labels
+  std::int64_t Components::*member;  ///< where a probe keeps it
+  ComponentKind kind;
+  std::string_view meaning;        ///< one line for reports
+};
+
+/// Every component, in report order.
+inline constexpr std::array<ComponentInfo, 8> kComponentTable{{
+    {"params", &Components::params, ComponentKind::kAllocated, "parameters and buffers on the device"},
+    {"gradients", &Components::gradients, ComponentKind::kAllocated, ".grad of the trainable parameters"},
+    {"optimizer_state", &Components::optimizer_state, ComponentKind::kAllocated,
+     "what the optimizer keeps between steps"},
+    {"activations", &Components::activations, ComponentKind::kAllocated,
+     "what a train-mode forward keeps for backward"},
+    {"forward_peak", &Components::forward_peak, ComponentKind::kAllocated,
+     "peak of the forward above what was allocated before it"},
+    {"eval_peak", &Components::eval_peak, ComponentKind::kAllocated, "peak of an eval-mode, no-grad forward"},
+    {"step_peak", &Components::step_peak, ComponentKind::kAllocated, "peak allocated during one training step"},
+    {"step_peak_reserved", &Components::step_peak_reserved, ComponentKind::kReserved,
+     "peak reserved during one training step"},
+}};
+
+/// The table's row for `name`, if there is one.
+[[nodiscard]] constexpr const ComponentInfo* find_component(std::string_view name) {
+  for (const auto& c : kComponentTable) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+}  // namespace memgate

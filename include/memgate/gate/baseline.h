@@ -1,0 +1,89 @@
+// Committed baselines (baselines/<device-slug>/<fixture>.json): reading, comparing, and updating in place.
+#pragma once
+
+#include "memgate/gate/fixture.h"
+#include "memgate/measure/probe.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memgate {
+
+/// One recorded probe: its components and where they were measured.
+struct BaselineProbe {
+  std::int64_t batch_size = 0;
+  Components components;
+  /// device, torch, cuda, cudnn, driver, allocator, cpu_threads, fixture_hash, commit.
+  nlohmann::json provenance = nlohmann::json::object();
+  [[nodiscard]] std::string fixture_hash() const;
+};
+
+/// A baseline file.
+struct Baseline {
+  std::string path;
+  std::string fixture;
+  std::string device_slug;
+  Tolerance tolerance;
+  std::vector<BaselineProbe> probes;  ///< sorted by batch size
+  [[nodiscard]] const BaselineProbe* find(std::int64_t batch_size) const;
+};
+
+/// `<root>/<slug>/<fixture>.json`.
+[[nodiscard]] std::string baseline_path(const std::string& root, const std::string& slug, const std::string& fixture);
+
+/// Reads a baseline; a corrupt file throws memgate::Error naming the file, the key and what was expected.
+[[nodiscard]] Baseline load_baseline(const std::string& path);
+/// The baseline's JSON, keys sorted, probes by batch size.
+[[nodiscard]] nlohmann::json baseline_to_json(const Baseline& baseline);
+
+/// The commit of the source tree ($MEMGATE_COMMIT, else `git rev-parse --short=12 HEAD`, "+dirty" when tracked
+/// files outside baselines/ have changes: the update writing baselines/ does not make its own commit dirty), or
+/// "unknown".
+[[nodiscard]] std::string source_commit(const std::string& source_dir);
+
+/// Writes the measured probes into `path`: only those probes are replaced, every other entry is kept; the file
+/// is written to a temporary file and renamed, under an exclusive lock (safe when ctest runs in parallel); a
+/// probe whose components and fixture hash did not change is left as it was, so an unchanged file stays byte
+/// for byte the same. Returns whether the file changed.
+bool update_baseline(const std::string& path, const Fixture& fixture, const DeviceInfo& device,
+                     const std::vector<ProbeResult>& probes, const std::string& commit);
+
+/// The verdict of one component against its baseline.
+enum class Verdict {
+  kWithin,      ///< within tolerance
+  kRegression,  ///< grew beyond tolerance: fails
+  kStale,       ///< shrank beyond tolerance: passes with a notice (fails in strict mode)
+};
+
+/// One component of one probe, compared.
+struct Comparison {
+  Verdict verdict = Verdict::kWithin;
+  std::string fixture;
+  std::int64_t batch_size = 0;
+  std::string component;
+  std::int64_t baseline = 0;
+  std::int64_t measured = 0;
+  std::int64_t allowed = 0;  ///< max(relative x baseline, absolute)
+  [[nodiscard]] std::int64_t difference() const { return measured - baseline; }
+  [[nodiscard]] double percent() const;
+  /// The sentence a failure or notice prints: case, baseline, measured, difference (MiB and %), tolerance,
+  /// and what to do.
+  [[nodiscard]] std::string message() const;
+};
+
+/// measured vs baseline with the fixture's tolerance (the reserved tolerance for step_peak_reserved).
+[[nodiscard]] Comparison compare_component(const std::string& fixture, std::int64_t batch_size,
+                                           std::string_view component, std::int64_t baseline,
+                                           std::int64_t measured, const Tolerance& tolerance);
+
+/// Whether MEMGATE_STRICT=1: stale and missing baselines fail.
+[[nodiscard]] bool strict_mode();
+/// Whether MEMGATE_UPDATE_BASELINES=1: the memory suites record instead of compare.
+[[nodiscard]] bool update_mode();
+
+}  // namespace memgate

@@ -1,0 +1,55 @@
+// Suites (fixtures/suites/*.yaml): which fixtures and batch sizes a gate runs on a device, and its budgets.
+// One list of probes drives both the GoogleTest memory suites and the benchmarks.
+#pragma once
+
+#include "memgate/base/enum_names.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace memgate {
+
+/// One probe of a suite: a fixture at a batch size.
+struct ProbeCase {
+  std::string fixture;       ///< the fixture's name (`vit_tiny_lora`)
+  std::string fixture_path;  ///< its YAML file
+  std::int64_t batch_size = 0;
+  /// `vit_tiny_lora_bs8`: the parameter name of its tests and the key of its benchmark.
+  [[nodiscard]] std::string name() const { return fixture + "_bs" + std::to_string(batch_size); }
+};
+
+/// A budget: this fixture at this batch size must fit this GPU (fixtures/gpus/<gpu>.yaml).
+struct BudgetCase {
+  std::string fixture;
+  std::string fixture_path;
+  std::int64_t batch_size = 0;
+  std::string gpu;  ///< the GPU fixture's id (file stem)
+  [[nodiscard]] std::string name() const {
+    return fixture + "_bs" + std::to_string(batch_size) + "_on_" + gpu;
+  }
+};
+
+/// The kind of device a suite runs on.
+enum class SuiteDevice { kCpu, kCuda };
+
+/// The words of SuiteDevice, as suite files spell them.
+inline constexpr EnumNames<SuiteDevice, 2> kSuiteDeviceNames{{{SuiteDevice::kCpu, "cpu"}, {SuiteDevice::kCuda, "cuda"}}};
+
+/// A suite file.
+struct Suite {
+  std::string name;    ///< the file's stem: cpu, gpu
+  std::string path;
+  SuiteDevice device = SuiteDevice::kCpu;  ///< cpu | cuda
+  std::vector<ProbeCase> probes;
+  std::vector<BudgetCase> budgets;
+};
+
+/// Loads a suite; fixtures are looked up as `<fixtures_dir>/<name>.yaml` and their batch sizes default to the
+/// fixture's own. Throws memgate::Error (file, key, line) for bad input or a fixture that does not exist.
+[[nodiscard]] Suite load_suite(const std::string& path, const std::string& fixtures_dir);
+
+/// The source tree memgate reads fixtures and baselines from: $MEMGATE_SOURCE_DIR, else the one it was built in.
+[[nodiscard]] std::string source_dir();
+
+}  // namespace memgate

@@ -1,0 +1,35 @@
+// Mixed precision as torch.autocast runs it: the precision of a training setup, its dtype, and a scope.
+#pragma once
+
+#include "memgate/base/enum_names.h"
+
+#include <torch/types.h>
+
+namespace memgate {
+
+/// The dtype autocast computes in (fp32: no autocast), or the dtype frozen weights are kept in.
+enum class Precision { kFp32, kFp16, kBf16 };
+
+/// The words of Precision.
+inline constexpr EnumNames<Precision, 3> kPrecisionNames{
+    {{Precision::kFp32, "fp32"}, {Precision::kFp16, "fp16"}, {Precision::kBf16, "bf16"}}};
+
+/// The torch dtype of a precision.
+[[nodiscard]] torch::Dtype dtype_of(Precision precision);
+
+/// Autocast on `device_type` in `precision` for its lifetime (no-op for fp32); restores the previous state.
+class AutocastScope {
+ public:
+  AutocastScope(torch::DeviceType device_type, Precision precision);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  torch::DeviceType device_type_;
+  bool active_ = false;
+  bool previous_enabled_ = false;
+  torch::ScalarType previous_dtype_ = torch::kFloat32;
+};
+
+}  // namespace memgate

@@ -1,0 +1,72 @@
+// A trainable model: its module, a batch of inputs, its loss, and which parameters form
+// its blocks and its head (for trainable: lora | head | last_blocks:N).
+#pragma once
+
+#include "memgate/models/nn.h"
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace memgate {
+
+/// Which parameters train.
+struct TrainableSpec {
+  enum class Kind { kAll, kLora, kHead, kLastBlocks };
+  Kind kind = Kind::kAll;
+  std::int64_t last_blocks = 0;  ///< for kLastBlocks
+  /// all | lora | head | last_blocks:N, as fixtures spell it.
+  [[nodiscard]] std::string str() const;
+};
+
+/// The inputs and target of one (micro-)batch, on the model's device.
+struct Batch {
+  std::vector<torch::Tensor> inputs;
+  torch::Tensor target;
+};
+
+/// Parameter counts: total = trainable + frozen (buffers excluded, as in the reference implementations).
+struct ParamCounts {
+  std::int64_t total = 0;
+  std::int64_t trainable = 0;
+  std::int64_t frozen = 0;
+};
+
+/// A model and its task. Implementations live beside each architecture (vit.cpp, resnet.cpp, ...).
+class Model {
+ public:
+  virtual ~Model() = default;
+  /// The root module: parameters, buffers, train()/eval().
+  [[nodiscard]] virtual torch::nn::Module& module() = 0;
+  /// A deterministic (seeded) batch of `batch_size` samples.
+  [[nodiscard]] virtual Batch make_batch(std::int64_t batch_size) = 0;
+  /// Forward and the task's loss (a scalar).
+  [[nodiscard]] virtual torch::Tensor loss(const Batch& batch) = 0;
+  /// Forward only, as in evaluation.
+  [[nodiscard]] virtual torch::Tensor forward(const Batch& batch) = 0;
+  /// Name prefixes of the repeated blocks, input to output ("blocks.0.", "blocks.1.", ...).
+  [[nodiscard]] virtual std::vector<std::string> block_prefixes() const = 0;
+  /// Name prefixes of what sits after the blocks and always trains with them ("norm.", "head.").
+  [[nodiscard]] virtual std::vector<std::string> head_prefixes() const = 0;
+  /// Recompute each block in backward instead of keeping its activations.
+  void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
+  [[nodiscard]] bool gradient_checkpointing() const { return checkpointing_; }
+
+ protected:
+  bool checkpointing_ = false;
+};
+
+/// Freezes everything but what `trainable` selects; returns the parameters that train, in module order.
+/// lora: adapters + head; head: head; last_blocks:N: the last N blocks + head; all: everything.
+std::vector<torch::Tensor> select_trainable(Model& model, const TrainableSpec& trainable);
+
+/// Counts parameters (not buffers) by requires_grad.
+[[nodiscard]] ParamCounts count_parameters(const torch::nn::Module& module);
+
+/// Sum of numel x element size over parameters and buffers.
+[[nodiscard]] std::int64_t parameter_and_buffer_bytes(const torch::nn::Module& module);
+
+}  // namespace memgate

@@ -1,0 +1,40 @@
+// The model zoo: every architecture memgate builds, the options of each, and one factory for them all.
+#pragma once
+
+#include "memgate/base/enum_names.h"
+#include "memgate/models/gpt.h"
+#include "memgate/models/model.h"
+#include "memgate/models/multimodal.h"
+#include "memgate/models/resnet.h"
+#include "memgate/models/segnet.h"
+#include "memgate/models/unet.h"
+#include "memgate/models/vit.h"
+
+#include <cstdint>
+#include <memory>
+#include <variant>
+
+namespace memgate {
+
+/// The architectures of the zoo.
+enum class Arch { kVit, kResNet, kUNet, kGpt, kSegNet, kMultimodal };
+
+/// The words of Arch, as fixtures' `model.arch` spells them.
+inline constexpr EnumNames<Arch, 6> kArchNames{{{Arch::kVit, "vit"},
+                                                {Arch::kResNet, "resnet"},
+                                                {Arch::kUNet, "unet"},
+                                                {Arch::kGpt, "gpt"},
+                                                {Arch::kSegNet, "segnet"},
+                                                {Arch::kMultimodal, "multimodal"}}};
+
+/// One architecture and its options.
+struct ModelSpec {
+  Arch arch = Arch::kVit;
+  std::variant<VitOptions, ResNetOptions, UNetOptions, GptOptions, SegNetOptions, MultimodalOptions> options;
+};
+
+/// Builds the model with its parameters materialised on `device` (seeded, so bytes and values repeat).
+[[nodiscard]] std::unique_ptr<Model> build_model(const ModelSpec& spec, torch::Device device,
+                                                 std::uint64_t seed = 0);
+
+}  // namespace memgate

@@ -1,0 +1,277 @@
+// Baseline files: strict reading, comparison with tolerance, and locked atomic updates that keep other entries.
+#include "memgate/gate/baseline.h"
+
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/gate/report.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+namespace memgate {
+namespace {
+
+constexpr int kSchema = 1;
+
+[[noreturn]] void corrupt(const std::string& path, const std::string& key, const std::string& expected) {
+  throw Error(path + ": " + key + ": expected " + expected +
+              " (a corrupt baseline: restore it from git, or re-record it with the update-baselines preset)");
+}
+
+const nlohmann::json& need(const nlohmann::json& j, const std::string& path, const std::string& parent,
+                           const std::string& key) {
+  if (!j.is_object() || !j.contains(key)) corrupt(path, parent.empty() ? key : parent + "." + key, "a value (missing)");
+  return j.at(key);
+}
+
+std::int64_t need_int(const nlohmann::json& j, const std::string& path, const std::string& parent,
+                      const std::string& key, std::int64_t min) {
+  const auto& v = need(j, path, parent, key);
+  const auto where = parent.empty() ? key : parent + "." + key;
+  if (!v.is_number_integer() || v.get<std::int64_t>() < min) {
+    corrupt(path, where, "an integer >= " + std::to_string(min) + ", got " + v.dump());
+  }
+  return v.get<std::int64_t>();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot read");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Exclusive advisory lock on a directory, held for the object's lifetime.
+class DirectoryLock {
+ public:
+  explicit DirectoryLock(const std::string& dir) : fd_(::open(dir.c_str(), O_RDONLY | O_DIRECTORY)) {
+    if (fd_ < 0 || ::flock(fd_, LOCK_EX) != 0) throw Error(dir + ": cannot lock the baseline folder");
+  }
+  ~DirectoryLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+  }
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+std::string run_command(const std::string& command) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
+  if (!pipe) return {};
+  std::array<char, 256> buffer{};
+  std::string out;
+  while (std::fgets(buffer.data(), buffer.size(), pipe.get()) != nullptr) out += buffer.data();
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+}  // namespace
+
+std::string BaselineProbe::fixture_hash() const { return provenance.value("fixture_hash", std::string()); }
+
+const BaselineProbe* Baseline::find(std::int64_t batch_size) const {
+  for (const auto& p : probes) {
+    if (p.batch_size == batch_size) return &p;
+  }
+  return nullptr;
+}
+
+std::string baseline_path(const std::string& root, const std::string& slug, const std::string& fixture) {
+  return root + "/" + slug + "/" + fixture + ".json";
+}
+
+Baseline load_baseline(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(path + ": not valid JSON (" + e.what() +
+                "); restore it from git, or re-record it with the update-baselines preset");
+  }
+  if (!j.is_object()) corrupt(path, "(top level)", "an object");
+  if (need_int(j, path, "", "schema", 1) != kSchema) corrupt(path, "schema", "1");
+  Baseline b;
+  b.path = path;
+  if (!need(j, path, "", "fixture").is_string()) corrupt(path, "fixture", "a string");
+  b.fixture = j["fixture"].get<std::string>();
+  const auto& device = need(j, path, "", "device");
+  if (!need(device, path, "device", "slug").is_string()) corrupt(path, "device.slug", "a string");
+  b.device_slug = device["slug"].get<std::string>();
+  const auto& tol = need(j, path, "", "tolerance");
+  if (!need(tol, path, "tolerance", "relative").is_number()) corrupt(path, "tolerance.relative", "a number");
+  b.tolerance.relative = tol["relative"].get<double>();
+  b.tolerance.absolute = need_int(tol, path, "tolerance", "absolute_bytes", 0);
+  if (!need(tol, path, "tolerance", "reserved_relative").is_number()) {
+    corrupt(path, "tolerance.reserved_relative", "a number");
+  }
+  b.tolerance.reserved_relative = tol["reserved_relative"].get<double>();
+  b.tolerance.reserved_absolute = need_int(tol, path, "tolerance", "reserved_absolute_bytes", 0);
+  const auto& probes = need(j, path, "", "probes");
+  if (!probes.is_array()) corrupt(path, "probes", "a list");
+  for (std::size_t i = 0; i < probes.size(); ++i) {
+    const auto where = "probes[" + std::to_string(i) + "]";
+    BaselineProbe p;
+    p.batch_size = need_int(probes[i], path, where, "batch_size", 1);
+    const auto& components = need(probes[i], path, where, "components");
+    for (const auto& info : kComponentTable) {
+      p.components.*info.member = need_int(components, path, where + ".components", std::string(info.name), 0);
+    }
+    p.provenance = need(probes[i], path, where, "provenance");
+    if (!p.provenance.is_object()) corrupt(path, where + ".provenance", "an object");
+    b.probes.push_back(std::move(p));
+  }
+  return b;
+}
+
+nlohmann::json baseline_to_json(const Baseline& b) {
+  nlohmann::json probes = nlohmann::json::array();
+  for (const auto& p : b.probes) {
+    probes.push_back(
+        {{"batch_size", p.batch_size}, {"components", components_to_json(p.components)}, {"provenance", p.provenance}});
+  }
+  return {{"schema", kSchema},
+          {"fixture", b.fixture},
+          {"device", {{"slug", b.device_slug}}},
+          {"tolerance",
+           {{"relative", b.tolerance.relative},
+            {"absolute_bytes", b.tolerance.absolute},
+            {"reserved_relative", b.tolerance.reserved_relative},
+            {"reserved_absolute_bytes", b.tolerance.reserved_absolute}}},
+          {"probes", probes}};
+}
+
+std::string source_commit(const std::string& source_dir) {
+  if (const char* c = std::getenv("MEMGATE_COMMIT"); c != nullptr && *c != '\0') return c;
+  const auto quoted = "'" + source_dir + "'";
+  auto commit = run_command("git -C " + quoted + " rev-parse --short=12 HEAD 2>/dev/null");
+  if (commit.empty()) return "unknown";
+  auto dirty = run_command("git -C " + quoted +
+                           " status --porcelain --untracked-files=no -- . ':(exclude)baselines' 2>/dev/null");
+  return dirty.empty() ? commit : commit + "+dirty";
+}
+
+bool update_baseline(const std::string& path, const Fixture& fixture, const DeviceInfo& device,
+                     const std::vector<ProbeResult>& probes, const std::string& commit) {
+  const std::filesystem::path file(path);
+  std::filesystem::create_directories(file.parent_path());
+  DirectoryLock lock(file.parent_path().string());
+
+  Baseline b;
+  const bool existed = std::filesystem::exists(file);
+  if (existed) {
+    b = load_baseline(path);  // a corrupt file stops the update rather than being overwritten
+  } else {
+    b.path = path;
+    b.fixture = fixture.name;
+    b.device_slug = device.slug;
+  }
+  bool changed = !existed;
+  if (b.tolerance.relative != fixture.tolerance.relative || b.tolerance.absolute != fixture.tolerance.absolute ||
+      b.tolerance.reserved_relative != fixture.tolerance.reserved_relative ||
+      b.tolerance.reserved_absolute != fixture.tolerance.reserved_absolute) {
+    b.tolerance = fixture.tolerance;
+    changed = true;
+  }
+  for (const auto& probe : probes) {
+    if (probe.oom) continue;  // an out-of-memory is no baseline
+    BaselineProbe fresh;
+    fresh.batch_size = probe.batch_size;
+    fresh.components = probe.components;
+    fresh.provenance = {{"device", device.name},        {"torch", device.torch_version},
+                        {"cuda", device.cuda_version},  {"cudnn", device.cudnn_version},
+                        {"driver", device.driver_version}, {"allocator", device.allocator_settings},
+                        {"cpu_threads", device.cpu_threads}, {"fixture_hash", fixture.hash},
+                        {"commit", commit}};
+    auto it = std::find_if(b.probes.begin(), b.probes.end(),
+                           [&](const BaselineProbe& p) { return p.batch_size == probe.batch_size; });
+    if (it == b.probes.end()) {
+      b.probes.push_back(std::move(fresh));
+      changed = true;
+    } else if (it->components != fresh.components || it->fixture_hash() != fixture.hash) {
+      *it = std::move(fresh);
+      changed = true;
+    }
+  }
+  if (!changed) return false;
+  std::sort(b.probes.begin(), b.probes.end(),
+            [](const BaselineProbe& x, const BaselineProbe& y) { return x.batch_size < y.batch_size; });
+  const auto text = baseline_to_json(b).dump(2) + "\n";
+  if (existed && read_file(path) == text) return false;
+  write_file_atomically(path, text);
+  return true;
+}
+
+double Comparison::percent() const {
+  return baseline == 0 ? (measured == 0 ? 0.0 : 100.0)
+                       : 100.0 * static_cast<double>(difference()) / static_cast<double>(baseline);
+}
+
+std::string Comparison::message() const {
+  std::ostringstream m;
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%+.2f%%", percent());
+  const auto diff = difference();
+  const std::string sign = diff >= 0 ? "+" : "-";
+  m << fixture << " at batch " << batch_size << ": " << component << " ";
+  switch (verdict) {
+    case Verdict::kRegression: m << "grew beyond its baseline"; break;
+    case Verdict::kStale: m << "shrank beyond its tolerance (the baseline is stale)"; break;
+    case Verdict::kWithin: m << "is within its baseline"; break;
+  }
+  m << "\n  baseline:  " << format_mib(baseline) << " (" << baseline << " bytes)"
+    << "\n  measured:  " << format_mib(measured) << " (" << measured << " bytes)"
+    << "\n  change:    " << sign << format_mib(std::llabs(diff)) << " (" << sign << std::llabs(diff) << " bytes, "
+    << pct << ")"
+    << "\n  tolerance: " << format_mib(allowed) << " (" << allowed << " bytes)";
+  if (verdict == Verdict::kRegression) {
+    m << "\n  If this growth is intended, record the new baseline: ctest --preset update-baselines "
+         "(update-baselines-gpu on a GPU runner) and commit baselines/.";
+  } else if (verdict == Verdict::kStale) {
+    m << "\n  Memory went down: record the smaller baseline with the update-baselines preset so that the gate "
+         "keeps it.";
+  }
+  return m.str();
+}
+
+Comparison compare_component(const std::string& fixture, std::int64_t batch_size, std::string_view component,
+                             std::int64_t baseline, std::int64_t measured, const Tolerance& tolerance) {
+  const bool reserved = component == "step_peak_reserved";
+  const double relative = reserved ? tolerance.reserved_relative : tolerance.relative;
+  const std::int64_t absolute = reserved ? tolerance.reserved_absolute : tolerance.absolute;
+  Comparison c;
+  c.fixture = fixture;
+  c.batch_size = batch_size;
+  c.component = std::string(component);
+  c.baseline = baseline;
+  c.measured = measured;
+  c.allowed = std::max(static_cast<std::int64_t>(std::llround(relative * static_cast<double>(baseline))), absolute);
+  if (measured > baseline + c.allowed) c.verdict = Verdict::kRegression;
+  else if (measured < baseline - c.allowed) c.verdict = Verdict::kStale;
+  return c;
+}
+
+bool strict_mode() {
+  const char* v = std::getenv("MEMGATE_STRICT");
+  return v != nullptr && std::string(v) == "1";
+}
+
+bool update_mode() {
+  const char* v = std::getenv("MEMGATE_UPDATE_BASELINES");
+  return v != nullptr && std::string(v) == "1";
+}
+
+}  // namespace memgate

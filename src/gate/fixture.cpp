@@ -1,0 +1,260 @@
+// Loading and validating model fixtures (YAML) into typed specs, with their canonical form and content hash.
+#include "memgate/gate/fixture.h"
+
+#include "yaml_reader.h"
+
+#include <cstdio>
+#include <filesystem>
+
+namespace memgate {
+namespace {
+
+using detail::MapReader;
+
+const std::vector<std::string> kLoraTargets{"qkv", "proj", "fc1", "fc2"};
+
+LoraOptions read_lora(MapReader& parent) {
+  LoraOptions lora;
+  if (!parent.has("lora")) return lora;
+  auto r = parent.child("lora");
+  lora.rank = r.get_int("rank", std::nullopt, 1, 4096);
+  lora.alpha = r.get_double("alpha", static_cast<double>(lora.rank), 1e-9, 1e9);
+  lora.targets = r.get_string_list("targets", std::vector<std::string>{"qkv"}, kLoraTargets);
+  if (lora.targets.empty()) r.fail("targets", "at least one target layer", "an empty list");
+  r.finish();
+  return lora;
+}
+
+VitOptions read_vit(MapReader& r, bool allow_headless) {
+  VitOptions s;
+  s.img_size = r.get_int("img_size", s.img_size, 1, 1 << 16);
+  s.patch_size = r.get_int("patch_size", s.patch_size, 1, s.img_size);
+  if (s.img_size % s.patch_size != 0) {
+    r.fail("patch_size", "a divisor of img_size (" + std::to_string(s.img_size) + ")",
+           std::to_string(s.patch_size));
+  }
+  s.in_chans = r.get_int("in_chans", s.in_chans, 1, 1024);
+  s.embed_dim = r.get_int("embed_dim", std::nullopt, 1, 1 << 16);
+  s.depth = r.get_int("depth", std::nullopt, 1, 1024);
+  s.num_heads = r.get_int("num_heads", std::nullopt, 1, s.embed_dim);
+  if (s.embed_dim % s.num_heads != 0) {
+    r.fail("num_heads", "a divisor of embed_dim (" + std::to_string(s.embed_dim) + ")",
+           std::to_string(s.num_heads));
+  }
+  s.mlp_ratio = r.get_double("mlp_ratio", s.mlp_ratio, 0.01, 64.0);
+  s.num_classes = r.get_int("num_classes", allow_headless ? 0 : s.num_classes, allow_headless ? 0 : 1, 1 << 24);
+  s.qkv_bias = r.get_bool("qkv_bias", s.qkv_bias);
+  s.attention = r.get_enum("attention", std::optional(s.attention), kAttentionNames);
+  s.lora = read_lora(r);
+  return s;
+}
+
+ResNetOptions read_resnet(MapReader& r) {
+  ResNetOptions s;
+  s.depth = r.get_int("depth", std::nullopt, 18, 152);
+  if (s.depth != 18 && s.depth != 34 && s.depth != 50 && s.depth != 101 && s.depth != 152) {
+    r.fail("depth", "one of 18, 34, 50, 101, 152", std::to_string(s.depth));
+  }
+  s.img_size = r.get_int("img_size", s.img_size, 16, 1 << 16);
+  s.in_chans = r.get_int("in_chans", s.in_chans, 1, 1024);
+  s.width = r.get_int("width", s.width, 1, 1 << 14);
+  s.task = r.get_enum("task", std::optional(s.task), kResNetTaskNames);
+  if (s.task == ResNetOptions::Task::kClassify) {
+    s.num_classes = r.get_int("num_classes", s.num_classes, 1, 1 << 24);
+  } else {
+    s.ways = r.get_int("ways", s.ways, 2, 1 << 16);
+    s.shots = r.get_int("shots", s.shots, 1, 1 << 16);
+    s.queries = r.get_int("queries", s.queries, 1, 1 << 16);
+  }
+  return s;
+}
+
+UNetOptions read_unet(MapReader& r) {
+  UNetOptions s;
+  s.img_size = r.get_int("img_size", s.img_size, 1, 1 << 16);
+  s.in_chans = r.get_int("in_chans", s.in_chans, 1, 1024);
+  s.num_classes = r.get_int("num_classes", s.num_classes, 1, 1 << 16);
+  s.base_channels = r.get_int("base_channels", s.base_channels, 1, 1 << 14);
+  s.levels = r.get_int("levels", s.levels, 1, 8);
+  if (s.img_size % (std::int64_t{1} << s.levels) != 0) {
+    r.fail("levels", "at most as many levels as img_size (" + std::to_string(s.img_size) + ") halves evenly",
+           std::to_string(s.levels));
+  }
+  s.bilinear = r.get_bool("bilinear", s.bilinear);
+  return s;
+}
+
+GptOptions read_gpt(MapReader& r) {
+  GptOptions s;
+  s.vocab_size = r.get_int("vocab_size", s.vocab_size, 1, 1 << 24);
+  s.seq_len = r.get_int("seq_len", s.seq_len, 1, 1 << 20);
+  s.n_layer = r.get_int("n_layer", std::nullopt, 1, 1024);
+  s.n_embd = r.get_int("n_embd", std::nullopt, 1, 1 << 16);
+  s.n_head = r.get_int("n_head", std::nullopt, 1, s.n_embd);
+  if (s.n_embd % s.n_head != 0) {
+    r.fail("n_head", "a divisor of n_embd (" + std::to_string(s.n_embd) + ")", std::to_string(s.n_head));
+  }
+  s.mlp_hidden = r.get_int("mlp_hidden", 4 * s.n_embd, 1, 1 << 20);
+  s.mlp = r.get_enum("mlp", std::optional(s.mlp), kGptMlpNames);
+  s.norm = r.get_enum("norm", std::optional(s.norm), kGptNormNames);
+  s.position = r.get_enum("position", std::optional(s.position), kGptPositionNames);
+  s.bias = r.get_bool("bias", s.bias);
+  s.tied_embeddings = r.get_bool("tied_embeddings", s.tied_embeddings);
+  s.lora = read_lora(r);
+  return s;
+}
+
+SegNetOptions read_segnet(MapReader& r) {
+  SegNetOptions s;
+  s.img_size = r.get_int("img_size", s.img_size, 32, 1 << 16);
+  s.in_chans = r.get_int("in_chans", s.in_chans, 1, 1024);
+  s.num_classes = r.get_int("num_classes", s.num_classes, 1, 1 << 16);
+  s.dims = r.get_int_list("dims", s.dims, 1, 1 << 14);
+  s.depths = r.get_int_list("depths", s.depths, 1, 256);
+  if (s.dims.size() != s.depths.size()) {
+    r.fail("depths", "as many entries as dims (" + std::to_string(s.dims.size()) + ")",
+           std::to_string(s.depths.size()) + " entries");
+  }
+  if (s.img_size % (std::int64_t{4} << (s.dims.size() - 1)) != 0) {
+    r.fail("img_size", "a multiple of " + std::to_string(std::int64_t{4} << (s.dims.size() - 1)) +
+                           " (stride of the deepest stage)", std::to_string(s.img_size));
+  }
+  s.decoder_dim = r.get_int("decoder_dim", s.decoder_dim, 1, 1 << 14);
+  s.deep_supervision = r.get_bool("deep_supervision", s.deep_supervision);
+  s.num_experts = r.get_int("num_experts", s.num_experts, 0, 64);
+  return s;
+}
+
+MultimodalOptions read_multimodal(MapReader& r) {
+  MultimodalOptions s;
+  {
+    auto llm = r.child("llm", true);
+    s.llm = read_gpt(llm);
+    llm.finish();
+  }
+  {
+    auto vision = r.child("vision", true);
+    s.vision = read_vit(vision, /*allow_headless=*/true);
+    vision.finish();
+  }
+  s.text_len = r.get_int("text_len", s.text_len, 1, s.llm.seq_len);
+  s.decoder_dim = r.get_int("decoder_dim", s.decoder_dim, 1, 1 << 14);
+  s.decoder_depth = r.get_int("decoder_depth", s.decoder_depth, 1, 64);
+  s.decoder_heads = r.get_int("decoder_heads", s.decoder_heads, 1, s.decoder_dim);
+  if (s.decoder_dim % s.decoder_heads != 0) {
+    r.fail("decoder_heads", "a divisor of decoder_dim (" + std::to_string(s.decoder_dim) + ")",
+           std::to_string(s.decoder_heads));
+  }
+  s.frozen_dtype = r.get_enum("frozen_dtype", std::optional(s.frozen_dtype), kPrecisionNames);
+  return s;
+}
+
+ModelSpec read_model(MapReader& r) {
+  ModelSpec m;
+  m.arch = r.get_enum("arch", std::optional<Arch>(), kArchNames);
+  switch (m.arch) {
+    case Arch::kVit: m.options = read_vit(r, false); break;
+    case Arch::kResNet: m.options = read_resnet(r); break;
+    case Arch::kUNet: m.options = read_unet(r); break;
+    case Arch::kGpt: m.options = read_gpt(r); break;
+    case Arch::kSegNet: m.options = read_segnet(r); break;
+    case Arch::kMultimodal: m.options = read_multimodal(r); break;
+  }
+  r.finish();
+  return m;
+}
+
+TrainableSpec parse_trainable(MapReader& r) {
+  const auto text = r.get_string("trainable", std::string("all"));
+  TrainableSpec t;
+  if (text == "all") t.kind = TrainableSpec::Kind::kAll;
+  else if (text == "lora") t.kind = TrainableSpec::Kind::kLora;
+  else if (text == "head") t.kind = TrainableSpec::Kind::kHead;
+  else if (text.rfind("last_blocks:", 0) == 0) {
+    t.kind = TrainableSpec::Kind::kLastBlocks;
+    try {
+      std::size_t used = 0;
+      const auto digits = text.substr(12);
+      t.last_blocks = std::stoll(digits, &used);
+      if (used != digits.size() || t.last_blocks < 1) throw std::invalid_argument("bad");
+    } catch (const std::exception&) {
+      r.fail("trainable", "all, lora, head or last_blocks:N with N >= 1", "'" + text + "'");
+    }
+  } else {
+    r.fail("trainable", "all, lora, head or last_blocks:N with N >= 1", "'" + text + "'");
+  }
+  return t;
+}
+
+TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
+  TrainingSpec t;
+  t.optimizer = r.get_enum("optimizer", std::optional(t.optimizer), kOptimizerNames);
+  t.lr = r.get_double("lr", t.lr, 0.0, 1e3);
+  t.weight_decay = r.get_double("weight_decay", t.optimizer == Optimizer::kAdamW ? 0.01 : 0.0, 0.0, 1e3);
+  if (t.optimizer == Optimizer::kSgd) t.momentum = r.get_double("momentum", 0.0, 0.0, 1.0);
+  t.trainable = parse_trainable(r);
+  t.precision = r.get_enum("precision", std::optional(Precision::kFp32), kPrecisionNames);
+  t.gradient_checkpointing = r.get_bool("gradient_checkpointing", false);
+  t.accumulation_steps = r.get_int("accumulation_steps", 1, 1, 4096);
+  t.allocator = r.get_string("allocator", std::string());
+  if (t.trainable.kind == TrainableSpec::Kind::kLora) {
+    bool has_lora = false;
+    if (const auto* v = std::get_if<VitOptions>(&model.options)) has_lora = v->lora.enabled();
+    if (const auto* g = std::get_if<GptOptions>(&model.options)) has_lora = g->lora.enabled();
+    if (!has_lora) r.fail("trainable", "a model with a `lora:` section for trainable: lora", "'lora'");
+  }
+  r.finish();
+  return t;
+}
+
+Tolerance read_tolerance(MapReader& r) {
+  Tolerance t;
+  t.relative = r.get_double("relative", t.relative, 0.0, 10.0);
+  t.absolute = r.get_int("absolute_kib", t.absolute / 1024, 0) * 1024;
+  t.reserved_relative = r.get_double("reserved_relative", t.reserved_relative, 0.0, 10.0);
+  t.reserved_absolute = r.get_int("reserved_absolute_mib", t.reserved_absolute >> 20, 0) << 20;
+  r.finish();
+  return t;
+}
+
+}  // namespace
+
+std::string content_hash(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "fnv1a64:%016llx", static_cast<unsigned long long>(h));
+  return buffer;
+}
+
+Fixture load_fixture(const std::string& path) {
+  const YAML::Node root = detail::load_yaml_file(path);
+  Fixture f;
+  f.source = path;
+  nlohmann::json read = nlohmann::json::object();  // what the file says, defaults filled in
+  MapReader top(root, path, "", &read);
+  f.name = top.get_string("name", std::filesystem::path(path).stem().string());
+  for (char c : f.name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') {
+      top.fail("name", "letters, digits, '_' and '-' only (it names baseline files and tests)", "'" + f.name + "'");
+    }
+  }
+  auto model = top.child("model", /*required=*/true);
+  f.model = read_model(model);
+  auto training = top.child("training");
+  f.training = read_training(training, f.model);
+  f.batch_sizes = top.get_int_list("batch_sizes", std::nullopt, 1, 1 << 20);
+  auto gate = top.child("gate");
+  f.tolerance = read_tolerance(gate);
+  top.finish();
+  // The hash covers what the model is and how it trains, not batch sizes, tolerances or formatting.
+  const nlohmann::json canonical = {{"model", read["model"]}, {"training", read["training"]}};
+  f.canonical = canonical;
+  f.hash = content_hash(canonical.dump());
+  return f;
+}
+
+}  // namespace memgate

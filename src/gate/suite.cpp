@@ -1,0 +1,65 @@
+// Loading suites: fixtures x batch sizes, and budgets.
+#include "memgate/gate/suite.h"
+
+#include "memgate/base/error.h"
+#include "memgate/gate/fixture.h"
+#include "yaml_reader.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace memgate {
+
+std::string source_dir() {
+  if (const char* dir = std::getenv("MEMGATE_SOURCE_DIR"); dir != nullptr && *dir != '\0') return dir;
+  return MEMGATE_SOURCE_DIR;
+}
+
+Suite load_suite(const std::string& path, const std::string& fixtures_dir) {
+  auto root = detail::load_yaml_file(path);
+  detail::MapReader r(root, path, "");
+  Suite suite;
+  suite.path = path;
+  suite.name = std::filesystem::path(path).stem().string();
+  suite.device = r.get_enum("device", std::optional<SuiteDevice>(), kSuiteDeviceNames);
+  (void)r.get_string("description", std::string());
+  auto fixture_file = [&](const std::string& name, const detail::MapReader& where, const std::string& key) {
+    const auto file = fixtures_dir + "/" + name + ".yaml";
+    if (!std::filesystem::exists(file)) where.fail(key, "the name of a fixture in " + fixtures_dir, "'" + name + "'");
+    return file;
+  };
+  const auto entries = r.get_sequence("fixtures", true);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& entry = entries[i];
+    const auto key = "fixtures[" + std::to_string(i) + "]";
+    std::string name;
+    std::vector<std::int64_t> batch_sizes;
+    if (entry.IsScalar()) {
+      name = entry.Scalar();
+      batch_sizes = load_fixture(fixture_file(name, r, "fixtures")).batch_sizes;
+    } else {
+      detail::MapReader e(entry, path, key);
+      name = e.get_string("fixture", std::nullopt);
+      const auto file = fixture_file(name, e, "fixture");
+      batch_sizes = e.has("batch_sizes") ? e.get_int_list("batch_sizes", std::nullopt, 1)
+                                         : load_fixture(file).batch_sizes;
+      e.finish();
+    }
+    for (auto bs : batch_sizes) suite.probes.push_back({name, fixtures_dir + "/" + name + ".yaml", bs});
+  }
+  const auto budgets = r.get_sequence("budgets", false);
+  for (std::size_t i = 0; i < budgets.size(); ++i) {
+    detail::MapReader b(budgets[i], path, "budgets[" + std::to_string(i) + "]");
+    BudgetCase budget;
+    budget.fixture = b.get_string("fixture", std::nullopt);
+    budget.fixture_path = fixture_file(budget.fixture, b, "fixture");
+    budget.batch_size = b.get_int("batch_size", std::nullopt, 1);
+    budget.gpu = b.get_string("gpu", std::nullopt);
+    b.finish();
+    suite.budgets.push_back(budget);
+  }
+  r.finish();
+  return suite;
+}
+
+}  // namespace memgate

@@ -1,0 +1,85 @@
+// The counting CPU allocator: a size header in front of each block, atomic current/peak counters.
+#include "memgate/measure/cpu_allocator.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/core/alignment.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <mutex>
+
+namespace memgate {
+namespace {
+
+// The header keeps the block's size; its length keeps the data at LibTorch's alignment.
+constexpr std::size_t kHeader = c10::gAlignment;
+static_assert(kHeader >= sizeof(std::size_t));
+
+std::atomic<std::int64_t> g_current{0};
+std::atomic<std::int64_t> g_peak{0};
+std::atomic<std::int64_t> g_count{0};
+std::atomic<std::int64_t> g_limit{0};
+CountingCpuAllocator* g_instance = nullptr;
+
+void raise_peak(std::int64_t now) {
+  std::int64_t peak = g_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+void counting_delete(void* data) {
+  if (data == nullptr) return;
+  auto* base = static_cast<char*>(data) - kHeader;
+  const auto size = *reinterpret_cast<std::size_t*>(base);
+  g_current.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
+  c10::free_cpu(base);
+}
+
+}  // namespace
+
+CountingCpuAllocator& CountingCpuAllocator::install() {
+  static std::once_flag once;
+  static CountingCpuAllocator* allocator = nullptr;
+  std::call_once(once, [] {
+    allocator = new CountingCpuAllocator();  // lives as long as the process: tensors may outlive main
+    // Priority above the default allocator's so nothing registered later at the default priority replaces it.
+    c10::SetCPUAllocator(allocator, /*priority=*/100);
+    g_instance = allocator;
+  });
+  return *allocator;
+}
+
+CountingCpuAllocator* CountingCpuAllocator::instance() { return g_instance; }
+
+c10::DataPtr CountingCpuAllocator::allocate(size_t nbytes) {
+  const auto size = static_cast<std::int64_t>(nbytes);
+  const std::int64_t limit = g_limit.load(std::memory_order_relaxed);
+  const std::int64_t now = g_current.fetch_add(size, std::memory_order_relaxed) + size;
+  if (limit > 0 && now > limit) {
+    g_current.fetch_sub(size, std::memory_order_relaxed);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "memgate: CPU allocator limit reached: tried to allocate ", nbytes,
+                     " bytes with ", now - size, " of ", limit, " bytes in use");
+  }
+  raise_peak(now);
+  g_count.fetch_add(1, std::memory_order_relaxed);
+  auto* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
+  *reinterpret_cast<std::size_t*>(base) = nbytes;
+  void* data = base + kHeader;
+  return {data, data, &counting_delete, c10::Device(c10::DeviceType::CPU)};
+}
+
+c10::DeleterFnPtr CountingCpuAllocator::raw_deleter() const { return &counting_delete; }
+
+void CountingCpuAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  default_copy_data(dest, src, count);
+}
+
+std::int64_t CountingCpuAllocator::current_bytes() const { return g_current.load(std::memory_order_relaxed); }
+std::int64_t CountingCpuAllocator::peak_bytes() const { return g_peak.load(std::memory_order_relaxed); }
+void CountingCpuAllocator::reset_peak() { g_peak.store(g_current.load(std::memory_order_relaxed)); }
+std::int64_t CountingCpuAllocator::allocation_count() const { return g_count.load(std::memory_order_relaxed); }
+void CountingCpuAllocator::set_limit(std::int64_t bytes) { g_limit.store(bytes); }
+std::int64_t CountingCpuAllocator::limit() const { return g_limit.load(); }
+
+}  // namespace memgate

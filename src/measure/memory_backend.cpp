@@ -1,0 +1,72 @@
+// The CPU (counting allocator) and CUDA (caching allocator device stats) memory backends.
+#include "memgate/measure/memory_backend.h"
+
+#include "memgate/measure/cpu_allocator.h"
+#include "memgate/base/error.h"
+
+#include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstddef>
+
+namespace memgate {
+namespace {
+
+class CpuBackend final : public MemoryBackend {
+ public:
+  CpuBackend() : counter_(CountingCpuAllocator::install()) {}
+  void synchronize() override {}
+  MemorySnapshot snapshot() override {
+    const auto current = counter_.current_bytes();
+    const auto peak = counter_.peak_bytes();
+    // No cache on the CPU: the allocator holds exactly what tensors hold.
+    return {current, current, peak, peak};
+  }
+  void reset_peak() override { counter_.reset_peak(); }
+  void empty_cache() override {}
+  void set_memory_fraction(double) override {}
+  void apply_allocator_settings(const std::string&) override {}
+  c10::Device device() const override { return c10::Device(c10::DeviceType::CPU); }
+
+ private:
+  CountingCpuAllocator& counter_;
+};
+
+class CudaBackend final : public MemoryBackend {
+ public:
+  explicit CudaBackend(c10::Device device) : device_(device) {}
+  void synchronize() override { c10::cuda::device_synchronize(); }
+  MemorySnapshot snapshot() override {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    constexpr auto kAll = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    return {stats.allocated_bytes[kAll].current, stats.reserved_bytes[kAll].current,
+            stats.allocated_bytes[kAll].peak, stats.reserved_bytes[kAll].peak};
+  }
+  void reset_peak() override { c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index()); }
+  void empty_cache() override {
+    synchronize();
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+  void set_memory_fraction(double fraction) override {
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction <= 0.0 ? 1.0 : fraction, device_.index());
+  }
+  void apply_allocator_settings(const std::string& settings) override {
+    if (!settings.empty()) c10::CachingAllocator::setAllocatorSettings(settings);
+  }
+  c10::Device device() const override { return device_; }
+
+ private:
+  c10::Device device_;
+};
+
+}  // namespace
+
+std::unique_ptr<MemoryBackend> make_memory_backend(c10::Device device) {
+  if (device.is_cpu()) return std::make_unique<CpuBackend>();
+  if (device.is_cuda()) return std::make_unique<CudaBackend>(device);
+  throw Error("no memory backend for device " + device.str() + ": memgate measures cpu and cuda");
+}
+
+}  // namespace memgate

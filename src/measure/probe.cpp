@@ -1,0 +1,213 @@
+// The measurement protocol: build on the device, eval forward, warm-up step(s), then one measured step whose
+// forward, backward and optimizer step are read off the allocator (see DESIGN.md, "The measurement protocol").
+#include "memgate/measure/probe.h"
+
+#include "memgate/base/error.h"
+#include "memgate/measure/memory_backend.h"
+
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <optional>
+
+namespace memgate {
+
+void configure_determinism() {
+  // cuBLAS keeps one fixed workspace per handle and stream instead of growing one per call.
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/1);
+  at::globalContext().setBenchmarkCuDNN(false);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Pins intra-op threads for the probe and restores them after.
+class ThreadScope {
+ public:
+  ThreadScope(c10::Device device, int threads) {
+    if (device.is_cpu() && threads > 0) {
+      previous_ = torch::get_num_threads();
+      torch::set_num_threads(threads);
+    }
+  }
+  ~ThreadScope() {
+    if (previous_ > 0) torch::set_num_threads(previous_);
+  }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// Tracks a step's peak across the resets that measure its parts: each part's peak is read before the next
+// reset, so the step's peak is the highest of them.
+class PeakTracker {
+ public:
+  explicit PeakTracker(MemoryBackend& backend) : backend_(backend) {}
+  void fold() {
+    backend_.synchronize();
+    const auto s = backend_.snapshot();
+    allocated_ = std::max(allocated_, s.peak_allocated);
+    reserved_ = std::max(reserved_, s.peak_reserved);
+  }
+  void reset() {
+    fold();
+    backend_.reset_peak();
+  }
+  [[nodiscard]] std::int64_t allocated() const { return allocated_; }
+  [[nodiscard]] std::int64_t reserved() const { return reserved_; }
+
+ private:
+  MemoryBackend& backend_;
+  std::int64_t allocated_ = 0;
+  std::int64_t reserved_ = 0;
+};
+
+// Reads what a probe reports off the allocator between the parts of the build, the warm-up and the measured
+// step (DESIGN.md): params after the build, eval_peak over the second eval forward, optimizer_state over the
+// first warm-up optimizer step; then, in the measured step, activations and forward_peak over the first
+// micro-batch's forward, gradients after backward, and the whole step's peaks.
+class ProbeObserver final : public StepObserver {
+ public:
+  explicit ProbeObserver(c10::Device device) : backend_(make_memory_backend(device)) {}
+  void start_measured_step() {
+    measuring_ = true;
+    backend_->synchronize();
+    backend_->reset_peak();
+    tracker_.emplace(*backend_);
+    before_step_ = backend_->snapshot().allocated;
+  }
+  void finish_measured_step() {
+    tracker_->fold();
+    c_.step_peak = tracker_->allocated() - base_.allocated;
+    c_.step_peak_reserved = tracker_->reserved() - base_.reserved;
+  }
+  [[nodiscard]] const Components& components() const { return c_; }
+
+  void base_read(const MemorySnapshot& base) override { base_ = base; }
+  void model_built() override {
+    backend_->synchronize();
+    c_.params = backend_->snapshot().allocated - base_.allocated;
+  }
+  void eval_begin(int) override {
+    backend_->synchronize();
+    backend_->reset_peak();
+  }
+  void eval_end(int) override {
+    backend_->synchronize();
+    c_.eval_peak = backend_->snapshot().peak_allocated - base_.allocated;
+  }
+  void forward_begin(std::int64_t index) override {
+    if (!measuring_ || index != 0) return;
+    tracker_->reset();
+    before_forward_ = backend_->snapshot().allocated;
+  }
+  void forward_end(std::int64_t index) override {
+    if (!measuring_ || index != 0) return;
+    backend_->synchronize();
+    const auto s = backend_->snapshot();
+    c_.activations = s.allocated - before_forward_;
+    c_.forward_peak = s.peak_allocated - before_forward_;
+  }
+  void backward_done() override {
+    backend_->synchronize();
+    const auto allocated = backend_->snapshot().allocated;
+    if (measuring_) c_.gradients = allocated - before_step_;
+    else before_optimizer_ = allocated;
+  }
+  void optimizer_done() override {
+    if (measuring_ || warmup_steps_seen_++ > 0) return;
+    backend_->synchronize();
+    c_.optimizer_state = backend_->snapshot().allocated - before_optimizer_;
+  }
+
+ private:
+  std::unique_ptr<MemoryBackend> backend_;
+  MemorySnapshot base_;
+  Components c_;
+  bool measuring_ = false;
+  int warmup_steps_seen_ = 0;
+  std::int64_t before_optimizer_ = 0;
+  std::int64_t before_step_ = 0;
+  std::int64_t before_forward_ = 0;
+  std::optional<PeakTracker> tracker_;
+};
+
+}  // namespace
+
+PreparedStep::PreparedStep(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                           const ProbeOptions& options, StepObserver* observer)
+    : backend_(make_memory_backend(device)) {
+  require_batch_size(workload, batch_size);
+  backend_->apply_allocator_settings(workload.training.allocator);
+  backend_->empty_cache();
+  backend_->synchronize();
+  base_ = backend_->snapshot();
+  if (observer != nullptr) observer->base_read(base_);
+  step_ = std::make_unique<TrainingStep>(workload, batch_size, device, options.seed, observer);
+  step_->warm_up(options.warmup_steps, observer);
+}
+
+ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                      const ProbeOptions& options) {
+  require_batch_size(workload, batch_size);
+  configure_determinism();
+  ThreadScope threads(device, options.cpu_threads);
+  ProbeResult result;
+  result.batch_size = batch_size;
+  const auto start = Clock::now();
+  try {
+    ProbeObserver observer(device);
+    PreparedStep prepared(workload, batch_size, device, options, &observer);
+    observer.start_measured_step();
+    const auto step_start = Clock::now();
+    prepared.step().run(&observer);
+    observer.finish_measured_step();
+    result.step_seconds = seconds_since(step_start);
+    result.components = observer.components();
+  } catch (const c10::OutOfMemoryError& e) {
+    result.oom = true;
+    result.error = e.what_without_backtrace();
+  }
+  make_memory_backend(device)->empty_cache();
+  result.seconds = seconds_since(start);
+  return result;
+}
+
+Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes, c10::Device device,
+                    const ProbeOptions& options) {
+  Profile profile;
+  profile.device = describe_probe_device(device, workload, options);
+  profile.fixture = workload.name;
+  profile.params = workload_param_counts(workload);
+  for (auto bs : batch_sizes) profile.probes.push_back(run_probe(workload, bs, device, options));
+  return profile;
+}
+
+DeviceInfo describe_probe_device(c10::Device device, const Workload& workload, const ProbeOptions& options) {
+  auto info = describe_device(device);
+  if (!workload.training.allocator.empty()) info.allocator_settings = workload.training.allocator;
+  info.cpu_threads = device.is_cpu() ? options.cpu_threads : 0;
+  return info;
+}
+
+ParamCounts workload_param_counts(const Workload& workload) {
+  // On the meta device parameters have shapes but no storage: a 7B model is counted without allocating it.
+  auto model = build_model(workload.model, c10::Device(c10::DeviceType::Meta));
+  (void)select_trainable(*model, workload.training.trainable);
+  return count_parameters(model->module());
+}
+
+}  // namespace memgate

@@ -1,0 +1,76 @@
+// One training step of a workload, with the hooks the probe reads the allocator at.
+#include "memgate/measure/train_step.h"
+
+#include "memgate/base/error.h"
+#include "memgate/models/autocast.h"
+
+#include <torch/torch.h>
+
+namespace memgate {
+namespace {
+
+// The loss one micro-batch back-propagates: the task's loss under the training's autocast, divided by the
+// accumulation steps when there are several.
+torch::Tensor micro_batch_loss(Model& model, const Batch& batch, const TrainingSpec& training,
+                               torch::DeviceType device_type) {
+  torch::Tensor loss;
+  {
+    AutocastScope autocast(device_type, training.precision);
+    loss = model.loss(batch);
+  }
+  if (training.accumulation_steps > 1) loss = loss / static_cast<double>(training.accumulation_steps);
+  return loss;
+}
+
+}  // namespace
+
+void require_batch_size(const Workload& workload, std::int64_t batch_size) {
+  if (batch_size < 1) {
+    throw Error(workload.source + ": batch size " + std::to_string(batch_size) + ": expected an integer >= 1");
+  }
+}
+
+TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                           std::uint64_t seed, StepObserver* observer)
+    : training_(workload.training), batch_size_(batch_size), device_(device) {
+  require_batch_size(workload, batch_size);
+  model_ = build_model(workload.model, device, seed);
+  model_->set_gradient_checkpointing(training_.gradient_checkpointing);
+  if (observer != nullptr) observer->model_built();
+  auto trainable = select_trainable(*model_, training_.trainable);
+  torch::manual_seed(seed + 1);
+  batch_ = model_->make_batch(batch_size);
+  model_->module().train();
+  // LibTorch's optimizers allocate their state on the first step, not here.
+  optimizer_ = make_optimizer(training_, std::move(trainable));
+}
+
+TrainingStep::~TrainingStep() = default;
+
+void TrainingStep::warm_up(int steps, StepObserver* observer) {
+  model_->module().eval();
+  for (int pass = 0; pass < 2; ++pass) {
+    torch::NoGradGuard no_grad;
+    AutocastScope autocast(device_.type(), training_.precision);
+    if (observer != nullptr) observer->eval_begin(pass);
+    (void)model_->forward(batch_);
+    if (observer != nullptr) observer->eval_end(pass);
+  }
+  model_->module().train();
+  for (int i = 0; i < steps; ++i) run(observer);
+}
+
+void TrainingStep::run(StepObserver* observer) {
+  for (std::int64_t i = 0; i < training_.accumulation_steps; ++i) {
+    if (observer != nullptr) observer->forward_begin(i);
+    auto loss = micro_batch_loss(*model_, batch_, training_, device_.type());
+    if (observer != nullptr) observer->forward_end(i);
+    loss.backward();
+  }
+  if (observer != nullptr) observer->backward_done();
+  optimizer_->step();
+  if (observer != nullptr) observer->optimizer_done();
+  optimizer_->zero_grad(/*set_to_none=*/true);
+}
+
+}  // namespace memgate

@@ -1,0 +1,26 @@
+// build_model: the zoo's one factory, dispatching on the architecture's options.
+#include "memgate/models/zoo.h"
+
+#include "factories.h"
+
+#include <torch/torch.h>
+
+namespace memgate {
+
+std::unique_ptr<Model> build_model(const ModelSpec& spec, torch::Device device, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  const nn::ParamOptions param{device, torch::kFloat32};
+  return std::visit(
+      [&](const auto& options) -> std::unique_ptr<Model> {
+        using T = std::decay_t<decltype(options)>;
+        if constexpr (std::is_same_v<T, VitOptions>) return make_vit_model(options, param);
+        else if constexpr (std::is_same_v<T, ResNetOptions>) return make_resnet_model(options, param);
+        else if constexpr (std::is_same_v<T, UNetOptions>) return make_unet_model(options, param);
+        else if constexpr (std::is_same_v<T, GptOptions>) return make_gpt_model(options, param);
+        else if constexpr (std::is_same_v<T, SegNetOptions>) return make_segnet_model(options, param);
+        else return make_multimodal_model(options, param);
+      },
+      spec.options);
+}
+
+}  // namespace memgate

@@ -1,0 +1,61 @@
+// The component table drives reading and writing every component; byte counts print in a unit that shows them.
+#include "memgate/base/components.h"
+#include "memgate/base/error.h"
+#include "memgate/base/units.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+namespace memgate {
+namespace {
+
+TEST(ComponentTableTest, EveryComponentIsReadAndWrittenThroughItsOwnMember) {
+  Components c;
+  std::int64_t bytes = 1;
+  for (const auto& info : kComponentTable) c.set(info.name, bytes++);
+  bytes = 1;
+  std::set<std::int64_t> seen;
+  for (const auto& info : kComponentTable) {
+    EXPECT_EQ(c.get(info.name), bytes) << info.name;
+    EXPECT_EQ(c.*info.member, bytes) << info.name;
+    seen.insert(c.*info.member);
+    ++bytes;
+  }
+  EXPECT_EQ(seen.size(), kComponentTable.size()) << "two rows share a member";
+  EXPECT_EQ(c.step_peak_reserved, static_cast<std::int64_t>(kComponentTable.size()));
+}
+
+TEST(ComponentTableTest, OnlyReservedBytesMoveBySegments) {
+  for (const auto& info : kComponentTable) {
+    EXPECT_EQ(info.kind == ComponentKind::kReserved, info.name == "step_peak_reserved") << info.name;
+  }
+}
+
+TEST(ComponentTableTest, AnUnknownNameIsAnErrorThatListsTheKnownOnes) {
+  Components c;
+  try {
+    (void)c.get("activation");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown component 'activation'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("activations"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(c.set("", 1), Error);
+}
+
+TEST(UnitsTest, BytesPrintInAUnitThatShowsASmallChange) {
+  EXPECT_EQ(format_bytes(0), "0 B");
+  EXPECT_EQ(format_bytes(1023), "1023 B");
+  EXPECT_EQ(format_bytes(174600), "170.5 KiB");
+  EXPECT_EQ(format_bytes(412 << 20), "412.0 MiB");
+  EXPECT_EQ(format_bytes(std::int64_t{5} << 29), "2.50 GiB");
+  EXPECT_EQ(format_bytes(-2048), "-2.0 KiB");
+  EXPECT_EQ(format_bytes_delta(873), "+873 B");
+  EXPECT_EQ(format_bytes_delta(-873), "-873 B");
+  EXPECT_EQ(format_mib(3 << 19), "1.5 MiB");
+}
+
+}  // namespace
+}  // namespace memgate

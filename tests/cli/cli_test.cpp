@@ -1,0 +1,237 @@
+// The command-line tool end to end, as a subprocess: profile, bench-compare, bench-merge, bench-convert, and
+// memgate_bench.
+#include "memgate/bench/bench_compare.h"
+#include "memgate/gate/suite.h"
+#include "memgate/measure/device.h"
+#include "bench_doc.h"
+#include "fixture_util.h"
+#include "test_util.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::bench_doc;
+using testing::kMiB;
+using testing::tiny_vit_yaml;
+
+const std::vector<double> kSteady{10.0, 10.1, 9.9, 10.05, 9.95};
+
+const CaseComparison& find(const BenchComparison& c, const std::string& name) {
+  for (const auto& x : c.cases) {
+    if (x.name == name) return x;
+  }
+  throw std::runtime_error("no case " + name);
+}
+
+TEST(ProfileCliTest, SameProbeInTwoProcessesGivesIdenticalBytes) {
+  testing::TempDir dir;
+  const auto fixture = dir / "twice.yaml";
+  testing::write_file(fixture, tiny_vit_yaml("  trainable: lora\n", "  lora: {rank: 4}\n"));
+  nlohmann::json runs[2];
+  for (int i = 0; i < 2; ++i) {
+    const auto out = dir / ("run" + std::to_string(i) + ".json");
+    std::string log;
+    ASSERT_EQ(testing::run(std::string(MEMGATE_CLI) + " profile --config " + fixture + " --device cpu --batch-sizes 2,4 --output " + out, &log), 0) << log;
+    runs[i] = nlohmann::json::parse(testing::read_file(out));
+  }
+  for (std::size_t p = 0; p < 2; ++p) {
+    EXPECT_EQ(runs[0]["probes"][p]["components"], runs[1]["probes"][p]["components"]);
+  }
+}
+
+TEST(BenchCompareCliTest, ExitCodesFollowTheVerdicts) {
+  testing::TempDir dir;
+  std::vector<double> slow;
+  for (double ms : kSteady) slow.push_back(ms * 1.5);
+  testing::write_file(dir / "old.json", bench_doc({{"BM_A", kSteady, 8 * kMiB}}).dump());
+  testing::write_file(dir / "same.json", bench_doc({{"BM_A", kSteady, 8 * kMiB}}).dump());
+  testing::write_file(dir / "slow.json", bench_doc({{"BM_A", slow, 8 * kMiB}}).dump());
+  testing::write_file(dir / "grew.json", bench_doc({{"BM_A", kSteady, 8.8 * kMiB}}).dump());
+  const std::string cli = MEMGATE_CLI;
+  std::string out;
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "same.json"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("same"));
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "slow.json"), &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("slower"));
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "slow.json") +
+                             " --threshold-pct 60", &out), 0)
+      << out;
+  // A switch before the files takes no value.
+  EXPECT_EQ(testing::run(cli + " bench-compare --no-normalize " + (dir / "old.json") + " " + (dir / "same.json"), &out),
+            0)
+      << out;
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "same.json") +
+                             " --no-normalize=yes", &out),
+            2)
+      << out;
+  EXPECT_THAT(out, HasSubstr("--no-normalize takes no value"));
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "same.json") +
+                             " --floor-sigmas lots", &out),
+            2)
+      << out;
+  EXPECT_THAT(out, HasSubstr("--floor-sigmas: expected a number >= 0, got 'lots'"));
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "grew.json"), &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("grew"));
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json"), &out), 2) << out;
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "missing.json"), &out), 1);
+  EXPECT_THAT(out, HasSubstr("missing.json: cannot read"));
+
+  EXPECT_EQ(testing::run(cli + " bench-convert " + (dir / "old.json") + " --output " + (dir / "mem.json"), &out), 0)
+      << out;
+  const auto j = nlohmann::json::parse(testing::read_file(dir / "mem.json"));
+  ASSERT_EQ(j.size(), 1U);
+  EXPECT_EQ(j[0]["name"], "BM_A/real_time peak_allocated");
+  EXPECT_DOUBLE_EQ(j[0]["value"].get<double>(), 8.0);
+}
+
+TEST(BenchCompareCliTest, BenchMergePoolsRuns) {
+  testing::TempDir dir;
+  testing::write_file(dir / "a.json", bench_doc({{"BM_A", {10.0, 11.0}, kMiB}}).dump());
+  testing::write_file(dir / "b.json", bench_doc({{"BM_A", {12.0, 13.0}, kMiB}}).dump());
+  testing::write_file(dir / "bad.json", "{\"benchmarks\": 3}");
+  const std::string cli = MEMGATE_CLI;
+  std::string out;
+  EXPECT_EQ(testing::run(cli + " bench-merge " + (dir / "a.json") + " " + (dir / "b.json") + " --output " +
+                             (dir / "ab.json"), &out),
+            0)
+      << out;
+  const auto pooled = load_bench_json(dir / "ab.json");
+  EXPECT_EQ(pooled.at("BM_A/real_time").seconds.size(), 4U);
+  EXPECT_NEAR(pooled.at("BM_A/real_time").mean(), 0.0115, 1e-12);
+
+  // A bad input names its file and writes nothing.
+  EXPECT_EQ(testing::run(cli + " bench-merge " + (dir / "a.json") + " " + (dir / "bad.json") + " --output " +
+                             (dir / "x.json"), &out),
+            1);
+  EXPECT_THAT(out, HasSubstr("bad.json: not a Google Benchmark JSON file"));
+  EXPECT_FALSE(fs::exists(dir / "x.json"));
+  EXPECT_EQ(testing::run(cli + " bench-merge " + (dir / "a.json") + " --output " + (dir / "x.json"), &out), 2)
+      << "one run is nothing to merge";
+}
+
+// memgate_bench end to end: one tiny CPU case, three repetitions.
+class BenchEndToEndTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifndef MEMGATE_BENCH
+    GTEST_SKIP() << "memgate_bench is not built (MEMGATE_BUILD_BENCHMARKS=OFF)";
+#endif
+  }
+
+  // Runs memgate_bench on the cases matching `filter`; returns the JSON file it wrote.
+  std::string bench(const std::string& source_dir, const std::string& filter, const std::string& out_name) {
+    const auto out = dir / out_name;
+    std::string log;
+#ifdef MEMGATE_BENCH
+    const int rc = testing::run("MEMGATE_SOURCE_DIR=" + source_dir + " " + MEMGATE_BENCH + " --benchmark_filter='" +
+                                    filter + "' --benchmark_repetitions=3 --benchmark_min_time=0.01" +
+                                    " --benchmark_out_format=json --benchmark_out=" + out,
+                                &log);
+    EXPECT_EQ(rc, 0) << log;
+#endif
+    EXPECT_TRUE(fs::exists(out)) << log;
+    return out;
+  }
+
+  int compare(const std::string& old_json, const std::string& new_json, std::string* out) {
+    // Timing noise of two runs is not what these tests check: only memory may fail them.
+    return testing::run(std::string(MEMGATE_CLI) + " bench-compare " + old_json + " " + new_json +
+                            " --threshold-pct 1000",
+                        out);
+  }
+
+  testing::TempDir dir;
+};
+
+TEST_F(BenchEndToEndTest, TwoRunsOfTheSameBuildHaveTheSameMemory) {
+  const std::string filter = "^BM_(TrainStep/fixture:vit_tiny_lora/bs:1|Reference)/";
+  const auto a = bench(source_dir(), filter, "a.json");
+  const auto b = bench(source_dir(), filter, "b.json");
+  const auto old_cases = load_bench_json(a);
+  ASSERT_EQ(old_cases.size(), 3U) << "the case and the CPU and GPU references";
+  const auto& c = old_cases.at("BM_TrainStep/fixture:vit_tiny_lora/bs:1/real_time");
+  EXPECT_EQ(c.seconds.size(), 3U);
+  ASSERT_TRUE(c.peak_bytes.has_value());
+  EXPECT_GT(*c.peak_bytes, 0.0);
+  const auto& ref = old_cases.at("BM_Reference/cpu/real_time");
+  EXPECT_EQ(ref.seconds.size(), 3U);
+  EXPECT_GT(ref.mean(), 0.0);
+  if (!cuda_available()) {
+    EXPECT_THAT(old_cases.at("BM_Reference/gpu/manual_time").error, HasSubstr("no GPU"));
+  }
+
+  const auto comparison = compare_bench(old_cases, load_bench_json(b));
+  ASSERT_EQ(comparison.machine.count("BM_Reference/cpu"), 1U);
+  EXPECT_GT(comparison.machine.at("BM_Reference/cpu").factor, 0.0);
+  const auto& step = find(comparison, "BM_TrainStep/fixture:vit_tiny_lora/bs:1/real_time");
+  EXPECT_EQ(step.status, "compared");
+  EXPECT_DOUBLE_EQ(step.machine_factor, comparison.machine.at("BM_Reference/cpu").factor);
+  EXPECT_EQ(step.memory_verdict, "same");
+  EXPECT_EQ(step.memory_change_pct.value_or(-1.0), 0.0) << "peak bytes repeat exactly";
+  std::string out;
+  EXPECT_EQ(compare(a, b, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("0 grew, 0 shrank"));
+}
+
+TEST_F(BenchEndToEndTest, ProcessesWriteOneMergedFile) {
+  const auto out = dir / "merged.json";
+  std::string log;
+#ifdef MEMGATE_BENCH
+  const int rc = testing::run("MEMGATE_SOURCE_DIR=" + source_dir() + " " + MEMGATE_BENCH +
+                                  " --memgate_processes=2 --benchmark_filter='^BM_TrainStep/fixture:vit_tiny_lora/bs:1/'"
+                                  " --benchmark_repetitions=2 --benchmark_min_time=0.01 --benchmark_out=" + out,
+                              &log);
+  EXPECT_EQ(rc, 0) << log;
+  EXPECT_THAT(log, HasSubstr("process 2 of 2"));
+  EXPECT_EQ(testing::run("MEMGATE_SOURCE_DIR=" + source_dir() + " " + MEMGATE_BENCH + " --memgate_processes=2", &log),
+            2)
+      << "merging needs an output file";
+  EXPECT_THAT(log, HasSubstr("give --benchmark_out"));
+  EXPECT_EQ(testing::run(std::string(MEMGATE_BENCH) + " --memgate_processes=zero", &log), 2);
+  EXPECT_THAT(log, HasSubstr("--memgate_processes: expected a positive integer, got 'zero'"));
+#endif
+  const auto cases = load_bench_json(out);
+  ASSERT_EQ(cases.size(), 1U) << log;
+  EXPECT_EQ(cases.begin()->second.seconds.size(), 4U) << "2 processes x 2 repetitions";
+  EXPECT_FALSE(fs::exists(out + ".processes")) << "the parts are removed once merged";
+}
+
+TEST_F(BenchEndToEndTest, ALargerModelGrows) {
+  // A source tree with one tiny ViT in its CPU suite; then the same fixture with twice the width.
+  const auto tree = dir.path() / "tree";
+  const auto write_tree = [&](const std::string& embed_dim) {
+    testing::write_file((tree / "fixtures/models/bench_vit.yaml").string(),
+                        "model:\n  arch: vit\n  img_size: 32\n  patch_size: 8\n  embed_dim: " + embed_dim +
+                            "\n  depth: 2\n  num_heads: 4\n  num_classes: 5\n"
+                            "training:\n  optimizer: adamw\n  trainable: all\nbatch_sizes: [2]\n");
+    testing::write_file((tree / "fixtures/suites/cpu.yaml").string(), "device: cpu\nfixtures:\n  - bench_vit\n");
+    testing::write_file((tree / "fixtures/suites/gpu.yaml").string(), "device: cuda\nfixtures:\n  - bench_vit\n");
+  };
+  const std::string filter = "^BM_TrainStep/fixture:bench_vit/bs:2/";
+  write_tree("64");
+  const auto small = bench(tree.string(), filter, "small.json");
+  write_tree("128");
+  const auto large = bench(tree.string(), filter, "large.json");
+
+  std::string out;
+  EXPECT_EQ(compare(small, large, &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("grew"));
+  const auto comparison = compare_bench(load_bench_json(small), load_bench_json(large));
+  ASSERT_EQ(comparison.cases.size(), 1U);
+  EXPECT_EQ(comparison.cases[0].memory_verdict, "grew");
+  EXPECT_GT(comparison.cases[0].memory_change_pct.value_or(0.0), 50.0) << out;
+}
+
+}  // namespace
+}  // namespace memgate

@@ -1,0 +1,133 @@
+// Baseline files: strict reading, tolerance arithmetic, in-place updates that keep other entries and churn nothing.
+#include "memgate/gate/baseline.h"
+#include "memgate/base/error.h"
+#include "fixture_util.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace memgate {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+ProbeResult result(std::int64_t bs, std::int64_t scale) {
+  ProbeResult r;
+  r.batch_size = bs;
+  std::int64_t v = scale;
+  for (const auto& info : kComponentTable) r.components.*info.member = (v += 1000);
+  return r;
+}
+
+DeviceInfo cpu_info() {
+  DeviceInfo d;
+  d.name = "Test CPU";
+  d.slug = "cpu";
+  d.torch_version = "2.11.0";
+  return d;
+}
+
+TEST(BaselineTest, UpdateWritesReadsBackAndKeepsOtherProbes) {
+  TempDir dir;
+  const auto f = testing::fixture_from(testing::tiny_vit_yaml(), "tiny");
+  const auto path = baseline_path(dir.path().string(), "cpu", f.name);
+  EXPECT_TRUE(update_baseline(path, f, cpu_info(), {result(1, 10), result(8, 80)}, "abc"));
+  EXPECT_TRUE(update_baseline(path, f, cpu_info(), {result(4, 40)}, "def"));
+  const auto b = load_baseline(path);
+  ASSERT_EQ(b.probes.size(), 3U);
+  EXPECT_EQ(b.probes[0].batch_size, 1);
+  EXPECT_EQ(b.probes[1].batch_size, 4);
+  EXPECT_EQ(b.probes[2].batch_size, 8);
+  EXPECT_EQ(b.find(8)->components, result(8, 80).components);
+  EXPECT_EQ(b.find(1)->provenance["commit"], "abc");
+  EXPECT_EQ(b.find(4)->provenance["commit"], "def");
+  EXPECT_EQ(b.find(4)->fixture_hash(), f.hash);
+}
+
+TEST(BaselineTest, UnchangedMeasurementsLeaveTheFileByteForByte) {
+  TempDir dir;
+  const auto f = testing::fixture_from(testing::tiny_vit_yaml(), "tiny");
+  const auto path = baseline_path(dir.path().string(), "cpu", f.name);
+  ASSERT_TRUE(update_baseline(path, f, cpu_info(), {result(2, 20)}, "first-commit"));
+  const auto before = testing::read_file(path);
+  EXPECT_FALSE(update_baseline(path, f, cpu_info(), {result(2, 20)}, "later-commit"));
+  EXPECT_EQ(testing::read_file(path), before);
+  EXPECT_TRUE(update_baseline(path, f, cpu_info(), {result(2, 21)}, "later-commit"));
+  EXPECT_NE(testing::read_file(path), before);
+}
+
+TEST(BaselineTest, CorruptFilesNameTheFileAndTheKey) {
+  TempDir dir;
+  const auto path = dir / "broken.json";
+  testing::write_file(path, "{\"schema\": 1, \"fixture\": \"x\"");
+  try {
+    (void)load_baseline(path);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("broken.json"));
+    EXPECT_THAT(e.what(), HasSubstr("not valid JSON"));
+  }
+  const auto f = testing::fixture_from(testing::tiny_vit_yaml(), "x");
+  ASSERT_TRUE(update_baseline(path + ".good", f, cpu_info(), {result(2, 20)}, "c"));
+  auto text = testing::read_file(path + ".good");
+  text.replace(text.find("\"activations\": "), 15, "\"activations\": -");
+  testing::write_file(path, text);
+  try {
+    (void)load_baseline(path);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("probes[0].components.activations"));
+    EXPECT_THAT(e.what(), HasSubstr("an integer >= 0"));
+  }
+  // An update never overwrites a corrupt file: it stops with the same error, and the file is kept.
+  EXPECT_THROW(update_baseline(path, f, cpu_info(), {result(2, 20)}, "c"), Error);
+  EXPECT_EQ(testing::read_file(path), text);
+}
+
+TEST(BaselineTest, ProvenanceCommitIsDirtyForSourceChangesOnly) {
+  // A git tree with a fixture and a baseline: rewriting baselines/ (what an update does) keeps the commit clean.
+  ::unsetenv("MEMGATE_COMMIT");  // it would stand in for git
+  TempDir dir;
+  testing::write_file(dir / "fixtures/models/a.yaml", "model: {}\n");
+  testing::write_file(dir / "baselines/cpu/a.json", "{}\n");
+  const std::string git = "git -C '" + dir.path().string() + "' -c user.name=t -c user.email=t@t ";
+  ASSERT_EQ(testing::run(git + "init -q && " + git + "add -A && " + git + "commit -qm init"), 0);
+  std::string head;
+  ASSERT_EQ(testing::run(git + "rev-parse --short=12 HEAD", &head), 0);
+  head = head.substr(0, 12);
+  EXPECT_EQ(source_commit(dir.path().string()), head);
+  testing::write_file(dir / "baselines/cpu/a.json", "{\"probes\": []}\n");
+  EXPECT_EQ(source_commit(dir.path().string()), head) << "a baseline being rewritten is not a source change";
+  testing::write_file(dir / "fixtures/models/a.yaml", "model: {arch: vit}\n");
+  EXPECT_EQ(source_commit(dir.path().string()), head + "+dirty");
+}
+
+TEST(BaselineTest, ToleranceIsTheLargerOfRelativeAndAbsolute) {
+  Tolerance t;  // 1% or 64 KiB; reserved: 5% or 32 MiB
+  const std::int64_t mib = 1 << 20;
+  EXPECT_EQ(compare_component("f", 1, "activations", 100 * mib, 101 * mib, t).verdict, Verdict::kWithin);
+  EXPECT_EQ(compare_component("f", 1, "activations", 100 * mib, 101 * mib + 1, t).verdict, Verdict::kRegression);
+  EXPECT_EQ(compare_component("f", 1, "activations", 100 * mib, 99 * mib - 1, t).verdict, Verdict::kStale);
+  EXPECT_EQ(compare_component("f", 1, "gradients", 1000, 1000 + 64 * 1024, t).verdict, Verdict::kWithin);
+  EXPECT_EQ(compare_component("f", 1, "gradients", 1000, 1001 + 64 * 1024, t).verdict, Verdict::kRegression);
+  EXPECT_EQ(compare_component("f", 1, "step_peak_reserved", 100 * mib, 132 * mib, t).verdict, Verdict::kWithin);
+  EXPECT_EQ(compare_component("f", 1, "step_peak_reserved", 1000 * mib, 1051 * mib, t).verdict, Verdict::kRegression);
+}
+
+TEST(BaselineTest, RegressionMessageSaysWhatGrewByHowMuchAndWhatToDo) {
+  const auto c = compare_component("retfound_large_lora", 32, "activations", 1000 << 20, 1412 << 20, Tolerance{});
+  const auto m = c.message();
+  EXPECT_THAT(m, HasSubstr("retfound_large_lora at batch 32: activations grew beyond its baseline"));
+  EXPECT_THAT(m, HasSubstr("1000.0 MiB"));
+  EXPECT_THAT(m, HasSubstr("1412.0 MiB"));
+  EXPECT_THAT(m, HasSubstr("+412.0 MiB"));
+  EXPECT_THAT(m, HasSubstr("+41.20%"));
+  EXPECT_THAT(m, HasSubstr("tolerance: 10.0 MiB"));
+  EXPECT_THAT(m, HasSubstr("update-baselines"));
+}
+
+}  // namespace
+}  // namespace memgate

@@ -1,0 +1,73 @@
+// Budget arithmetic and the GPU fixtures.
+#include "memgate/gate/budget.h"
+#include "memgate/base/error.h"
+#include "memgate/gate/suite.h"
+#include "fixture_util.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace memgate {
+namespace {
+
+constexpr std::int64_t kGiB = 1LL << 30, kMiB = 1LL << 20;
+
+GpuSpec gpu(double gib, double fraction, std::int64_t outside) {
+  GpuSpec g;
+  g.id = "test";
+  g.name = "Test GPU";
+  g.memory_bytes = static_cast<std::int64_t>(gib * static_cast<double>(kGiB));
+  g.usable_fraction = fraction;
+  g.outside_allocator_bytes = outside;
+  return g;
+}
+
+TEST(BudgetTest, FitsWhenReservedPlusOutsideIsWithinTheUsableFraction) {
+  const auto g = gpu(24, 0.90, 512 * kMiB);  // usable 21.6 GiB
+  EXPECT_EQ(g.usable_bytes(), static_cast<std::int64_t>(0.9 * 24 * static_cast<double>(kGiB)));
+  const auto edge = g.usable_bytes() - 512 * kMiB;
+  EXPECT_TRUE(check_budget(edge, g).fits());
+  EXPECT_EQ(check_budget(edge, g).headroom(), 0);
+  EXPECT_FALSE(check_budget(edge + 1, g).fits());
+  EXPECT_EQ(check_budget(edge + 1, g).headroom(), -1);
+}
+
+TEST(BudgetTest, LargestFittingBatchSkipsOutOfMemory) {
+  Profile p;
+  for (std::int64_t bs : {1, 2, 4, 8}) {
+    ProbeResult r;
+    r.batch_size = bs;
+    r.components.step_peak_reserved = bs * kGiB;
+    p.probes.push_back(r);
+  }
+  p.probes.back().oom = true;
+  EXPECT_EQ(largest_fitting_batch(p, gpu(8, 0.9, 0)), 4);  // 7.2 GiB usable; batch 8 ran out of memory
+  EXPECT_EQ(largest_fitting_batch(p, gpu(3, 0.9, 0)), 2);
+  EXPECT_FALSE(largest_fitting_batch(p, gpu(1, 0.9, 0)).has_value());
+}
+
+TEST(BudgetTest, CommittedGpuFixturesLoad) {
+  const auto gpus = load_gpus(source_dir() + "/fixtures/gpus");
+  ASSERT_GE(gpus.size(), 8U);
+  const auto& t4 = find_gpu(gpus, "t4_16gb");
+  EXPECT_NEAR(static_cast<double>(t4.memory_bytes) / static_cast<double>(kGiB), 14.74, 0.005);
+  for (const auto& g : gpus) {
+    EXPECT_GT(g.usable_bytes(), 0) << g.id;
+    EXPECT_LE(g.usable_fraction, 1.0) << g.id;
+  }
+  EXPECT_THROW((void)find_gpu(gpus, "tpu"), Error);
+}
+
+TEST(BudgetTest, BadGpuFixtureNamesTheKey) {
+  testing::TempDir dir;
+  testing::write_file(dir / "bad.yaml", "name: X\nmemory_gib: 24\nusable_fraction: 1.5\n");
+  try {
+    (void)load_gpu(dir / "bad.yaml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("bad.yaml:3: usable_fraction"));
+  }
+}
+
+}  // namespace
+}  // namespace memgate

@@ -1,0 +1,107 @@
+// Fixture loading: valid files load with defaults; bad input names the file, the key, the line and the expectation.
+#include "memgate/base/error.h"
+#include "memgate/gate/fixture.h"
+#include "fixture_util.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace memgate {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+using testing::tiny_vit_yaml;
+using testing::write_file;
+
+std::string load_error(const std::string& yaml) {
+  TempDir dir;
+  const auto path = dir / "bad.yaml";
+  write_file(path, yaml);
+  try {
+    (void)load_fixture(path);
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_THAT(message, HasSubstr("bad.yaml")) << "the error must name the file";
+    return message;
+  }
+  ADD_FAILURE() << "loaded without error:\n" << yaml;
+  return {};
+}
+
+TEST(FixtureTest, LoadsAVitWithLoraAndDefaults) {
+  const auto f = testing::fixture_from(tiny_vit_yaml("  trainable: lora\n", "  lora: {rank: 4, alpha: 8}\n"), "tiny");
+  EXPECT_EQ(f.name, "tiny");
+  const auto& vit = std::get<VitOptions>(f.model.options);
+  EXPECT_EQ(vit.embed_dim, 64);
+  EXPECT_EQ(vit.lora.rank, 4);
+  EXPECT_EQ(vit.lora.targets, std::vector<std::string>{"qkv"});
+  EXPECT_EQ(f.training.trainable.kind, TrainableSpec::Kind::kLora);
+  EXPECT_EQ(f.training.accumulation_steps, 1);
+  EXPECT_EQ(f.batch_sizes, (std::vector<std::int64_t>{1, 2, 4, 8}));
+  EXPECT_EQ(f.hash.rfind("fnv1a64:", 0), 0U);
+}
+
+TEST(FixtureTest, HashFollowsTheModelNotTheBatchSizesOrFormatting) {
+  const auto a = testing::fixture_from(tiny_vit_yaml());
+  auto reordered = tiny_vit_yaml();
+  reordered.replace(reordered.find("batch_sizes: [1, 2, 4, 8]"), 25, "batch_sizes: [16]   # more");
+  const auto b = testing::fixture_from(reordered);
+  EXPECT_EQ(a.hash, b.hash);
+  const auto c = testing::fixture_from(tiny_vit_yaml("", "  mlp_ratio: 2.0\n"));
+  EXPECT_NE(a.hash, c.hash);
+  const auto d = testing::fixture_from(tiny_vit_yaml("", "  mlp_ratio: 4.0\n"));  // the default, spelled out
+  EXPECT_EQ(a.hash, d.hash);
+}
+
+TEST(FixtureTest, UnknownKeyNamesKeyAndLine) {
+  auto yaml = tiny_vit_yaml("  optimiser_typo: sgd\n");
+  const auto message = load_error(yaml);
+  EXPECT_THAT(message, HasSubstr("training.optimiser_typo"));
+  EXPECT_THAT(message, HasSubstr("unknown key"));
+  EXPECT_THAT(message, HasSubstr("bad.yaml:11:"));
+}
+
+TEST(FixtureTest, BatchSizeZeroIsRejected) {
+  auto yaml = tiny_vit_yaml();
+  yaml.replace(yaml.find("[1, 2, 4, 8]"), 12, "[0, 4]");
+  const auto message = load_error(yaml);
+  EXPECT_THAT(message, HasSubstr("batch_sizes"));
+  EXPECT_THAT(message, HasSubstr("integers >= 1"));
+  EXPECT_THAT(message, HasSubstr("'0'"));
+}
+
+TEST(FixtureTest, HeadsMustDivideTheWidth) {
+  auto yaml = tiny_vit_yaml();
+  yaml.replace(yaml.find("num_heads: 4"), 12, "num_heads: 5");
+  const auto message = load_error(yaml);
+  EXPECT_THAT(message, HasSubstr("model.num_heads"));
+  EXPECT_THAT(message, HasSubstr("divisor of embed_dim (64)"));
+  EXPECT_THAT(message, HasSubstr(":7:"));
+}
+
+TEST(FixtureTest, LoraRankZeroIsRejected) {
+  const auto message = load_error(tiny_vit_yaml("", "  lora: {rank: 0}\n"));
+  EXPECT_THAT(message, HasSubstr("model.lora.rank"));
+  EXPECT_THAT(message, HasSubstr("from 1 to"));
+}
+
+TEST(FixtureTest, MissingRequiredKeyAndWrongTypeAreNamed) {
+  auto missing = tiny_vit_yaml();
+  missing.replace(missing.find("  depth: 4\n"), 11, "");
+  EXPECT_THAT(load_error(missing), HasSubstr("model.depth: expected an integer"));
+  auto wrong = tiny_vit_yaml();
+  wrong.replace(wrong.find("embed_dim: 64"), 13, "embed_dim: [64]");
+  EXPECT_THAT(load_error(wrong), HasSubstr("model.embed_dim: expected an integer"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  precision: fp8\n")), HasSubstr("one of fp32, fp16, bf16"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  trainable: last_blocks:0\n")), HasSubstr("last_blocks:N"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  trainable: lora\n")), HasSubstr("lora"));
+}
+
+TEST(FixtureTest, MalformedYamlAndMissingFileAreErrors) {
+  EXPECT_THAT(load_error("model: {arch: vit\n"), HasSubstr("not valid YAML"));
+  EXPECT_THROW((void)load_fixture("/nonexistent/fixture.yaml"), Error);
+}
+
+}  // namespace
+}  // namespace memgate

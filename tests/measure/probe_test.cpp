@@ -1,0 +1,135 @@
+// The probe protocol on the CPU, with real LibTorch: exact components, scaling, LoRA, repeatability.
+#include "memgate/measure/cpu_allocator.h"
+#include "memgate/measure/device.h"
+#include "memgate/base/error.h"
+#include "memgate/models/model.h"
+#include "memgate/measure/probe.h"
+#include "fixture_util.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+namespace memgate {
+namespace {
+
+using testing::fixture_from;
+using testing::tiny_vit_yaml;
+
+const c10::Device kCpu(c10::DeviceType::CPU);
+
+ProbeResult probe(const Fixture& f, std::int64_t bs) {
+  auto r = run_probe(f, bs, kCpu);
+  EXPECT_FALSE(r.oom) << r.error;
+  return r;
+}
+
+TEST(ProbeTest, ParamsAreTheBytesOfParametersAndBuffers) {
+  const auto f = fixture_from(tiny_vit_yaml());
+  auto model = build_model(f.model, kCpu);
+  EXPECT_EQ(probe(f, 2).components.params, parameter_and_buffer_bytes(model->module()));
+  EXPECT_EQ(parameter_and_buffer_bytes(model->module()), count_parameters(model->module()).total * 4);
+}
+
+TEST(ProbeTest, GradientsAndAdamWStateFollowTrainableParameters) {
+  const auto f = fixture_from(tiny_vit_yaml("  trainable: all\n"));
+  const auto counts = workload_param_counts(f);
+  const auto r = probe(f, 2);
+  EXPECT_EQ(r.components.gradients, counts.trainable * 4);
+  EXPECT_EQ(r.components.optimizer_state, 2 * counts.trainable * 4);
+}
+
+TEST(ProbeTest, SgdKeepsOneBufferWithMomentumAndNoneWithout) {
+  auto momentum = tiny_vit_yaml();
+  momentum.replace(momentum.find("optimizer: adamw"), 16, "optimizer: sgd\n  momentum: 0.9");
+  const auto with = fixture_from(momentum);
+  EXPECT_EQ(probe(with, 2).components.optimizer_state, workload_param_counts(with).trainable * 4);
+  auto plain = tiny_vit_yaml();
+  plain.replace(plain.find("optimizer: adamw"), 16, "optimizer: sgd");
+  EXPECT_EQ(probe(fixture_from(plain), 2).components.optimizer_state, 0);
+}
+
+TEST(ProbeTest, ActivationsGrowLinearlyWithBatchSize) {
+  const auto f = fixture_from(tiny_vit_yaml());
+  const auto a4 = probe(f, 4).components.activations;
+  const auto a8 = probe(f, 8).components.activations;
+  const auto a16 = probe(f, 16).components.activations;
+  EXPECT_NEAR(static_cast<double>(a8) / static_cast<double>(a4), 2.0, 2.0 * 0.02);
+  EXPECT_NEAR(static_cast<double>(a16) / static_cast<double>(a8), 2.0, 2.0 * 0.02);
+}
+
+TEST(ProbeTest, StepPeakHoldsEverythingAndEvalNeedsLess) {
+  for (const auto* trainable : {"  trainable: all\n", "  trainable: head\n"}) {
+    const auto f = fixture_from(tiny_vit_yaml(trainable));
+    const auto c = probe(f, 4).components;
+    EXPECT_GE(c.step_peak, c.params + c.optimizer_state + c.activations) << trainable;
+    EXPECT_LT(c.eval_peak, c.step_peak) << trainable;
+    EXPECT_GE(c.forward_peak, c.activations) << trainable;
+    EXPECT_EQ(c.step_peak_reserved, c.step_peak) << "the CPU has no allocator cache";
+  }
+}
+
+TEST(ProbeTest, LoraTrainsAdaptersAndHeadOnly) {
+  const auto f = fixture_from(tiny_vit_yaml("  trainable: lora\n", "  lora: {rank: 4, alpha: 8, targets: [qkv, fc2]}\n"));
+  const auto counts = workload_param_counts(f);
+  const std::int64_t d = 64, hidden = 256, depth = 4, r = 4, classes = 5;
+  const std::int64_t qkv = r * d + 3 * d * r, fc2 = r * hidden + d * r;
+  const std::int64_t head = d * classes + classes, final_norm = 2 * d;
+  EXPECT_EQ(counts.trainable, depth * (qkv + fc2) + head + final_norm);
+  const auto c = probe(f, 2).components;
+  EXPECT_EQ(c.gradients, counts.trainable * 4) << "the frozen backbone must get no gradient";
+  EXPECT_EQ(c.optimizer_state, 2 * counts.trainable * 4) << "the frozen backbone must get no optimizer state";
+
+  auto model = build_model(f.model, kCpu);
+  (void)select_trainable(*model, f.training.trainable);
+  for (const auto& item : model->module().named_parameters()) {
+    const bool adapter = item.key().find("lora_") != std::string::npos;
+    const bool head_part = item.key().rfind("head.", 0) == 0 || item.key().rfind("norm.", 0) == 0;
+    EXPECT_EQ(item.value().requires_grad(), adapter || head_part) << item.key();
+  }
+}
+
+TEST(ProbeTest, SameProbeTwiceInOneProcessGivesIdenticalBytes) {
+  const auto f = fixture_from(tiny_vit_yaml("  trainable: lora\n", "  lora: {rank: 4}\n"));
+  EXPECT_EQ(probe(f, 4).components, probe(f, 4).components);
+}
+
+TEST(ProbeTest, OutOfMemoryIsRecordedAndTheNextBatchSizeStillRuns) {
+  const auto f = fixture_from(tiny_vit_yaml());
+  const auto small = probe(f, 1).components.step_peak;
+  auto& counter = CountingCpuAllocator::install();
+  // A cap between what batch 1 and batch 64 need: 64 runs out of memory, 1 (after it) still runs.
+  counter.set_limit(counter.current_bytes() + small * 2);
+  const auto profile = run_profile(f, {64, 1}, kCpu);
+  counter.set_limit(0);
+  ASSERT_EQ(profile.probes.size(), 2U);
+  EXPECT_TRUE(profile.probes[0].oom);
+  EXPECT_NE(profile.probes[0].error.find("limit"), std::string::npos) << profile.probes[0].error;
+  EXPECT_FALSE(profile.probes[1].oom);
+  EXPECT_EQ(profile.probes[1].components.step_peak, small);
+}
+
+// The CUDA backend end to end: allocated bytes repeat, reserved covers allocated, params are the tensors' bytes
+// rounded up to the caching allocator's 512-byte blocks.
+TEST(ProbeTest, MeasuresOnCudaRepeatably) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: the CUDA backend is tested on a GPU runner";
+  const c10::Device gpu(c10::DeviceType::CUDA, 0);
+  const auto f = fixture_from(tiny_vit_yaml("  trainable: lora\n", "  lora: {rank: 4}\n"));
+  const auto a = run_probe(f, 4, gpu), b = run_probe(f, 4, gpu);
+  ASSERT_FALSE(a.oom) << a.error;
+  EXPECT_EQ(a.components.params, b.components.params);
+  EXPECT_EQ(a.components.activations, b.components.activations);
+  EXPECT_EQ(a.components.step_peak, b.components.step_peak);
+  EXPECT_GE(a.components.step_peak_reserved, a.components.step_peak);
+  auto model = build_model(f.model, kCpu);
+  EXPECT_GE(a.components.params, parameter_and_buffer_bytes(model->module()));
+  EXPECT_EQ(a.components.gradients % 512, 0);
+}
+
+TEST(ProbeTest, BatchSizeZeroIsAnError) {
+  const auto f = fixture_from(tiny_vit_yaml());
+  EXPECT_THROW((void)run_probe(f, 0, kCpu), Error);
+}
+
+}  // namespace
+}  // namespace memgate
