@@ -6,7 +6,7 @@
 #   ci/setup.sh            # install what is missing
 #   MEMGATE_VENV=/opt/memgate-venv ci/setup.sh
 #
-# Prints, on its last line, the Python whose torch the build uses (source ci/env.sh to get it in $MEMGATE_PYTHON).
+# Prints, on its last line, the Python whose torch the build uses: python=$(ci/setup.sh) captures it.
 set -euo pipefail
 
 torch_version="${MEMGATE_TORCH_VERSION:-2.11.0}"

@@ -3,6 +3,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
+#include "memgate/base/process.h"
 #include "memgate/gate/report.h"
 
 #include <fcntl.h>
@@ -69,14 +70,13 @@ class DirectoryLock {
   int fd_;
 };
 
-std::string run_command(const std::string& command) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
-  if (!pipe) return {};
-  std::array<char, 256> buffer{};
-  std::string out;
-  while (std::fgets(buffer.data(), buffer.size(), pipe.get()) != nullptr) out += buffer.data();
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
+// The first line a command prints, without its line end.
+std::string first_line_of(const std::string& command) {
+  std::istringstream lines(run_command(command).output);
+  std::string line;
+  std::getline(lines, line);
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  return line;
 }
 
 }  // namespace
@@ -157,9 +157,9 @@ nlohmann::json baseline_to_json(const Baseline& b) {
 std::string source_commit(const std::string& source_dir) {
   if (const char* c = std::getenv("MEMGATE_COMMIT"); c != nullptr && *c != '\0') return c;
   const auto quoted = "'" + source_dir + "'";
-  auto commit = run_command("git -C " + quoted + " rev-parse --short=12 HEAD 2>/dev/null");
+  auto commit = first_line_of("git -C " + quoted + " rev-parse --short=12 HEAD 2>/dev/null");
   if (commit.empty()) return "unknown";
-  auto dirty = run_command("git -C " + quoted +
+  auto dirty = first_line_of("git -C " + quoted +
                            " status --porcelain --untracked-files=no -- . ':(exclude)baselines' 2>/dev/null");
   return dirty.empty() ? commit : commit + "+dirty";
 }

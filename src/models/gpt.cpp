@@ -9,13 +9,6 @@
 namespace memgate {
 namespace {
 
-nn::Linear make_linear(std::int64_t in, std::int64_t out, bool bias, nn::ParamOptions param) {
-  nn::LinearOptions o(in, out);
-  o.bias = bias;
-  o.param = param;
-  return nn::Linear(o);
-}
-
 bool targets(const LoraOptions& lora, const std::string& name) {
   if (!lora.enabled()) return false;
   for (const auto& t : lora.targets) {
@@ -39,8 +32,8 @@ torch::Tensor GptNormImpl::forward(const torch::Tensor& x) {
 }
 
 GptAttentionImpl::GptAttentionImpl(const GptOptions& spec, nn::ParamOptions param) : heads(spec.n_head) {
-  c_attn = register_module("c_attn", make_linear(spec.n_embd, 3 * spec.n_embd, spec.bias, param));
-  c_proj = register_module("c_proj", make_linear(spec.n_embd, spec.n_embd, spec.bias, param));
+  c_attn = register_module("c_attn", nn::make_linear(spec.n_embd, 3 * spec.n_embd, param, spec.bias));
+  c_proj = register_module("c_proj", nn::make_linear(spec.n_embd, spec.n_embd, param, spec.bias));
   if (targets(spec.lora, "qkv")) c_attn->add_lora(spec.lora.rank, spec.lora.alpha);
   if (targets(spec.lora, "proj")) c_proj->add_lora(spec.lora.rank, spec.lora.alpha);
 }
@@ -57,17 +50,17 @@ GptMlpImpl::GptMlpImpl(const GptOptions& spec, nn::ParamOptions param) : swiglu(
   const auto rank = spec.lora.rank;
   const auto alpha = spec.lora.alpha;
   if (swiglu) {
-    gate = register_module("gate", make_linear(spec.n_embd, hidden, spec.bias, param));
-    up = register_module("up", make_linear(spec.n_embd, hidden, spec.bias, param));
-    down = register_module("down", make_linear(hidden, spec.n_embd, spec.bias, param));
+    gate = register_module("gate", nn::make_linear(spec.n_embd, hidden, param, spec.bias));
+    up = register_module("up", nn::make_linear(spec.n_embd, hidden, param, spec.bias));
+    down = register_module("down", nn::make_linear(hidden, spec.n_embd, param, spec.bias));
     if (targets(spec.lora, "fc1")) {
       gate->add_lora(rank, alpha);
       up->add_lora(rank, alpha);
     }
     if (targets(spec.lora, "fc2")) down->add_lora(rank, alpha);
   } else {
-    c_fc = register_module("c_fc", make_linear(spec.n_embd, hidden, spec.bias, param));
-    c_proj = register_module("c_proj", make_linear(hidden, spec.n_embd, spec.bias, param));
+    c_fc = register_module("c_fc", nn::make_linear(spec.n_embd, hidden, param, spec.bias));
+    c_proj = register_module("c_proj", nn::make_linear(hidden, spec.n_embd, param, spec.bias));
     if (targets(spec.lora, "fc1")) c_fc->add_lora(rank, alpha);
     if (targets(spec.lora, "fc2")) c_proj->add_lora(rank, alpha);
   }
@@ -105,7 +98,7 @@ GptImpl::GptImpl(const GptOptions& spec_, nn::ParamOptions param) : spec(spec_) 
   for (std::int64_t i = 0; i < spec.n_layer; ++i) h->push_back(GptBlock(spec, param));
   ln_f = register_module("ln_f", GptNorm(spec.n_embd, spec.norm == GptOptions::Norm::kRmsNorm, spec.bias, param));
   if (!spec.tied_embeddings) {
-    lm_head = register_module("lm_head", make_linear(spec.n_embd, spec.vocab_size, /*bias=*/false, param));
+    lm_head = register_module("lm_head", nn::make_linear(spec.n_embd, spec.vocab_size, param, /*bias=*/false));
   }
 }
 

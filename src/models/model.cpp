@@ -2,6 +2,7 @@
 #include "memgate/models/model.h"
 
 #include "memgate/base/error.h"
+#include "factories.h"
 
 #include <torch/torch.h>
 
@@ -54,6 +55,14 @@ std::vector<torch::Tensor> select_trainable(Model& model, const TrainableSpec& t
     if (train) out.push_back(item.value());
   }
   return out;
+}
+
+Batch dense_mask_batch(std::int64_t batch_size, std::int64_t in_chans, std::int64_t classes, std::int64_t size,
+                       torch::Device device) {
+  const auto opts = torch::TensorOptions().device(device);
+  auto images = torch::randn({batch_size, in_chans, size, size}, opts);
+  auto mask = torch::randint(2, {batch_size, classes, size, size}, opts);
+  return {{images}, mask};
 }
 
 ParamCounts count_parameters(const torch::nn::Module& module) {

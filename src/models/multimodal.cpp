@@ -11,19 +11,6 @@
 namespace memgate {
 namespace {
 
-nn::Linear make_linear(std::int64_t in, std::int64_t out, nn::ParamOptions param) {
-  nn::LinearOptions o(in, out);
-  o.param = param;
-  return nn::Linear(o);
-}
-
-nn::LayerNorm make_norm(std::int64_t dim, bool channels_first, nn::ParamOptions param) {
-  nn::LayerNormOptions o(dim);
-  o.channels_first = channels_first;
-  o.param = param;
-  return nn::LayerNorm(o);
-}
-
 nn::Conv2d make_up_conv(std::int64_t in, std::int64_t out, nn::ParamOptions param) {
   nn::Conv2dOptions o(in, out, 2);
   o.stride = 2;
@@ -42,10 +29,10 @@ bool any_requires_grad(const torch::nn::Module& module) {
 }  // namespace
 
 MaskAttentionImpl::MaskAttentionImpl(std::int64_t dim, std::int64_t heads_, nn::ParamOptions param) : heads(heads_) {
-  q_proj = register_module("q_proj", make_linear(dim, dim, param));
-  k_proj = register_module("k_proj", make_linear(dim, dim, param));
-  v_proj = register_module("v_proj", make_linear(dim, dim, param));
-  out_proj = register_module("out_proj", make_linear(dim, dim, param));
+  q_proj = register_module("q_proj", nn::make_linear(dim, dim, param));
+  k_proj = register_module("k_proj", nn::make_linear(dim, dim, param));
+  v_proj = register_module("v_proj", nn::make_linear(dim, dim, param));
+  out_proj = register_module("out_proj", nn::make_linear(dim, dim, param));
 }
 
 torch::Tensor MaskAttentionImpl::forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
@@ -60,15 +47,15 @@ torch::Tensor MaskAttentionImpl::forward(const torch::Tensor& q, const torch::Te
 
 TwoWayBlockImpl::TwoWayBlockImpl(std::int64_t dim, std::int64_t heads, nn::ParamOptions param) {
   self_attn = register_module("self_attn", MaskAttention(dim, heads, param));
-  norm1 = register_module("norm1", make_norm(dim, false, param));
+  norm1 = register_module("norm1", nn::make_layer_norm(dim, param));
   cross_attn_token_to_image = register_module("cross_attn_token_to_image", MaskAttention(dim, heads, param));
-  norm2 = register_module("norm2", make_norm(dim, false, param));
+  norm2 = register_module("norm2", nn::make_layer_norm(dim, param));
   auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
-  mlp_lin1 = mlp->register_module("lin1", make_linear(dim, 8 * dim, param));
-  mlp_lin2 = mlp->register_module("lin2", make_linear(8 * dim, dim, param));
-  norm3 = register_module("norm3", make_norm(dim, false, param));
+  mlp_lin1 = mlp->register_module("lin1", nn::make_linear(dim, 8 * dim, param));
+  mlp_lin2 = mlp->register_module("lin2", nn::make_linear(8 * dim, dim, param));
+  norm3 = register_module("norm3", nn::make_layer_norm(dim, param));
   cross_attn_image_to_token = register_module("cross_attn_image_to_token", MaskAttention(dim, heads, param));
-  norm4 = register_module("norm4", make_norm(dim, false, param));
+  norm4 = register_module("norm4", nn::make_layer_norm(dim, param));
 }
 
 std::pair<torch::Tensor, torch::Tensor> TwoWayBlockImpl::forward(const torch::Tensor& tokens,
@@ -83,14 +70,14 @@ std::pair<torch::Tensor, torch::Tensor> TwoWayBlockImpl::forward(const torch::Te
 MaskDecoderImpl::MaskDecoderImpl(std::int64_t vision_dim, std::int64_t text_dim, std::int64_t dim,
                                  std::int64_t depth, std::int64_t heads, nn::ParamOptions param) {
   const auto c1 = std::max<std::int64_t>(dim / 4, 1), c2 = std::max<std::int64_t>(dim / 8, 1);
-  image_proj = register_module("image_proj", make_linear(vision_dim, dim, param));
-  text_proj = register_module("text_proj", make_linear(text_dim, dim, param));
+  image_proj = register_module("image_proj", nn::make_linear(vision_dim, dim, param));
+  text_proj = register_module("text_proj", nn::make_linear(text_dim, dim, param));
   layers = register_module("layers", torch::nn::ModuleList());
   for (std::int64_t i = 0; i < depth; ++i) layers->push_back(TwoWayBlock(dim, heads, param));
   upscale1 = register_module("upscale1", make_up_conv(dim, c1, param));
-  upscale_norm = register_module("upscale_norm", make_norm(c1, true, param));
+  upscale_norm = register_module("upscale_norm", nn::make_layer_norm(c1, param, /*channels_first=*/true));
   upscale2 = register_module("upscale2", make_up_conv(c1, c2, param));
-  token_proj = register_module("token_proj", make_linear(dim, c2, param));
+  token_proj = register_module("token_proj", nn::make_linear(dim, c2, param));
 }
 
 torch::Tensor MaskDecoderImpl::forward(const torch::Tensor& image_tokens, const torch::Tensor& prompt,

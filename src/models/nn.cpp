@@ -121,4 +121,18 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   return torch::matmul(torch::softmax(scores, -1), v);
 }
 
+Linear make_linear(std::int64_t in, std::int64_t out, ParamOptions param, bool bias) {
+  LinearOptions o(in, out);
+  o.bias = bias;
+  o.param = param;
+  return Linear(o);
+}
+
+LayerNorm make_layer_norm(std::int64_t dim, ParamOptions param, bool channels_first) {
+  LayerNormOptions o(dim);
+  o.channels_first = channels_first;
+  o.param = param;
+  return LayerNorm(o);
+}
+
 }  // namespace memgate::nn

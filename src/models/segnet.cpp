@@ -19,13 +19,6 @@ nn::Conv2d make_conv(std::int64_t in, std::int64_t out, std::int64_t k, std::int
   return nn::Conv2d(o);
 }
 
-nn::LayerNorm make_norm(std::int64_t dim, bool channels_first, nn::ParamOptions param) {
-  nn::LayerNormOptions o(dim);
-  o.channels_first = channels_first;
-  o.param = param;
-  return nn::LayerNorm(o);
-}
-
 torch::Tensor resize(const torch::Tensor& x, std::int64_t h, std::int64_t w, bool bilinear) {
   if (x.size(2) == h && x.size(3) == w) return x;
   if (bilinear) return torch::upsample_bilinear2d(x, {h, w}, /*align_corners=*/false);
@@ -36,7 +29,7 @@ torch::Tensor resize(const torch::Tensor& x, std::int64_t h, std::int64_t w, boo
 
 ConvNeXtBlockImpl::ConvNeXtBlockImpl(std::int64_t dim, nn::ParamOptions param) {
   dwconv = register_module("dwconv", make_conv(dim, dim, 7, 1, 3, param, /*groups=*/dim));
-  norm = register_module("norm", make_norm(dim, false, param));
+  norm = register_module("norm", nn::make_layer_norm(dim, param));
   nn::LinearOptions fc1(dim, 4 * dim), fc2(4 * dim, dim);
   fc1.param = fc2.param = param;
   pwconv1 = register_module("pwconv1", nn::Linear(fc1));
@@ -54,7 +47,7 @@ SegNetStageImpl::SegNetStageImpl(std::int64_t in_dim, std::int64_t dim, std::int
                                  nn::ParamOptions param) {
   if (downsample) {
     auto down = register_module("downsample", std::make_shared<torch::nn::Module>());
-    down_norm = down->register_module("norm", make_norm(in_dim, true, param));
+    down_norm = down->register_module("norm", nn::make_layer_norm(in_dim, param, /*channels_first=*/true));
     down_conv = down->register_module("conv", make_conv(in_dim, dim, 2, 2, 0, param));
   }
   blocks = register_module("blocks", torch::nn::ModuleList());
@@ -136,7 +129,7 @@ std::vector<torch::Tensor> SegNetDecoderImpl::forward(const std::vector<torch::T
 SegNetImpl::SegNetImpl(const SegNetOptions& spec_, nn::ParamOptions param) : spec(spec_) {
   auto stem = register_module("stem", std::make_shared<torch::nn::Module>());
   stem_conv = stem->register_module("conv", make_conv(spec.in_chans, spec.dims[0], 4, 4, 0, param));
-  stem_norm = stem->register_module("norm", make_norm(spec.dims[0], true, param));
+  stem_norm = stem->register_module("norm", nn::make_layer_norm(spec.dims[0], param, /*channels_first=*/true));
   auto stage_list = register_module("stages", std::make_shared<torch::nn::Module>());
   for (std::size_t i = 0; i < spec.dims.size(); ++i) {
     const auto in_dim = i == 0 ? spec.dims[0] : spec.dims[i - 1];
@@ -185,10 +178,7 @@ class SegNetModel final : public Model {
   torch::nn::Module& module() override { return *net_; }
   Batch make_batch(std::int64_t batch_size) override {
     const auto& s = net_->spec;
-    auto opts = torch::TensorOptions().device(param_.device);
-    auto images = torch::randn({batch_size, s.in_chans, s.img_size, s.img_size}, opts);
-    auto mask = torch::randint(2, {batch_size, s.num_classes, s.img_size, s.img_size}, opts);
-    return {{images}, mask};
+    return dense_mask_batch(batch_size, s.in_chans, s.num_classes, s.img_size, param_.device);
   }
   torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], checkpointing_)[0]; }
   torch::Tensor loss(const Batch& batch) override {

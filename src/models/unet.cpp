@@ -104,10 +104,7 @@ class UNetModel final : public Model {
   torch::nn::Module& module() override { return *net_; }
   Batch make_batch(std::int64_t batch_size) override {
     const auto& s = net_->spec;
-    auto opts = torch::TensorOptions().device(param_.device);
-    auto images = torch::randn({batch_size, s.in_chans, s.img_size, s.img_size}, opts);
-    auto mask = torch::randint(2, {batch_size, s.num_classes, s.img_size, s.img_size}, opts);
-    return {{images}, mask};
+    return dense_mask_batch(batch_size, s.in_chans, s.num_classes, s.img_size, param_.device);
   }
   torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], checkpointing_); }
   torch::Tensor loss(const Batch& batch) override {

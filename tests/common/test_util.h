@@ -1,8 +1,8 @@
 // Helpers shared by the tests: temporary folders, files and subprocesses. Needs no LibTorch.
 #pragma once
 
-#include <array>
-#include <cstdio>
+#include "memgate/base/process.h"
+
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -10,7 +10,6 @@
 #include <sstream>
 #include <string>
 
-#include <sys/wait.h>
 
 namespace memgate::testing {
 
@@ -49,13 +48,9 @@ inline std::string read_file(const std::string& path) {
 
 /// Runs a shell command; returns its exit status and fills `output` with stdout and stderr.
 inline int run(const std::string& command, std::string* output = nullptr) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen((command + " 2>&1").c_str(), "r"), ::pclose);
-  std::string out;
-  std::array<char, 4096> buffer{};
-  while (std::fgets(buffer.data(), buffer.size(), pipe.get()) != nullptr) out += buffer.data();
-  const int status = ::pclose(pipe.release());
-  if (output != nullptr) *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto result = run_command(command + " 2>&1");
+  if (output != nullptr) *output = std::move(result.output);
+  return result.exit_code;
 }
 
 }  // namespace memgate::testing

@@ -94,6 +94,28 @@ TEST(ProbeTest, SameProbeTwiceInOneProcessGivesIdenticalBytes) {
   EXPECT_EQ(probe(f, 4).components, probe(f, 4).components);
 }
 
+// The benchmarks time PreparedStep's steps: their peak above the base is the probe's step_peak, by construction
+// (one build, one warm-up, one TrainingStep), for a plain step and for one with four accumulation micro-batches.
+TEST(PreparedStepTest, ABenchmarkedStepPeaksAtTheProbesStepPeak) {
+  for (const auto& training : {std::string("  trainable: lora\n"), std::string("  accumulation_steps: 4\n")}) {
+    const auto f = fixture_from(tiny_vit_yaml(training, "  lora: {rank: 4}\n"));
+    const auto probed = probe(f, 2).components;
+    PreparedStep prepared(f, 2, kCpu);
+    for (int step = 0; step < 3; ++step) {
+      prepared.backend().reset_peak();
+      prepared.step().run();
+      const auto s = prepared.backend().snapshot();
+      EXPECT_EQ(s.peak_allocated - prepared.base().allocated, probed.step_peak) << training << " step " << step;
+      EXPECT_EQ(s.peak_reserved - prepared.base().reserved, probed.step_peak_reserved) << training;
+      const auto& batch = prepared.step().batch();
+      auto batch_bytes = static_cast<std::int64_t>(batch.target.nbytes());
+      for (const auto& input : batch.inputs) batch_bytes += static_cast<std::int64_t>(input.nbytes());
+      EXPECT_EQ(s.allocated - prepared.base().allocated, probed.params + probed.optimizer_state + batch_bytes)
+          << "between steps only parameters, optimizer state and the batch stay";
+    }
+  }
+}
+
 TEST(ProbeTest, OutOfMemoryIsRecordedAndTheNextBatchSizeStillRuns) {
   const auto f = fixture_from(tiny_vit_yaml());
   const auto small = probe(f, 1).components.step_peak;

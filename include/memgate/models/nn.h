@@ -168,4 +168,10 @@ TORCH_MODULE(Embedding);
 [[nodiscard]] torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       bool fused, bool causal = false);
 
+/// A Linear layer of `in` -> `out` with its parameters per `param`.
+[[nodiscard]] Linear make_linear(std::int64_t in, std::int64_t out, ParamOptions param, bool bias = true);
+
+/// A LayerNorm over `dim` (over channels of an NCHW tensor with `channels_first`) with its parameters per `param`.
+[[nodiscard]] LayerNorm make_layer_norm(std::int64_t dim, ParamOptions param, bool channels_first = false);
+
 }  // namespace memgate::nn

@@ -1,0 +1,22 @@
+// run_command: popen, read to the end, pclose.
+#include "memgate/base/process.h"
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+
+namespace memgate {
+
+CommandResult run_command(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer{};
+  while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) result.output += buffer.data();
+  const int status = ::pclose(pipe);
+  result.exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+}  // namespace memgate
