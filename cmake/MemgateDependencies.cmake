@@ -83,6 +83,17 @@ find_package(fmt CONFIG QUIET)
 if(NOT fmt_FOUND)
   memgate_missing("fmt" "Install it: apt-get install libfmt-dev")
 endif()
+# LibTorch ships headers of another fmt (12.x) in its include folder, searched before /usr/include: a target that
+# sees both would compile against those and link Debian's libfmt. memgate::fmt puts Debian's headers first (a
+# folder holding only a link to them, given with -I, which GCC searches before LibTorch's -isystem folders).
+find_path(MEMGATE_FMT_INCLUDE_DIR fmt/format.h HINTS ${fmt_DIR}/../../../../include REQUIRED)
+set(_memgate_fmt_first "${PROJECT_BINARY_DIR}/memgate-fmt-first")
+file(MAKE_DIRECTORY "${_memgate_fmt_first}")
+file(CREATE_LINK "${MEMGATE_FMT_INCLUDE_DIR}/fmt" "${_memgate_fmt_first}/fmt" SYMBOLIC)
+add_library(memgate_fmt INTERFACE)
+add_library(memgate::fmt ALIAS memgate_fmt)
+target_include_directories(memgate_fmt INTERFACE "$<BUILD_INTERFACE:${_memgate_fmt_first}>")
+target_link_libraries(memgate_fmt INTERFACE fmt::fmt)
 find_package(CLI11 CONFIG QUIET)
 if(NOT CLI11_FOUND)
   memgate_missing("CLI11" "Install it: apt-get install libcli11-dev")

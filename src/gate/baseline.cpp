@@ -180,10 +180,8 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
     b.device_slug = device.slug;
   }
   bool changed = !existed;
-  if (b.tolerance.relative != fixture.tolerance.relative || b.tolerance.absolute != fixture.tolerance.absolute ||
-      b.tolerance.reserved_relative != fixture.tolerance.reserved_relative ||
-      b.tolerance.reserved_absolute != fixture.tolerance.reserved_absolute) {
-    b.tolerance = fixture.tolerance;
+  if (const auto tolerance = effective_tolerance(fixture, device.device.is_cuda()); b.tolerance != tolerance) {
+    b.tolerance = tolerance;
     changed = true;
   }
   for (const auto& probe : probes) {

@@ -207,17 +207,38 @@ TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
   return t;
 }
 
-Tolerance read_tolerance(MapReader& r) {
-  Tolerance t;
-  t.relative = r.get_double("relative", t.relative, 0.0, 10.0);
-  t.absolute = r.get_int("absolute_kib", t.absolute / 1024, 0) * 1024;
-  t.reserved_relative = r.get_double("reserved_relative", t.reserved_relative, 0.0, 10.0);
-  t.reserved_absolute = r.get_int("reserved_absolute_mib", t.reserved_absolute >> 20, 0) << 20;
+ToleranceOverride read_tolerance(MapReader& r) {
+  ToleranceOverride t;
+  // Bounds keep the scaled values (KiB and MiB to bytes) and baseline + allowance far from overflow.
+  if (r.has("relative")) t.relative = r.get_double("relative", std::nullopt, 0.0, 10.0);
+  if (r.has("absolute_kib")) t.absolute = r.get_int("absolute_kib", std::nullopt, 0, std::int64_t{1} << 30) << 10;
+  if (r.has("reserved_relative")) t.reserved_relative = r.get_double("reserved_relative", std::nullopt, 0.0, 10.0);
+  if (r.has("reserved_absolute_mib")) {
+    t.reserved_absolute = r.get_int("reserved_absolute_mib", std::nullopt, 0, std::int64_t{1} << 20) << 20;
+  }
   r.finish();
   return t;
 }
 
 }  // namespace
+
+Tolerance default_tolerance(bool cuda) {
+  Tolerance t;
+  t.relative = kExactRelative;
+  t.reserved_relative = cuda ? 0.0 : kExactRelative;
+  t.reserved_absolute = cuda ? kCudaSegmentBytes : 0;
+  return t;
+}
+
+Tolerance effective_tolerance(const Fixture& fixture, bool cuda) {
+  auto t = default_tolerance(cuda);
+  const auto& o = fixture.tolerance;
+  t.relative = o.relative.value_or(t.relative);
+  t.absolute = o.absolute.value_or(t.absolute);
+  t.reserved_relative = o.reserved_relative.value_or(t.reserved_relative);
+  t.reserved_absolute = o.reserved_absolute.value_or(t.reserved_absolute);
+  return t;
+}
 
 std::string content_hash(const std::string& text) {
   std::uint64_t h = 1469598103934665603ULL;

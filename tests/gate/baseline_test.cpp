@@ -106,7 +106,7 @@ TEST(BaselineTest, ProvenanceCommitIsDirtyForSourceChangesOnly) {
 }
 
 TEST(BaselineTest, ToleranceIsTheLargerOfRelativeAndAbsolute) {
-  Tolerance t;  // 1% or 64 KiB; reserved: 5% or 32 MiB
+  const Tolerance t{0.01, 64 * 1024, 0.05, 32 << 20};  // 1% or 64 KiB; reserved: 5% or 32 MiB
   const std::int64_t mib = 1 << 20;
   EXPECT_EQ(compare_component("f", 1, "activations", 100 * mib, 101 * mib, t).verdict, Verdict::kWithin);
   EXPECT_EQ(compare_component("f", 1, "activations", 100 * mib, 101 * mib + 1, t).verdict, Verdict::kRegression);
@@ -118,7 +118,8 @@ TEST(BaselineTest, ToleranceIsTheLargerOfRelativeAndAbsolute) {
 }
 
 TEST(BaselineTest, RegressionMessageSaysWhatGrewByHowMuchAndWhatToDo) {
-  const auto c = compare_component("retfound_large_lora", 32, "activations", 1000 << 20, 1412 << 20, Tolerance{});
+  const auto c = compare_component("retfound_large_lora", 32, "activations", 1000 << 20, 1412 << 20,
+                                   Tolerance{0.01, 64 * 1024, 0.05, 32 << 20});
   const auto m = c.message();
   EXPECT_THAT(m, HasSubstr("retfound_large_lora at batch 32: activations grew beyond its baseline"));
   EXPECT_THAT(m, HasSubstr("1000.0 MiB"));
@@ -127,6 +128,42 @@ TEST(BaselineTest, RegressionMessageSaysWhatGrewByHowMuchAndWhatToDo) {
   EXPECT_THAT(m, HasSubstr("+41.20%"));
   EXPECT_THAT(m, HasSubstr("tolerance: 10.0 MiB"));
   EXPECT_THAT(m, HasSubstr("update-baselines"));
+}
+
+// The defaults follow what is exact: on the CPU and for CUDA's allocated bytes a +0.5% growth fails at any size
+// (no absolute floor); CUDA's reserved bytes get one allocator segment.
+TEST(ToleranceTest, DefaultsCatchHalfAPercentAnywhereAndOneSegmentOfReservedOnCuda) {
+  const auto f = testing::fixture_from(testing::tiny_vit_yaml(), "tiny");
+  for (const bool cuda : {false, true}) {
+    const auto t = effective_tolerance(f, cuda);
+    for (const auto& info : kComponentTable) {
+      if (cuda && info.kind == ComponentKind::kReserved) continue;
+      for (const std::int64_t base : {std::int64_t{200}, std::int64_t{174'600}, std::int64_t{3} << 30}) {
+        const auto grown = base + (base * 5 + 999) / 1000;  // +0.5%, rounded up
+        EXPECT_EQ(compare_component("f", 1, info.name, base, grown, t).verdict, Verdict::kRegression)
+            << info.name << " at " << base << " bytes, cuda " << cuda;
+        EXPECT_EQ(compare_component("f", 1, info.name, base, base, t).verdict, Verdict::kWithin);
+      }
+    }
+  }
+  const auto cuda = effective_tolerance(f, true);
+  EXPECT_EQ(compare_component("f", 1, "step_peak_reserved", 1 << 30, (1 << 30) + (20 << 20), cuda).verdict,
+            Verdict::kWithin);
+  EXPECT_EQ(compare_component("f", 1, "step_peak_reserved", 1 << 30, (1 << 30) + (20 << 20) + 1, cuda).verdict,
+            Verdict::kRegression);
+}
+
+TEST(ToleranceTest, AFixtureOverridesOnlyWhatItSets) {
+  const auto f = testing::fixture_from(testing::tiny_vit_yaml() + "gate: {relative: 0.02, reserved_absolute_mib: 64}\n",
+                                       "loose");
+  const auto cpu = effective_tolerance(f, false);
+  EXPECT_DOUBLE_EQ(cpu.relative, 0.02);
+  EXPECT_EQ(cpu.absolute, 0);
+  EXPECT_DOUBLE_EQ(cpu.reserved_relative, kExactRelative);
+  EXPECT_EQ(cpu.reserved_absolute, std::int64_t{64} << 20);
+  EXPECT_THROW((void)testing::fixture_from(testing::tiny_vit_yaml() + "gate: {absolute_kib: 9007199254740991}\n"),
+               Error)
+      << "a floor that would overflow when scaled to bytes is refused";
 }
 
 }  // namespace

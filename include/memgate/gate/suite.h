@@ -5,6 +5,7 @@
 #include "memgate/base/enum_names.h"
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,10 @@ struct BudgetCase {
     return fixture + "_bs" + std::to_string(batch_size) + "_on_" + gpu;
   }
 };
+
+/// Cases print as their names in GoogleTest's messages.
+inline void PrintTo(const ProbeCase& c, std::ostream* os) { *os << c.name(); }
+inline void PrintTo(const BudgetCase& c, std::ostream* os) { *os << c.name(); }
 
 /// The kind of device a suite runs on.
 enum class SuiteDevice { kCpu, kCuda };

@@ -1,0 +1,95 @@
+// The gate's policy: status and message of a component against its baseline.
+#include "memgate/gate/verdict.h"
+
+#include <fmt/format.h>
+
+namespace memgate {
+
+bool fails(Status status, bool strict) {
+  switch (status) {
+    case Status::kOk: return false;
+    case Status::kStale:
+    case Status::kMissing: return strict;
+    case Status::kRegression:
+    case Status::kChanged:
+    case Status::kOom:
+    case Status::kOverBudget: return true;
+  }
+  return true;
+}
+
+std::string provenance_differences(const BaselineProbe& recorded, const DeviceInfo& device) {
+  const std::pair<const char*, std::string> now[] = {
+      {"device", device.name},          {"torch", device.torch_version},
+      {"cuda", device.cuda_version},    {"cudnn", device.cudnn_version},
+      {"driver", device.driver_version}, {"allocator", device.allocator_settings},
+      {"cpu_threads", std::to_string(device.cpu_threads)}};
+  std::string out;
+  for (const auto& [key, value] : now) {
+    if (!recorded.provenance.contains(key)) continue;
+    const auto& v = recorded.provenance[key];
+    const auto then = v.is_string() ? v.get<std::string>() : v.dump();
+    if (then != value) out += fmt::format("{}{} {} -> {}", out.empty() ? "" : ", ", key, then.empty() ? "(none)" : then,
+                                          value.empty() ? "(none)" : value);
+  }
+  return out;
+}
+
+ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& probe, std::string_view component,
+                                    const Baseline* baseline, const std::string& baseline_file,
+                                    const DeviceInfo& device) {
+  ComponentVerdict v;
+  v.fixture = fixture.name;
+  v.batch_size = probe.batch_size;
+  v.component = std::string(component);
+  const bool cuda = device.device.is_cuda();
+  const auto how = fmt::format("record them with: ctest --preset {} (then commit baselines/{}/)",
+                               cuda ? "update-baselines-gpu" : "update-baselines", device.slug);
+  const auto* recorded = baseline != nullptr ? baseline->find(probe.batch_size) : nullptr;
+  if (recorded == nullptr) {
+    v.status = Status::kMissing;
+    v.message = baseline == nullptr
+                    ? fmt::format("no baseline {} for device {}: {}", baseline_file, device.slug, how)
+                    : fmt::format("{} has no batch size {}: {}", baseline_file, probe.batch_size, how);
+    return v;
+  }
+  v.baseline = recorded->components.get(component);
+  const auto differences = provenance_differences(*recorded, device);
+  const auto provenance =
+      differences.empty() ? std::string() : "\n  recorded with another setup than this run: " + differences;
+  if (recorded->fixture_hash() != fixture.hash) {
+    v.status = Status::kChanged;
+    v.message = fmt::format(
+        "the model changed: update the baselines. {} hashes to {} but {} (batch {}) was recorded for {}; {}",
+        fixture.source, fixture.hash, baseline_file, probe.batch_size, recorded->fixture_hash(), how);
+    return v;
+  }
+  if (probe.oom) {
+    v.status = Status::kOom;
+    v.message = fmt::format("{} at batch {} ran out of memory; its baseline {} is {} bytes.\n{}{}", fixture.name,
+                            probe.batch_size, component, *v.baseline, probe.error, provenance);
+    return v;
+  }
+  const auto tolerance = effective_tolerance(fixture, cuda);
+  const auto cmp = compare_component(fixture.name, probe.batch_size, component, *v.baseline,
+                                     probe.components.get(component), tolerance);
+  v.measured = cmp.measured;
+  v.allowed = cmp.allowed;
+  switch (cmp.verdict) {
+    case Verdict::kWithin: v.status = Status::kOk; break;
+    case Verdict::kRegression: v.status = Status::kRegression; break;
+    case Verdict::kStale: v.status = Status::kStale; break;
+  }
+  v.message = cmp.message() + provenance;
+  if (v.status != Status::kOk && baseline->tolerance != tolerance) {
+    v.message += fmt::format(
+        "\n  the baseline was recorded with another tolerance (relative {}, absolute {} bytes; reserved {} / {} "
+        "bytes) than the gate holds now (relative {}, absolute {} bytes; reserved {} / {} bytes)",
+        baseline->tolerance.relative, baseline->tolerance.absolute, baseline->tolerance.reserved_relative,
+        baseline->tolerance.reserved_absolute, tolerance.relative, tolerance.absolute, tolerance.reserved_relative,
+        tolerance.reserved_absolute);
+  }
+  return v;
+}
+
+}  // namespace memgate
