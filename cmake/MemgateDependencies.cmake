@@ -79,6 +79,9 @@ find_package(nlohmann_json 3.10 CONFIG QUIET)
 if(NOT nlohmann_json_FOUND)
   memgate_missing("nlohmann/json (>= 3.10)" "Install it: apt-get install nlohmann-json3-dev")
 endif()
+# memgate links fmt::fmt-header-only: LibTorch's include folder carries fmt headers of its own (fmt 12 in torch
+# 2.11), and they come before the system's in every target that links LibTorch. Header-only, each object file holds
+# the fmt its headers are, and no libfmt of another version has to match them at link time.
 find_package(fmt CONFIG QUIET)
 if(NOT fmt_FOUND)
   memgate_missing("fmt" "Install it: apt-get install libfmt-dev")
