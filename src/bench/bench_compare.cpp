@@ -3,11 +3,12 @@
 
 #include "memgate/base/error.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
-#include <sstream>
+#include <iterator>
 
 namespace memgate {
 
@@ -23,12 +24,6 @@ double unit_seconds(const std::string& unit, const std::string& origin, const st
   throw Error(origin + ": benchmark '" + name + "': unknown time_unit '" + unit + "'");
 }
 
-std::string format(const char* fmt, double a) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, fmt, a);
-  return buf;
-}
-
 // A time and its spread in one unit chosen from the larger of the two means: "12.35 ms ± 0.12".
 struct TimeUnit {
   const char* name;
@@ -41,13 +36,10 @@ TimeUnit pick_unit(double seconds) {
 }
 std::string format_time(const BenchCase& c, TimeUnit unit) {
   if (c.seconds.empty()) return "-";
-  return format("%.3f", c.mean() / unit.seconds) + " " + unit.name + " ± " +
-         format("%.3f", c.stddev() / unit.seconds) + " (n=" + std::to_string(c.seconds.size()) + ")";
+  return fmt::format("{:.3f} {} ± {:.3f} (n={})", c.mean() / unit.seconds, unit.name, c.stddev() / unit.seconds,
+                     c.seconds.size());
 }
-std::string format_mib(const std::optional<double>& bytes) {
-  return bytes ? format("%.3f", *bytes / kMiB) + " MiB" : "-";
-}
-std::string format_pct(double pct) { return format("%+.1f%%", pct); }
+std::string format_pct(double pct) { return fmt::format("{:+.1f}%", pct); }
 
 constexpr const char* kReferencePrefix = "BM_Reference/";
 
@@ -99,14 +91,6 @@ nlohmann::json read_json_file(const std::string& path) {
 // The standard error of a case's mean time: sd / sqrt(n).
 double standard_error(const BenchCase& c) {
   return c.seconds.empty() ? 0.0 : c.stddev() / std::sqrt(static_cast<double>(c.seconds.size()));
-}
-
-std::string pad(std::string s, std::size_t width) {
-  // Counts UTF-8 code points, so that "±" takes one column.
-  std::size_t columns = 0;
-  for (unsigned char ch : s) columns += (ch & 0xC0) != 0x80;
-  if (columns < width) s.append(width - columns, ' ');
-  return s;
 }
 
 }  // namespace
@@ -278,31 +262,35 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
     added.push_back(std::move(c));
   }
 
-  std::ostringstream text;
+  // The report: fmt pads by display width, so that "±" takes one column.
+  auto text = std::back_inserter(out.text);
   std::size_t width = 4;
   for (const auto& c : out.cases) width = std::max(width, c.name.size());
   int compared = 0, skipped = 0, slower = 0, faster = 0, grew = 0, shrank = 0;
   std::map<std::string, int> skipped_alike;  // skipped in both runs for the same reason: one line per reason
   for (const auto& [ref, m] : out.machine) {
     const auto unit = pick_unit(std::max(m.old_case.mean(), m.new_case.mean()));
-    text << "machine speed (" << ref << "): " << format_time(m.old_case, unit) << " -> "
-         << format_time(m.new_case, unit) << ", " << format_pct(100.0 * (m.factor - 1.0)) << ": "
-         << (options.normalize ? "the new times of its cases are divided by " + format("%.3f", m.factor)
-                               : std::string("not applied (--no-normalize)"))
-         << "\n";
+    fmt::format_to(text, "machine speed ({}): {} -> {}, {}: {}\n", ref, format_time(m.old_case, unit),
+                   format_time(m.new_case, unit), format_pct(100.0 * (m.factor - 1.0)),
+                   options.normalize ? fmt::format("the new times of its cases are divided by {:.3f}", m.factor)
+                                     : std::string("not applied (--no-normalize)"));
   }
   for (const auto& r : references) {
     if (out.machine.count(reference_name(r.name)) != 0) continue;
     if (r.old_case.seconds.empty() && r.new_case.seconds.empty()) continue;  // skipped in both (no GPU)
-    text << "machine speed (" << r.name << "): not in both runs, raw times compared\n";
+    fmt::format_to(text, "machine speed ({}): not in both runs, raw times compared\n", r.name);
   }
   for (const auto& [ref, floor] : out.noise_floor_pct) {
-    text << "between-run noise floor (cases measured by " << ref << "): " << format("%.1f", floor) << "%, "
-         << format("%g", options.noise_floor_sigmas) << " x the robust spread of their changes\n";
+    fmt::format_to(text, "between-run noise floor (cases measured by {}): {:.1f}%, {:g} x the robust spread of their "
+                         "changes\n",
+                   ref, floor, options.noise_floor_sigmas);
   }
-  text << pad("case", width) << "  " << pad("old time", 30) << pad("new time", 30) << pad("change", 9)
-       << pad("machine", 9) << pad("time", 8) << "| " << pad("old peak", 14) << pad("new peak", 14)
-       << pad("change", 9) << "memory\n";
+  constexpr const char* kRow = "{:<{}}  {:<30}{:<30}{:<9}{:<9}{:<8}| {:<14}{:<14}{:<9}{}\n";
+  fmt::format_to(text, kRow, "case", width, "old time", "new time", "change", "machine", "time", "old peak",
+                 "new peak", "change", "memory");
+  const auto peak = [](const std::optional<double>& bytes) {
+    return bytes ? fmt::format("{:.3f} MiB", *bytes / kMiB) : std::string("-");
+  };
   for (const auto& c : out.cases) {
     if (c.status == "skipped") {
       ++skipped;
@@ -312,16 +300,15 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
         continue;
       }
       const auto& why = c.old_case.seconds.empty() ? c.old_case.error : c.new_case.error;
-      text << pad(c.name, width) << "  skipped in the " << (c.old_case.seconds.empty() ? "old" : "new")
-           << " run: " << (why.empty() ? "no runs" : why) << "\n";
+      fmt::format_to(text, "{:<{}}  skipped in the {} run: {}\n", c.name, width,
+                     c.old_case.seconds.empty() ? "old" : "new", why.empty() ? "no runs" : why);
       continue;
     }
     const auto unit = pick_unit(std::max(c.old_case.mean(), c.new_case.mean()));
-    text << pad(c.name, width) << "  " << pad(format_time(c.old_case, unit), 30)
-         << pad(format_time(c.new_case, unit), 30) << pad(format_pct(c.time_change_pct), 9)
-         << pad(c.machine_factor != 1.0 ? format_pct(c.normalized_change_pct) : "-", 9) << pad(c.time_verdict, 8) << "| " << pad(format_mib(c.old_case.peak_bytes), 14)
-         << pad(format_mib(c.new_case.peak_bytes), 14)
-         << pad(c.memory_change_pct ? format_pct(*c.memory_change_pct) : "-", 9) << c.memory_verdict << "\n";
+    fmt::format_to(text, kRow, c.name, width, format_time(c.old_case, unit), format_time(c.new_case, unit),
+                   format_pct(c.time_change_pct), c.machine_factor != 1.0 ? format_pct(c.normalized_change_pct) : "-",
+                   c.time_verdict, peak(c.old_case.peak_bytes), peak(c.new_case.peak_bytes),
+                   c.memory_change_pct ? format_pct(*c.memory_change_pct) : "-", c.memory_verdict);
     ++compared;
     slower += c.time_verdict == "slower";
     faster += c.time_verdict == "faster";
@@ -329,20 +316,17 @@ BenchComparison compare_bench(const std::map<std::string, BenchCase>& old_cases,
     shrank += c.memory_verdict == "shrank";
   }
   for (const auto& [why, count] : skipped_alike) {
-    text << "skipped in both runs: " << count << (count == 1 ? " case" : " cases") << ": " << why << "\n";
+    fmt::format_to(text, "skipped in both runs: {} {}: {}\n", count, count == 1 ? "case" : "cases", why);
   }
-  for (const auto& c : added) text << "added:   " << c.name << "\n";
-  for (const auto& c : removed) text << "removed: " << c.name << "\n";
-  text << "\n"
-       << compared << " cases compared: " << slower << " slower, " << faster << " faster, " << grew
-       << " grew, " << shrank << " shrank; " << skipped << " skipped, " << added.size() << " added, " << removed.size()
-       << " removed.\n"
-       << "time: slower/faster when the change (\"machine\": after dividing the new times by the machine factor) is"
-       << " beyond " << format("%g", options.threshold_pct) << "%, beyond the between-run noise floor and beyond "
-       << format("%g", options.noise_sigmas)
-       << " standard errors of the difference of the means (the repetitions' spread); memory: grew/shrank beyond "
-       << format("%g", options.memory_threshold_pct) << "%.\n";
-  out.text = text.str();
+  for (const auto& c : added) fmt::format_to(text, "added:   {}\n", c.name);
+  for (const auto& c : removed) fmt::format_to(text, "removed: {}\n", c.name);
+  fmt::format_to(text,
+                 "\n{} cases compared: {} slower, {} faster, {} grew, {} shrank; {} skipped, {} added, {} removed.\n"
+                 "time: slower/faster when the change (\"machine\": after dividing the new times by the machine "
+                 "factor) is beyond {:g}%, beyond the between-run noise floor and beyond {:g} standard errors of the "
+                 "difference of the means (the repetitions' spread); memory: grew/shrank beyond {:g}%.\n",
+                 compared, slower, faster, grew, shrank, skipped, added.size(), removed.size(), options.threshold_pct,
+                 options.noise_sigmas, options.memory_threshold_pct);
   for (auto& c : added) out.cases.push_back(std::move(c));
   for (auto& c : removed) out.cases.push_back(std::move(c));
   for (auto& c : references) out.cases.push_back(std::move(c));

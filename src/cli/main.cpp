@@ -1,121 +1,115 @@
-// memgate's command-line tool: profile a fixture; more subcommands below.
-#include "memgate/bench/bench_compare.h"
-#include "memgate/gate/budget.h"
-#include "memgate/measure/cpu_allocator.h"
-#include "memgate/measure/device.h"
+// memgate's command-line tool: one CLI11 subcommand per task (profile, summary, bench-compare, bench-merge,
+// bench-convert), each a function that registers its options and returns what runs it.
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
+#include "memgate/bench/bench_compare.h"
+#include "memgate/gate/budget.h"
 #include "memgate/gate/fixture.h"
-#include "memgate/measure/probe.h"
 #include "memgate/gate/report.h"
 #include "memgate/gate/summary.h"
+#include "memgate/measure/cpu_allocator.h"
+#include "memgate/measure/device.h"
+#include "memgate/measure/probe.h"
 
-#include <algorithm>
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <charconv>
-#include <cstdio>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
-#include <map>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
-#include <utility>
+#include <string_view>
 #include <vector>
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: memgate <command> [options]
-
-commands:
-  profile --config <model.yaml> [--batch-sizes 1,8,32] [--device auto|cpu|cuda[:N]] [--output <file.json>]
-          [--gpus <dir>] [--cpu-memory-limit-mib N]
-      Measures each component of a training step at each batch size and prints the report; --output also
-      writes it as JSON. An out-of-memory at one batch size is reported and the next batch sizes still run.
-
-  summary --results <memgate-results.jsonl> [--output <summary.md>]
-      Turns the memory suite's results into a Markdown table per fixture (component x batch size: baseline,
-      measured, difference); appends it to $GITHUB_STEP_SUMMARY when that is set. Exits 1 when any
-      component regressed, changed or ran out of memory.
-
-  bench-compare <old.json> <new.json> [--threshold-pct 5] [--floor-sigmas 5] [--no-normalize] [--no-noise-floor]
-      Compares two memgate_bench runs (Google Benchmark JSON, e.g. build/cpu/bench.json of `ctest --preset
-      bench`) case by case: mean step time +- its standard deviation across repetitions, the change in %,
-      and the peak allocated memory. Where both runs measured the machine (BM_Reference/cpu, /gpu: fixed
-      LibTorch work), the new times are first divided by how much slower that reference got ("machine"
-      column; --no-normalize compares raw times). Time is "slower"/"faster" only when the means differ by
-      more than the threshold, AND by more than the between-run noise floor (--floor-sigmas x the robust
-      spread of the changes of all cases on that machine, from 8 cases on; --no-noise-floor drops it), AND by more than
-      3 standard errors of the difference of the means (from the repetitions' spread, and the
-      reference's); else "same". Memory is deterministic:
-      "grew"/"shrank" beyond 0.5%. Cases in one file only are listed as added/removed. Exits 1 when a case
-      got slower or its memory grew.
-
-  bench-merge <a.json> <b.json> [...] --output <merged.json>
-      Pools several runs of one build (Google Benchmark JSON of memgate_bench) into one file, every
-      repetition kept: compare pooled runs when one run each is too noisy to decide on time (a case slowed
-      down for a whole run by another tenant of a shared runner).
-
-  bench-convert <bench.json> --output <file.json>
-      Writes the peak memory of each case in github-action-benchmark's customSmallerIsBetter format
-      ([{"name": "<case> peak_allocated", "unit": "MiB", "value": ...}]); the time JSON itself goes to
-      github-action-benchmark unchanged, with `tool: googlecpp`.
-
-  help
-      Prints this message.
-)";
-
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
+/// What `main` returns; the --help footer of every command lists them.
+enum ExitCode : int {
+  kOk = 0,
+  kFailed = 1,      ///< the gate or a comparison failed
+  kUsageError = 2,  ///< unknown subcommand or flag, missing flag, bad value
+  kError = 3,       ///< anything else: an unreadable or malformed file, a missing fixture, no such device
 };
 
-// "--flag value" pairs after the subcommand; every flag must be known and have a value.
-std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
-                                               const std::vector<std::string>& known,
-                                               const std::vector<std::string>& switches = {}) {
-  std::map<std::string, std::string> flags;
-  for (int i = first; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    if (std::find(switches.begin(), switches.end(), arg) != switches.end()) {
-      if (has_value) throw UsageError("option " + arg + " takes no value");
-      flags[arg] = "";
-      continue;
-    }
-    if (std::find(known.begin(), known.end(), arg) == known.end()) {
-      throw UsageError("unknown option '" + arg + "'");
-    }
-    if (!has_value) {
-      if (i + 1 >= argc) throw UsageError("option " + arg + " needs a value");
-      value = argv[++i];
-    }
-    flags[arg] = value;
-  }
-  return flags;
+constexpr const char* kExitCodes = R"(exit codes:
+  0  ok
+  1  the gate or a comparison failed (summary: a regression; bench-compare: slower or grew)
+  2  usage error (unknown subcommand or flag, missing flag, bad value)
+  3  any other error (an unreadable or malformed file, a missing fixture, no such device))";
+
+/// A subcommand's --help footer: what it does, then the exit codes.
+std::string footer(std::string_view what) { return fmt::format("{}\n\n{}", what, kExitCodes); }
+
+/// Runs a subcommand once its options are parsed; returns the exit code.
+using Run = std::function<int()>;
+
+/// One subcommand: registers its options on `app` (its description and footer included) and returns what runs
+/// it. Adding a subcommand is writing one of these and naming it in kSubcommands.
+struct Subcommand {
+  const char* name;
+  const char* description;  ///< one line, for the list of subcommands
+  Run (*add)(CLI::App& app);
+};
+
+// --- Values ---------------------------------------------------------------------------------------------------
+
+/// A CLI11 check from a predicate on the whole value; CLI11 prefixes the message with the flag's name.
+CLI::Validator check_value(bool (*ok)(std::string_view), std::string expected) {
+  return {[ok, expected](const std::string& value) {
+            return ok(value) ? std::string() : fmt::format("expected {}, got '{}'", expected, value);
+          },
+          ""};
 }
 
-std::vector<std::int64_t> parse_batch_sizes(const std::string& text) {
+template <typename T>
+std::optional<T> parse_whole(std::string_view text) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+/// "1,8,32" -> {1, 8, 32}; nothing unless every item is a positive integer.
+std::optional<std::vector<std::int64_t>> parse_batch_sizes(std::string_view text) {
   std::vector<std::int64_t> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    auto comma = text.find(',', start);
-    auto item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    std::int64_t v = 0;
-    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 1) {
-      throw UsageError("--batch-sizes: expected positive integers separated by commas (e.g. 1,8,32), got '" +
-                       text + "'");
-    }
-    out.push_back(v);
-    if (comma == std::string::npos) break;
+  for (std::size_t start = 0;;) {
+    const auto comma = text.find(',', start);
+    const auto value = parse_whole<std::int64_t>(text.substr(start, comma - start));
+    if (!value || *value < 1) return std::nullopt;
+    out.push_back(*value);
+    if (comma == std::string_view::npos) return out;
     start = comma + 1;
   }
-  return out;
+}
+
+bool is_batch_sizes(std::string_view text) { return parse_batch_sizes(text).has_value(); }
+
+bool is_finite_non_negative(std::string_view text) {
+  const auto value = parse_whole<double>(text);
+  return value && std::isfinite(*value) && *value >= 0.0;
+}
+
+// The counting allocator's limit is in bytes, an int64: MiB << 20 must not overflow.
+constexpr std::int64_t kMaxMemoryLimitMib = (std::int64_t{1} << 43) - 1;
+
+bool is_memory_limit_mib(std::string_view text) {
+  const auto value = parse_whole<std::int64_t>(text);
+  return value && *value >= 1 && *value <= kMaxMemoryLimitMib;
+}
+
+// The syntax only: whether the CUDA device exists is resolve_device's to say (exit 3, not a usage error).
+bool is_device_spec(std::string_view text) {
+  if (text == "auto" || text == "cpu" || text == "cuda") return true;
+  if (!text.starts_with("cuda:")) return false;
+  const auto index = parse_whole<int>(text.substr(5));
+  return index && *index >= 0;
 }
 
 std::string default_gpus_dir() {
@@ -123,157 +117,227 @@ std::string default_gpus_dir() {
   return std::string(MEMGATE_SOURCE_DIR) + "/fixtures/gpus";
 }
 
-int run_profile_command(int argc, char** argv) {
-  auto flags = parse_flags(argc, argv, 2,
-                           {"--config", "--batch-sizes", "--device", "--output", "--gpus", "--cpu-memory-limit-mib"});
-  if (!flags.count("--config")) throw UsageError("profile needs --config <model.yaml>");
-  const auto fixture = memgate::load_fixture(flags["--config"]);
-  const auto batch_sizes = flags.count("--batch-sizes") ? parse_batch_sizes(flags["--batch-sizes"]) : fixture.batch_sizes;
-  const auto device = memgate::resolve_device(flags.count("--device") ? flags["--device"] : "auto");
-  std::vector<memgate::GpuSpec> gpus;
-  const auto gpus_dir = flags.count("--gpus") ? flags["--gpus"] : default_gpus_dir();
-  if (std::filesystem::is_directory(gpus_dir)) gpus = memgate::load_gpus(gpus_dir);
-  if (flags.count("--cpu-memory-limit-mib")) {
-    std::int64_t mib = 0;
-    const auto& text = flags["--cpu-memory-limit-mib"];
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), mib);
-    if (ec != std::errc() || end != text.data() + text.size() || mib < 1) {
-      throw UsageError("--cpu-memory-limit-mib: expected a positive integer, got '" + text + "'");
+// --- Subcommands ----------------------------------------------------------------------------------------------
+
+Run add_profile(CLI::App& app) {
+  struct Options {
+    std::string config;
+    std::string batch_sizes;
+    std::string device = "auto";
+    std::string output;
+    std::string gpus = default_gpus_dir();
+    std::int64_t cpu_memory_limit_mib = 0;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
+      ->required()
+      ->type_name("FILE");
+  app.add_option("--batch-sizes", o->batch_sizes, "Batch sizes to probe, e.g. 1,8,32 (default: the fixture's)")
+      ->type_name("N,N,...")
+      ->check(check_value(is_batch_sizes, "positive integers separated by commas (e.g. 1,8,32)"));
+  app.add_option("--device", o->device, "auto (a GPU if LibTorch sees one), cpu, cuda or cuda:N")
+      ->capture_default_str()
+      ->type_name("DEVICE")
+      ->check(check_value(is_device_spec, "auto, cpu, cuda or cuda:N"));
+  app.add_option("--output", o->output, "Also write the profile as JSON to this file")->type_name("FILE");
+  app.add_option("--gpus", o->gpus, "Folder of GPU fixtures for the fits-on table")
+      ->capture_default_str()
+      ->type_name("DIR");
+  auto* limit = app.add_option("--cpu-memory-limit-mib", o->cpu_memory_limit_mib,
+                               "Cap the CPU counting allocator: beyond it a probe runs out of memory");
+  limit->type_name("MIB");
+  limit->check(check_value(is_memory_limit_mib, fmt::format("a positive integer of at most {} (2^43 - 1: the limit in "
+                                                            "bytes must fit in 63 bits)",
+                                                            kMaxMemoryLimitMib)));
+  app.footer(footer(
+      "Measures each component of a training step at each batch size and prints the report; --output also\n"
+      "writes it as JSON. An out-of-memory at one batch size is reported and the next batch sizes still run."));
+  return [o, limit] {
+    const auto fixture = memgate::load_fixture(o->config);
+    const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
+    const auto device = memgate::resolve_device(o->device);
+    std::vector<memgate::GpuSpec> gpus;
+    if (std::filesystem::is_directory(o->gpus)) gpus = memgate::load_gpus(o->gpus);
+    if (limit->count() > 0) memgate::CountingCpuAllocator::install().set_limit(o->cpu_memory_limit_mib << 20);
+    auto profile = memgate::run_profile(fixture, batch_sizes, device);
+    profile.fixture_hash = fixture.hash;
+    fmt::print("{}", memgate::format_profile(profile, gpus));
+    if (!o->output.empty()) {
+      memgate::write_file_atomically(o->output, memgate::profile_to_json(profile).dump(2) + "\n");
+      fmt::print("\nwrote {}\n", o->output);
     }
-    memgate::CountingCpuAllocator::install().set_limit(mib << 20);
-  }
-  const auto profile = memgate::run_profile(fixture, batch_sizes, device);
-  std::cout << memgate::format_profile(profile, gpus);
-  if (flags.count("--output")) {
-    memgate::write_file_atomically(flags["--output"], memgate::profile_to_json(profile).dump(2) + "\n");
-    std::cout << "\nwrote " << flags["--output"] << "\n";
-  }
-  return 0;
+    return kOk;
+  };
 }
 
-int run_summary_command(int argc, char** argv) {
-  auto flags = parse_flags(argc, argv, 2, {"--results", "--output"});
-  if (!flags.count("--results")) throw UsageError("summary needs --results <memgate-results.jsonl>");
-  const auto summary = memgate::summarize_results(flags["--results"]);
-  std::cout << summary.markdown;
-  if (flags.count("--output")) memgate::write_file_atomically(flags["--output"], summary.markdown);
-  if (const char* step = std::getenv("GITHUB_STEP_SUMMARY"); step != nullptr && *step != '\0') {
-    std::ofstream(step, std::ios::app) << summary.markdown;
-  }
-  return summary.failed ? 1 : 0;
-}
-
-// Positional arguments and "--flag value" pairs after the subcommand, in any order.
-std::vector<std::string> split_positionals(int argc, char** argv, int first, std::vector<std::string>& rest,
-                                           const std::vector<std::string>& switches = {}) {
-  std::vector<std::string> positionals;
-  for (int i = first; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--", 0) == 0) {
-      rest.push_back(arg);
-      const bool is_switch = std::find(switches.begin(), switches.end(), arg) != switches.end();
-      if (!is_switch && arg.find('=') == std::string::npos && i + 1 < argc) rest.emplace_back(argv[++i]);
-    } else {
-      positionals.push_back(arg);
+Run add_summary(CLI::App& app) {
+  struct Options {
+    std::string results;
+    std::string output;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("--results", o->results, "The memory suite's results (build/<preset>/memgate-results.jsonl)")
+      ->required()
+      ->type_name("FILE");
+  app.add_option("--output", o->output, "Also write the Markdown to this file")->type_name("FILE");
+  app.footer(footer(
+      "Turns the memory suite's results into a Markdown table per fixture (component x batch size: baseline,\n"
+      "measured, difference); appends it to $GITHUB_STEP_SUMMARY when that is set. Exits 1 when any component\n"
+      "regressed, changed or ran out of memory."));
+  return [o] {
+    const auto summary = memgate::summarize_results(o->results);
+    fmt::print("{}", summary.markdown);
+    if (!o->output.empty()) memgate::write_file_atomically(o->output, summary.markdown);
+    if (const char* step = std::getenv("GITHUB_STEP_SUMMARY"); step != nullptr && *step != '\0') {
+      std::ofstream(step, std::ios::app) << summary.markdown;
     }
-  }
-  return positionals;
+    return summary.failed ? kFailed : kOk;
+  };
 }
 
-std::map<std::string, std::string> parse_rest(const std::vector<std::string>& rest,
-                                              const std::vector<std::string>& known,
-                                              const std::vector<std::string>& switches = {}) {
-  std::vector<char*> args{nullptr};
-  for (const auto& a : rest) args.push_back(const_cast<char*>(a.c_str()));
-  return parse_flags(static_cast<int>(args.size()), args.data(), 1, known, switches);
+Run add_bench_compare(CLI::App& app) {
+  struct Options {
+    std::string old_json;
+    std::string new_json;
+    memgate::CompareOptions compare;
+    bool no_normalize = false;
+    bool no_noise_floor = false;
+  };
+  auto o = std::make_shared<Options>();
+  const auto number = check_value(is_finite_non_negative, "a finite number >= 0");
+  app.add_option("old.json", o->old_json, "Google Benchmark JSON of the old build")->required();
+  app.add_option("new.json", o->new_json, "Google Benchmark JSON of the new build")->required();
+  app.add_option("--threshold-pct", o->compare.threshold_pct, "Smallest change of the mean time that counts, in %")
+      ->capture_default_str()
+      ->check(number);
+  app.add_option("--floor-sigmas", o->compare.noise_floor_sigmas,
+                 "The between-run noise floor in robust standard deviations of all cases' changes")
+      ->capture_default_str()
+      ->check(number);
+  app.add_flag("--no-normalize", o->no_normalize, "Compare raw times (do not divide by the machine factor)")
+      ->disable_flag_override();
+  app.add_flag("--no-noise-floor", o->no_noise_floor, "No between-run noise floor")->disable_flag_override();
+  app.footer(footer(
+      "Compares two memgate_bench runs (Google Benchmark JSON, e.g. build/cpu/bench.json of `ctest --preset\n"
+      "bench`) case by case: mean step time +- its standard deviation across repetitions, the change in %, and\n"
+      "the peak allocated memory. Where both runs measured the machine (BM_Reference/cpu, /gpu: fixed LibTorch\n"
+      "work), the new times are first divided by how much slower that reference got (\"machine\" column;\n"
+      "--no-normalize compares raw times). Time is \"slower\"/\"faster\" only when the means differ by more than\n"
+      "the threshold, AND by more than the between-run noise floor (--floor-sigmas x the robust spread of the\n"
+      "changes of all cases on that machine, from 8 cases on; --no-noise-floor drops it), AND by more than 3\n"
+      "standard errors of the difference of the means (from the repetitions' spread, and the reference's); else\n"
+      "\"same\". Memory is deterministic: \"grew\"/\"shrank\" beyond 0.5%. Cases in one file only are listed as\n"
+      "added/removed. Exits 1 when a case got slower or its memory grew."));
+  return [o] {
+    auto options = o->compare;
+    options.normalize = !o->no_normalize;
+    options.noise_floor = !o->no_noise_floor;
+    const auto comparison =
+        memgate::compare_bench(memgate::load_bench_json(o->old_json), memgate::load_bench_json(o->new_json), options);
+    fmt::print("{}", comparison.text);
+    return comparison.regressed ? kFailed : kOk;
+  };
 }
 
-int run_bench_compare_command(int argc, char** argv) {
-  std::vector<std::string> rest;
-  const std::vector<std::string> switches{"--no-normalize", "--no-noise-floor"};
-  const auto files = split_positionals(argc, argv, 2, rest, switches);
-  auto flags = parse_rest(rest, {"--threshold-pct", "--floor-sigmas"}, switches);
-  if (files.size() != 2) throw UsageError("bench-compare needs <old.json> <new.json>");
-  memgate::CompareOptions options;
-  for (const auto& [flag, target] : {std::pair{"--threshold-pct", &options.threshold_pct},
-                                     std::pair{"--floor-sigmas", &options.noise_floor_sigmas}}) {
-    if (!flags.count(flag)) continue;
-    const auto& text = flags[flag];
-    std::size_t used = 0;
-    double value = -1.0;
-    try {
-      value = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != text.size() || value < 0.0) {
-      throw UsageError(std::string(flag) + ": expected a number >= 0, got '" + text + "'");
-    }
-    *target = value;
-  }
-  options.normalize = flags.count("--no-normalize") == 0;
-  options.noise_floor = flags.count("--no-noise-floor") == 0;
-  const auto comparison =
-      memgate::compare_bench(memgate::load_bench_json(files[0]), memgate::load_bench_json(files[1]), options);
-  std::cout << comparison.text;
-  return comparison.regressed ? 1 : 0;
+Run add_bench_merge(CLI::App& app) {
+  struct Options {
+    std::vector<std::string> files;
+    std::string output;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("runs.json", o->files, "Google Benchmark JSON files of one build, two or more")
+      ->required()
+      ->expected(2, -1);
+  app.add_option("--output", o->output, "The merged JSON")->required()->type_name("FILE");
+  app.footer(footer(
+      "Pools several runs of one build (Google Benchmark JSON of memgate_bench) into one file, every repetition\n"
+      "kept: compare pooled runs when one run each is too noisy to decide on time (a case slowed down for a\n"
+      "whole run by another tenant of a shared runner)."));
+  return [o] {
+    std::vector<nlohmann::json> docs;
+    for (const auto& f : o->files) docs.push_back(memgate::read_bench_document(f));
+    const auto merged = memgate::merge_bench_json(docs, o->output);
+    memgate::write_file_atomically(o->output, merged.dump(2) + "\n");
+    fmt::print("merged {} runs into {}\n", o->files.size(), o->output);
+    return kOk;
+  };
 }
 
-int run_bench_merge_command(int argc, char** argv) {
-  std::vector<std::string> rest;
-  const auto files = split_positionals(argc, argv, 2, rest);
-  auto flags = parse_rest(rest, {"--output"});
-  if (files.size() < 2 || !flags.count("--output")) {
-    throw UsageError("bench-merge needs <a.json> <b.json> [...] --output <merged.json>");
-  }
-  std::vector<nlohmann::json> docs;
-  for (const auto& f : files) docs.push_back(memgate::read_bench_document(f));
-  const auto merged = memgate::merge_bench_json(docs, flags["--output"]);
-  memgate::write_file_atomically(flags["--output"], merged.dump(2) + "\n");
-  std::cout << "merged " << files.size() << " runs into " << flags["--output"] << "\n";
-  return 0;
+Run add_bench_convert(CLI::App& app) {
+  struct Options {
+    std::string input;
+    std::string output;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("bench.json", o->input, "Google Benchmark JSON of memgate_bench")->required();
+  app.add_option("--output", o->output, "The customSmallerIsBetter JSON")->required()->type_name("FILE");
+  app.footer(footer(
+      "Writes the peak memory of each case in github-action-benchmark's customSmallerIsBetter format ([{\"name\":\n"
+      "\"<case> peak_allocated\", \"unit\": \"MiB\", \"value\": ...}]); the time JSON itself goes to\n"
+      "github-action-benchmark unchanged, with `tool: googlecpp`."));
+  return [o] {
+    const auto entries = memgate::bench_memory_to_custom(memgate::load_bench_json(o->input));
+    memgate::write_file_atomically(o->output, entries.dump(2) + "\n");
+    fmt::print("wrote {} entries to {}\n", entries.size(), o->output);
+    return kOk;
+  };
 }
 
-int run_bench_convert_command(int argc, char** argv) {
-  std::vector<std::string> rest;
-  const auto files = split_positionals(argc, argv, 2, rest);
-  auto flags = parse_rest(rest, {"--output"});
-  if (files.size() != 1 || !flags.count("--output")) {
-    throw UsageError("bench-convert needs <bench.json> --output <file.json>");
-  }
-  const auto entries = memgate::bench_memory_to_custom(memgate::load_bench_json(files[0]));
-  memgate::write_file_atomically(flags["--output"], entries.dump(2) + "\n");
-  std::cout << "wrote " << entries.size() << " entries to " << flags["--output"] << "\n";
-  return 0;
-}
+const Subcommand kSubcommands[] = {
+    {"profile", "Measure one fixture's memory per component and batch size", add_profile},
+    {"summary", "Markdown tables of the memory suite's results; exit 1 on a regression", add_summary},
+    {"bench-compare", "Compare two memgate_bench runs: step time and peak memory; exit 1 when worse",
+     add_bench_compare},
+    {"bench-merge", "Pool several memgate_bench runs of one build into one file", add_bench_merge},
+    {"bench-convert", "Peak memory of a memgate_bench run for github-action-benchmark", add_bench_convert},
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"memgate: memory regression tests for deep-learning training on LibTorch", "memgate"};
+  app.set_version_flag("--version", std::string("memgate ") + MEMGATE_VERSION);
+  app.require_subcommand(1);
+  app.footer(kExitCodes);
+  std::vector<std::pair<CLI::App*, Run>> runs;
+  for (const auto& s : kSubcommands) {
+    auto* sub = app.add_subcommand(s.name, s.description);
+    runs.emplace_back(sub, s.add(*sub));
+  }
   if (argc < 2) {
-    std::cerr << kUsage;
-    return 2;
+    fmt::print(stderr, "{}", app.help());
+    return kUsageError;
   }
-  const std::string command = argv[1];
+
   try {
-    if (command == "profile") return run_profile_command(argc, argv);
-    if (command == "summary") return run_summary_command(argc, argv);
-    if (command == "bench-compare") return run_bench_compare_command(argc, argv);
-    if (command == "bench-convert") return run_bench_convert_command(argc, argv);
-    if (command == "bench-merge") return run_bench_merge_command(argc, argv);
-    if (command == "help" || command == "--help" || command == "-h") {
-      std::cout << kUsage;
-      return 0;
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
+    const auto parsed = app.get_subcommands();
+    std::string message = e.what();
+    if (parsed.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      // CLI11 says "A subcommand is required"; name what was given instead.
+      std::vector<std::string_view> names;
+      for (const auto& s : kSubcommands) names.emplace_back(s.name);
+      const std::string_view given = argv[1];
+      message = fmt::format("{} '{}'; the subcommands are {}",
+                            given.starts_with('-') ? "a subcommand must come first, not" : "unknown subcommand", given,
+                            fmt::join(names, ", "));
     }
-    throw UsageError("unknown command '" + command + "'");
-  } catch (const UsageError& e) {
-    std::cerr << "memgate: " << e.what() << "\n\n" << kUsage;
-    return 2;
-  } catch (const memgate::Error& e) {
-    std::cerr << "memgate: error: " << e.what() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "memgate: unexpected error: " << e.what() << "\n";
-    return 1;
+    const std::string command = parsed.empty() ? "memgate" : "memgate " + parsed.front()->get_name();
+    fmt::print(stderr, "memgate: {}\nRun '{} --help' for the options.\n", message, command);
+    return kUsageError;
   }
+
+  try {
+    for (const auto& [sub, run] : runs) {
+      if (sub->parsed()) return run();
+    }
+    return kUsageError;  // unreachable: require_subcommand(1)
+  } catch (const memgate::Error& e) {
+    fmt::print(stderr, "memgate: error: {}\n", e.what());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "memgate: unexpected error: {}\n", e.what());
+  }
+  return kError;
 }

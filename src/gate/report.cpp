@@ -1,9 +1,9 @@
 // Text and JSON reports of a profile.
 #include "memgate/gate/report.h"
 
-#include <cstdio>
-#include <iomanip>
-#include <sstream>
+#include <fmt/format.h>
+
+#include <iterator>
 
 namespace memgate {
 
@@ -12,9 +12,7 @@ namespace {
 // Table cells: MiB, or KiB below one MiB so that the tiny CPU twins do not read as zero.
 std::string format_cell(std::int64_t bytes) {
   if (bytes >= (1 << 20) || bytes == 0) return format_mib(bytes);
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, "%.1f KiB", static_cast<double>(bytes) / 1024.0);
-  return buffer;
+  return fmt::format("{:.1f} KiB", static_cast<double>(bytes) / 1024.0);
 }
 
 }  // namespace
@@ -63,59 +61,57 @@ nlohmann::json profile_to_json(const Profile& profile) {
 }
 
 std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& gpus) {
-  std::ostringstream out;
+  std::string text;
+  auto out = std::back_inserter(text);
   const auto& d = profile.device;
-  out << "memgate profile: " << profile.fixture << " on " << d.name << " (" << d.slug << ")\n";
-  out << "  torch " << d.torch_version;
-  if (!d.cuda_version.empty()) out << ", CUDA " << d.cuda_version;
-  if (!d.cudnn_version.empty()) out << ", cuDNN " << d.cudnn_version;
-  if (!d.driver_version.empty()) out << ", driver " << d.driver_version;
-  if (!d.allocator_settings.empty()) out << ", allocator " << d.allocator_settings;
-  out << "\n";
-  out << "  parameters: " << profile.params.total << " total, " << profile.params.trainable << " trainable, "
-      << profile.params.frozen << " frozen\n\n";
+  fmt::format_to(out, "memgate profile: {} on {} ({})\n", profile.fixture, d.name, d.slug);
+  fmt::format_to(out, "  torch {}", d.torch_version);
+  if (!d.cuda_version.empty()) fmt::format_to(out, ", CUDA {}", d.cuda_version);
+  if (!d.cudnn_version.empty()) fmt::format_to(out, ", cuDNN {}", d.cudnn_version);
+  if (!d.driver_version.empty()) fmt::format_to(out, ", driver {}", d.driver_version);
+  if (!d.allocator_settings.empty()) fmt::format_to(out, ", allocator {}", d.allocator_settings);
+  fmt::format_to(out, "\n  parameters: {} total, {} trainable, {} frozen\n\n", profile.params.total,
+                 profile.params.trainable, profile.params.frozen);
 
+  // Component x batch size: the name left-aligned, one right-aligned column per batch size.
   constexpr int kNameWidth = 20, kColWidth = 14;
-  out << std::left << std::setw(kNameWidth) << "component";
-  for (const auto& p : profile.probes) {
-    out << std::right << std::setw(kColWidth) << ("bs " + std::to_string(p.batch_size));
-  }
-  out << "\n";
+  fmt::format_to(out, "{:<{}}", "component", kNameWidth);
+  for (const auto& p : profile.probes) fmt::format_to(out, "{:>{}}", fmt::format("bs {}", p.batch_size), kColWidth);
+  fmt::format_to(out, "\n");
   for (const auto& info : kComponentTable) {
-    out << std::left << std::setw(kNameWidth) << info.name;
+    fmt::format_to(out, "{:<{}}", info.name, kNameWidth);
     for (const auto& p : profile.probes) {
-      out << std::right << std::setw(kColWidth) << (p.oom ? std::string("OOM") : format_cell(p.components.*info.member));
+      fmt::format_to(out, "{:>{}}", p.oom ? std::string("OOM") : format_cell(p.components.*info.member), kColWidth);
     }
-    out << "\n";
+    fmt::format_to(out, "\n");
   }
-  out << std::left << std::setw(kNameWidth) << "step time";
+  fmt::format_to(out, "{:<{}}", "step time", kNameWidth);
   for (const auto& p : profile.probes) {
-    char buffer[32];
-    std::snprintf(buffer, sizeof buffer, "%.3f s", p.step_seconds);
-    out << std::right << std::setw(kColWidth) << (p.oom ? std::string("-") : std::string(buffer));
+    fmt::format_to(out, "{:>{}}", p.oom ? std::string("-") : fmt::format("{:.3f} s", p.step_seconds), kColWidth);
   }
-  out << "\n";
+  fmt::format_to(out, "\n");
 
   bool any_oom = false;
   for (const auto& p : profile.probes) {
     if (p.oom) {
-      if (!any_oom) out << "\nout of memory:\n";
+      if (!any_oom) fmt::format_to(out, "\nout of memory:\n");
       any_oom = true;
-      out << "  batch size " << p.batch_size << ": " << p.error.substr(0, p.error.find('\n')) << "\n";
+      fmt::format_to(out, "  batch size {}: {}\n", p.batch_size, p.error.substr(0, p.error.find('\n')));
     }
   }
   if (!gpus.empty()) {
-    out << "\nlargest measured batch size that fits (step_peak_reserved + outside-allocator <= usable):\n";
+    fmt::format_to(out, "\nlargest measured batch size that fits (step_peak_reserved + outside-allocator <= usable):\n");
     for (const auto& g : gpus) {
-      auto best = largest_fitting_batch(profile, g);
-      out << "  " << std::left << std::setw(28) << g.name << std::right << std::setw(12) << format_mib(g.usable_bytes())
-          << " usable  ->  " << (best ? "bs " + std::to_string(*best) : std::string("none of the measured")) << "\n";
+      const auto best = largest_fitting_batch(profile, g);
+      fmt::format_to(out, "  {:<28}{:>12} usable  ->  {}\n", g.name, format_mib(g.usable_bytes()),
+                     best ? fmt::format("bs {}", *best) : std::string("none of the measured"));
     }
     if (profile.device.device.is_cpu()) {
-      out << "  (measured on the CPU: CUDA kernels and workspaces differ; profile on a GPU for a budget you can trust)\n";
+      fmt::format_to(out, "  (measured on the CPU: CUDA kernels and workspaces differ; profile on a GPU for a budget "
+                          "you can trust)\n");
     }
   }
-  return out.str();
+  return text;
 }
 
 }  // namespace memgate

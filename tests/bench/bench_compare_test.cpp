@@ -376,6 +376,5 @@ TEST(BenchCompareTest, MemoryConvertsToCustomSmallerIsBetter) {
   EXPECT_DOUBLE_EQ(j[0]["value"].get<double>(), 12.5);
 }
 
-// The command line: exit codes and files.
 }  // namespace
 }  // namespace memgate

@@ -1,6 +1,7 @@
-// The command-line tool end to end, as a subprocess: profile, bench-compare, bench-merge, bench-convert, and
-// memgate_bench.
+// The command-line tool end to end, as a subprocess: its exit codes, profile, bench-compare, bench-merge,
+// bench-convert, and memgate_bench.
 #include "memgate/bench/bench_compare.h"
+#include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
 #include "memgate/measure/device.h"
 #include "bench_doc.h"
@@ -34,6 +35,66 @@ const CaseComparison& find(const BenchComparison& c, const std::string& name) {
   throw std::runtime_error("no case " + name);
 }
 
+// The contract of DESIGN.md: 0 ok, 1 the gate or a comparison failed, 2 usage error, 3 any other error.
+TEST(CliTest, ExitCodesFollowTheContract) {
+  testing::TempDir dir;
+  const std::string cli = MEMGATE_CLI;
+  std::string out;
+  EXPECT_EQ(testing::run(cli + " --version", &out), 0) << out;
+  EXPECT_EQ(out, "memgate " MEMGATE_VERSION "\n");
+
+  EXPECT_EQ(testing::run(cli, &out), 2) << "no subcommand: the help, as a usage error";
+  EXPECT_THAT(out, HasSubstr("profile"));
+  EXPECT_THAT(out, HasSubstr("exit codes:"));
+  EXPECT_EQ(testing::run(cli + " --help", &out), 0) << out;
+  for (const auto& name : {"profile", "summary", "bench-compare", "bench-merge", "bench-convert"}) {
+    EXPECT_THAT(out, HasSubstr(name)) << "memgate --help lists every subcommand";
+  }
+  const std::vector<std::pair<std::string, std::vector<std::string>>> flags = {
+      {"profile", {"--config", "--batch-sizes", "--device", "--output", "--gpus", "--cpu-memory-limit-mib"}},
+      {"summary", {"--results", "--output"}},
+      {"bench-compare", {"old.json", "new.json", "--threshold-pct", "--floor-sigmas", "--no-normalize", "--no-noise-floor"}},
+      {"bench-merge", {"runs.json", "--output"}},
+      {"bench-convert", {"bench.json", "--output"}},
+  };
+  for (const auto& [command, names] : flags) {
+    EXPECT_EQ(testing::run(cli + " " + command + " --help", &out), 0) << out;
+    for (const auto& flag : names) EXPECT_THAT(out, HasSubstr(flag)) << command << " --help";
+    EXPECT_THAT(out, HasSubstr("2  usage error")) << command << " --help documents the exit codes";
+  }
+
+  EXPECT_EQ(testing::run(cli + " frobnicate", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("unknown subcommand 'frobnicate'; the subcommands are profile, summary"));
+  EXPECT_EQ(testing::run(cli + " --frobnicate", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("'--frobnicate'"));
+  EXPECT_EQ(testing::run(cli + " profile --config x.yaml --frobnicate", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--frobnicate"));
+  EXPECT_THAT(out, HasSubstr("memgate profile --help"));
+  EXPECT_EQ(testing::run(cli + " profile", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--config is required"));
+  for (const auto& sizes : {"0", "1,,2", "1,8,", "-4", "8x", ""}) {
+    EXPECT_EQ(testing::run(cli + " profile --config x.yaml --batch-sizes '" + sizes + "'", &out), 2) << sizes;
+    EXPECT_THAT(out, HasSubstr("--batch-sizes: expected positive integers separated by commas")) << sizes;
+  }
+  EXPECT_EQ(testing::run(cli + " profile --config x.yaml --device tpu", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"));
+  for (const auto& mib : {"0", "-1", "many", "8796093022208"}) {
+    EXPECT_EQ(testing::run(cli + " profile --config x.yaml --cpu-memory-limit-mib " + mib, &out), 2) << mib;
+    EXPECT_THAT(out, HasSubstr("--cpu-memory-limit-mib: expected a positive integer of at most 8796093022207"))
+        << mib;
+  }
+  for (const auto& number : {"nan", "inf", "-1", "5%"}) {
+    EXPECT_EQ(testing::run(cli + " bench-compare a.json b.json --threshold-pct " + number, &out), 2) << number;
+    EXPECT_THAT(out, HasSubstr(std::string("--threshold-pct: expected a finite number >= 0, got '") + number));
+  }
+
+  const auto missing = dir / "missing.yaml";
+  EXPECT_EQ(testing::run(cli + " profile --config " + missing + " --device cpu", &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr(missing));
+  EXPECT_EQ(testing::run(cli + " summary --results " + (dir / "missing.jsonl"), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("missing.jsonl"));
+}
+
 TEST(ProfileCliTest, SameProbeInTwoProcessesGivesIdenticalBytes) {
   testing::TempDir dir;
   const auto fixture = dir / "twice.yaml";
@@ -48,6 +109,7 @@ TEST(ProfileCliTest, SameProbeInTwoProcessesGivesIdenticalBytes) {
   for (std::size_t p = 0; p < 2; ++p) {
     EXPECT_EQ(runs[0]["probes"][p]["components"], runs[1]["probes"][p]["components"]);
   }
+  EXPECT_EQ(runs[0]["model"]["fixture_hash"], load_fixture(fixture).hash) << "the JSON names the fixture's content";
 }
 
 TEST(BenchCompareCliTest, ExitCodesFollowTheVerdicts) {
@@ -75,16 +137,18 @@ TEST(BenchCompareCliTest, ExitCodesFollowTheVerdicts) {
                              " --no-normalize=yes", &out),
             2)
       << out;
-  EXPECT_THAT(out, HasSubstr("--no-normalize takes no value"));
+  EXPECT_THAT(out, HasSubstr("no-normalize was given a disallowed flag override"));
   EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "same.json") +
                              " --floor-sigmas lots", &out),
             2)
       << out;
-  EXPECT_THAT(out, HasSubstr("--floor-sigmas: expected a number >= 0, got 'lots'"));
+  EXPECT_THAT(out, HasSubstr("--floor-sigmas: expected a finite number >= 0, got 'lots'"));
   EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "grew.json"), &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("grew"));
   EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json"), &out), 2) << out;
-  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "missing.json"), &out), 1);
+  EXPECT_THAT(out, HasSubstr("new.json is required"));
+  EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "missing.json"), &out), 3)
+      << out;
   EXPECT_THAT(out, HasSubstr("missing.json: cannot read"));
 
   EXPECT_EQ(testing::run(cli + " bench-convert " + (dir / "old.json") + " --output " + (dir / "mem.json"), &out), 0)
@@ -113,11 +177,15 @@ TEST(BenchCompareCliTest, BenchMergePoolsRuns) {
   // A bad input names its file and writes nothing.
   EXPECT_EQ(testing::run(cli + " bench-merge " + (dir / "a.json") + " " + (dir / "bad.json") + " --output " +
                              (dir / "x.json"), &out),
-            1);
+            3)
+      << out;
   EXPECT_THAT(out, HasSubstr("bad.json: not a Google Benchmark JSON file"));
   EXPECT_FALSE(fs::exists(dir / "x.json"));
   EXPECT_EQ(testing::run(cli + " bench-merge " + (dir / "a.json") + " --output " + (dir / "x.json"), &out), 2)
-      << "one run is nothing to merge";
+      << "one run is nothing to merge: " << out;
+  EXPECT_THAT(out, HasSubstr("runs.json: At least 2 required but received 1"));
+  EXPECT_EQ(testing::run(cli + " bench-merge " + (dir / "a.json") + " " + (dir / "b.json"), &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--output is required"));
 }
 
 // memgate_bench end to end: one tiny CPU case, three repetitions.
