@@ -6,7 +6,9 @@
 #include "memgate/gate/budget.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/report.h"
+#include "memgate/gate/suite.h"
 #include "memgate/gate/summary.h"
+#include "memgate/gate/verdict.h"
 #include "memgate/measure/cpu_allocator.h"
 #include "memgate/measure/device.h"
 #include "memgate/measure/probe.h"
@@ -22,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -170,6 +173,85 @@ Run add_profile(CLI::App& app) {
   };
 }
 
+Run add_check(CLI::App& app) {
+  struct Options {
+    std::vector<std::string> configs;
+    std::string suite;
+    std::string batch_sizes;
+    std::string device = "auto";
+    std::string baselines = memgate::source_dir() + "/baselines";
+    bool strict = false;
+  };
+  auto o = std::make_shared<Options>();
+  auto* configs = app.add_option("--config", o->configs, "Model fixtures to gate (repeat the flag for several)")
+                      ->type_name("FILE");
+  auto* suite = app.add_option("--suite", o->suite, "A suite file (fixtures/suites/<name>.yaml): its probes")
+                    ->type_name("FILE");
+  configs->excludes(suite);
+  app.add_option("--batch-sizes", o->batch_sizes, "With --config: batch sizes (default: the fixture's)")
+      ->type_name("N,N,...")
+      ->check(check_value(is_batch_sizes, "positive integers separated by commas (e.g. 1,8,32)"))
+      ->excludes(suite);
+  app.add_option("--device", o->device, "auto (a GPU if LibTorch sees one), cpu, cuda or cuda:N")
+      ->capture_default_str()
+      ->type_name("DEVICE")
+      ->check(check_value(is_device_spec, "auto, cpu, cuda or cuda:N"));
+  app.add_option("--baselines", o->baselines, "The baselines folder (<folder>/<device>/<fixture>.json)")
+      ->capture_default_str()
+      ->type_name("DIR");
+  app.add_flag("--strict", o->strict, "Stale and missing baselines fail too (as MEMGATE_STRICT=1)");
+  app.footer(footer(
+      "Runs the gate outside CTest: measures each probe once and judges every component against its baseline\n"
+      "with the same verdicts as the memory suite (ok, regression, stale, missing, changed, oom). Prints what is\n"
+      "not ok, then one line of counts; exits 1 when the gate fails."));
+  return [o, configs, suite] {
+    if (configs->count() == 0 && suite->count() == 0) throw CLI::RequiredError("--config or --suite");
+    struct Probe {
+      memgate::Fixture fixture;
+      std::int64_t batch_size;
+    };
+    std::vector<Probe> probes;
+    auto device = memgate::resolve_device(o->device);
+    if (!o->suite.empty()) {
+      const auto s = memgate::load_suite(o->suite, memgate::source_dir() + "/fixtures/models");
+      if (o->device == "auto") device = memgate::resolve_device(s.device == memgate::SuiteDevice::kCuda ? "cuda" : "cpu");
+      for (const auto& p : s.probes) probes.push_back({memgate::load_fixture(p.fixture_path), p.batch_size});
+    } else {
+      for (const auto& path : o->configs) {
+        auto fixture = memgate::load_fixture(path);
+        const auto sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
+        for (auto bs : sizes) probes.push_back({fixture, bs});
+      }
+    }
+    std::map<memgate::Status, int> counts;
+    bool failed = false;
+    for (const auto& p : probes) {
+      const auto info = memgate::describe_probe_device(device, p.fixture);
+      const auto path = memgate::baseline_path(o->baselines, info.slug, p.fixture.name);
+      std::optional<memgate::Baseline> baseline;
+      if (std::filesystem::exists(path)) baseline = memgate::load_baseline(path);
+      const auto result = memgate::run_probe(p.fixture, p.batch_size, device);
+      for (const auto& component : memgate::kComponentTable) {
+        const auto v = memgate::evaluate_component(p.fixture, result, component.name,
+                                                   baseline ? &*baseline : nullptr, path, info);
+        ++counts[v.status];
+        const bool fails = memgate::fails(v.status, o->strict);
+        failed = failed || fails;
+        if (v.status == memgate::Status::kOk) continue;
+        fmt::print("{:<11} {}_bs{}_{}\n  {}\n", memgate::name_of(memgate::kStatusNames, v.status), p.fixture.name,
+                   p.batch_size, component.name, v.message);
+      }
+    }
+    std::string line;
+    for (const auto& [status, n] : counts) {
+      line += fmt::format("{}{} {}", line.empty() ? "" : ", ", n, memgate::name_of(memgate::kStatusNames, status));
+    }
+    fmt::print("memgate check: {} ({} probes on {}): {}\n", failed ? "FAILED" : "passed", probes.size(),
+               device.str(), line);
+    return failed ? kFailed : kOk;
+  };
+}
+
 Run add_summary(CLI::App& app) {
   struct Options {
     std::string results;
@@ -285,6 +367,7 @@ Run add_bench_convert(CLI::App& app) {
 
 const Subcommand kSubcommands[] = {
     {"profile", "Measure one fixture's memory per component and batch size", add_profile},
+    {"check", "Run the gate for fixtures or a suite outside CTest; exit 1 when it fails", add_check},
     {"summary", "Markdown tables of the memory suite's results; exit 1 on a regression", add_summary},
     {"bench-compare", "Compare two memgate_bench runs: step time and peak memory; exit 1 when worse",
      add_bench_compare},

@@ -256,7 +256,8 @@ Comparison compare_component(const std::string& fixture, std::int64_t batch_size
   c.component = std::string(component);
   c.baseline = baseline;
   c.measured = measured;
-  c.allowed = std::max(static_cast<std::int64_t>(std::llround(relative * static_cast<double>(baseline))), absolute);
+  // Rounded down: a relative share never lets a whole byte more through than it says.
+  c.allowed = std::max(static_cast<std::int64_t>(std::floor(relative * static_cast<double>(baseline))), absolute);
   if (measured > baseline + c.allowed) c.verdict = Verdict::kRegression;
   else if (measured < baseline - c.allowed) c.verdict = Verdict::kStale;
   return c;

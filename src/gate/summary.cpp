@@ -1,71 +1,156 @@
-// Markdown summaries of memory-suite results.
+// Markdown summaries of memory-suite results: the verdict first, then what changed, then everything folded.
 #include "memgate/gate/summary.h"
 
 #include "memgate/base/error.h"
-#include "memgate/gate/report.h"
+#include "memgate/base/units.h"
+#include "memgate/gate/verdict.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
+#include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace memgate {
+namespace {
+
+// One results row, read strictly: a row that lacks a field or has one of the wrong type is an error naming the
+// file, the line and the field.
+struct Row {
+  std::string device;
+  std::string fixture;
+  std::int64_t batch_size = 0;
+  std::string component;
+  Status status = Status::kOk;
+  std::optional<std::int64_t> baseline;
+  std::optional<std::int64_t> measured;
+};
+
+std::string where(const std::string& path, int line) { return fmt::format("{}:{}", path, line); }
+
+std::string need_string(const nlohmann::json& row, const std::string& at, const char* key) {
+  if (!row.contains(key) || !row[key].is_string()) throw Error(fmt::format("{}: `{}`: expected a string", at, key));
+  return row[key].get<std::string>();
+}
+
+std::optional<std::int64_t> optional_int(const nlohmann::json& row, const std::string& at, const char* key) {
+  if (!row.contains(key)) return std::nullopt;
+  if (!row[key].is_number_integer()) throw Error(fmt::format("{}: `{}`: expected an integer", at, key));
+  return row[key].get<std::int64_t>();
+}
+
+Row parse_row(const std::string& line, const std::string& at) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception&) {
+    throw Error(at + ": not a JSON object");
+  }
+  if (!j.is_object()) throw Error(at + ": not a JSON object");
+  Row r;
+  r.device = need_string(j, at, "device");
+  r.fixture = need_string(j, at, "fixture");
+  r.component = need_string(j, at, "component");
+  const auto batch = optional_int(j, at, "batch_size");
+  if (!batch || *batch < 1) throw Error(at + ": `batch_size`: expected an integer >= 1");
+  r.batch_size = *batch;
+  const auto status = need_string(j, at, "status");
+  const auto parsed = parse_enum(kStatusNames, status);
+  if (!parsed) throw Error(fmt::format("{}: `status`: expected one of ok, regression, stale, missing, changed, oom, "
+                                       "over-budget, got '{}'", at, status));
+  r.status = *parsed;
+  r.baseline = optional_int(j, at, "baseline");
+  r.measured = optional_int(j, at, "measured");
+  if (r.baseline.has_value() != r.measured.has_value() && r.status != Status::kOom) {
+    throw Error(at + ": `baseline` and `measured`: expected both or neither");
+  }
+  return r;
+}
+
+std::string status_cell(Status s) {
+  switch (s) {
+    case Status::kOk: return "ok";
+    case Status::kRegression: return "**REGRESSION**";
+    case Status::kStale: return "stale baseline";
+    case Status::kMissing: return "no baseline";
+    case Status::kChanged: return "**model changed**";
+    case Status::kOom: return "**out of memory**";
+    case Status::kOverBudget: return "**over budget**";
+  }
+  return "?";
+}
+
+std::string table_row(const Row& r, bool with_fixture) {
+  std::string cells = with_fixture ? fmt::format("| {} / {} ", r.device, r.fixture) : "";
+  cells += fmt::format("| {} | {} | ", r.batch_size, r.component);
+  if (r.baseline && r.measured) {
+    const auto b = *r.baseline, m = *r.measured;
+    const double pct = b == 0 ? 0.0 : 100.0 * static_cast<double>(m - b) / static_cast<double>(b);
+    cells += fmt::format("{} | {} | {} ({:+.2f}%) | ", format_bytes(b), format_bytes(m), format_bytes_delta(m - b), pct);
+  } else {
+    cells += fmt::format("{} | - | - | ", r.baseline ? format_bytes(*r.baseline) : "-");
+  }
+  return cells + status_cell(r.status) + " |\n";
+}
+
+}  // namespace
 
 Summary summarize_results(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw Error(path + ": is a directory, expected a results file (JSON lines)");
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot read (run the tests with MEMGATE_RESULTS set; the test presets set it)");
-  // fixture -> (batch, component) -> row; the last row of a test wins (re-runs append).
-  std::map<std::string, std::map<std::pair<std::int64_t, std::string>, nlohmann::json>> rows;
+  // device / fixture -> (batch, component) -> row; the last row of a test wins (re-runs append).
+  std::map<std::string, std::map<std::pair<std::int64_t, std::string>, Row>> rows;
   std::string line;
   int number = 0;
   while (std::getline(in, line)) {
     ++number;
     if (line.empty()) continue;
-    nlohmann::json row;
-    try {
-      row = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error&) {
-      throw Error(path + ":" + std::to_string(number) + ": not a JSON object");
+    auto r = parse_row(line, where(path, number));
+    rows[r.device + " / " + r.fixture][{r.batch_size, r.component}] = std::move(r);
+  }
+  if (rows.empty()) throw Error(path + ": no results (did the memory suite run?)");
+
+  std::map<Status, int> counts;
+  std::vector<const Row*> changed;  // every row that is not ok, or whose bytes moved within the tolerance
+  std::size_t total = 0;
+  for (const auto& [fixture, cases] : rows) {
+    for (const auto& [key, r] : cases) {
+      ++counts[r.status];
+      ++total;
+      if (r.status != Status::kOk || (r.baseline && r.measured && *r.baseline != *r.measured)) changed.push_back(&r);
     }
-    rows[row.value("device", "?") + " / " + row.value("fixture", "?")]
-        [{row.value("batch_size", std::int64_t{0}), row.value("component", "")}] = row;
   }
   Summary s;
-  std::ostringstream md;
-  md << "## memgate memory gate\n\n";
-  int regressions = 0, stale = 0, changed = 0, missing = 0;
-  for (const auto& [fixture, cases] : rows) {
-    md << "### " << fixture << "\n\n| batch | component | baseline | measured | change | status |\n"
-       << "|---:|---|---:|---:|---:|---|\n";
-    for (const auto& [key, row] : cases) {
-      const auto status = row.value("status", "");
-      md << "| " << key.first << " | " << key.second << " | ";
-      if (row.contains("baseline")) {
-        const auto b = row["baseline"].get<std::int64_t>(), m = row["measured"].get<std::int64_t>();
-        char pct[32];
-        std::snprintf(pct, sizeof pct, "%+.2f%%", b == 0 ? 0.0 : 100.0 * static_cast<double>(m - b) / static_cast<double>(b));
-        md << format_mib(b) << " | " << format_mib(m) << " | " << (m >= b ? "+" : "-") << format_mib(m >= b ? m - b : b - m)
-           << " (" << pct << ") | ";
-      } else {
-        md << "- | - | - | ";
-      }
-      const char* icon = status == "ok" ? "ok" : status == "regression" ? "**REGRESSION**" : status == "stale" ? "stale baseline"
-                       : status == "changed" ? "**model changed**" : status == "oom" ? "**out of memory**" : "no baseline";
-      md << icon << " |\n";
-      regressions += status == "regression" || status == "oom";
-      changed += status == "changed";
-      stale += status == "stale";
-      missing += status == "missing";
-    }
-    md << "\n";
+  s.failed = counts[Status::kRegression] + counts[Status::kChanged] + counts[Status::kOom] +
+                 counts[Status::kOverBudget] > 0;
+  std::string md = fmt::format("## memgate memory gate: {}\n\n", s.failed ? "FAILED" : "passed");
+  md += fmt::format("**{}** regressions, **{}** changed models, **{}** out of memory, {} stale, {} without baseline, "
+                    "{} ok, of {} components in {} fixtures.\n\n",
+                    counts[Status::kRegression], counts[Status::kChanged], counts[Status::kOom],
+                    counts[Status::kStale], counts[Status::kMissing], counts[Status::kOk], total, rows.size());
+  if (changed.empty()) {
+    md += "Every measured component equals its baseline to the byte.\n\n";
+  } else {
+    md += "### What changed\n\n| fixture | batch | component | baseline | measured | change | status |\n"
+          "|---|---:|---|---:|---:|---:|---|\n";
+    for (const auto* r : changed) md += table_row(*r, /*with_fixture=*/true);
+    md += "\n";
   }
-  md << "**" << regressions << "** regressions, **" << changed << "** changed models, " << stale << " stale, " << missing
-     << " without baseline.\n";
-  s.failed = regressions + changed > 0;
-  s.markdown = md.str();
+  md += fmt::format("<details><summary>All {} results</summary>\n\n", total);
+  for (const auto& [fixture, cases] : rows) {
+    md += fmt::format("### {}\n\n| batch | component | baseline | measured | change | status |\n"
+                      "|---:|---|---:|---:|---:|---|\n", fixture);
+    for (const auto& [key, r] : cases) md += table_row(r, /*with_fixture=*/false);
+    md += "\n";
+  }
+  md += "</details>\n";
+  s.markdown = std::move(md);
   return s;
 }
 
