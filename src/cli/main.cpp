@@ -188,6 +188,10 @@ Run add_check(CLI::App& app) {
   auto* suite = app.add_option("--suite", o->suite, "A suite file (fixtures/suites/<name>.yaml): its probes")
                     ->type_name("FILE");
   configs->excludes(suite);
+  // Checked while parsing, so that its absence is a usage error (exit 2).
+  app.parse_complete_callback([configs, suite] {
+    if (configs->count() == 0 && suite->count() == 0) throw CLI::RequiredError("--config or --suite");
+  });
   app.add_option("--batch-sizes", o->batch_sizes, "With --config: batch sizes (default: the fixture's)")
       ->type_name("N,N,...")
       ->check(check_value(is_batch_sizes, "positive integers separated by commas (e.g. 1,8,32)"))
@@ -204,8 +208,7 @@ Run add_check(CLI::App& app) {
       "Runs the gate outside CTest: measures each probe once and judges every component against its baseline\n"
       "with the same verdicts as the memory suite (ok, regression, stale, missing, changed, oom). Prints what is\n"
       "not ok, then one line of counts; exits 1 when the gate fails."));
-  return [o, configs, suite] {
-    if (configs->count() == 0 && suite->count() == 0) throw CLI::RequiredError("--config or --suite");
+  return [o] {
     struct Probe {
       memgate::Fixture fixture;
       std::int64_t batch_size;
