@@ -53,27 +53,36 @@ function(memgate_add_bench name)
   memgate_use_pch(${name})
 endfunction()
 
-# memgate_add_memory_suite(<name> SOURCES <files...>)
-# The memory regression suite executable. Its CTest tests are listed when ctest runs (from fixtures/suites/*.yaml,
-# so a new fixture needs no reconfigure), one per fixture x batch size x component, each with the labels
-# cpu|gpu, memory, the fixture and the component, and GPU tests claiming one GPU through RESOURCE_GROUPS.
+# memgate_add_memory_suite(<name> SOURCES <files...> VERDICTS <verdict-test-sources...>)
+# The memory regression suite: two executables and the CTest tests they are listed as when ctest runs (from
+# fixtures/suites/*.yaml, so a new fixture needs no reconfigure).
+# - <name> (LibTorch): one measuring test per suite fixture (label `measure`, FIXTURES_SETUP, GPU tests claiming
+#   one GPU through RESOURCE_GROUPS) measures each of its batch sizes once and writes every verdict to
+#   memgate-verdicts/<suite>/<fixture>.json in this build folder; in update mode it records the baselines instead.
+# - <name>_verdicts (no LibTorch): one test per fixture x batch size x component (labels cpu|gpu, memory, the
+#   fixture and the component; FIXTURES_REQUIRED, so `ctest -R <one>` runs its measuring test first) reports its
+#   verdict from that file, in a few milliseconds.
 function(memgate_add_memory_suite name)
-  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;VERDICTS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
   target_link_libraries(${name} PRIVATE memgate::core GTest::gtest memgate::warnings)
   memgate_use_pch(${name})
+  add_executable(${name}_verdicts ${ARG_VERDICTS})
+  target_link_libraries(${name}_verdicts PRIVATE memgate::base GTest::gtest memgate::warnings)
   set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_include.cmake")
   set(list_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_tests.cmake")
   file(GENERATE OUTPUT "${include_file}" CONTENT
 "execute_process(COMMAND \"$<TARGET_FILE:${name}>\" --memgate_ctest_list
+    \"--memgate_verdict_binary=$<TARGET_FILE:${name}_verdicts>\"
+    \"--memgate_verdicts_dir=${CMAKE_CURRENT_BINARY_DIR}/memgate-verdicts\"
   OUTPUT_FILE \"${list_file}\" ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(rc EQUAL 0)
   include(\"${list_file}\")
 else()
   string(REPLACE \"\\n\" \" \" err \"\${err}\")
   add_test(${name}_cannot_list_suites \"${CMAKE_COMMAND}\" -E echo \"memgate: listing the memory suites failed: \${err}\")
-  set_tests_properties(${name}_cannot_list_suites PROPERTIES LABELS \"cpu;gpu;memory\" WILL_FAIL TRUE)
+  set_tests_properties(${name}_cannot_list_suites PROPERTIES LABELS \"cpu;gpu;memory;measure\" WILL_FAIL TRUE)
 endif()
 ")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${include_file}")

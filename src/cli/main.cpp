@@ -209,47 +209,47 @@ Run add_check(CLI::App& app) {
       "with the same verdicts as the memory suite (ok, regression, stale, missing, changed, oom). Prints what is\n"
       "not ok, then one line of counts; exits 1 when the gate fails."));
   return [o] {
-    struct Probe {
+    struct Job {
       memgate::Fixture fixture;
-      std::int64_t batch_size;
+      std::vector<std::int64_t> batch_sizes;
     };
-    std::vector<Probe> probes;
+    std::vector<Job> jobs;
     auto device = memgate::resolve_device(o->device);
     if (!o->suite.empty()) {
       const auto s = memgate::load_suite(o->suite, memgate::source_dir() + "/fixtures/models");
       if (o->device == "auto") device = memgate::resolve_device(s.device == memgate::SuiteDevice::kCuda ? "cuda" : "cpu");
-      for (const auto& p : s.probes) probes.push_back({memgate::load_fixture(p.fixture_path), p.batch_size});
+      for (const auto& p : s.probes) {
+        if (jobs.empty() || jobs.back().fixture.name != p.fixture) {
+          jobs.push_back({memgate::load_fixture(p.fixture_path), {}});
+        }
+        jobs.back().batch_sizes.push_back(p.batch_size);
+      }
     } else {
       for (const auto& path : o->configs) {
         auto fixture = memgate::load_fixture(path);
-        const auto sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
-        for (auto bs : sizes) probes.push_back({fixture, bs});
+        auto sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
+        jobs.push_back({std::move(fixture), std::move(sizes)});
       }
     }
     std::map<memgate::Status, int> counts;
     bool failed = false;
-    for (const auto& p : probes) {
-      const auto info = memgate::describe_probe_device(device, p.fixture);
-      const auto path = memgate::baseline_path(o->baselines, info.slug, p.fixture.name);
-      std::optional<memgate::Baseline> baseline;
-      if (std::filesystem::exists(path)) baseline = memgate::load_baseline(path);
-      const auto result = memgate::run_probe(p.fixture, p.batch_size, device);
-      for (const auto& component : memgate::kComponentTable) {
-        const auto v = memgate::evaluate_component(p.fixture, result, component.name,
-                                                   baseline ? &*baseline : nullptr, path, info);
+    std::size_t probes = 0;
+    for (const auto& job : jobs) {
+      const auto judged = memgate::judge_fixture(job.fixture, job.batch_sizes, device, o->baselines);
+      probes += job.batch_sizes.size();
+      for (const auto& v : judged.components) {
         ++counts[v.status];
-        const bool fails = memgate::fails(v.status, o->strict);
-        failed = failed || fails;
+        failed = failed || memgate::fails(v.status, o->strict);
         if (v.status == memgate::Status::kOk) continue;
-        fmt::print("{:<11} {}_bs{}_{}\n  {}\n", memgate::name_of(memgate::kStatusNames, v.status), p.fixture.name,
-                   p.batch_size, component.name, v.message);
+        fmt::print("{:<11} {}_bs{}_{}\n  {}\n", memgate::name_of(memgate::kStatusNames, v.status), v.fixture,
+                   v.batch_size, v.component, v.message);
       }
     }
     std::string line;
     for (const auto& [status, n] : counts) {
       line += fmt::format("{}{} {}", line.empty() ? "" : ", ", n, memgate::name_of(memgate::kStatusNames, status));
     }
-    fmt::print("memgate check: {} ({} probes on {}): {}\n", failed ? "FAILED" : "passed", probes.size(),
+    fmt::print("memgate check: {} ({} probes on {}): {}\n", failed ? "FAILED" : "passed", probes,
                device.str(), line);
     return failed ? kFailed : kOk;
   };

@@ -263,11 +263,6 @@ Comparison compare_component(const std::string& fixture, std::int64_t batch_size
   return c;
 }
 
-bool strict_mode() {
-  const char* v = std::getenv("MEMGATE_STRICT");
-  return v != nullptr && std::string(v) == "1";
-}
-
 bool update_mode() {
   const char* v = std::getenv("MEMGATE_UPDATE_BASELINES");
   return v != nullptr && std::string(v) == "1";

@@ -127,8 +127,9 @@ Summary summarize_results(const std::string& path) {
     }
   }
   Summary s;
-  s.failed = counts[Status::kRegression] + counts[Status::kChanged] + counts[Status::kOom] +
-                 counts[Status::kOverBudget] > 0;
+  // The same rule as the tests that wrote the rows (MEMGATE_STRICT=1 fails stale and missing baselines too).
+  const bool strict = strict_mode();
+  for (const auto& [status, n] : counts) s.failed = s.failed || (n > 0 && fails(status, strict));
   std::string md = fmt::format("## memgate memory gate: {}\n\n", s.failed ? "FAILED" : "passed");
   md += fmt::format("**{}** regressions, **{}** changed models, **{}** out of memory, {} stale, {} without baseline, "
                     "{} ok, of {} components in {} fixtures.\n\n",

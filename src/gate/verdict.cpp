@@ -3,20 +3,10 @@
 
 #include <fmt/format.h>
 
-namespace memgate {
+#include <filesystem>
+#include <optional>
 
-bool fails(Status status, bool strict) {
-  switch (status) {
-    case Status::kOk: return false;
-    case Status::kStale:
-    case Status::kMissing: return strict;
-    case Status::kRegression:
-    case Status::kChanged:
-    case Status::kOom:
-    case Status::kOverBudget: return true;
-  }
-  return true;
-}
+namespace memgate {
 
 std::string provenance_differences(const BaselineProbe& recorded, const DeviceInfo& device) {
   const std::pair<const char*, std::string> now[] = {
@@ -90,6 +80,66 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
         tolerance.reserved_absolute);
   }
   return v;
+}
+
+ComponentVerdict evaluate_budget(const Fixture& fixture, const ProbeResult& probe, const GpuSpec& gpu) {
+  ComponentVerdict v;
+  v.fixture = fixture.name;
+  v.batch_size = probe.batch_size;
+  v.component = gpu.id;
+  if (probe.oom) {
+    v.status = Status::kOom;
+    v.message = fmt::format("{} at batch {} ran out of memory on this GPU, so it cannot be held to {}:\n{}",
+                            fixture.name, probe.batch_size, gpu.name, probe.error);
+    return v;
+  }
+  const auto check = check_budget(probe.components.step_peak_reserved, gpu);
+  v.baseline = check.available;
+  v.measured = check.required;
+  v.status = check.fits() ? Status::kOk : Status::kOverBudget;
+  v.message = fmt::format(
+      "{} at batch {} {} {}: needs {} bytes (step_peak_reserved {} + outside the allocator {}), usable {} ({} x {}); "
+      "{} {} bytes",
+      fixture.name, probe.batch_size, check.fits() ? "fits" : "does not fit", gpu.name, check.required,
+      probe.components.step_peak_reserved, gpu.outside_allocator_bytes, check.available, gpu.usable_fraction,
+      gpu.memory_bytes, check.fits() ? "headroom" : "over by",
+      check.fits() ? check.headroom() : -check.headroom());
+  return v;
+}
+
+FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes, c10::Device device,
+                              const std::string& baselines_dir, std::span<const std::int64_t> extra_batch_sizes) {
+  FixtureVerdicts out;
+  out.device = describe_probe_device(device, fixture);
+  out.baseline_file = baseline_path(baselines_dir, out.device.slug, fixture.name);
+  std::optional<Baseline> baseline;
+  if (std::filesystem::exists(out.baseline_file)) baseline = load_baseline(out.baseline_file);
+  auto measure = [&](std::int64_t batch_size) -> const ProbeResult& {
+    if (const auto* done = find_probe(out, batch_size)) return *done;
+    out.probes.push_back(run_probe(fixture, batch_size, device));
+    return out.probes.back();
+  };
+  for (const auto batch_size : batch_sizes) {
+    const auto* recorded = baseline ? baseline->find(batch_size) : nullptr;
+    ProbeResult unmeasured;
+    unmeasured.batch_size = batch_size;
+    // A missing or changed baseline is judged without a probe: the verdict needs no numbers.
+    const bool judged = recorded != nullptr && recorded->fixture_hash() == fixture.hash;
+    const ProbeResult probe = judged ? measure(batch_size) : unmeasured;
+    for (const auto& info : kComponentTable) {
+      out.components.push_back(
+          evaluate_component(fixture, probe, info.name, baseline ? &*baseline : nullptr, out.baseline_file, out.device));
+    }
+  }
+  for (const auto batch_size : extra_batch_sizes) (void)measure(batch_size);
+  return out;
+}
+
+const ProbeResult* find_probe(const FixtureVerdicts& verdicts, std::int64_t batch_size) {
+  for (const auto& p : verdicts.probes) {
+    if (p.batch_size == batch_size) return &p;
+  }
+  return nullptr;
 }
 
 }  // namespace memgate

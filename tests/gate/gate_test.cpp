@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <regex>
 
 namespace memgate {
 namespace {
@@ -31,21 +32,37 @@ class GateTest : public ::testing::Test {
     testing::write_file(tree / "fixtures/suites/gpu.yaml", "device: cuda\nfixtures:\n  - gate_a\n");
   }
 
-  // Runs the CPU suite; returns the exit status and fills failed test names.
-  int suite(const std::string& env, std::vector<std::string>* failed = nullptr, std::string* log = nullptr) {
-    const auto report = tree / "report.json";
+  // Runs the CPU suite through CTest, as `ctest --preset cpu` does (the measuring tests, then the component tests
+  // that require them); returns ctest's exit status and fills the names of the tests that failed.
+  int suite(const std::string& env, std::vector<std::string>* failed = nullptr, std::string* log = nullptr,
+            const std::string& select = "-L '^cpu$'") {
+    const std::string dir = tree / "ctest";
+    fs::create_directories(dir);
+    std::string listing;
+    const int listed = testing::run(kCleanEnv + "MEMGATE_SOURCE_DIR=" + tree.path().string() + " " +
+                                        MEMGATE_MEMORY_SUITE + " --memgate_ctest_list --memgate_verdict_binary=" +
+                                        MEMGATE_VERDICT_TESTS + " --memgate_verdicts_dir=" + tree / "verdicts",
+                                    &listing);
+    if (listed != 0) {
+      if (log != nullptr) *log = listing;
+      return listed;
+    }
+    testing::write_file(dir + "/tests.cmake", listing);
+    testing::write_file(dir + "/CTestTestfile.cmake", "include(tests.cmake)\n");
+    const auto junit = tree / "junit.xml";
+    fs::remove(junit);
     std::string out;
-    const int rc = testing::run(kCleanEnv + "MEMGATE_SOURCE_DIR=" + tree.path().string() + " MEMGATE_COMMIT=test " + env + " " +
-                                    MEMGATE_MEMORY_SUITE + " --gtest_filter='Cpu/*' --gtest_output=json:" + report,
+    const int rc = testing::run(kCleanEnv + "MEMGATE_COMMIT=test " + env + " " + MEMGATE_CTEST + " --test-dir " +
+                                    dir + " " + select + " -j2 -V --output-junit " + junit,
                                 &out);
     if (log != nullptr) *log = out;
     if (failed != nullptr) {
       failed->clear();
-      const auto j = nlohmann::json::parse(testing::read_file(report));
-      for (const auto& s : j["testsuites"]) {
-        for (const auto& t : s["testsuite"]) {
-          if (t.contains("failures")) failed->push_back(t["name"].get<std::string>());
-        }
+      // CTest's JUnit: <testcase name="..." classname="..." time="..." status="run|fail|notrun|disabled">
+      const std::regex testcase(R"re(<testcase name="([^"]*)"[^>]*status="(fail|notrun)")re");
+      const auto xml = testing::read_file(junit);
+      for (std::sregex_iterator it(xml.begin(), xml.end(), testcase), end; it != end; ++it) {
+        failed->push_back((*it)[1].str());
       }
     }
     return rc;
@@ -70,7 +87,7 @@ TEST_F(GateTest, GrowthFailsOnlyTheComponentThatGrew) {
 
   std::vector<std::string> failed;
   EXPECT_NE(suite("", &failed, &log), 0);
-  EXPECT_EQ(failed, std::vector<std::string>{"StaysWithinBaseline/gate_a_bs2_activations"}) << log;
+  EXPECT_EQ(failed, std::vector<std::string>{"Cpu/ComponentTest.StaysWithinBaseline/gate_a_bs2_activations"}) << log;
   EXPECT_NE(log.find("gate_a at batch 2: activations grew beyond its baseline"), std::string::npos) << log;
   EXPECT_NE(log.find("update-baselines"), std::string::npos) << log;
 }
@@ -86,7 +103,7 @@ TEST_F(GateTest, ShrinkingPassesWithANoticeAndFailsInStrictMode) {
   EXPECT_NE(log.find("the baseline is stale"), std::string::npos) << log;
   std::vector<std::string> failed;
   EXPECT_NE(suite("MEMGATE_STRICT=1", &failed), 0);
-  EXPECT_EQ(failed, std::vector<std::string>{"StaysWithinBaseline/gate_a_bs2_params"});
+  EXPECT_EQ(failed, std::vector<std::string>{"Cpu/ComponentTest.StaysWithinBaseline/gate_a_bs2_params"});
 }
 
 TEST_F(GateTest, AChangedFixtureFailsUntilTheBaselinesAreUpdated) {
@@ -119,8 +136,78 @@ TEST_F(GateTest, ACorruptBaselineFailsNamingTheFile) {
   ASSERT_EQ(suite("MEMGATE_UPDATE_BASELINES=1"), 0);
   testing::write_file(baseline("gate_a"), "{ not json");
   std::string log;
-  EXPECT_NE(suite("", nullptr, &log), 0);
+  std::vector<std::string> failed;
+  EXPECT_NE(suite("", &failed, &log), 0);
   EXPECT_NE(log.find("gate_a.json: not valid JSON"), std::string::npos) << log;
+  // The measuring test fails naming the file; its component tests do not run (and do not pass); gate_b is judged.
+  ASSERT_EQ(failed.size(), 9U) << log;
+  EXPECT_EQ(failed.front(), "Cpu/MeasureTest.Probes/gate_a");
+  for (const auto& name : failed) EXPECT_EQ(name.find("gate_b"), std::string::npos) << name;
+}
+
+TEST_F(GateTest, OneComponentTestRunsItsFixturesMeasurementFirst) {
+  ASSERT_EQ(suite("MEMGATE_UPDATE_BASELINES=1"), 0);
+  fs::remove_all(tree / "verdicts");
+  std::string log;
+  std::vector<std::string> failed;
+  ASSERT_EQ(suite("", &failed, &log, "-R '^Cpu/.*gate_a_bs2_params$'"), 0) << log;
+  EXPECT_NE(log.find("Cpu/MeasureTest.Probes/gate_a"), std::string::npos) << log;
+  EXPECT_NE(log.find("Cpu/ComponentTest.StaysWithinBaseline/gate_a_bs2_params"), std::string::npos) << log;
+  EXPECT_EQ(log.find("Probes/gate_b"), std::string::npos) << "only the required fixture is measured\n" << log;
+  EXPECT_NE(log.find("0 tests failed out of 2"), std::string::npos) << log;
+}
+
+// The component tests' executable on its own: it reports what a verdict file says and fails when it cannot.
+class VerdictBinaryTest : public ::testing::Test {
+ protected:
+  int run(const std::string& file, const std::string& what, std::string* out, const std::string& env = "") {
+    return testing::run(kCleanEnv + env + " " + MEMGATE_VERDICT_TESTS + std::string(" --memgate_verdicts=") + file +
+                            " --memgate_test=Cpu/ComponentTest.StaysWithinBaseline/x_bs2_" + what +
+                            " --memgate_batch=2 --memgate_component=" + what,
+                        out);
+  }
+  void write(const std::string& status, const std::string& message) {
+    testing::write_file(tree / "v.json", R"({"format": "memgate-verdicts", "version": 1, "suite": "cpu", "fixture": "x",
+      "device": "cpu", "budgets": [], "components": [{"status": ")" + status + R"(", "fixture": "x", "batch_size": 2,
+      "component": "activations", "message": ")" + message + R"(", "baseline": 100, "measured": 200, "allowed": 0}]})");
+  }
+  testing::TempDir tree;
+};
+
+TEST_F(VerdictBinaryTest, ReportsEachStatus) {
+  std::string out;
+  write("ok", "");
+  EXPECT_EQ(run(tree / "v.json", "activations", &out), 0) << out;
+  write("regression", "x at batch 2: activations grew");
+  EXPECT_EQ(run(tree / "v.json", "activations", &out), 1) << out;
+  EXPECT_NE(out.find("x at batch 2: activations grew"), std::string::npos) << out;
+  write("missing", "no baseline here");
+  EXPECT_EQ(run(tree / "v.json", "activations", &out), 0) << out;
+  EXPECT_NE(out.find("[  SKIPPED ]"), std::string::npos) << out;
+  write("stale", "the baseline is stale");
+  EXPECT_EQ(run(tree / "v.json", "activations", &out), 0) << out;
+  EXPECT_NE(out.find("[ NOTICE   ] the baseline is stale"), std::string::npos) << out;
+  EXPECT_EQ(run(tree / "v.json", "activations", &out, "MEMGATE_STRICT=1"), 1) << out;
+  write("missing", "no baseline here");
+  EXPECT_EQ(run(tree / "v.json", "activations", &out, "MEMGATE_STRICT=1"), 1) << out;
+  testing::write_file(tree / "v.json", R"({"format": "memgate-verdicts", "version": 1, "suite": "gpu", "fixture": "x",
+      "device": "", "skipped": "no GPU on this machine", "budgets": [], "components": []})");
+  EXPECT_EQ(run(tree / "v.json", "activations", &out), 0) << out;
+  EXPECT_NE(out.find("no GPU on this machine"), std::string::npos) << out;
+}
+
+TEST_F(VerdictBinaryTest, FailsWhenTheVerdictCannotBeFound) {
+  std::string out;
+  EXPECT_EQ(run(tree / "absent.json", "activations", &out), 1) << out;
+  EXPECT_NE(out.find("absent.json: cannot read it"), std::string::npos) << out;
+  write("ok", "");
+  EXPECT_EQ(run(tree / "v.json", "params", &out), 1) << out;
+  EXPECT_NE(out.find("has no verdict for params at batch 2"), std::string::npos) << out;
+  testing::write_file(tree / "v.json", "{\"format\": \"memgate-verdicts\", \"version\": 1}");
+  EXPECT_EQ(run(tree / "v.json", "activations", &out), 1) << out;
+  EXPECT_NE(out.find("`suite`: expected a string"), std::string::npos) << out;
+  EXPECT_EQ(testing::run(MEMGATE_VERDICT_TESTS + std::string(" --memgate_batch=0"), &out), 2) << out;
+  EXPECT_NE(out.find("--memgate_batch=<N >= 1>"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -1,40 +1,63 @@
-// The memory regression suites: one GoogleTest per fixture x batch size x component, from fixtures/suites/*.yaml,
-// asserted against baselines/<device>/<fixture>.json, and one per budget. A probe is measured once per process.
+// The memory regression suites' measuring side (fixtures/suites/*.yaml): one test per suite fixture measures each
+// of its batch sizes once, judges every component against baselines/<device>/<fixture>.json and every budget
+// against its GPU, and writes the verdicts for the component tests (tests/memory/verdict_test_main.cpp), which
+// report them without LibTorch. In update mode (MEMGATE_UPDATE_BASELINES=1) it records the baselines instead.
+// `--memgate_ctest_list` prints the CTest registration of both sides.
+#include "memgate/base/error.h"
+#include "memgate/base/verdict_file.h"
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/budget.h"
-#include "memgate/measure/device.h"
-#include "memgate/base/error.h"
 #include "memgate/gate/fixture.h"
-#include "memgate/measure/memory_backend.h"
-#include "memgate/measure/probe.h"
 #include "memgate/gate/suite.h"
 #include "memgate/gate/verdict.h"
+#include "memgate/measure/device.h"
+#include "memgate/measure/memory_backend.h"
+#include "memgate/measure/probe.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
-#include <memory>
-#include <mutex>
-#include <optional>
 #include <ostream>
+#include <string>
+#include <vector>
 
 namespace memgate {
 namespace {
 
-struct ComponentCase {
-  ProbeCase probe;
-  std::string component;
-  bool gpu = false;
-  [[nodiscard]] std::string name() const { return probe.name() + "_" + component; }
+/// One fixture of a suite: the batch sizes its components are gated at and the budgets it is held to.
+struct MeasureCase {
+  std::string suite;  ///< cpu, gpu
+  std::string fixture;
+  std::string fixture_path;
+  std::vector<std::int64_t> batch_sizes;
+  std::vector<BudgetCase> budgets;
+  [[nodiscard]] bool gpu() const { return suite == "gpu"; }
+  [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
+  [[nodiscard]] std::string test_name() const { return prefix() + "/MeasureTest.Probes/" + fixture; }
+  /// The CTest fixture its component tests require.
+  [[nodiscard]] std::string ctest_fixture() const { return "memgate/" + suite + "/" + fixture; }
 };
+
+// A case prints as its name in GoogleTest's messages.
+void PrintTo(const MeasureCase& c, std::ostream* os) { *os << c.suite << "/" << c.fixture; }
 
 std::string suites_dir() { return source_dir() + "/fixtures/suites"; }
 std::string fixtures_dir() { return source_dir() + "/fixtures/models"; }
+
+// Where the measuring tests leave their verdicts: set by the CTest registration, else beside the working folder.
+std::string verdicts_dir() {
+  const char* dir = std::getenv("MEMGATE_VERDICTS_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : "memgate-verdicts";
+}
+
+std::string verdict_path(const std::string& dir, const MeasureCase& c) {
+  return dir + "/" + c.suite + "/" + c.fixture + ".json";
+}
 
 // A suite that fails to load must fail the run, not silently register no tests.
 std::vector<std::string>& load_errors() {
@@ -51,14 +74,18 @@ Suite suite_or_empty(const std::string& name) {
   }
 }
 
-std::vector<ComponentCase> component_cases(const std::string& suite_name) {
-  std::vector<ComponentCase> out;
+std::vector<MeasureCase> measure_cases(const std::string& suite_name) {
   const auto suite = suite_or_empty(suite_name);
-  for (const auto& probe : suite.probes) {
-    for (const auto& info : kComponentTable) {
-      out.push_back({probe, std::string(info.name), suite.device == SuiteDevice::kCuda});
+  std::vector<MeasureCase> out;
+  auto of = [&](const std::string& fixture, const std::string& path) -> MeasureCase& {
+    for (auto& c : out) {
+      if (c.fixture == fixture) return c;
     }
-  }
+    out.push_back({suite_name, fixture, path, {}, {}});
+    return out.back();
+  };
+  for (const auto& p : suite.probes) of(p.fixture, p.fixture_path).batch_sizes.push_back(p.batch_size);
+  for (const auto& b : suite.budgets) of(b.fixture, b.fixture_path).budgets.push_back(b);
   return out;
 }
 
@@ -78,131 +105,74 @@ c10::Device gpu_for_test() {
   return {c10::DeviceType::CUDA, 0};
 }
 
-// One measurement per probe per process, shared by its component tests.
-const ProbeResult& measured(const Fixture& fixture, std::int64_t batch_size, c10::Device device) {
-  static std::mutex mutex;
-  static std::map<std::string, ProbeResult> cache;
-  std::lock_guard lock(mutex);
-  const auto key = device.str() + "/" + fixture.name + "/" + std::to_string(batch_size);
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, run_probe(fixture, batch_size, device)).first;
-  return it->second;
+const GpuSpec& gpu_spec(const std::string& id) {
+  static const auto gpus = load_gpus(source_dir() + "/fixtures/gpus");
+  return find_gpu(gpus, id);
 }
 
-const Fixture& fixture_at(const std::string& path) {
-  static std::map<std::string, Fixture> cache;
-  auto it = cache.find(path);
-  if (it == cache.end()) it = cache.emplace(path, load_fixture(path)).first;
-  return it->second;
-}
+class MeasureTest : public ::testing::TestWithParam<MeasureCase> {};
 
-const DeviceInfo& device_info(c10::Device device, const Fixture& fixture) {
-  static std::map<std::string, DeviceInfo> cache;
-  const auto key = device.str() + "/" + fixture.training.allocator;
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, describe_probe_device(device, fixture)).first;
-  return it->second;
-}
-
-// One line per test into $MEMGATE_RESULTS (JSON lines), for `memgate summary`.
-void record_result(const nlohmann::json& row) {
-  const char* path = std::getenv("MEMGATE_RESULTS");
-  if (path == nullptr || *path == '\0') return;
-  std::ofstream out(path, std::ios::app);
-  out << row.dump() << "\n";
-}
-
-class ComponentTest : public ::testing::TestWithParam<ComponentCase> {};
-
-TEST_P(ComponentTest, StaysWithinBaseline) {
+// Measures each batch size of the fixture once and leaves every verdict for its component tests. It fails only
+// when it cannot judge (a fixture or baseline that does not load); a regression fails the component that grew.
+TEST_P(MeasureTest, Probes) {
   const auto& c = GetParam();
-  if (c.gpu && !cuda_available()) GTEST_SKIP() << "no GPU on this machine: GPU memory tests run on a GPU runner";
-  const auto device = c.gpu ? gpu_for_test() : c10::Device(c10::DeviceType::CPU);
-  const auto& fixture = fixture_at(c.probe.fixture_path);
-  const auto& info = device_info(device, fixture);
-  const auto path = baseline_path(source_dir() + "/baselines", info.slug, fixture.name);
-  const auto test_name = std::string(c.gpu ? "Gpu" : "Cpu") + "/ComponentTest.StaysWithinBaseline/" + c.name();
-  nlohmann::json row = {{"test", test_name}, {"fixture", fixture.name}, {"batch_size", c.probe.batch_size},
-                        {"component", c.component}, {"device", info.slug}};
+  const auto out = verdict_path(verdicts_dir(), c);
+  std::filesystem::remove(out);  // an earlier run's verdicts must never stand in for this run's
+  VerdictFile file{c.suite, c.fixture, "", std::nullopt, {}, {}};
+  if (c.gpu() && !cuda_available()) {
+    file.skipped = "no GPU on this machine: GPU memory tests run on a GPU runner";
+    write_verdict_file(out, file);
+    GTEST_SKIP() << *file.skipped;
+  }
+  const auto device = c.gpu() ? gpu_for_test() : c10::Device(c10::DeviceType::CPU);
+  const auto fixture = load_fixture(c.fixture_path);
 
   if (update_mode()) {
-    const auto& probe = measured(fixture, c.probe.batch_size, device);
-    ASSERT_FALSE(probe.oom) << fixture.name << " at batch " << c.probe.batch_size
-                            << " ran out of memory: there is nothing to record.\n" << probe.error;
-    const bool changed = update_baseline(path, fixture, info, {probe}, source_commit(source_dir()));
-    std::cout << (changed ? "recorded " : "unchanged ") << path << " (batch " << c.probe.batch_size << ")\n";
+    std::vector<ProbeResult> probes;
+    for (const auto batch_size : c.batch_sizes) {
+      probes.push_back(run_probe(fixture, batch_size, device));
+      ASSERT_FALSE(probes.back().oom) << fixture.name << " at batch " << batch_size
+                                      << " ran out of memory: there is nothing to record.\n" << probes.back().error;
+    }
+    if (probes.empty()) return;
+    const auto info = describe_probe_device(device, fixture);
+    const auto path = baseline_path(source_dir() + "/baselines", info.slug, fixture.name);
+    const bool changed = update_baseline(path, fixture, info, probes, source_commit(source_dir()));
+    std::cout << (changed ? "recorded " : "unchanged ") << path << "\n";
     return;
   }
-  std::optional<Baseline> baseline;
-  if (std::filesystem::exists(path)) baseline = load_baseline(path);
-  // A missing or changed baseline is judged before anything is measured: it needs no probe.
-  const auto* recorded = baseline ? baseline->find(c.probe.batch_size) : nullptr;
-  ProbeResult unmeasured;
-  unmeasured.batch_size = c.probe.batch_size;
-  const bool measure = recorded != nullptr && recorded->fixture_hash() == fixture.hash;
-  const auto& probe = measure ? measured(fixture, c.probe.batch_size, device) : unmeasured;
-  const auto v = evaluate_component(fixture, probe, c.component, baseline ? &*baseline : nullptr, path, info);
-  row["status"] = std::string(name_of(kStatusNames, v.status));
-  if (v.baseline) row["baseline"] = *v.baseline;
-  if (v.measured) row["measured"] = *v.measured;
-  if (v.allowed) row["allowed"] = *v.allowed;
-  record_result(row);
-  if (v.baseline) RecordProperty("baseline_bytes", std::to_string(*v.baseline));
-  if (v.measured) RecordProperty("measured_bytes", std::to_string(*v.measured));
-  const bool strict = strict_mode();
-  switch (v.status) {
-    case Status::kOk: break;
-    case Status::kMissing:
-      if (strict) FAIL() << v.message << " (strict mode)";
-      GTEST_SKIP() << v.message;
-    case Status::kStale:
-      if (strict) ADD_FAILURE() << v.message << "\n  (MEMGATE_STRICT=1 fails stale baselines)";
-      else std::cout << "[ NOTICE   ] " << v.message << "\n";
-      break;
-    default: ADD_FAILURE() << v.message;
-  }
+
+  std::vector<std::int64_t> budget_sizes;
+  for (const auto& b : c.budgets) budget_sizes.push_back(b.batch_size);
+  const auto judged = judge_fixture(fixture, c.batch_sizes, device, source_dir() + "/baselines", budget_sizes);
+  file.device = judged.device.slug;
+  file.components = judged.components;
+  for (const auto& b : c.budgets) file.budgets.push_back(evaluate_budget(fixture, *find_probe(judged, b.batch_size),
+                                                                         gpu_spec(b.gpu)));
+  write_verdict_file(out, file);
+  std::map<Status, int> counts;
+  for (const auto& v : file.components) ++counts[v.status];
+  std::string line;
+  for (const auto& [status, n] : counts) line += fmt::format(", {} {}", n, name_of(kStatusNames, status));
+  std::cout << fmt::format("{}: {} probes measured on {}{}\n", fixture.name, judged.probes.size(), judged.device.slug,
+                           line);
 }
 
-// A case prints as its name in GoogleTest's messages (not as 112 bytes of hex).
-void PrintTo(const ComponentCase& c, std::ostream* os) { *os << c.name(); }
+std::string measure_name(const ::testing::TestParamInfo<MeasureCase>& info) { return info.param.fixture; }
 
-std::string case_name(const ::testing::TestParamInfo<ComponentCase>& info) { return info.param.name(); }
+INSTANTIATE_TEST_SUITE_P(Cpu, MeasureTest, ::testing::ValuesIn(measure_cases("cpu")), measure_name);
+INSTANTIATE_TEST_SUITE_P(Gpu, MeasureTest, ::testing::ValuesIn(measure_cases("gpu")), measure_name);
 
-INSTANTIATE_TEST_SUITE_P(Cpu, ComponentTest, ::testing::ValuesIn(component_cases("cpu")), case_name);
-
-class BudgetTest : public ::testing::TestWithParam<BudgetCase> {
- protected:
-  const GpuSpec& gpu() {
-    static const auto gpus = load_gpus(source_dir() + "/fixtures/gpus");
-    return find_gpu(gpus, GetParam().gpu);
-  }
-};
-
-// The measured step (reserved bytes + what lives outside the allocator) fits the GPU's usable memory.
-TEST_P(BudgetTest, FitsGpu) {
-  const auto& b = GetParam();
-  const auto& target = gpu();
-  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: budgets are measured on a GPU runner";
-  const auto& fixture = fixture_at(b.fixture_path);
-  const auto& probe = measured(fixture, b.batch_size, gpu_for_test());
-  ASSERT_FALSE(probe.oom) << b.fixture << " at batch " << b.batch_size << " ran out of memory on this GPU";
-  const auto check = check_budget(probe.components.step_peak_reserved, target);
-  EXPECT_TRUE(check.fits()) << b.fixture << " at batch " << b.batch_size << " does not fit " << target.name
-                            << ": needs " << check.required << " bytes (step_peak_reserved "
-                            << probe.components.step_peak_reserved << " + outside the allocator "
-                            << target.outside_allocator_bytes << "), usable " << check.available << " ("
-                            << target.usable_fraction << " x " << target.memory_bytes << "); over by "
-                            << -check.headroom() << " bytes";
-}
+class BudgetTest : public ::testing::TestWithParam<BudgetCase> {};
 
 // With the caching allocator capped at the GPU's usable memory, the budgeted batch trains; twice the batch does
-// not (it runs out of memory or exceeds the budget).
+// not (it runs out of memory or exceeds the budget). It measures under its own cap, so it measures for itself.
 TEST_P(BudgetTest, HoldsUnderAllocatorCap) {
   const auto& b = GetParam();
-  const auto& target = gpu();
+  const auto& target = gpu_spec(b.gpu);
   if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: allocator caps are confirmed on a GPU runner";
   const auto device = gpu_for_test();
-  const auto& fixture = fixture_at(b.fixture_path);
+  const auto fixture = load_fixture(b.fixture_path);
   const auto info = describe_device(device);
   const auto cap = target.usable_bytes() - target.outside_allocator_bytes;
   ASSERT_GT(info.total_memory, cap) << "this GPU is smaller than " << target.name << ": cannot emulate it";
@@ -220,50 +190,89 @@ TEST_P(BudgetTest, HoldsUnderAllocatorCap) {
 
 std::string budget_name(const ::testing::TestParamInfo<BudgetCase>& info) { return info.param.name(); }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, ComponentTest, ::testing::ValuesIn(component_cases("gpu")), case_name);
 INSTANTIATE_TEST_SUITE_P(Gpu, BudgetTest, ::testing::ValuesIn(budget_cases("gpu")), budget_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MeasureTest);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BudgetTest);
 
 TEST(SuiteTest, LoadsEverySuite) {
-  (void)component_cases("cpu");
-  (void)component_cases("gpu");
+  (void)measure_cases("cpu");
+  (void)measure_cases("gpu");
   for (const auto& e : load_errors()) ADD_FAILURE() << e;
 }
 
-// `--memgate_ctest_list`: prints the CTest registration of every test, with labels and GPU resource groups.
-void print_ctest_registration(const std::string& binary) {
+// `--memgate_ctest_list`: the CTest registration of every test. Measuring tests (label `measure`) set up one CTest
+// fixture each and hold the GPU; the component tests (run by `verdict_binary`) require it, so that `ctest -R` on
+// one of them measures first, and a measuring test that fails marks them not run.
+void print_ctest_registration(const std::string& binary, const std::string& verdict_binary,
+                              const std::string& verdicts) {
   auto quote = [](const std::string& s) { return "[==[" + s + "]==]"; };
-  auto emit = [&](const std::string& test, const std::string& labels, bool gpu) {
-    std::cout << "add_test(" << quote(test) << " " << quote(binary) << " " << quote("--gtest_filter=" + test) << ")\n";
-    std::cout << "set_tests_properties(" << quote(test) << " PROPERTIES LABELS " << quote(labels)
-              << " SKIP_REGULAR_EXPRESSION [==[\\[  SKIPPED \\]]==] ENVIRONMENT "
-              << quote("MEMGATE_SOURCE_DIR=" + source_dir()) << (gpu ? " RESOURCE_GROUPS gpus:1" : "")
-              << " TIMEOUT 1800)\n";
+  const auto skip = std::string(" SKIP_REGULAR_EXPRESSION [==[\\[  SKIPPED \\]]==]");
+  const auto environment = quote("MEMGATE_SOURCE_DIR=" + source_dir() + ";MEMGATE_VERDICTS_DIR=" + verdicts);
+  auto add = [&](const std::string& test, const std::string& command) {
+    std::cout << "add_test(" << quote(test) << " " << command << ")\n";
   };
   for (const auto& suite : {std::string("cpu"), std::string("gpu")}) {
-    const bool gpu = suite == "gpu";
-    for (const auto& c : component_cases(suite)) {
-      emit(std::string(gpu ? "Gpu" : "Cpu") + "/ComponentTest.StaysWithinBaseline/" + c.name(),
-           std::string(gpu ? "gpu" : "cpu") + ";memory;" + c.probe.fixture + ";" + c.component, gpu);
+    for (const auto& c : measure_cases(suite)) {
+      add(c.test_name(), quote(binary) + " " + quote("--gtest_filter=" + c.test_name()));
+      std::cout << "set_tests_properties(" << quote(c.test_name()) << " PROPERTIES LABELS "
+                << quote(suite + ";memory;measure;" + c.fixture) << " FIXTURES_SETUP " << quote(c.ctest_fixture())
+                << skip << " ENVIRONMENT " << environment << (c.gpu() ? " RESOURCE_GROUPS gpus:1" : "")
+                << " TIMEOUT 3600)\n";
+      const auto file = quote("--memgate_verdicts=" + verdict_path(verdicts, c));
+      auto add_verdict = [&](const std::string& test, std::int64_t batch_size, const std::string& what,
+                             const std::string& labels) {
+        add(test, quote(verdict_binary) + " " + file + " " + quote("--memgate_test=" + test) + " " +
+                      quote("--memgate_batch=" + std::to_string(batch_size)) + " " + quote(what));
+        std::cout << "set_tests_properties(" << quote(test) << " PROPERTIES LABELS " << quote(labels)
+                  << " FIXTURES_REQUIRED " << quote(c.ctest_fixture()) << skip << " ENVIRONMENT " << environment
+                  << " TIMEOUT 60)\n";
+      };
+      for (const auto batch_size : c.batch_sizes) {
+        for (const auto& info : kComponentTable) {
+          const auto name = fmt::format("{}_bs{}_{}", c.fixture, batch_size, info.name);
+          add_verdict(c.prefix() + "/ComponentTest.StaysWithinBaseline/" + name, batch_size,
+                      "--memgate_component=" + std::string(info.name),
+                      suite + ";memory;" + c.fixture + ";" + std::string(info.name));
+        }
+      }
+      for (const auto& b : c.budgets) {
+        add_verdict("Gpu/BudgetTest.FitsGpu/" + b.name(), b.batch_size, "--memgate_budget=" + b.gpu,
+                    "gpu;budget;" + b.fixture + ";" + b.gpu);
+      }
     }
   }
   for (const auto& b : budget_cases("gpu")) {
-    for (const auto* test : {"FitsGpu", "HoldsUnderAllocatorCap"}) {
-      emit(std::string("Gpu/BudgetTest.") + test + "/" + b.name(), "gpu;budget;" + b.fixture + ";" + b.gpu, true);
-    }
+    const auto test = "Gpu/BudgetTest.HoldsUnderAllocatorCap/" + b.name();
+    add(test, quote(binary) + " " + quote("--gtest_filter=" + test));
+    std::cout << "set_tests_properties(" << quote(test) << " PROPERTIES LABELS "
+              << quote("gpu;budget;" + b.fixture + ";" + b.gpu) << skip << " ENVIRONMENT " << environment
+              << " RESOURCE_GROUPS gpus:1 TIMEOUT 3600)\n";
   }
-  emit("SuiteTest.LoadsEverySuite", "cpu;memory", false);
+  add("SuiteTest.LoadsEverySuite", quote(binary) + " " + quote("--gtest_filter=SuiteTest.LoadsEverySuite"));
+  std::cout << "set_tests_properties([==[SuiteTest.LoadsEverySuite]==] PROPERTIES LABELS [==[cpu;memory]==] "
+               "ENVIRONMENT " << environment << ")\n";
 }
 
 }  // namespace
 }  // namespace memgate
 
 int main(int argc, char** argv) {
+  bool list = false;
+  std::string verdict_binary;
+  std::string verdicts = "memgate-verdicts";
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--memgate_ctest_list") {
-      memgate::print_ctest_registration(std::filesystem::absolute(argv[0]).string());
-      return memgate::load_errors().empty() ? 0 : 1;
+    const std::string arg = argv[i];
+    if (arg == "--memgate_ctest_list") list = true;
+    if (arg.starts_with("--memgate_verdict_binary=")) verdict_binary = arg.substr(arg.find('=') + 1);
+    if (arg.starts_with("--memgate_verdicts_dir=")) verdicts = arg.substr(arg.find('=') + 1);
+  }
+  if (list) {
+    if (verdict_binary.empty()) {
+      std::cerr << "--memgate_ctest_list needs --memgate_verdict_binary=<the component tests' executable>\n";
+      return 2;
     }
+    memgate::print_ctest_registration(std::filesystem::absolute(argv[0]).string(), verdict_binary, verdicts);
+    return memgate::load_errors().empty() ? 0 : 1;
   }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

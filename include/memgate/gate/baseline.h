@@ -1,6 +1,7 @@
 // Committed baselines (baselines/<device-slug>/<fixture>.json): reading, comparing, and updating in place.
 #pragma once
 
+#include "memgate/base/status.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/measure/probe.h"
 
@@ -81,8 +82,6 @@ struct Comparison {
                                            std::string_view component, std::int64_t baseline,
                                            std::int64_t measured, const Tolerance& tolerance);
 
-/// Whether MEMGATE_STRICT=1: stale and missing baselines fail.
-[[nodiscard]] bool strict_mode();
 /// Whether MEMGATE_UPDATE_BASELINES=1: the memory suites record instead of compare.
 [[nodiscard]] bool update_mode();
 

@@ -7,7 +7,7 @@ namespace memgate {
 
 struct Summary {
   std::string markdown;
-  bool failed = false;  ///< a regression, a changed model or an out-of-memory
+  bool failed = false;  ///< a status that fails the gate (fails(status, strict_mode()))
 };
 
 /// Reads the results file (one JSON object per test; the last line of a test wins) and renders, per fixture,

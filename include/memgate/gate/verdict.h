@@ -2,52 +2,20 @@
 // sentence that explains it. The memory suite, `memgate summary` and `memgate check` all use it.
 #pragma once
 
-#include "memgate/base/enum_names.h"
+#include "memgate/base/status.h"
 #include "memgate/gate/baseline.h"
+#include "memgate/gate/budget.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/measure/probe.h"
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace memgate {
-
-/// What the gate says of one component of one probe.
-enum class Status {
-  kOk,          ///< within its baseline's tolerance
-  kRegression,  ///< grew beyond the tolerance: fails
-  kStale,       ///< shrank beyond the tolerance: passes with a notice (fails in strict mode)
-  kMissing,     ///< no baseline for this device or batch size: skips (fails in strict mode)
-  kChanged,     ///< the fixture no longer hashes to what the baseline was recorded for: fails
-  kOom,         ///< the probe ran out of memory: fails
-  kOverBudget,  ///< a budget's step does not fit its GPU: fails
-};
-
-/// The words of Status, as results files and summaries spell them.
-inline constexpr EnumNames<Status, 7> kStatusNames{{{Status::kOk, "ok"},
-                                                   {Status::kRegression, "regression"},
-                                                   {Status::kStale, "stale"},
-                                                   {Status::kMissing, "missing"},
-                                                   {Status::kChanged, "changed"},
-                                                   {Status::kOom, "oom"},
-                                                   {Status::kOverBudget, "over-budget"}}};
-
-/// Whether a status fails the gate (`strict`: stale and missing baselines fail too).
-[[nodiscard]] bool fails(Status status, bool strict);
-
-/// One component of one probe, judged.
-struct ComponentVerdict {
-  Status status = Status::kOk;
-  std::string fixture;
-  std::int64_t batch_size = 0;
-  std::string component;
-  std::optional<std::int64_t> baseline;  ///< bytes, when there is a baseline
-  std::optional<std::int64_t> measured;  ///< bytes, when the probe ran
-  std::optional<std::int64_t> allowed;   ///< the tolerance in bytes, when compared
-  std::string message;                   ///< what a failure, a notice or a skip prints
-};
 
 /// Judges `component` of `probe` (fixture at a batch size, measured on `device`) against `baseline` (nullptr:
 /// none for this device; `baseline_file` names where it was looked for), with the fixture's effective tolerance
@@ -60,5 +28,29 @@ struct ComponentVerdict {
 /// The provenance fields in which a recorded probe differs from `device`: "torch 2.10.0 -> 2.11.0", ...; empty
 /// when they agree.
 [[nodiscard]] std::string provenance_differences(const BaselineProbe& recorded, const DeviceInfo& device);
+
+/// Judges a measured step against a GPU's budget: kOverBudget when step_peak_reserved plus what lives outside the
+/// allocator exceeds the GPU's usable bytes (kOom when the probe ran out of memory). `component` names the GPU.
+[[nodiscard]] ComponentVerdict evaluate_budget(const Fixture& fixture, const ProbeResult& probe, const GpuSpec& gpu);
+
+/// One fixture's probes on a device, judged: what `memgate check` prints and the memory suite's measuring tests
+/// write for their component tests.
+struct FixtureVerdicts {
+  DeviceInfo device;                          ///< where the probes ran, with the provenance the baseline is read against
+  std::string baseline_file;                  ///< <baselines>/<slug>/<fixture>.json, whether or not it exists
+  std::vector<ProbeResult> probes;            ///< the probes that ran
+  std::vector<ComponentVerdict> components;   ///< batch size x component (kComponentTable order)
+};
+
+/// Judges `fixture` at each of `batch_sizes` on `device` against <baselines_dir>/<slug>/<fixture>.json. A batch size
+/// with no baseline, or one recorded for another fixture hash, is judged without measuring (missing, changed); the
+/// others are measured once each, in the order given. `extra_batch_sizes` are measured too (for budgets) without
+/// verdicts. A corrupt baseline throws memgate::Error naming the file.
+[[nodiscard]] FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes,
+                                            c10::Device device, const std::string& baselines_dir,
+                                            std::span<const std::int64_t> extra_batch_sizes = {});
+
+/// The probe of `fixture` at `batch_size` among `verdicts.probes`, or nullptr when it was not measured.
+[[nodiscard]] const ProbeResult* find_probe(const FixtureVerdicts& verdicts, std::int64_t batch_size);
 
 }  // namespace memgate

@@ -1,0 +1,59 @@
+// The gate's verdict words and what one judged component carries, free of LibTorch: the measuring tests write them,
+// the component tests, `memgate summary` and `memgate check` read them. gate/verdict.h makes them.
+#pragma once
+
+#include "memgate/base/enum_names.h"
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace memgate {
+
+/// What the gate says of one component of one probe (or of one budget).
+enum class Status {
+  kOk,          ///< within its baseline's tolerance
+  kRegression,  ///< grew beyond the tolerance: fails
+  kStale,       ///< shrank beyond the tolerance: passes with a notice (fails in strict mode)
+  kMissing,     ///< no baseline for this device or batch size: skips (fails in strict mode)
+  kChanged,     ///< the fixture no longer hashes to what the baseline was recorded for: fails
+  kOom,         ///< the probe ran out of memory: fails
+  kOverBudget,  ///< a budget's step does not fit its GPU: fails
+};
+
+/// The words of Status, as results files and summaries spell them.
+inline constexpr EnumNames<Status, 7> kStatusNames{{{Status::kOk, "ok"},
+                                                   {Status::kRegression, "regression"},
+                                                   {Status::kStale, "stale"},
+                                                   {Status::kMissing, "missing"},
+                                                   {Status::kChanged, "changed"},
+                                                   {Status::kOom, "oom"},
+                                                   {Status::kOverBudget, "over-budget"}}};
+
+/// Whether a status fails the gate (`strict`: stale and missing baselines fail too).
+[[nodiscard]] bool fails(Status status, bool strict);
+
+/// MEMGATE_STRICT=1: stale and missing baselines fail too.
+[[nodiscard]] bool strict_mode();
+
+/// One component of one probe, judged. For a budget, `component` is the GPU's name, `baseline` the bytes it has
+/// usable and `measured` the bytes the step needs.
+struct ComponentVerdict {
+  Status status = Status::kOk;
+  std::string fixture;
+  std::int64_t batch_size = 0;
+  std::string component;
+  std::optional<std::int64_t> baseline;  ///< bytes, when there is a baseline
+  std::optional<std::int64_t> measured;  ///< bytes, when the probe ran
+  std::optional<std::int64_t> allowed;   ///< the tolerance in bytes, when compared
+  std::string message;                   ///< what a failure, a notice or a skip prints
+};
+
+/// JSON of a verdict: {"status", "fixture", "batch_size", "component", "message"} and the bytes that are known.
+void to_json(nlohmann::json& j, const ComponentVerdict& v);
+/// Reads what to_json wrote; throws memgate::Error naming the field that is missing or of the wrong type.
+void from_json(const nlohmann::json& j, ComponentVerdict& v);
+
+}  // namespace memgate

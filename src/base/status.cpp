@@ -1,0 +1,78 @@
+// Status words and the JSON of a verdict.
+#include "memgate/base/status.h"
+
+#include "memgate/base/error.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+
+namespace memgate {
+
+bool fails(Status status, bool strict) {
+  switch (status) {
+    case Status::kOk: return false;
+    case Status::kStale:
+    case Status::kMissing: return strict;
+    case Status::kRegression:
+    case Status::kChanged:
+    case Status::kOom:
+    case Status::kOverBudget: return true;
+  }
+  return true;
+}
+
+bool strict_mode() {
+  const char* v = std::getenv("MEMGATE_STRICT");
+  return v != nullptr && std::string(v) == "1";
+}
+
+void to_json(nlohmann::json& j, const ComponentVerdict& v) {
+  j = {{"status", name_of(kStatusNames, v.status)},
+       {"fixture", v.fixture},
+       {"batch_size", v.batch_size},
+       {"component", v.component},
+       {"message", v.message}};
+  if (v.baseline) j["baseline"] = *v.baseline;
+  if (v.measured) j["measured"] = *v.measured;
+  if (v.allowed) j["allowed"] = *v.allowed;
+}
+
+namespace {
+
+const nlohmann::json& field(const nlohmann::json& j, const char* key, bool (nlohmann::json::*is)() const noexcept,
+                            const char* expected) {
+  if (!j.is_object() || !j.contains(key) || !(j[key].*is)()) {
+    throw Error(fmt::format("`{}`: expected {}", key, expected));
+  }
+  return j[key];
+}
+
+std::optional<std::int64_t> optional_bytes(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key)) return std::nullopt;
+  if (!j[key].is_number_integer()) throw Error(fmt::format("`{}`: expected an integer (bytes)", key));
+  return j[key].get<std::int64_t>();
+}
+
+}  // namespace
+
+void from_json(const nlohmann::json& j, ComponentVerdict& v) {
+  const auto word = field(j, "status", &nlohmann::json::is_string, "a string").get<std::string>();
+  const auto status = parse_enum(kStatusNames, word);
+  if (!status) {
+    std::string known;
+    for (const auto& w : enum_words(kStatusNames)) known += (known.empty() ? "" : ", ") + w;
+    throw Error(fmt::format("`status`: expected one of {}, got '{}'", known, word));
+  }
+  v.status = *status;
+  v.fixture = field(j, "fixture", &nlohmann::json::is_string, "a string").get<std::string>();
+  v.batch_size = field(j, "batch_size", &nlohmann::json::is_number_integer, "an integer").get<std::int64_t>();
+  v.component = field(j, "component", &nlohmann::json::is_string, "a string").get<std::string>();
+  v.message = field(j, "message", &nlohmann::json::is_string, "a string").get<std::string>();
+  v.baseline = optional_bytes(j, "baseline");
+  v.measured = optional_bytes(j, "measured");
+  v.allowed = optional_bytes(j, "allowed");
+}
+
+}  // namespace memgate
