@@ -45,6 +45,8 @@ VitOptions read_vit(MapReader& r, bool allow_headless) {
   s.num_classes = r.get_int("num_classes", allow_headless ? 0 : s.num_classes, allow_headless ? 0 : 1, 1 << 24);
   s.qkv_bias = r.get_bool("qkv_bias", s.qkv_bias);
   s.attention = r.get_enum("attention", std::optional(s.attention), kAttentionNames);
+  s.proj_drop = r.get_double("proj_drop", s.proj_drop, 0.0, 0.99);
+  if (s.proj_drop == 0.0) r.leave_out_of_hash("proj_drop");  // added later: off, fixtures keep their hash
   s.lora = read_lora(r);
   return s;
 }

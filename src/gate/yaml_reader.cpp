@@ -67,6 +67,10 @@ void MapReader::record(const std::string& key, nlohmann::json value) {
   if (out_ != nullptr) (*out_)[key] = std::move(value);
 }
 
+void MapReader::leave_out_of_hash(const std::string& key) {
+  if (out_ != nullptr) out_->erase(key);
+}
+
 std::int64_t MapReader::get_int(const std::string& key, std::optional<std::int64_t> fallback, std::int64_t min,
                                 std::int64_t max) {
   std::ostringstream range;

@@ -28,7 +28,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   return proj->forward(y.transpose(1, 2).reshape({b, n, c}));
 }
 
-VitBlockImpl::VitBlockImpl(const VitOptions& spec, nn::ParamOptions param) {
+VitBlockImpl::VitBlockImpl(const VitOptions& spec, nn::ParamOptions param) : proj_drop(spec.proj_drop) {
   nn::LayerNormOptions norm_options(spec.embed_dim);
   norm_options.param = param;
   norm1 = register_module("norm1", nn::LayerNorm(norm_options));
@@ -51,8 +51,14 @@ VitBlockImpl::VitBlockImpl(const VitOptions& spec, nn::ParamOptions param) {
   }
 }
 
+torch::Tensor VitBlockImpl::attention_branch(const torch::Tensor& x) {
+  auto a = attn->forward(norm1->forward(x));
+  return proj_drop > 0.0 ? torch::dropout(a, proj_drop, is_training()) : a;
+}
+
 torch::Tensor VitBlockImpl::forward(const torch::Tensor& x) {
-  auto y = x + attn->forward(norm1->forward(x));
+  // The branch's output is a temporary: it is freed as soon as the sum exists, not held through the MLP.
+  auto y = x + attention_branch(x);
   return y + fc2->forward(torch::gelu(fc1->forward(norm2->forward(y))));
 }
 

@@ -52,6 +52,12 @@ TEST(FixtureTest, HashFollowsTheModelNotTheBatchSizesOrFormatting) {
   EXPECT_NE(a.hash, c.hash);
   const auto d = testing::fixture_from(tiny_vit_yaml("", "  mlp_ratio: 4.0\n"));  // the default, spelled out
   EXPECT_EQ(a.hash, d.hash);
+  // An option added after fixtures were hashed leaves their hash alone when off, and changes it when on.
+  EXPECT_EQ(a.hash, testing::fixture_from(tiny_vit_yaml("", "  proj_drop: 0.0\n")).hash);
+  const auto dropout = testing::fixture_from(tiny_vit_yaml("", "  proj_drop: 0.1\n"));
+  EXPECT_NE(a.hash, dropout.hash);
+  EXPECT_DOUBLE_EQ(std::get<VitOptions>(dropout.model.options).proj_drop, 0.1);
+  EXPECT_THAT(load_error(tiny_vit_yaml("", "  proj_drop: 1.0\n")), HasSubstr("model.proj_drop"));
 }
 
 TEST(FixtureTest, UnknownKeyNamesKeyAndLine) {

@@ -26,6 +26,9 @@ struct VitOptions {
   std::int64_t num_classes = 1000; ///< head outputs; 0 for no head
   bool qkv_bias = true;            ///< bias on the fused qkv projection
   Attention attention = Attention::kSdpa;  ///< sdpa | math
+  /// Dropout after each block's attention projection (timm's Attention `proj_drop`), in training only; 0: none.
+  /// In training it keeps one mask per block for backward.
+  double proj_drop = 0.0;
   LoraOptions lora;                ///< optional adapters
 };
 
@@ -56,6 +59,10 @@ class VitBlockImpl : public torch::nn::Module {
   nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   Attention attn{nullptr};
   nn::Linear fc1{nullptr}, fc2{nullptr};
+  double proj_drop = 0.0;
+
+ private:
+  torch::Tensor attention_branch(const torch::Tensor& x);
 };
 TORCH_MODULE(VitBlock);
 
