@@ -416,7 +416,6 @@ int main(int argc, char** argv) {
   // Before any tensor: CPU bytes are counted from the first allocation on, and probes pin intra-op threads.
   memgate::CountingCpuAllocator::install();
   torch::set_num_threads(1);
-  memgate::configure_determinism();
 
   // A JSON file reporter of our own where --benchmark_out is given (the library refuses one without it); the
   // console and CSV formats print no memory.

@@ -194,6 +194,7 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
                         {"driver", device.driver_version}, {"allocator", device.allocator_settings},
                         {"cpu_threads", device.cpu_threads}, {"fixture_hash", fixture.hash},
                         {"commit", commit}};
+    if (device.device.is_cuda()) fresh.provenance["cuda_module_loading"] = device.cuda_module_loading;
     auto it = std::find_if(b.probes.begin(), b.probes.end(),
                            [&](const BaselineProbe& p) { return p.batch_size == probe.batch_size; });
     if (it == b.probes.end()) {

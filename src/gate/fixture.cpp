@@ -198,6 +198,8 @@ TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
   t.precision = r.get_enum("precision", std::optional(Precision::kFp32), kPrecisionNames);
   t.gradient_checkpointing = r.get_bool("gradient_checkpointing", false);
   t.accumulation_steps = r.get_int("accumulation_steps", 1, 1, 4096);
+  t.deterministic = r.get_bool("deterministic", false);
+  if (!t.deterministic) r.leave_out_of_hash("deterministic");  // added later: off, fixtures keep their hash
   t.allocator = r.get_string("allocator", std::string());
   if (t.trainable.kind == TrainableSpec::Kind::kLora) {
     bool has_lora = false;

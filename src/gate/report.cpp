@@ -46,6 +46,7 @@ nlohmann::json profile_to_json(const Profile& profile) {
     } else {
       probe["components"] = components_to_json(p.components);
       probe["step_seconds"] = p.step_seconds;
+      probe["library_workspace_bytes"] = p.library_workspace_bytes;
     }
     probe["probe_seconds"] = p.seconds;
     probes.push_back(probe);

@@ -13,7 +13,7 @@ std::string provenance_differences(const BaselineProbe& recorded, const DeviceIn
       {"device", device.name},          {"torch", device.torch_version},
       {"cuda", device.cuda_version},    {"cudnn", device.cudnn_version},
       {"driver", device.driver_version}, {"allocator", device.allocator_settings},
-      {"cpu_threads", std::to_string(device.cpu_threads)}};
+      {"cpu_threads", std::to_string(device.cpu_threads)}, {"cuda_module_loading", device.cuda_module_loading}};
   std::string out;
   for (const auto& [key, value] : now) {
     if (!recorded.provenance.contains(key)) continue;
@@ -93,15 +93,16 @@ ComponentVerdict evaluate_budget(const Fixture& fixture, const ProbeResult& prob
                             fixture.name, probe.batch_size, gpu.name, probe.error);
     return v;
   }
-  const auto check = check_budget(probe.components.step_peak_reserved, gpu);
+  // The library workspaces live in the allocator outside the step's components, and the step needs them.
+  const auto check = check_budget(probe.components.step_peak_reserved + probe.library_workspace_bytes, gpu);
   v.baseline = check.available;
   v.measured = check.required;
   v.status = check.fits() ? Status::kOk : Status::kOverBudget;
   v.message = fmt::format(
-      "{} at batch {} {} {}: needs {} bytes (step_peak_reserved {} + outside the allocator {}), usable {} ({} x {}); "
-      "{} {} bytes",
+      "{} at batch {} {} {}: needs {} bytes (step_peak_reserved {} + library workspaces {} + outside the allocator "
+      "{}), usable {} ({} x {}); {} {} bytes",
       fixture.name, probe.batch_size, check.fits() ? "fits" : "does not fit", gpu.name, check.required,
-      probe.components.step_peak_reserved, gpu.outside_allocator_bytes, check.available, gpu.usable_fraction,
+      probe.components.step_peak_reserved, probe.library_workspace_bytes, gpu.outside_allocator_bytes, check.available, gpu.usable_fraction,
       gpu.memory_bytes, check.fits() ? "headroom" : "over by",
       check.fits() ? check.headroom() : -check.headroom());
   return v;

@@ -7,6 +7,8 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <limits>
+#include <new>
 #include <mutex>
 
 namespace memgate {
@@ -61,9 +63,18 @@ c10::DataPtr CountingCpuAllocator::allocate(size_t nbytes) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, "memgate: CPU allocator limit reached: tried to allocate ", nbytes,
                      " bytes with ", now - size, " of ", limit, " bytes in use");
   }
+  // A failed allocation is out of memory at this batch size, and is not counted: the next probe starts clean.
+  char* base = nullptr;
+  try {
+    if (nbytes > std::numeric_limits<std::size_t>::max() / 2) throw std::bad_alloc();
+    base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
+  } catch (const std::exception&) {
+    g_current.fetch_sub(size, std::memory_order_relaxed);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "memgate: the CPU could not allocate ", nbytes, " bytes (",
+                     now - size, " bytes in use)");
+  }
   raise_peak(now);
   g_count.fetch_add(1, std::memory_order_relaxed);
-  auto* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
   *reinterpret_cast<std::size_t*>(base) = nbytes;
   void* data = base + kHeader;
   return {data, data, &counting_delete, c10::Device(c10::DeviceType::CPU)};

@@ -3,6 +3,8 @@
 
 #include "memgate/base/error.h"
 
+#include <fmt/format.h>
+
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/AllocatorConfig.h>
@@ -12,9 +14,11 @@
 #include <dlfcn.h>
 
 #include <cctype>
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 
 #if __has_include(<cuda_runtime_api.h>)
 #include <cuda_runtime_api.h>
@@ -142,9 +146,87 @@ DeviceInfo describe_device(c10::Device device) {
   info.slug = "cuda";
 #endif
   info.driver_version = nvidia_driver_version();
+  if (const char* loading = std::getenv("CUDA_MODULE_LOADING")) info.cuda_module_loading = loading;
   if (const char* conf = std::getenv("PYTORCH_ALLOC_CONF")) info.allocator_settings = conf;
   else if (const char* old = std::getenv("PYTORCH_CUDA_ALLOC_CONF")) info.allocator_settings = old;
   return info;
+}
+
+namespace {
+
+// Runs while the program starts, before main() and so before any CUDA call LibTorch could make: every program
+// linking the measure library measures with the CUDA environment PyTorch users have.
+[[maybe_unused]] const bool kCudaEnvironmentPrepared = prepare_cuda_environment();
+
+std::optional<int> parse_index(std::string_view text) {
+  int value = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < 0) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+bool prepare_cuda_environment() {
+  static bool prepared = false;
+  if (prepared) return true;
+  prepared = true;
+  setenv("CUDA_MODULE_LOADING", "LAZY", /*overwrite=*/0);
+  setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", /*overwrite=*/0);
+  return true;
+}
+
+c10::DeviceIndex assigned_gpu(std::string_view ctest_resource, std::string_view visible, int device_count) {
+  if (device_count < 1) throw Error("no CUDA device is visible to this process");
+  if (ctest_resource.empty()) {
+    if (device_count > 1) {
+      throw Error(fmt::format("{} GPUs are visible and CTest assigned none to this test: run the `gpu` test preset "
+                              "(it passes a resource spec file), or set CUDA_VISIBLE_DEVICES to one GPU",
+                              device_count));
+    }
+    return 0;
+  }
+  // "id:N,slots:1"; several entries (separated by ';') would be several GPUs for one test.
+  const auto expected = fmt::format("CTEST_RESOURCE_GROUP_0_GPUS: expected one GPU as \"id:N,slots:1\", got \"{}\"",
+                                    ctest_resource);
+  if (ctest_resource.find(';') != std::string_view::npos || !ctest_resource.starts_with("id:")) throw Error(expected);
+  const auto comma = ctest_resource.find(',');
+  const auto id = parse_index(ctest_resource.substr(3, comma == std::string_view::npos ? std::string_view::npos
+                                                                                       : comma - 3));
+  if (!id) throw Error(expected);
+  int ordinal = *id;
+  if (!visible.empty()) {
+    // The assigned id is a physical index; CUDA numbers the visible GPUs from 0 in the order listed.
+    ordinal = -1;
+    int position = 0;
+    for (std::size_t start = 0; start <= visible.size(); ++position) {
+      const auto end = std::min(visible.find(',', start), visible.size());
+      const auto entry = parse_index(visible.substr(start, end - start));
+      if (!entry) {
+        throw Error(fmt::format("CUDA_VISIBLE_DEVICES=\"{}\": expected GPU indices separated by commas to map "
+                                "CTest's GPU {} (UUIDs and MIG instances cannot be mapped: list indices, or unset it)",
+                                visible, *id));
+      }
+      if (*entry == *id && ordinal < 0) ordinal = position;
+      start = end + 1;
+    }
+    if (ordinal < 0) {
+      throw Error(fmt::format("CTest assigned GPU {}, which CUDA_VISIBLE_DEVICES=\"{}\" hides: give CTest a resource "
+                              "spec of the visible GPUs", *id, visible));
+    }
+  }
+  if (ordinal >= device_count) {
+    throw Error(fmt::format("CTest assigned GPU {} (ordinal {}), but this process sees {} CUDA device(s)", *id,
+                            ordinal, device_count));
+  }
+  return static_cast<c10::DeviceIndex>(ordinal);
+}
+
+c10::Device gpu_for_test() {
+  const char* resource = std::getenv("CTEST_RESOURCE_GROUP_0_GPUS");
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return {c10::DeviceType::CUDA, assigned_gpu(resource != nullptr ? resource : "", visible != nullptr ? visible : "",
+                                              static_cast<int>(torch::cuda::device_count()))};
 }
 
 }  // namespace memgate

@@ -4,12 +4,15 @@
 #include "memgate/measure/cpu_allocator.h"
 #include "memgate/base/error.h"
 
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cstddef>
+#include <map>
+#include <mutex>
 
 namespace memgate {
 namespace {
@@ -27,6 +30,7 @@ class CpuBackend final : public MemoryBackend {
   void reset_peak() override { counter_.reset_peak(); }
   void empty_cache() override {}
   void set_memory_fraction(double) override {}
+  std::int64_t create_library_workspaces() override { return 0; }
   void apply_allocator_settings(const std::string&) override {}
   c10::Device device() const override { return c10::Device(c10::DeviceType::CPU); }
 
@@ -37,7 +41,11 @@ class CpuBackend final : public MemoryBackend {
 class CudaBackend final : public MemoryBackend {
  public:
   explicit CudaBackend(c10::Device device) : device_(device) {}
-  void synchronize() override { c10::cuda::device_synchronize(); }
+  // Every call acts on this backend's device, whichever device is current.
+  void synchronize() override {
+    const c10::cuda::CUDAGuard guard(device_);
+    c10::cuda::device_synchronize();
+  }
   MemorySnapshot snapshot() override {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
     constexpr auto kAll = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
@@ -48,6 +56,22 @@ class CudaBackend final : public MemoryBackend {
   void empty_cache() override {
     synchronize();
     c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+  std::int64_t create_library_workspaces() override {
+    static std::mutex mutex;
+    static std::map<c10::DeviceIndex, std::int64_t> created;  // bytes, measured when first created
+    const std::lock_guard lock(mutex);
+    const c10::cuda::CUDAGuard guard(device_);
+    const auto before = snapshot().allocated;
+    // On the current stream of this thread, as the probe's kernels will run.
+    (void)at::cuda::getCurrentCUDABlasHandle();
+    (void)at::cuda::getCurrentCUDABlasLtHandle();
+    (void)at::cuda::getCUDABlasLtWorkspace();
+    synchronize();
+    const auto bytes = snapshot().allocated - before;
+    auto [it, inserted] = created.try_emplace(device_.index(), bytes);
+    if (!inserted && bytes > 0) it->second += bytes;  // another stream or thread: its own workspaces
+    return it->second;
   }
   void set_memory_fraction(double fraction) override {
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction <= 0.0 ? 1.0 : fraction, device_.index());

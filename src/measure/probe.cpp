@@ -16,12 +16,10 @@
 
 namespace memgate {
 
-void configure_determinism() {
-  // cuBLAS keeps one fixed workspace per handle and stream instead of growing one per call.
-  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/1);
+void configure_determinism(bool deterministic) {
   at::globalContext().setBenchmarkCuDNN(false);
-  at::globalContext().setDeterministicCuDNN(true);
-  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  at::globalContext().setDeterministicCuDNN(deterministic);
+  at::globalContext().setDeterministicAlgorithms(deterministic, /*warn_only=*/true);
 }
 
 namespace {
@@ -149,9 +147,12 @@ class ProbeObserver final : public StepObserver {
 
 PreparedStep::PreparedStep(const Workload& workload, std::int64_t batch_size, c10::Device device,
                            const ProbeOptions& options, StepObserver* observer)
-    : backend_(make_memory_backend(device)) {
+    : guard_(device.is_cuda() ? std::optional<c10::Device>(device) : std::nullopt),
+      backend_(make_memory_backend(device)) {
   require_batch_size(workload, batch_size);
+  configure_determinism(workload.training.deterministic);
   backend_->apply_allocator_settings(workload.training.allocator);
+  library_workspace_bytes_ = backend_->create_library_workspaces();
   backend_->empty_cache();
   backend_->synchronize();
   base_ = backend_->snapshot();
@@ -160,10 +161,19 @@ PreparedStep::PreparedStep(const Workload& workload, std::int64_t batch_size, c1
   step_->warm_up(options.warmup_steps, observer);
 }
 
+bool is_out_of_memory(std::string_view message) {
+  for (const std::string_view sign : {"CUDA out of memory", "CUDA error: out of memory", "cudaErrorMemoryAllocation",
+                                      "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                                      "DefaultCPUAllocator: not enough memory",
+                                      "DefaultCPUAllocator: can't allocate memory"}) {
+    if (message.find(sign) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
 ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                       const ProbeOptions& options) {
   require_batch_size(workload, batch_size);
-  configure_determinism();
   ThreadScope threads(device, options.cpu_threads);
   ProbeResult result;
   result.batch_size = batch_size;
@@ -177,7 +187,12 @@ ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::De
     observer.finish_measured_step();
     result.step_seconds = seconds_since(step_start);
     result.components = observer.components();
+    result.library_workspace_bytes = prepared.library_workspace_bytes();
   } catch (const c10::OutOfMemoryError& e) {
+    result.oom = true;
+    result.error = e.what_without_backtrace();
+  } catch (const c10::Error& e) {
+    if (!is_out_of_memory(e.what_without_backtrace())) throw;
     result.oom = true;
     result.error = e.what_without_backtrace();
   }

@@ -69,5 +69,14 @@ TEST_F(CpuAllocatorTest, LimitRaisesOutOfMemoryAndKeepsCounting) {
   EXPECT_EQ(counter.current_bytes() - before, 4000);
 }
 
+// An allocation the machine cannot satisfy is out of memory too, and is not counted.
+TEST_F(CpuAllocatorTest, AnAllocationTheMachineRefusesIsOutOfMemoryAndNotCounted) {
+  const auto before = counter.current_bytes();
+  const auto peak = counter.peak_bytes();
+  EXPECT_THROW((void)torch::empty({std::int64_t{1} << 60}, torch::kUInt8), c10::OutOfMemoryError);
+  EXPECT_EQ(counter.current_bytes(), before);
+  EXPECT_EQ(counter.peak_bytes(), peak) << "a failed allocation must not raise the peak";
+}
+
 }  // namespace
 }  // namespace memgate

@@ -39,3 +39,53 @@ TEST(DeviceTest, DescribesTheCpuWithVersions) {
 
 }  // namespace
 }  // namespace memgate
+
+namespace memgate {
+namespace {
+
+std::string assignment_error(std::string_view resource, std::string_view visible, int count) {
+  try {
+    (void)assigned_gpu(resource, visible, count);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(GpuAssignmentTest, ACTestIdNamesThePhysicalGpu) {
+  EXPECT_EQ(assigned_gpu("id:0,slots:1", "", 4), 0);
+  EXPECT_EQ(assigned_gpu("id:3,slots:1", "", 4), 3);
+  EXPECT_EQ(assigned_gpu("id:2", "", 4), 2);
+  // With CUDA_VISIBLE_DEVICES, CUDA numbers the listed GPUs from 0: physical GPU 3 is ordinal 1 of "2,3".
+  EXPECT_EQ(assigned_gpu("id:3,slots:1", "2,3", 2), 1);
+  EXPECT_EQ(assigned_gpu("id:2,slots:1", "2,3", 2), 0);
+  EXPECT_EQ(assigned_gpu("id:5,slots:1", "5", 1), 0);
+}
+
+TEST(GpuAssignmentTest, NoAssignmentIsTheOnlyGpuOrARefusal) {
+  EXPECT_EQ(assigned_gpu("", "", 1), 0);
+  EXPECT_NE(assignment_error("", "", 2).find("2 GPUs are visible and CTest assigned none"), std::string::npos);
+  EXPECT_NE(assignment_error("", "", 0).find("no CUDA device"), std::string::npos);
+}
+
+TEST(GpuAssignmentTest, WhatCannotBeMappedIsAnErrorNamingTheVariable) {
+  EXPECT_NE(assignment_error("id:1,slots:1", "0,2", 2).find("CTest assigned GPU 1, which CUDA_VISIBLE_DEVICES=\"0,2\" hides"),
+            std::string::npos);
+  EXPECT_NE(assignment_error("id:1,slots:1", "GPU-8f1c2a", 1).find("UUIDs and MIG instances cannot be mapped"),
+            std::string::npos);
+  EXPECT_NE(assignment_error("id:4,slots:1", "", 2).find("this process sees 2 CUDA device(s)"), std::string::npos);
+  for (const auto* bad : {"id:x,slots:1", "slots:1", "id:-1,slots:1", "id:0,slots:1;id:1,slots:1", "id:"}) {
+    EXPECT_NE(assignment_error(bad, "", 2).find("CTEST_RESOURCE_GROUP_0_GPUS: expected one GPU"), std::string::npos)
+        << bad;
+  }
+}
+
+TEST(CudaEnvironmentTest, IsPreparedBeforeMainAsPyTorchUsersHaveIt) {
+  // Set while the program started (unless the user had set them): lazy module loading, PCI bus order.
+  ASSERT_NE(std::getenv("CUDA_MODULE_LOADING"), nullptr);
+  ASSERT_NE(std::getenv("CUDA_DEVICE_ORDER"), nullptr);
+  EXPECT_TRUE(prepare_cuda_environment());
+}
+
+}  // namespace
+}  // namespace memgate

@@ -131,6 +131,34 @@ TEST(ProbeTest, OutOfMemoryIsRecordedAndTheNextBatchSizeStillRuns) {
   EXPECT_EQ(profile.probes[1].components.step_peak, small);
 }
 
+// Out of memory in every form the machine gives it: a batch the machine cannot hold is out of memory at that
+// batch, and the probes before and after it measure as if it had never run.
+TEST(ProbeTest, ABatchTheMachineCannotHoldIsOutOfMemoryAndTheRunGoesOn) {
+  const auto f = fixture_from(tiny_vit_yaml());
+  const auto profile = run_profile(f, {1, 1'000'000'000'000, 1}, kCpu);
+  ASSERT_EQ(profile.probes.size(), 3U);
+  EXPECT_FALSE(profile.probes[0].oom) << profile.probes[0].error;
+  EXPECT_TRUE(profile.probes[1].oom);
+  EXPECT_NE(profile.probes[1].error.find("could not allocate"), std::string::npos) << profile.probes[1].error;
+  EXPECT_FALSE(profile.probes[2].oom) << profile.probes[2].error;
+  EXPECT_EQ(profile.probes[0].components.get("step_peak"), profile.probes[2].components.get("step_peak"));
+  EXPECT_EQ(profile.probes[0].components.get("activations"), profile.probes[2].components.get("activations"));
+}
+
+TEST(ProbeTest, RecognizesEveryKindOfOutOfMemory) {
+  for (const auto* message :
+       {"CUDA out of memory. Tried to allocate 2.00 GiB", "CUDA error: out of memory",
+        "CUDA error: cudaErrorMemoryAllocation", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "DefaultCPUAllocator: not enough memory: you tried to allocate 8 bytes",
+        "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1024 bytes"}) {
+    EXPECT_TRUE(is_out_of_memory(message)) << message;
+  }
+  for (const auto* message : {"mat1 and mat2 shapes cannot be multiplied", "CUDA error: an illegal memory access",
+                              "CUBLAS_STATUS_EXECUTION_FAILED"}) {
+    EXPECT_FALSE(is_out_of_memory(message)) << message;
+  }
+}
+
 // The CUDA backend end to end: allocated bytes repeat, reserved covers allocated, params are the tensors' bytes
 // rounded up to the caching allocator's 512-byte blocks.
 TEST(ProbeTest, MeasuresOnCudaRepeatably) {

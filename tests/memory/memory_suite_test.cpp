@@ -16,7 +16,6 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <torch/cuda.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -91,20 +90,6 @@ std::vector<MeasureCase> measure_cases(const std::string& suite_name) {
 
 std::vector<BudgetCase> budget_cases(const std::string& suite_name) { return suite_or_empty(suite_name).budgets; }
 
-// The GPU CTest handed this test (CTEST_RESOURCE_GROUP_0_GPUS="id:N,slots:1"), else GPU 0 when it is the only one.
-c10::Device gpu_for_test() {
-  if (const char* spec = std::getenv("CTEST_RESOURCE_GROUP_0_GPUS")) {
-    std::string s = spec;
-    auto id = s.find("id:");
-    if (id != std::string::npos) return {c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(std::stoi(s.substr(id + 3)))};
-  }
-  if (torch::cuda::device_count() > 1) {
-    throw Error("several GPUs are visible and CTest assigned none to this test: run the `gpu` test preset (it "
-                "passes a resource spec file), or set CUDA_VISIBLE_DEVICES to one GPU");
-  }
-  return {c10::DeviceType::CUDA, 0};
-}
-
 const GpuSpec& gpu_spec(const std::string& id) {
   static const auto gpus = load_gpus(source_dir() + "/fixtures/gpus");
   return find_gpu(gpus, id);
@@ -177,10 +162,12 @@ TEST_P(BudgetTest, HoldsUnderAllocatorCap) {
   const auto cap = target.usable_bytes() - target.outside_allocator_bytes;
   ASSERT_GT(info.total_memory, cap) << "this GPU is smaller than " << target.name << ": cannot emulate it";
   auto backend = make_memory_backend(device);
-  backend->set_memory_fraction(static_cast<double>(cap) / static_cast<double>(info.total_memory));
-  const auto fits = run_probe(fixture, b.batch_size, device);
-  const auto above = run_probe(fixture, 2 * b.batch_size, device);
-  backend->set_memory_fraction(1.0);
+  ProbeResult fits, above;
+  {
+    const MemoryFractionScope capped(*backend, static_cast<double>(cap) / static_cast<double>(info.total_memory));
+    fits = run_probe(fixture, b.batch_size, device);
+    above = run_probe(fixture, 2 * b.batch_size, device);
+  }
   EXPECT_FALSE(fits.oom) << b.fixture << " at batch " << b.batch_size << " ran out of memory under a "
                          << cap << "-byte cap (" << target.name << "):\n" << fits.error;
   EXPECT_TRUE(above.oom || !check_budget(above.components.step_peak_reserved, target).fits())

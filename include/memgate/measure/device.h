@@ -31,6 +31,8 @@ struct DeviceInfo {
   std::int64_t total_memory = 0;
   /// Intra-op threads used on the CPU (probes pin them so bytes repeat).
   int cpu_threads = 0;
+  /// CUDA_MODULE_LOADING in force (`LAZY`, as Python's torch sets it), empty on the CPU.
+  std::string cuda_module_loading;
 };
 
 /// Lower-case, dashes for every run of other characters: `NVIDIA H100 80GB HBM3` -> `nvidia-h100-80gb-hbm3`.
@@ -42,6 +44,26 @@ struct DeviceInfo {
 /// Parses `auto`, `cpu`, `cuda` or `cuda:N`. `auto` is the first GPU when one is present, else the CPU.
 /// Throws memgate::Error for anything else, or for a CUDA device that is not there.
 [[nodiscard]] c10::Device resolve_device(std::string_view spec);
+
+/// The CUDA environment a PyTorch user's process has, set in this process before its first CUDA call (memgate's
+/// measure library does it while the program starts; calling it again does nothing): CUDA_MODULE_LOADING=LAZY
+/// (Python's torch sets it; eager loading takes several hundred MB more outside the allocator) and
+/// CUDA_DEVICE_ORDER=PCI_BUS_ID (device ordinals in nvidia-smi's order, the ids CTest's resource spec names).
+/// A value the user set already is kept. Returns true (it initializes a static).
+bool prepare_cuda_environment();
+
+/// The CUDA device ordinal of the GPU CTest assigned to a test.
+/// - `ctest_resource`: CTEST_RESOURCE_GROUP_0_GPUS ("id:2,slots:1"; empty: no assignment). Ids are nvidia-smi
+///   indices (PCI bus order, see prepare_cuda_environment).
+/// - `visible`: CUDA_VISIBLE_DEVICES ("" or unset: every GPU; "2,3": GPU 2 is ordinal 0).
+/// - `device_count`: the devices CUDA sees in this process.
+/// Without an assignment, the only GPU; several GPUs and no assignment is an error (a test would measure on a GPU
+/// another test may hold). Throws memgate::Error naming the variable and what was expected.
+[[nodiscard]] c10::DeviceIndex assigned_gpu(std::string_view ctest_resource, std::string_view visible,
+                                            int device_count);
+
+/// assigned_gpu() with this process's environment and LibTorch's device count: the GPU a memory test measures on.
+[[nodiscard]] c10::Device gpu_for_test();
 
 /// Describes a device: name, slug and versions.
 [[nodiscard]] DeviceInfo describe_device(c10::Device device);

@@ -31,9 +31,29 @@ class MemoryBackend {
   /// Caps the allocator at `fraction` of the device's memory (CUDA's per-process memory fraction); 0 lifts the
   /// cap where the device allows it.
   virtual void set_memory_fraction(double fraction) = 0;
+  /// Creates what libraries keep allocated for the rest of the process once a kernel has used them (cuBLAS and
+  /// cuBLASLt workspaces, one per handle and stream, that emptyCache does not free), so that a probe's `base`
+  /// holds them whatever ran before it in the process. Returns their bytes on this device, measured the first
+  /// time they were created in this process (the same value on every call); 0 on the CPU.
+  virtual std::int64_t create_library_workspaces() = 0;
   /// Applies allocator settings such as `expandable_segments:True` (CUDA; ignored on the CPU).
   virtual void apply_allocator_settings(const std::string& settings) = 0;
   [[nodiscard]] virtual c10::Device device() const = 0;
+};
+
+/// Caps a backend's allocator at a fraction of its device's memory for as long as it lives, and lifts the cap when
+/// it goes, however the scope is left (an exception, a failed assertion).
+class MemoryFractionScope {
+ public:
+  MemoryFractionScope(MemoryBackend& backend, double fraction) : backend_(backend) {
+    backend_.set_memory_fraction(fraction);
+  }
+  ~MemoryFractionScope() { backend_.set_memory_fraction(1.0); }
+  MemoryFractionScope(const MemoryFractionScope&) = delete;
+  MemoryFractionScope& operator=(const MemoryFractionScope&) = delete;
+
+ private:
+  MemoryBackend& backend_;
 };
 
 /// The backend for `device`: the counting CPU allocator (installed on first use) or CUDA's caching allocator.

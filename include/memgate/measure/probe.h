@@ -2,6 +2,8 @@
 // (DESIGN.md, "The measurement protocol").
 #pragma once
 
+#include <c10/core/DeviceGuard.h>
+
 #include "memgate/base/components.h"
 #include "memgate/measure/device.h"
 #include "memgate/measure/memory_backend.h"
@@ -25,7 +27,15 @@ struct ProbeResult {
   Components components;
   double seconds = 0.0;      ///< wall time of the whole probe (build, warm-up, measured step)
   double step_seconds = 0.0; ///< wall time of the measured step alone
+  /// cuBLAS / cuBLASLt workspaces on the device, created before `base` so that no component depends on what ran
+  /// earlier in the process; outside the components, inside the allocator (0 on the CPU).
+  std::int64_t library_workspace_bytes = 0;
 };
+
+/// Whether an error from a step is the device running out of memory in any of its forms: the caching allocator's
+/// OutOfMemoryError, a cuBLAS / cuDNN workspace that could not be allocated, a cudaMalloc outside the allocator,
+/// or the CPU's allocator. A probe reports those as out of memory at its batch size and the run goes on.
+[[nodiscard]] bool is_out_of_memory(std::string_view message);
 
 /// A workload's results on one device.
 struct Profile {
@@ -80,15 +90,21 @@ class PreparedStep {
   [[nodiscard]] MemoryBackend& backend() { return *backend_; }
   /// What the device's allocator held before the model was built.
   [[nodiscard]] const MemorySnapshot& base() const { return base_; }
+  [[nodiscard]] std::int64_t library_workspace_bytes() const { return library_workspace_bytes_; }
 
  private:
+  c10::OptionalDeviceGuard guard_;  ///< the probe's device is current while it lives (cuda:N, not cuda:0)
   std::unique_ptr<MemoryBackend> backend_;
+  std::int64_t library_workspace_bytes_ = 0;
   MemorySnapshot base_;
   std::unique_ptr<TrainingStep> step_;
 };
 
-/// Puts the device in the protocol's deterministic mode: cuDNN benchmark off, deterministic algorithms,
-/// CUBLAS_WORKSPACE_CONFIG pinned. Call before the first CUDA work (run_probe calls it).
-void configure_determinism();
+/// Sets the kernel choices a workload is measured with (PreparedStep does it for each workload, so one fixture's
+/// setting never carries into the next): cuDNN benchmark mode off, as PyTorch's default (it picks algorithms,
+/// and their workspaces, by timing, so bytes would change from run to run); deterministic algorithms (and
+/// deterministic cuDNN) only when `deterministic` (the fixture's `training.deterministic`), since they change
+/// kernels, and their memory, away from what users run by default.
+void configure_determinism(bool deterministic);
 
 }  // namespace memgate

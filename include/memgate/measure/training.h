@@ -34,6 +34,7 @@ struct TrainingSpec {
   Precision precision = Precision::kFp32;  ///< autocast dtype
   bool gradient_checkpointing = false;     ///< recompute each block in backward
   std::int64_t accumulation_steps = 1;     ///< micro-batches per optimizer step
+  bool deterministic = false;              ///< deterministic algorithms (torch.use_deterministic_algorithms)
   std::string allocator;            ///< CUDA allocator settings, e.g. expandable_segments:True
 };
 
