@@ -56,9 +56,10 @@ endfunction()
 # memgate_add_memory_suite(<name> SOURCES <files...> VERDICTS <verdict-test-sources...>)
 # The memory regression suite: two executables and the CTest tests they are listed as when ctest runs (from
 # fixtures/suites/*.yaml, so a new fixture needs no reconfigure).
-# - <name> (LibTorch): one measuring test per suite fixture (label `measure`, FIXTURES_SETUP, GPU tests claiming
-#   one GPU through RESOURCE_GROUPS) measures each of its batch sizes once and writes every verdict to
-#   memgate-verdicts/<suite>/<fixture>.json in this build folder; in update mode it records the baselines instead.
+# - <name> (LibTorch): the measuring tests (label `measure`, FIXTURES_SETUP): one for the whole CPU suite, one per
+#   fixture of the GPU suite (each claiming one GPU through RESOURCE_GROUPS). They measure each probe once and write
+#   every verdict to memgate-verdicts/<suite>/<fixture>.json in this build folder; in update mode they record the
+#   baselines instead.
 # - <name>_verdicts (no LibTorch): one test per fixture x batch size x component (labels cpu|gpu, memory, the
 #   fixture and the component; FIXTURES_REQUIRED, so `ctest -R <one>` runs its measuring test first) reports its
 #   verdict from that file, in a few milliseconds.

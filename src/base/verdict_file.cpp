@@ -57,6 +57,7 @@ void write_verdict_file(const std::string& path, const VerdictFile& file) {
                       {"fixture", file.fixture},  {"device", file.device},        {"components", file.components},
                       {"budgets", file.budgets}};
   if (file.skipped) j["skipped"] = *file.skipped;
+  if (file.error) j["error"] = *file.error;
   write_file_atomically(path, j.dump(1) + "\n");
 }
 
@@ -76,6 +77,7 @@ VerdictFile read_verdict_file(const std::string& path) {
     f.fixture = read_string(j, "fixture");
     f.device = read_string(j, "device");
     if (j.contains("skipped")) f.skipped = read_string(j, "skipped");
+    if (j.contains("error")) f.error = read_string(j, "error");
     f.components = read_list(j, "components");
     f.budgets = read_list(j, "budgets");
     return f;

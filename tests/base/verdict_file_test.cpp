@@ -13,7 +13,7 @@ using ::testing::HasSubstr;
 
 TEST(VerdictFileTest, RoundTripsEveryField) {
   testing::TempDir dir;
-  VerdictFile f{"cpu", "vit_tiny_lora", "cpu", std::nullopt, {}, {}};
+  VerdictFile f{.suite = "cpu", .fixture = "vit_tiny_lora", .device = "cpu"};
   f.components.push_back({Status::kRegression, "vit_tiny_lora", 8, "activations", 1000, 1010, 2, "grew by 10 bytes"});
   f.components.push_back({Status::kMissing, "vit_tiny_lora", 8, "params", std::nullopt, std::nullopt, std::nullopt,
                           "no baseline"});
@@ -36,8 +36,10 @@ TEST(VerdictFileTest, RoundTripsEveryField) {
   EXPECT_EQ(back.find_budget(8, "activations"), nullptr);
 
   f.skipped = "no GPU here";
+  f.error = "bad.json: not valid JSON";
   write_verdict_file(dir / "v.json", f);
   EXPECT_EQ(read_verdict_file(dir / "v.json").skipped, "no GPU here");
+  EXPECT_EQ(read_verdict_file(dir / "v.json").error, "bad.json: not valid JSON");
 }
 
 TEST(VerdictFileTest, BadFilesNameThePathAndTheField) {

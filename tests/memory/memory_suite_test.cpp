@@ -37,13 +37,25 @@ struct MeasureCase {
   std::vector<BudgetCase> budgets;
   [[nodiscard]] bool gpu() const { return suite == "gpu"; }
   [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
-  [[nodiscard]] std::string test_name() const { return prefix() + "/MeasureTest.Probes/" + fixture; }
+};
+
+/// The fixtures one measuring test measures, in one process. On the CPU, the whole suite: LibTorch's start
+/// (about 0.35 s) costs more than most tiny twins' probes, so one process measures them all (about 1.7 s for the
+/// CPU suite). On a GPU, one fixture each: each holds a GPU (CTest resource groups) and `ctest -R` on one
+/// component measures only its fixture.
+struct MeasureGroup {
+  std::string suite;
+  std::string name;  ///< `cpu_suite`, or the fixture's name on a GPU
+  std::vector<MeasureCase> fixtures;
+  [[nodiscard]] bool gpu() const { return suite == "gpu"; }
+  [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
+  [[nodiscard]] std::string test_name() const { return prefix() + "/MeasureTest.Probes/" + name; }
   /// The CTest fixture its component tests require.
-  [[nodiscard]] std::string ctest_fixture() const { return "memgate/" + suite + "/" + fixture; }
+  [[nodiscard]] std::string ctest_fixture() const { return "memgate/" + suite + "/" + name; }
 };
 
 // A case prints as its name in GoogleTest's messages.
-void PrintTo(const MeasureCase& c, std::ostream* os) { *os << c.suite << "/" << c.fixture; }
+void PrintTo(const MeasureGroup& g, std::ostream* os) { *os << g.suite << "/" << g.name; }
 
 std::string suites_dir() { return source_dir() + "/fixtures/suites"; }
 std::string fixtures_dir() { return source_dir() + "/fixtures/models"; }
@@ -88,6 +100,17 @@ std::vector<MeasureCase> measure_cases(const std::string& suite_name) {
   return out;
 }
 
+std::vector<MeasureGroup> measure_groups(const std::string& suite_name) {
+  auto cases = measure_cases(suite_name);
+  if (suite_name != "gpu") {
+    if (cases.empty()) return {};
+    return {{suite_name, suite_name + "_suite", std::move(cases)}};
+  }
+  std::vector<MeasureGroup> out;
+  for (auto& c : cases) out.push_back({suite_name, c.fixture, {std::move(c)}});
+  return out;
+}
+
 std::vector<BudgetCase> budget_cases(const std::string& suite_name) { return suite_or_empty(suite_name).budgets; }
 
 const GpuSpec& gpu_spec(const std::string& id) {
@@ -95,46 +118,37 @@ const GpuSpec& gpu_spec(const std::string& id) {
   return find_gpu(gpus, id);
 }
 
-class MeasureTest : public ::testing::TestWithParam<MeasureCase> {};
+class MeasureTest : public ::testing::TestWithParam<MeasureGroup> {};
 
-// Measures each batch size of the fixture once and leaves every verdict for its component tests. It fails only
-// when it cannot judge (a fixture or baseline that does not load); a regression fails the component that grew.
-TEST_P(MeasureTest, Probes) {
-  const auto& c = GetParam();
-  const auto out = verdict_path(verdicts_dir(), c);
-  std::filesystem::remove(out);  // an earlier run's verdicts must never stand in for this run's
-  VerdictFile file{c.suite, c.fixture, "", std::nullopt, {}, {}};
-  if (c.gpu() && !cuda_available()) {
-    file.skipped = "no GPU on this machine: GPU memory tests run on a GPU runner";
-    write_verdict_file(out, file);
-    GTEST_SKIP() << *file.skipped;
-  }
-  const auto device = c.gpu() ? gpu_for_test() : c10::Device(c10::DeviceType::CPU);
+// Records the baselines of one fixture (update mode).
+void record(const MeasureCase& c, c10::Device device) {
   const auto fixture = load_fixture(c.fixture_path);
-
-  if (update_mode()) {
-    std::vector<ProbeResult> probes;
-    for (const auto batch_size : c.batch_sizes) {
-      probes.push_back(run_probe(fixture, batch_size, device));
-      ASSERT_FALSE(probes.back().oom) << fixture.name << " at batch " << batch_size
-                                      << " ran out of memory: there is nothing to record.\n" << probes.back().error;
+  std::vector<ProbeResult> probes;
+  for (const auto batch_size : c.batch_sizes) {
+    probes.push_back(run_probe(fixture, batch_size, device));
+    if (probes.back().oom) {
+      throw Error(fmt::format("{} at batch {} ran out of memory: there is nothing to record.\n{}", fixture.name,
+                              batch_size, probes.back().error));
     }
-    if (probes.empty()) return;
-    const auto info = describe_probe_device(device, fixture);
-    const auto path = baseline_path(source_dir() + "/baselines", info.slug, fixture.name);
-    const bool changed = update_baseline(path, fixture, info, probes, source_commit(source_dir()));
-    std::cout << (changed ? "recorded " : "unchanged ") << path << "\n";
-    return;
   }
+  if (probes.empty()) return;
+  const auto info = describe_probe_device(device, fixture);
+  const auto path = baseline_path(source_dir() + "/baselines", info.slug, fixture.name);
+  const bool changed = update_baseline(path, fixture, info, probes, source_commit(source_dir()));
+  std::cout << (changed ? "recorded " : "unchanged ") << path << "\n";
+}
 
+// Judges one fixture into `file`.
+void judge(const MeasureCase& c, c10::Device device, VerdictFile& file) {
+  const auto fixture = load_fixture(c.fixture_path);
   std::vector<std::int64_t> budget_sizes;
   for (const auto& b : c.budgets) budget_sizes.push_back(b.batch_size);
   const auto judged = judge_fixture(fixture, c.batch_sizes, device, source_dir() + "/baselines", budget_sizes);
   file.device = judged.device.slug;
   file.components = judged.components;
-  for (const auto& b : c.budgets) file.budgets.push_back(evaluate_budget(fixture, *find_probe(judged, b.batch_size),
-                                                                         gpu_spec(b.gpu)));
-  write_verdict_file(out, file);
+  for (const auto& b : c.budgets) {
+    file.budgets.push_back(evaluate_budget(fixture, *find_probe(judged, b.batch_size), gpu_spec(b.gpu)));
+  }
   std::map<Status, int> counts;
   for (const auto& v : file.components) ++counts[v.status];
   std::string line;
@@ -143,10 +157,47 @@ TEST_P(MeasureTest, Probes) {
                            line);
 }
 
-std::string measure_name(const ::testing::TestParamInfo<MeasureCase>& info) { return info.param.fixture; }
+// Measures each batch size of each fixture once and leaves every verdict for the component tests. A fixture that
+// cannot be judged (a fixture or baseline that does not load) fails its own component tests with the reason, and
+// the others are judged; a regression fails the component that grew. In update mode it records the baselines, and
+// fails for each fixture it could not record.
+TEST_P(MeasureTest, Probes) {
+  const auto& g = GetParam();
+  const auto dir = verdicts_dir();
+  for (const auto& c : g.fixtures) std::filesystem::remove(verdict_path(dir, c));  // never an earlier run's
+  if (g.gpu() && !cuda_available()) {
+    const std::string reason = "no GPU on this machine: GPU memory tests run on a GPU runner";
+    for (const auto& c : g.fixtures) {
+      write_verdict_file(verdict_path(dir, c), {.suite = c.suite, .fixture = c.fixture, .skipped = reason});
+    }
+    GTEST_SKIP() << reason;
+  }
+  const auto device = g.gpu() ? gpu_for_test() : c10::Device(c10::DeviceType::CPU);
+  for (const auto& c : g.fixtures) {
+    if (update_mode()) {
+      try {
+        record(c, device);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << c.fixture << ": " << e.what();
+      }
+      continue;
+    }
+    VerdictFile file{.suite = c.suite, .fixture = c.fixture};
+    try {
+      judge(c, device, file);
+    } catch (const std::exception& e) {
+      file = {.suite = c.suite, .fixture = c.fixture};
+      file.error = e.what();
+      std::cout << c.fixture << ": cannot be judged: " << e.what() << "\n";
+    }
+    write_verdict_file(verdict_path(dir, c), file);
+  }
+}
 
-INSTANTIATE_TEST_SUITE_P(Cpu, MeasureTest, ::testing::ValuesIn(measure_cases("cpu")), measure_name);
-INSTANTIATE_TEST_SUITE_P(Gpu, MeasureTest, ::testing::ValuesIn(measure_cases("gpu")), measure_name);
+std::string measure_name(const ::testing::TestParamInfo<MeasureGroup>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(Cpu, MeasureTest, ::testing::ValuesIn(measure_groups("cpu")), measure_name);
+INSTANTIATE_TEST_SUITE_P(Gpu, MeasureTest, ::testing::ValuesIn(measure_groups("gpu")), measure_name);
 
 class BudgetTest : public ::testing::TestWithParam<BudgetCase> {};
 
@@ -182,8 +233,8 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MeasureTest);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BudgetTest);
 
 TEST(SuiteTest, LoadsEverySuite) {
-  (void)measure_cases("cpu");
-  (void)measure_cases("gpu");
+  (void)measure_groups("cpu");
+  (void)measure_groups("gpu");
   for (const auto& e : load_errors()) ADD_FAILURE() << e;
 }
 
@@ -199,32 +250,36 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
     std::cout << "add_test(" << quote(test) << " " << command << ")\n";
   };
   for (const auto& suite : {std::string("cpu"), std::string("gpu")}) {
-    for (const auto& c : measure_cases(suite)) {
-      add(c.test_name(), quote(binary) + " " + quote("--gtest_filter=" + c.test_name()));
-      std::cout << "set_tests_properties(" << quote(c.test_name()) << " PROPERTIES LABELS "
-                << quote(suite + ";memory;measure;" + c.fixture) << " FIXTURES_SETUP " << quote(c.ctest_fixture())
-                << skip << " ENVIRONMENT " << environment << (c.gpu() ? " RESOURCE_GROUPS gpus:1" : "")
+    for (const auto& g : measure_groups(suite)) {
+      add(g.test_name(), quote(binary) + " " + quote("--gtest_filter=" + g.test_name()));
+      std::string fixtures;
+      for (const auto& c : g.fixtures) fixtures += ";" + c.fixture;
+      std::cout << "set_tests_properties(" << quote(g.test_name()) << " PROPERTIES LABELS "
+                << quote(suite + ";memory;measure" + fixtures) << " FIXTURES_SETUP " << quote(g.ctest_fixture())
+                << skip << " ENVIRONMENT " << environment << (g.gpu() ? " RESOURCE_GROUPS gpus:1" : "")
                 << " TIMEOUT 3600)\n";
-      const auto file = quote("--memgate_verdicts=" + verdict_path(verdicts, c));
-      auto add_verdict = [&](const std::string& test, std::int64_t batch_size, const std::string& what,
-                             const std::string& labels) {
-        add(test, quote(verdict_binary) + " " + file + " " + quote("--memgate_test=" + test) + " " +
-                      quote("--memgate_batch=" + std::to_string(batch_size)) + " " + quote(what));
-        std::cout << "set_tests_properties(" << quote(test) << " PROPERTIES LABELS " << quote(labels)
-                  << " FIXTURES_REQUIRED " << quote(c.ctest_fixture()) << skip << " ENVIRONMENT " << environment
-                  << " TIMEOUT 60)\n";
-      };
-      for (const auto batch_size : c.batch_sizes) {
-        for (const auto& info : kComponentTable) {
-          const auto name = fmt::format("{}_bs{}_{}", c.fixture, batch_size, info.name);
-          add_verdict(c.prefix() + "/ComponentTest.StaysWithinBaseline/" + name, batch_size,
-                      "--memgate_component=" + std::string(info.name),
-                      suite + ";memory;" + c.fixture + ";" + std::string(info.name));
+      for (const auto& c : g.fixtures) {
+        const auto file = quote("--memgate_verdicts=" + verdict_path(verdicts, c));
+        auto add_verdict = [&](const std::string& test, std::int64_t batch_size, const std::string& what,
+                               const std::string& labels) {
+          add(test, quote(verdict_binary) + " " + file + " " + quote("--memgate_test=" + test) + " " +
+                        quote("--memgate_batch=" + std::to_string(batch_size)) + " " + quote(what));
+          std::cout << "set_tests_properties(" << quote(test) << " PROPERTIES LABELS " << quote(labels)
+                    << " FIXTURES_REQUIRED " << quote(g.ctest_fixture()) << skip << " ENVIRONMENT " << environment
+                    << " TIMEOUT 60)\n";
+        };
+        for (const auto batch_size : c.batch_sizes) {
+          for (const auto& info : kComponentTable) {
+            const auto name = fmt::format("{}_bs{}_{}", c.fixture, batch_size, info.name);
+            add_verdict(c.prefix() + "/ComponentTest.StaysWithinBaseline/" + name, batch_size,
+                        "--memgate_component=" + std::string(info.name),
+                        suite + ";memory;" + c.fixture + ";" + std::string(info.name));
+          }
         }
-      }
-      for (const auto& b : c.budgets) {
-        add_verdict("Gpu/BudgetTest.FitsGpu/" + b.name(), b.batch_size, "--memgate_budget=" + b.gpu,
-                    "gpu;budget;" + b.fixture + ";" + b.gpu);
+        for (const auto& b : c.budgets) {
+          add_verdict("Gpu/BudgetTest.FitsGpu/" + b.name(), b.batch_size, "--memgate_budget=" + b.gpu,
+                      "gpu;budget;" + b.fixture + ";" + b.gpu);
+        }
       }
     }
   }

@@ -57,6 +57,7 @@ class VerdictTest : public ::testing::Test {
     } catch (const Error& e) {
       FAIL() << e.what() << "\n  its measuring test writes it: run this test through ctest, which runs that first";
     }
+    if (file.error) FAIL() << file.fixture << " could not be judged: " << *file.error;
     if (file.skipped) GTEST_SKIP() << *file.skipped;
     const auto* v = c_.budget ? file.find_budget(c_.batch_size, c_.component) : file.find(c_.batch_size, c_.component);
     ASSERT_NE(v, nullptr) << c_.verdicts << " has no verdict for " << (c_.budget ? "the budget on " : "")

@@ -12,12 +12,13 @@
 namespace memgate {
 
 struct VerdictFile {
-  std::string suite;                      ///< the suite file's name: cpu, gpu
-  std::string fixture;                    ///< the fixture's name
-  std::string device;                     ///< the device slug the probes ran on (empty when skipped)
-  std::optional<std::string> skipped;     ///< why nothing was measured (no GPU here): its tests skip with it
-  std::vector<ComponentVerdict> components;  ///< one per batch size x component
-  std::vector<ComponentVerdict> budgets;     ///< one per budget of this fixture (component: the GPU)
+  std::string suite{};                      ///< the suite file's name: cpu, gpu
+  std::string fixture{};                    ///< the fixture's name
+  std::string device{};                     ///< the device slug the probes ran on (empty when skipped)
+  std::optional<std::string> skipped{};     ///< why nothing was measured (no GPU here): its tests skip with it
+  std::optional<std::string> error{};       ///< why the fixture could not be judged: its tests fail with it
+  std::vector<ComponentVerdict> components{};  ///< one per batch size x component
+  std::vector<ComponentVerdict> budgets{};     ///< one per budget of this fixture (component: the GPU)
 
   /// The verdict of `component` at `batch_size`, or nullptr.
   [[nodiscard]] const ComponentVerdict* find(std::int64_t batch_size, std::string_view component) const;
