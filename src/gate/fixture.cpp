@@ -191,6 +191,8 @@ TrainableSpec parse_trainable(MapReader& r) {
 TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
   TrainingSpec t;
   t.optimizer = r.get_enum("optimizer", std::optional(t.optimizer), kOptimizerNames);
+  t.optimizer_impl = r.get_enum("optimizer_impl", std::optional(t.optimizer_impl), kOptimizerImplNames);
+  if (t.optimizer_impl == OptimizerImpl::kAuto) r.leave_out_of_hash("optimizer_impl");  // added later
   t.lr = r.get_double("lr", t.lr, 0.0, 1e3);
   t.weight_decay = r.get_double("weight_decay", t.optimizer == Optimizer::kAdamW ? 0.01 : 0.0, 0.0, 1e3);
   if (t.optimizer == Optimizer::kSgd) t.momentum = r.get_double("momentum", 0.0, 0.0, 1.0);

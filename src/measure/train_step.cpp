@@ -41,8 +41,8 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
   torch::manual_seed(seed + 1);
   batch_ = model_->make_batch(batch_size);
   model_->module().train();
-  // LibTorch's optimizers allocate their state on the first step, not here.
-  optimizer_ = make_optimizer(training_, std::move(trainable));
+  // The optimizer allocates its state on the first step, not here (as torch.optim does).
+  optimizer_ = make_optimizer(training_, std::move(trainable), device);
 }
 
 TrainingStep::~TrainingStep() = default;
@@ -70,7 +70,7 @@ void TrainingStep::run(StepObserver* observer) {
   if (observer != nullptr) observer->backward_done();
   optimizer_->step();
   if (observer != nullptr) observer->optimizer_done();
-  optimizer_->zero_grad(/*set_to_none=*/true);
+  optimizer_->zero_grad();
 }
 
 }  // namespace memgate

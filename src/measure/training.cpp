@@ -1,20 +1,240 @@
-// Optimizers as a training setup names them.
+// Optimizers as torch.optim runs them: AdamW and SGD, each as a per-parameter loop, foreach ops or fused kernels
+// (torch/optim/adam.py and sgd.py of torch 2.11: _single_tensor_*, _multi_tensor_*, _fused_*).
 #include "memgate/measure/training.h"
 
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
+#include "memgate/base/error.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
 
 namespace memgate {
+namespace {
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainingSpec& training,
-                                                        std::vector<torch::Tensor> params) {
-  if (training.optimizer == Optimizer::kSgd) {
-    return std::make_unique<torch::optim::SGD>(
-        std::move(params),
-        torch::optim::SGDOptions(training.lr).momentum(training.momentum).weight_decay(training.weight_decay));
+// Indices of the parameters that have a gradient, by dtype (torch.optim groups by device and dtype; a probe's
+// parameters are on one device).
+std::map<c10::ScalarType, std::vector<std::size_t>> with_grad_by_dtype(const std::vector<torch::Tensor>& params) {
+  std::map<c10::ScalarType, std::vector<std::size_t>> out;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].grad().defined()) out[params[i].scalar_type()].push_back(i);
   }
-  return std::make_unique<torch::optim::AdamW>(
-      std::move(params), torch::optim::AdamWOptions(training.lr).weight_decay(training.weight_decay));
+  return out;
+}
+
+std::vector<torch::Tensor> pick(const std::vector<torch::Tensor>& all, const std::vector<std::size_t>& index) {
+  std::vector<torch::Tensor> out;
+  out.reserve(index.size());
+  for (const auto i : index) out.push_back(all[i]);
+  return out;
+}
+
+std::vector<torch::Tensor> grads_of(const std::vector<torch::Tensor>& params, const std::vector<std::size_t>& index) {
+  std::vector<torch::Tensor> out;
+  out.reserve(index.size());
+  for (const auto i : index) out.push_back(params[i].grad());
+  return out;
+}
+
+class AdamW final : public TrainingOptimizer {
+ public:
+  AdamW(std::vector<torch::Tensor> params, const TrainingSpec& t, OptimizerImpl impl)
+      : TrainingOptimizer(std::move(params)), lr_(t.lr), weight_decay_(t.weight_decay), impl_(impl),
+        steps_(params_.size()), exp_avgs_(params_.size()), exp_avg_sqs_(params_.size()) {}
+
+  void step() override {
+    torch::NoGradGuard no_grad;
+    const auto groups = with_grad_by_dtype(params_);
+    for (const auto& [dtype, index] : groups) {
+      for (const auto i : index) init_state(i);
+    }
+    for (const auto& [dtype, index] : groups) {
+      switch (impl_) {
+        case OptimizerImpl::kForeach: foreach_step(index); break;
+        case OptimizerImpl::kFused: fused_step(index); break;
+        default: for_loop_step(index); break;
+      }
+    }
+  }
+
+ private:
+  // Lazy state, as adam.py's _init_group: the step on the CPU (on the device when fused), then the two moments.
+  void init_state(std::size_t i) {
+    if (exp_avgs_[i].defined()) return;
+    const auto& p = params_[i];
+    steps_[i] = impl_ == OptimizerImpl::kFused ? torch::zeros({}, p.options().dtype(torch::kFloat32))
+                                               : torch::tensor(0.0F, torch::kFloat32);
+    exp_avgs_[i] = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+    exp_avg_sqs_[i] = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+  }
+
+  void for_loop_step(const std::vector<std::size_t>& index) {
+    for (const auto i : index) {
+      auto& p = params_[i];
+      const auto& grad = p.grad();
+      steps_[i].add_(1);
+      if (weight_decay_ != 0.0) p.mul_(1.0 - lr_ * weight_decay_);
+      exp_avgs_[i].lerp_(grad, 1.0 - kBeta1);
+      exp_avg_sqs_[i].mul_(kBeta2).addcmul_(grad, grad, 1.0 - kBeta2);
+      const auto step = steps_[i].item<double>();
+      const auto step_size = lr_ / (1.0 - std::pow(kBeta1, step));
+      const auto bias_correction2_sqrt = std::sqrt(1.0 - std::pow(kBeta2, step));
+      const auto denom = (exp_avg_sqs_[i].sqrt() / bias_correction2_sqrt).add_(kEps);
+      p.addcdiv_(exp_avgs_[i], denom, -step_size);
+    }
+  }
+
+  void foreach_step(const std::vector<std::size_t>& index) {
+    auto params = pick(params_, index);
+    auto grads = grads_of(params_, index);
+    auto exp_avgs = pick(exp_avgs_, index);
+    auto exp_avg_sqs = pick(exp_avg_sqs_, index);
+    auto steps = pick(steps_, index);
+    if (steps.front().is_cpu()) at::_foreach_add_(steps, torch::tensor(1.0F), 1.0);
+    else at::_foreach_add_(steps, 1);
+    if (weight_decay_ != 0.0) at::_foreach_mul_(params, 1.0 - lr_ * weight_decay_);
+    at::_foreach_lerp_(exp_avgs, grads, 1.0 - kBeta1);
+    at::_foreach_mul_(exp_avg_sqs, kBeta2);
+    at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - kBeta2);
+    grads.clear();
+    std::vector<c10::Scalar> step_size, bias_correction2_sqrt;
+    for (const auto& s : steps) {
+      const auto step = s.item<double>();
+      step_size.emplace_back(-lr_ / (1.0 - std::pow(kBeta1, step)));
+      bias_correction2_sqrt.emplace_back(std::sqrt(1.0 - std::pow(kBeta2, step)));
+    }
+    // The foreach temporaries: sqrt(exp_avg_sq) of every parameter of the group at once.
+    auto exp_avg_sq_sqrt = at::_foreach_sqrt(exp_avg_sqs);
+    at::_foreach_div_(exp_avg_sq_sqrt, bias_correction2_sqrt);
+    at::_foreach_add_(exp_avg_sq_sqrt, kEps);
+    at::_foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt, step_size);
+  }
+
+  void fused_step(const std::vector<std::size_t>& index) {
+    auto params = pick(params_, index);
+    auto grads = grads_of(params_, index);
+    auto exp_avgs = pick(exp_avgs_, index);
+    auto exp_avg_sqs = pick(exp_avg_sqs_, index);
+    auto steps = pick(steps_, index);
+    at::_foreach_add_(steps, 1);
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, {}, steps, lr_, kBeta1, kBeta2, weight_decay_, kEps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+  }
+
+  static constexpr double kBeta1 = 0.9;
+  static constexpr double kBeta2 = 0.999;
+  static constexpr double kEps = 1e-8;
+  double lr_;
+  double weight_decay_;
+  OptimizerImpl impl_;
+  std::vector<torch::Tensor> steps_, exp_avgs_, exp_avg_sqs_;
+};
+
+class Sgd final : public TrainingOptimizer {
+ public:
+  Sgd(std::vector<torch::Tensor> params, const TrainingSpec& t, OptimizerImpl impl)
+      : TrainingOptimizer(std::move(params)), lr_(t.lr), weight_decay_(t.weight_decay), momentum_(t.momentum),
+        impl_(impl), buffers_(params_.size()) {}
+
+  void step() override {
+    torch::NoGradGuard no_grad;
+    for (const auto& [dtype, index] : with_grad_by_dtype(params_)) {
+      switch (impl_) {
+        case OptimizerImpl::kForeach: foreach_step(index); break;
+        case OptimizerImpl::kFused: fused_step(index); break;
+        default: for_loop_step(index); break;
+      }
+    }
+  }
+
+ private:
+  void for_loop_step(const std::vector<std::size_t>& index) {
+    for (const auto i : index) {
+      auto& p = params_[i];
+      auto grad = p.grad();
+      if (weight_decay_ != 0.0) grad = grad.add(p, weight_decay_);
+      if (momentum_ != 0.0) {
+        auto& buf = buffers_[i];
+        if (!buf.defined()) buf = grad.detach().clone();
+        else buf.mul_(momentum_).add_(grad, 1.0 - kDampening);
+        grad = buf;
+      }
+      p.add_(grad, -lr_);
+    }
+  }
+
+  void foreach_step(const std::vector<std::size_t>& index) {
+    auto params = pick(params_, index);
+    auto grads = grads_of(params_, index);
+    // Weight decay makes a new gradient of every parameter at once.
+    if (weight_decay_ != 0.0) grads = at::_foreach_add(grads, params, weight_decay_);
+    if (momentum_ != 0.0) {
+      bool all_buffers = true;
+      for (const auto i : index) all_buffers = all_buffers && buffers_[i].defined();
+      std::vector<torch::Tensor> bufs;
+      if (all_buffers) {
+        bufs = pick(buffers_, index);
+        at::_foreach_mul_(bufs, momentum_);
+        at::_foreach_add_(bufs, grads, 1.0 - kDampening);
+      } else {
+        for (std::size_t k = 0; k < index.size(); ++k) {
+          auto& buf = buffers_[index[k]];
+          if (!buf.defined()) buf = grads[k].detach().clone();
+          else buf.mul_(momentum_).add_(grads[k], 1.0 - kDampening);
+          bufs.push_back(buf);
+        }
+      }
+      grads = std::move(bufs);
+    }
+    at::_foreach_add_(params, grads, -lr_);
+  }
+
+  void fused_step(const std::vector<std::size_t>& index) {
+    auto params = pick(params_, index);
+    auto grads = grads_of(params_, index);
+    bool first_step = momentum_ != 0.0;
+    for (const auto i : index) first_step = first_step && !buffers_[i].defined();
+    if (first_step) {
+      for (const auto i : index) buffers_[i] = torch::empty_like(params_[i].grad());
+    }
+    const auto bufs = momentum_ != 0.0 ? pick(buffers_, index) : std::vector<torch::Tensor>{};
+    at::_fused_sgd_(params, grads, bufs, weight_decay_, momentum_, lr_, kDampening, /*nesterov=*/false,
+                    /*maximize=*/false, first_step);
+  }
+
+  static constexpr double kDampening = 0.0;
+  double lr_;
+  double weight_decay_;
+  double momentum_;
+  OptimizerImpl impl_;
+  std::vector<torch::Tensor> buffers_;
+};
+
+}  // namespace
+
+OptimizerImpl resolve_optimizer_impl(OptimizerImpl impl, c10::Device device) {
+  if (impl != OptimizerImpl::kAuto) return impl;
+  return device.is_cuda() ? OptimizerImpl::kForeach : OptimizerImpl::kForLoop;
+}
+
+void TrainingOptimizer::zero_grad() {
+  for (auto& p : params_) {
+    if (p.grad().defined()) p.mutable_grad().reset();
+  }
+}
+
+std::unique_ptr<TrainingOptimizer> make_optimizer(const TrainingSpec& training, std::vector<torch::Tensor> params,
+                                                  c10::Device device) {
+  const auto impl = resolve_optimizer_impl(training.optimizer_impl, device);
+  if (impl == OptimizerImpl::kFused) {
+    for (const auto& p : params) {
+      if (!p.is_floating_point()) {
+        throw Error("optimizer_impl fused needs floating-point parameters, got " + std::string(c10::toString(p.scalar_type())));
+      }
+    }
+  }
+  if (training.optimizer == Optimizer::kSgd) return std::make_unique<Sgd>(std::move(params), training, impl);
+  return std::make_unique<AdamW>(std::move(params), training, impl);
 }
 
 }  // namespace memgate

@@ -3,6 +3,8 @@
 
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
+#include "memgate/models/model.h"
+#include "memgate/models/zoo.h"
 #include "test_util.h"
 
 #include <string>
@@ -22,6 +24,17 @@ inline std::string tiny_vit_yaml(const std::string& training = "", const std::st
   return "model:\n  arch: vit\n  img_size: 32\n  patch_size: 8\n  embed_dim: 64\n  depth: 4\n  num_heads: 4\n"
          "  num_classes: 5\n" + model_extra + "training:\n  optimizer: adamw\n" + training +
          "batch_sizes: [1, 2, 4, 8]\n";
+}
+
+/// How many parameter tensors train (each has one `step` scalar in AdamW's state, as torch.optim keeps it).
+inline std::int64_t trainable_tensors(const Fixture& f) {
+  auto model = build_model(f.model, c10::Device(c10::DeviceType::CPU));
+  return static_cast<std::int64_t>(select_trainable(*model, f.training.trainable).size());
+}
+
+/// AdamW's state on the CPU: exp_avg and exp_avg_sq (fp32) per trainable element, a 4-byte step per tensor.
+inline std::int64_t adamw_state_bytes(const Fixture& f, std::int64_t trainable_elements) {
+  return 2 * trainable_elements * 4 + 4 * trainable_tensors(f);
 }
 
 }  // namespace memgate::testing

@@ -36,7 +36,7 @@ TEST(ProbeTest, GradientsAndAdamWStateFollowTrainableParameters) {
   const auto counts = workload_param_counts(f);
   const auto r = probe(f, 2);
   EXPECT_EQ(r.components.gradients, counts.trainable * 4);
-  EXPECT_EQ(r.components.optimizer_state, 2 * counts.trainable * 4);
+  EXPECT_EQ(r.components.optimizer_state, testing::adamw_state_bytes(f, counts.trainable));
 }
 
 TEST(ProbeTest, SgdKeepsOneBufferWithMomentumAndNoneWithout) {
@@ -78,7 +78,8 @@ TEST(ProbeTest, LoraTrainsAdaptersAndHeadOnly) {
   EXPECT_EQ(counts.trainable, depth * (qkv + fc2) + head + final_norm);
   const auto c = probe(f, 2).components;
   EXPECT_EQ(c.gradients, counts.trainable * 4) << "the frozen backbone must get no gradient";
-  EXPECT_EQ(c.optimizer_state, 2 * counts.trainable * 4) << "the frozen backbone must get no optimizer state";
+  EXPECT_EQ(c.optimizer_state, testing::adamw_state_bytes(f, counts.trainable))
+      << "the frozen backbone must get no optimizer state";
 
   auto model = build_model(f.model, kCpu);
   (void)select_trainable(*model, f.training.trainable);

@@ -83,7 +83,7 @@ TEST(SetupsTest, FrozenStagesGetNoGradientsAndNoOptimizerState) {
     const auto counts = workload_param_counts(*f);
     const auto c = run_probe(*f, 4, kCpu).components;
     EXPECT_EQ(c.gradients, counts.trainable * 4) << f->training.trainable.str();
-    EXPECT_EQ(c.optimizer_state, counts.trainable * 8) << f->training.trainable.str();
+    EXPECT_EQ(c.optimizer_state, testing::adamw_state_bytes(*f, counts.trainable)) << f->training.trainable.str();
     EXPECT_GT(counts.trainable, previous_trainable) << f->training.trainable.str();
     previous_trainable = counts.trainable;
   }
@@ -94,7 +94,9 @@ TEST(SetupsTest, OptimizersKeepTwoOneOrNoBuffers) {
   const auto momentum = measure("model:\n  arch: vit\n  img_size: 64\n  patch_size: 8\n  embed_dim: 96\n  depth: 4\n"
                                 "  num_heads: 4\n  num_classes: 5\ntraining:\n  optimizer: sgd\n  momentum: 0.9\n"
                                 "batch_sizes: [4]\n");
-  EXPECT_EQ(adamw.optimizer_state, 2 * momentum.optimizer_state);
+  // Two moments against one buffer, and AdamW's 4-byte step per tensor.
+  const auto f = fixture_from(vit("  trainable: all\n"));
+  EXPECT_EQ(adamw.optimizer_state, 2 * momentum.optimizer_state + 4 * testing::trainable_tensors(f));
 }
 
 }  // namespace

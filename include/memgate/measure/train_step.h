@@ -7,7 +7,6 @@
 #include "memgate/models/zoo.h"
 
 #include <c10/core/Device.h>
-#include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <memory>
@@ -74,7 +73,7 @@ class TrainingStep {
   void run(StepObserver* observer = nullptr);
 
   [[nodiscard]] Model& model() { return *model_; }
-  [[nodiscard]] torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  [[nodiscard]] TrainingOptimizer& optimizer() { return *optimizer_; }
   [[nodiscard]] const Batch& batch() const { return batch_; }
   /// Samples one step trains on: batch size x accumulation steps.
   [[nodiscard]] std::int64_t samples_per_step() const { return batch_size_ * training_.accumulation_steps; }
@@ -85,7 +84,7 @@ class TrainingStep {
   c10::Device device_;
   std::unique_ptr<Model> model_;
   Batch batch_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<TrainingOptimizer> optimizer_;
 };
 
 }  // namespace memgate

@@ -5,7 +5,7 @@
 #include "memgate/models/autocast.h"
 #include "memgate/models/model.h"
 
-#include <torch/optim/optimizer.h>
+#include <c10/core/Device.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -24,9 +24,28 @@ enum class Optimizer {
 /// The words of Optimizer.
 inline constexpr EnumNames<Optimizer, 2> kOptimizerNames{{{Optimizer::kAdamW, "adamw"}, {Optimizer::kSgd, "sgd"}}};
 
+/// How an optimizer's step runs over the parameters, as torch.optim's `foreach` and `fused` flags choose. The
+/// state is the same; the step's temporaries, and so the step's peak, are not.
+enum class OptimizerImpl {
+  kAuto,     ///< PyTorch's default for the device: foreach on CUDA, the per-parameter loop elsewhere
+  kForLoop,  ///< one parameter at a time (`foreach=False`): temporaries of one parameter at a time
+  kForeach,  ///< `_foreach_*` ops over all parameters of a dtype: AdamW's sqrt(exp_avg_sq) of all of them at once
+  kFused,    ///< `_fused_adamw_` / `_fused_sgd_` (`fused=True`): no temporaries; AdamW's step counts on the device
+};
+
+/// The words of OptimizerImpl.
+inline constexpr EnumNames<OptimizerImpl, 4> kOptimizerImplNames{{{OptimizerImpl::kAuto, "auto"},
+                                                                  {OptimizerImpl::kForLoop, "for_loop"},
+                                                                  {OptimizerImpl::kForeach, "foreach"},
+                                                                  {OptimizerImpl::kFused, "fused"}}};
+
+/// `impl`, with kAuto resolved to PyTorch's default on `device` (torch.optim's _default_to_fused_or_foreach).
+[[nodiscard]] OptimizerImpl resolve_optimizer_impl(OptimizerImpl impl, c10::Device device);
+
 /// How a model trains.
 struct TrainingSpec {
   Optimizer optimizer = Optimizer::kAdamW;  ///< adamw | sgd
+  OptimizerImpl optimizer_impl = OptimizerImpl::kAuto;  ///< auto | for_loop | foreach | fused
   double lr = 1e-4;                 ///< learning rate
   double weight_decay = 0.0;        ///< decoupled (AdamW) or L2 (SGD)
   double momentum = 0.0;            ///< SGD momentum; > 0 keeps one buffer per parameter
@@ -38,8 +57,29 @@ struct TrainingSpec {
   std::string allocator;            ///< CUDA allocator settings, e.g. expandable_segments:True
 };
 
-/// The training setup's optimizer (adamw | sgd with optional momentum) over `params`.
-[[nodiscard]] std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainingSpec& training,
-                                                                      std::vector<torch::Tensor> params);
+/// An optimizer that updates parameters as torch.optim's AdamW and SGD do, tensor for tensor: the same state
+/// (AdamW: exp_avg, exp_avg_sq and a scalar `step` tensor per parameter, on the CPU unless fused; SGD: a momentum
+/// buffer per parameter when momentum > 0), created on the first step, and the same temporaries per
+/// implementation. LibTorch's own C++ optimizers run the per-parameter loop only, without step tensors.
+class TrainingOptimizer {
+ public:
+  explicit TrainingOptimizer(std::vector<torch::Tensor> params) : params_(std::move(params)) {}
+  virtual ~TrainingOptimizer() = default;
+  TrainingOptimizer(const TrainingOptimizer&) = delete;
+  TrainingOptimizer& operator=(const TrainingOptimizer&) = delete;
+  /// Updates every parameter that has a gradient.
+  virtual void step() = 0;
+  /// Sets every gradient to none (`zero_grad(set_to_none=True)`, PyTorch's default).
+  void zero_grad();
+  [[nodiscard]] const std::vector<torch::Tensor>& params() const { return params_; }
+
+ protected:
+  std::vector<torch::Tensor> params_;
+};
+
+/// The training setup's optimizer (adamw | sgd with optional momentum) over `params`, in the setup's implementation
+/// (auto: PyTorch's default on `device`). Throws memgate::Error for `fused` on parameters that are not floating point.
+[[nodiscard]] std::unique_ptr<TrainingOptimizer> make_optimizer(const TrainingSpec& training,
+                                                                std::vector<torch::Tensor> params, c10::Device device);
 
 }  // namespace memgate
