@@ -43,6 +43,7 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
   model_->module().train();
   // The optimizer allocates its state on the first step, not here (as torch.optim does).
   optimizer_ = make_optimizer(training_, std::move(trainable), device);
+  if (training_.precision == Precision::kFp16) scaler_.emplace(device);
 }
 
 TrainingStep::~TrainingStep() = default;
@@ -65,10 +66,16 @@ void TrainingStep::run(StepObserver* observer) {
     if (observer != nullptr) observer->forward_begin(i);
     auto loss = micro_batch_loss(*model_, batch_, training_, device_.type());
     if (observer != nullptr) observer->forward_end(i);
+    if (scaler_) loss = scaler_->scale(loss);
     loss.backward();
   }
   if (observer != nullptr) observer->backward_done();
-  optimizer_->step();
+  if (scaler_) {
+    scaler_->step(*optimizer_);
+    scaler_->update();
+  } else {
+    optimizer_->step();
+  }
   if (observer != nullptr) observer->optimizer_done();
   optimizer_->zero_grad();
 }

@@ -212,6 +212,36 @@ class Sgd final : public TrainingOptimizer {
 
 }  // namespace
 
+torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
+  if (!scale_.defined()) {
+    scale_ = torch::full({}, 65536.0, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+    growth_tracker_ = torch::full({}, 0, torch::TensorOptions().dtype(torch::kInt32).device(device_));
+  }
+  return loss * scale_;
+}
+
+void GradScaler::step(TrainingOptimizer& optimizer) {
+  torch::NoGradGuard no_grad;
+  {
+    // unscale_: the inverse scale computed in double, and per-device copies of it and of the found-inf flag.
+    const auto inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
+    const auto found_inf = torch::full({}, 0.0, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+    const auto device_inv_scale = inv_scale.to(device_, /*non_blocking=*/true, /*copy=*/true);
+    found_inf_ = found_inf.to(device_, /*non_blocking=*/true, /*copy=*/true);
+    for (const auto& [dtype, index] : with_grad_by_dtype(optimizer.params())) {
+      auto grads = grads_of(optimizer.params(), index);
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, device_inv_scale);
+    }
+  }
+  if (found_inf_.item<float>() == 0.0F) optimizer.step();
+}
+
+void GradScaler::update() {
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, /*growth_factor=*/2.0, /*backoff_factor=*/0.5,
+                         /*growth_interval=*/2000);
+  found_inf_ = torch::Tensor();
+}
+
 OptimizerImpl resolve_optimizer_impl(OptimizerImpl impl, c10::Device device) {
   if (impl != OptimizerImpl::kAuto) return impl;
   return device.is_cuda() ? OptimizerImpl::kForeach : OptimizerImpl::kForLoop;

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
+
 namespace memgate {
 namespace {
 
@@ -123,6 +125,40 @@ TEST(OptimizerTest, SgdStateIsTheSameAndForeachHoldsDecayedGradients) {
   EXPECT_EQ(loop.optimizer_state, fused.optimizer_state);
   EXPECT_GT(foreach.step_peak, loop.step_peak);
   EXPECT_LE(fused.step_peak, loop.step_peak);
+}
+
+// fp16 trains under a GradScaler: gradients are unscaled before the step; a step with a non-finite gradient is
+// skipped and the scale backs off.
+TEST(GradScalerTest, UnscalesStepsAndSkipsNonFiniteSteps) {
+  TrainingSpec spec;
+  spec.optimizer = Optimizer::kSgd;
+  spec.lr = 1.0;
+  auto p = torch::zeros({4}).requires_grad_();
+  auto optimizer = make_optimizer(spec, {p}, kCpu);
+  GradScaler scaler(kCpu);
+  auto loss = scaler.scale(p.sum());  // d(loss)/dp = 65536 per element
+  EXPECT_DOUBLE_EQ(loss.item<double>(), 0.0);
+  loss.backward();
+  scaler.step(*optimizer);
+  scaler.update();
+  EXPECT_TRUE(torch::allclose(p.detach(), torch::full({4}, -1.0))) << p << " (the unscaled gradient is 1)";
+  optimizer->zero_grad();
+
+  auto inf = scaler.scale((p * std::numeric_limits<float>::infinity()).sum());
+  inf.backward();
+  scaler.step(*optimizer);
+  scaler.update();
+  EXPECT_TRUE(torch::allclose(p.detach(), torch::full({4}, -1.0))) << "a step with inf gradients is skipped";
+  EXPECT_DOUBLE_EQ(scaler.scale(torch::ones({})).item<double>(), 32768.0) << "the scale backs off by half";
+}
+
+TEST(GradScalerTest, Fp16FixturesTrainUnderIt) {
+  const auto f = fixture_from("model:\n  arch: unet\n  img_size: 32\n  in_chans: 3\n  num_classes: 1\n"
+                              "  base_channels: 8\n  levels: 2\ntraining:\n  optimizer: adamw\n  precision: fp16\n"
+                              "batch_sizes: [1]\n");
+  const auto r = run_probe(f, 1, kCpu);
+  ASSERT_FALSE(r.oom) << r.error;
+  EXPECT_GT(r.components.optimizer_state, 0) << "the scaled step was taken";
 }
 
 TEST(OptimizerTest, TheImplementationIsAFixtureKeyInTheHashOnlyWhenChosen) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace memgate {
@@ -69,7 +70,8 @@ class TrainingStep {
   void warm_up(int steps, StepObserver* observer = nullptr);
 
   /// One whole step, from no gradients to no gradients: each accumulation micro-batch forward (under autocast)
-  /// and backward, the optimizer step, then zero_grad(set_to_none). Queued device work is not waited for.
+  /// and backward, the optimizer step, then zero_grad(set_to_none). Under fp16 a GradScaler scales the loss,
+  /// unscales the gradients before the step and updates its scale after. Queued device work is not waited for.
   void run(StepObserver* observer = nullptr);
 
   [[nodiscard]] Model& model() { return *model_; }
@@ -85,6 +87,7 @@ class TrainingStep {
   std::unique_ptr<Model> model_;
   Batch batch_;
   std::unique_ptr<TrainingOptimizer> optimizer_;
+  std::optional<GradScaler> scaler_;  ///< fp16 only, as fp16 training runs
 };
 
 }  // namespace memgate

@@ -77,6 +77,25 @@ class TrainingOptimizer {
   std::vector<torch::Tensor> params_;
 };
 
+/// torch.amp.GradScaler as fp16 training runs it: the loss scaled before backward; before the optimizer step the
+/// gradients unscaled in place and checked for inf/NaN (`_amp_foreach_non_finite_check_and_unscale_`), the step
+/// skipped when one is found; then the scale updated (`_amp_update_scale_`). Its tensors are scalars on the device:
+/// the scale and growth tracker (kept), the inverse scale and found-inf flags (for one step).
+class GradScaler {
+ public:
+  explicit GradScaler(c10::Device device) : device_(device) {}
+  /// loss x scale (the scale is created on the first call, as the Python scaler does).
+  [[nodiscard]] torch::Tensor scale(const torch::Tensor& loss);
+  /// Unscales the gradients and steps `optimizer` unless a gradient is not finite.
+  void step(TrainingOptimizer& optimizer);
+  /// Grows or backs off the scale; forgets this step's found-inf flags.
+  void update();
+
+ private:
+  c10::Device device_;
+  torch::Tensor scale_, growth_tracker_, found_inf_;
+};
+
 /// The training setup's optimizer (adamw | sgd with optional momentum) over `params`, in the setup's implementation
 /// (auto: PyTorch's default on `device`). Throws memgate::Error for `fused` on parameters that are not floating point.
 [[nodiscard]] std::unique_ptr<TrainingOptimizer> make_optimizer(const TrainingSpec& training,
