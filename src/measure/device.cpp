@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #if __has_include(<cuda_runtime_api.h>)
 #include <cuda_runtime_api.h>
@@ -147,8 +149,7 @@ DeviceInfo describe_device(c10::Device device) {
 #endif
   info.driver_version = nvidia_driver_version();
   if (const char* loading = std::getenv("CUDA_MODULE_LOADING")) info.cuda_module_loading = loading;
-  if (const char* conf = std::getenv("PYTORCH_ALLOC_CONF")) info.allocator_settings = conf;
-  else if (const char* old = std::getenv("PYTORCH_CUDA_ALLOC_CONF")) info.allocator_settings = old;
+  info.allocator_settings = allocator_settings_from_environment();
   return info;
 }
 
@@ -220,6 +221,39 @@ c10::DeviceIndex assigned_gpu(std::string_view ctest_resource, std::string_view 
                             ordinal, device_count));
   }
   return static_cast<c10::DeviceIndex>(ordinal);
+}
+
+std::string allocator_settings_from_environment() {
+  if (const char* conf = std::getenv("PYTORCH_ALLOC_CONF")) return conf;
+  if (const char* old = std::getenv("PYTORCH_CUDA_ALLOC_CONF")) return old;
+  return {};
+}
+
+std::string merge_allocator_settings(std::string_view environment, std::string_view fixture) {
+  std::vector<std::pair<std::string, std::string>> merged;
+  auto add = [&](std::string_view settings, std::string_view where) {
+    for (std::size_t start = 0; start < settings.size();) {
+      auto end = settings.find(',', start);
+      if (end == std::string_view::npos) end = settings.size();
+      const auto entry = settings.substr(start, end - start);
+      start = end + 1;
+      if (entry.empty()) continue;
+      const auto colon = entry.find(':');
+      if (colon == std::string_view::npos || colon == 0 || colon + 1 == entry.size()) {
+        throw Error(fmt::format("{}: allocator setting '{}': expected key:value (e.g. expandable_segments:True)",
+                                where, entry));
+      }
+      const std::string key(entry.substr(0, colon)), value(entry.substr(colon + 1));
+      auto it = std::find_if(merged.begin(), merged.end(), [&](const auto& kv) { return kv.first == key; });
+      if (it != merged.end()) it->second = value;
+      else merged.emplace_back(key, value);
+    }
+  };
+  add(environment, "PYTORCH_ALLOC_CONF");
+  add(fixture, "the fixture's training.allocator");
+  std::string out;
+  for (const auto& [key, value] : merged) out += (out.empty() ? "" : ",") + key + ":" + value;
+  return out;
 }
 
 c10::Device gpu_for_test() {

@@ -3,6 +3,7 @@
 
 #include "memgate/measure/cpu_allocator.h"
 #include "memgate/base/error.h"
+#include "memgate/measure/device.h"
 
 #include <ATen/cuda/CUDAContextLight.h>
 #include <c10/core/AllocatorConfig.h>
@@ -13,6 +14,7 @@
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <optional>
 
 namespace memgate {
 namespace {
@@ -76,8 +78,22 @@ class CudaBackend final : public MemoryBackend {
   void set_memory_fraction(double fraction) override {
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction <= 0.0 ? 1.0 : fraction, device_.index());
   }
+  // The settings act from the first allocation on (expandable segments shape every segment), so a process runs
+  // with one set: the first probe's, applied before anything is allocated; a later probe that asks for others is
+  // refused rather than measured with settings that did not take effect, or that carry into the next fixture.
   void apply_allocator_settings(const std::string& settings) override {
-    if (!settings.empty()) c10::CachingAllocator::setAllocatorSettings(settings);
+    static std::mutex mutex;
+    static std::optional<std::string> in_force;
+    const std::lock_guard lock(mutex);
+    const auto merged = merge_allocator_settings(allocator_settings_from_environment(), settings);
+    if (in_force) {
+      if (*in_force == merged) return;
+      throw Error("allocator settings '" + merged + "' cannot take effect in this process: its CUDA allocator runs " +
+                  "with '" + *in_force + "' since its first allocation. Measure this fixture in a process of its " +
+                  "own (the memory suite runs each GPU fixture in its own; `memgate profile` one fixture at a time)");
+    }
+    if (!merged.empty()) c10::CachingAllocator::setAllocatorSettings(merged);
+    in_force = merged;
   }
   c10::Device device() const override { return device_; }
 

@@ -213,7 +213,10 @@ Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& b
 
 DeviceInfo describe_probe_device(c10::Device device, const Workload& workload, const ProbeOptions& options) {
   auto info = describe_device(device);
-  if (!workload.training.allocator.empty()) info.allocator_settings = workload.training.allocator;
+  // What the probe's allocator runs with on CUDA (the CPU's counting allocator has no settings).
+  if (device.is_cuda()) {
+    info.allocator_settings = merge_allocator_settings(allocator_settings_from_environment(), workload.training.allocator);
+  }
   info.cpu_threads = device.is_cpu() ? options.cpu_threads : 0;
   return info;
 }

@@ -89,3 +89,32 @@ TEST(CudaEnvironmentTest, IsPreparedBeforeMainAsPyTorchUsersHaveIt) {
 
 }  // namespace
 }  // namespace memgate
+
+namespace memgate {
+namespace {
+
+TEST(AllocatorSettingsTest, TheFixtureOverridesTheEnvironmentKeyByKey) {
+  EXPECT_EQ(merge_allocator_settings("", ""), "");
+  EXPECT_EQ(merge_allocator_settings("", "expandable_segments:True"), "expandable_segments:True");
+  EXPECT_EQ(merge_allocator_settings("max_split_size_mb:128", "expandable_segments:True"),
+            "max_split_size_mb:128,expandable_segments:True");
+  EXPECT_EQ(merge_allocator_settings("expandable_segments:False,max_split_size_mb:128", "expandable_segments:True"),
+            "expandable_segments:True,max_split_size_mb:128");
+  EXPECT_EQ(merge_allocator_settings("expandable_segments:True,", ""), "expandable_segments:True");
+}
+
+TEST(AllocatorSettingsTest, AnEntryWithoutAValueIsAnErrorNamingWhereItCameFrom) {
+  try {
+    (void)merge_allocator_settings("", "expandable_segments");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the fixture's training.allocator: allocator setting 'expandable_segments': "
+                                         "expected key:value"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW((void)merge_allocator_settings(":True", ""), Error);
+}
+
+}  // namespace
+}  // namespace memgate

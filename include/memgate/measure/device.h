@@ -65,6 +65,14 @@ bool prepare_cuda_environment();
 /// assigned_gpu() with this process's environment and LibTorch's device count: the GPU a memory test measures on.
 [[nodiscard]] c10::Device gpu_for_test();
 
+/// The allocator settings a probe runs with, as PyTorch reads them: the process's PYTORCH_ALLOC_CONF (or the
+/// older PYTORCH_CUDA_ALLOC_CONF) with the fixture's `allocator` settings on top, key by key
+/// (`expandable_segments:True,max_split_size_mb:128`). Throws memgate::Error for an entry that is not `key:value`.
+[[nodiscard]] std::string merge_allocator_settings(std::string_view environment, std::string_view fixture);
+
+/// PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF, else empty.
+[[nodiscard]] std::string allocator_settings_from_environment();
+
 /// Describes a device: name, slug and versions.
 [[nodiscard]] DeviceInfo describe_device(c10::Device device);
 
