@@ -28,21 +28,26 @@ function(memgate_add_library layer)
   target_link_libraries(memgate_${layer} PUBLIC ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE} memgate::warnings)
 endfunction()
 
-# memgate_add_test(<name> SOURCES <files...> LINK <targets...> [LABELS <labels...>])
-# A unit-test executable linked to the layer it tests and GoogleTest, its tests registered with CTest. It reuses
-# the precompiled LibTorch headers only when it links LibTorch.
+# memgate_add_test(<name> SOURCES <files...> LINK <targets...> LABEL <label> [GPU])
+# A unit-test executable linked to the layer it tests and GoogleTest, its tests registered with CTest under one
+# label (cpu, or gpu for the CUDA tests: gtest_discover_tests keeps one label per property value). It reuses the
+# precompiled LibTorch headers only when it links LibTorch. GPU: each test claims one GPU (CTest resource groups).
 function(memgate_add_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LINK;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "GPU" "LABEL" "SOURCES;LINK" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
   target_link_libraries(${name} PRIVATE ${ARG_LINK} GTest::gtest_main GTest::gmock memgate::warnings)
   if(NOT "${ARG_LINK}" MATCHES "memgate::(base|bench_tools)$")
     memgate_use_pch(${name})
   endif()
+  set(gpu_resources "")
+  if(ARG_GPU)
+    set(gpu_resources RESOURCE_GROUPS gpus:1)
+  endif()
   include(GoogleTest)
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
-    PROPERTIES LABELS "${ARG_LABELS}" ENVIRONMENT "MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+    PROPERTIES LABELS "${ARG_LABEL}" ENVIRONMENT "MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}" ${gpu_resources})
 endfunction()
 
 # memgate_add_bench(<name> SOURCES <files...>)

@@ -47,6 +47,7 @@ nlohmann::json profile_to_json(const Profile& profile) {
       probe["components"] = components_to_json(p.components);
       probe["step_seconds"] = p.step_seconds;
       probe["library_workspace_bytes"] = p.library_workspace_bytes;
+      probe["outside_allocator_bytes"] = p.outside_allocator_bytes;
     }
     probe["probe_seconds"] = p.seconds;
     probes.push_back(probe);

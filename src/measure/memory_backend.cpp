@@ -9,7 +9,9 @@
 #include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <map>
@@ -33,6 +35,7 @@ class CpuBackend final : public MemoryBackend {
   void empty_cache() override {}
   void set_memory_fraction(double) override {}
   std::int64_t create_library_workspaces() override { return 0; }
+  std::int64_t outside_allocator_bytes() override { return 0; }
   void apply_allocator_settings(const std::string&) override {}
   c10::Device device() const override { return c10::Device(c10::DeviceType::CPU); }
 
@@ -58,6 +61,13 @@ class CudaBackend final : public MemoryBackend {
   void empty_cache() override {
     synchronize();
     c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+  std::int64_t outside_allocator_bytes() override {
+    const c10::cuda::CUDAGuard guard(device_);
+    synchronize();
+    std::size_t free = 0, total = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<std::int64_t>(total - free) - snapshot().reserved;
   }
   std::int64_t create_library_workspaces() override {
     static std::mutex mutex;

@@ -188,6 +188,7 @@ ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::De
     result.step_seconds = seconds_since(step_start);
     result.components = observer.components();
     result.library_workspace_bytes = prepared.library_workspace_bytes();
+    result.outside_allocator_bytes = prepared.backend().outside_allocator_bytes();
   } catch (const c10::OutOfMemoryError& e) {
     result.oom = true;
     result.error = e.what_without_backtrace();

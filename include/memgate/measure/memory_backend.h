@@ -36,6 +36,10 @@ class MemoryBackend {
   /// holds them whatever ran before it in the process. Returns their bytes on this device, measured the first
   /// time they were created in this process (the same value on every call); 0 on the CPU.
   virtual std::int64_t create_library_workspaces() = 0;
+  /// Bytes in use on the device that its allocator does not hold: the CUDA context, the module images of the
+  /// kernels loaded so far, and libraries' own allocations (cudaMemGetInfo's used bytes less the caching
+  /// allocator's reserved bytes; another process on the same GPU counts too). 0 on the CPU.
+  [[nodiscard]] virtual std::int64_t outside_allocator_bytes() = 0;
   /// Applies allocator settings such as `expandable_segments:True` (CUDA; ignored on the CPU).
   virtual void apply_allocator_settings(const std::string& settings) = 0;
   [[nodiscard]] virtual c10::Device device() const = 0;

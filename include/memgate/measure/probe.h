@@ -30,6 +30,9 @@ struct ProbeResult {
   /// cuBLAS / cuBLASLt workspaces on the device, created before `base` so that no component depends on what ran
   /// earlier in the process; outside the components, inside the allocator (0 on the CPU).
   std::int64_t library_workspace_bytes = 0;
+  /// What the device holds outside its allocator after the measured step (CUDA context, loaded modules,
+  /// libraries); the GPU fixtures' `outside_allocator_bytes` come from it. 0 on the CPU.
+  std::int64_t outside_allocator_bytes = 0;
 };
 
 /// Whether an error from a step is the device running out of memory in any of its forms: the caching allocator's

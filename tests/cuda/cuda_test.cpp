@@ -1,0 +1,57 @@
+// The CUDA unit tests: labelled `gpu`, so the `gpu` preset runs them on a GPU runner; without a GPU they skip.
+#include "memgate/measure/device.h"
+#include "memgate/measure/probe.h"
+#include "memgate/models/model.h"
+#include "fixture_util.h"
+#include "probe_order.h"
+
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <string>
+
+namespace memgate {
+namespace {
+
+using testing::fixture_from;
+using testing::tiny_vit_yaml;
+
+const c10::Device kCpu(c10::DeviceType::CPU);
+
+// The CUDA backend end to end: allocated bytes repeat, reserved covers allocated, params are the tensors' bytes
+// rounded up to the caching allocator's 512-byte blocks.
+TEST(CudaProbeTest, MeasuresOnCudaRepeatably) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: the CUDA backend is tested on a GPU runner";
+  const auto gpu = gpu_for_test();
+  const auto f = fixture_from(tiny_vit_yaml("  trainable: lora\n", "  lora: {rank: 4}\n"));
+  const auto a = run_probe(f, 4, gpu), b = run_probe(f, 4, gpu);
+  ASSERT_FALSE(a.oom) << a.error;
+  EXPECT_EQ(a.components.params, b.components.params);
+  EXPECT_EQ(a.components.activations, b.components.activations);
+  EXPECT_EQ(a.components.step_peak, b.components.step_peak);
+  EXPECT_GE(a.components.step_peak_reserved, a.components.step_peak);
+  auto model = build_model(f.model, kCpu);
+  EXPECT_GE(a.components.params, parameter_and_buffer_bytes(model->module()));
+  EXPECT_EQ(a.components.gradients % 512, 0);
+  EXPECT_EQ(a.library_workspace_bytes, b.library_workspace_bytes);
+  // The context and the modules loaded so far: more than nothing, less than a GB with lazy loading.
+  EXPECT_GT(a.outside_allocator_bytes, 0);
+  EXPECT_LT(a.outside_allocator_bytes, std::int64_t{1} << 30);
+  std::cout << "outside the allocator: " << a.outside_allocator_bytes << " bytes; library workspaces: "
+            << a.library_workspace_bytes << " bytes\n";
+}
+
+TEST(CudaProbeTest, BytesDoNotDependOnTheOrderOfProbes) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: the CUDA order is tested on a GPU runner";
+  testing::expect_order_independent(MEMGATE_CLI, gpu_for_test().str());
+}
+
+// The environment a PyTorch user's process has, set before the first CUDA call.
+TEST(CudaProbeTest, ContextLoadsModulesLazily) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine";
+  const auto info = describe_device(gpu_for_test());
+  EXPECT_EQ(info.cuda_module_loading, "LAZY");
+}
+
+}  // namespace
+}  // namespace memgate
