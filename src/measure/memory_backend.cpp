@@ -5,7 +5,14 @@
 #include "memgate/base/error.h"
 #include "memgate/measure/device.h"
 
+#if __has_include(<cublas_v2.h>) && __has_include(<cublasLt.h>) && __has_include(<cusparse.h>) && \
+    __has_include(<cusolverDn.h>)
 #include <ATen/cuda/CUDAContextLight.h>
+#define MEMGATE_HAVE_CUBLAS_HEADERS 1
+#else
+#include <ATen/ATen.h>
+#define MEMGATE_HAVE_CUBLAS_HEADERS 0
+#endif
 #include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -76,9 +83,17 @@ class CudaBackend final : public MemoryBackend {
     const c10::cuda::CUDAGuard guard(device_);
     const auto before = snapshot().allocated;
     // On the current stream of this thread, as the probe's kernels will run.
+#if MEMGATE_HAVE_CUBLAS_HEADERS
     (void)at::cuda::getCurrentCUDABlasHandle();
     (void)at::cuda::getCurrentCUDABlasLtHandle();
     (void)at::cuda::getCUDABlasLtWorkspace();
+#else
+    // Without cuBLAS's headers: small GEMMs through LibTorch create the same handles and workspaces.
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      const auto options = at::TensorOptions().dtype(dtype).device(device_);
+      (void)at::addmm(at::ones({8}, options), at::ones({8, 8}, options), at::ones({8, 8}, options));
+    }
+#endif
     synchronize();
     const auto bytes = snapshot().allocated - before;
     auto [it, inserted] = created.try_emplace(device_.index(), bytes);
