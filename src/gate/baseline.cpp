@@ -164,6 +164,13 @@ std::string source_commit(const std::string& source_dir) {
   return dirty.empty() ? commit : commit + "+dirty";
 }
 
+namespace {
+nlohmann::json without_commit(nlohmann::json provenance) {
+  provenance.erase("commit");
+  return provenance;
+}
+}  // namespace
+
 bool update_baseline(const std::string& path, const Fixture& fixture, const DeviceInfo& device,
                      const std::vector<ProbeResult>& probes, const std::string& commit) {
   const std::filesystem::path file(path);
@@ -195,12 +202,14 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
                         {"cpu_threads", device.cpu_threads}, {"fixture_hash", fixture.hash},
                         {"commit", commit}};
     if (device.device.is_cuda()) fresh.provenance["cuda_module_loading"] = device.cuda_module_loading;
+    if (device.device.is_cpu()) fresh.provenance["cpu_isa"] = device.cpu_isa;
     auto it = std::find_if(b.probes.begin(), b.probes.end(),
                            [&](const BaselineProbe& p) { return p.batch_size == probe.batch_size; });
     if (it == b.probes.end()) {
       b.probes.push_back(std::move(fresh));
       changed = true;
-    } else if (it->components != fresh.components || it->fixture_hash() != fixture.hash) {
+    } else if (it->components != fresh.components || without_commit(it->provenance) != without_commit(fresh.provenance)) {
+      // New bytes, or the same bytes from another setup (device, versions, ISA, fixture): the record says so.
       *it = std::move(fresh);
       changed = true;
     }

@@ -13,7 +13,8 @@ std::string provenance_differences(const BaselineProbe& recorded, const DeviceIn
       {"device", device.name},          {"torch", device.torch_version},
       {"cuda", device.cuda_version},    {"cudnn", device.cudnn_version},
       {"driver", device.driver_version}, {"allocator", device.allocator_settings},
-      {"cpu_threads", std::to_string(device.cpu_threads)}, {"cuda_module_loading", device.cuda_module_loading}};
+      {"cpu_threads", std::to_string(device.cpu_threads)}, {"cuda_module_loading", device.cuda_module_loading},
+      {"cpu_isa", device.cpu_isa}};
   std::string out;
   for (const auto& [key, value] : now) {
     if (!recorded.provenance.contains(key)) continue;

@@ -133,6 +133,17 @@ DeviceInfo describe_device(c10::Device device) {
   if (device.is_cpu()) {
     info.name = cpu_model_name();
     info.slug = "cpu";
+    {
+      std::ifstream cpuinfo("/proc/cpuinfo");
+      std::string line;
+      while (std::getline(cpuinfo, line)) {
+        if (line.rfind("flags", 0) != 0) continue;
+        const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+        if (cap == nullptr) cap = std::getenv("DNNL_MAX_CPU_ISA");
+        info.cpu_isa = onednn_cpu_isa(line.substr(line.find(':') + 1), cap != nullptr ? cap : "");
+        break;
+      }
+    }
     return info;
   }
 #ifdef MEMGATE_HAVE_CUDA_RUNTIME
@@ -221,6 +232,42 @@ c10::DeviceIndex assigned_gpu(std::string_view ctest_resource, std::string_view 
                             ordinal, device_count));
   }
   return static_cast<c10::DeviceIndex>(ordinal);
+}
+
+std::string onednn_cpu_isa(std::string_view flags, std::string_view cap) {
+  // oneDNN's x86 ISA classes, lowest first, each with the CPU flags it needs (cpu_isa_traits.hpp).
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> kIsas = {
+      {"sse41", {"sse4_1"}},
+      {"avx", {"avx"}},
+      {"avx2", {"avx2"}},
+      {"avx2_vnni", {"avx2", "avx_vnni"}},
+      {"avx512_core", {"avx512f", "avx512bw", "avx512vl", "avx512dq"}},
+      {"avx512_core_vnni", {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}},
+      {"avx512_core_bf16", {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"}},
+      {"avx512_core_fp16", {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "avx512_fp16"}},
+      {"avx512_core_amx",
+       {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}},
+  };
+  std::vector<std::string_view> have;
+  for (std::size_t start = 0; start < flags.size();) {
+    auto end = flags.find_first_of(" \t\n", start);
+    if (end == std::string_view::npos) end = flags.size();
+    if (end > start) have.push_back(flags.substr(start, end - start));
+    start = end + 1;
+  }
+  auto has = [&](const std::string& flag) { return std::find(have.begin(), have.end(), flag) != have.end(); };
+  std::string lower_cap(cap);
+  for (auto& c : lower_cap) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // oneDNN spells some caps by their AVX10 names.
+  if (lower_cap == "avx10_1_512") lower_cap = "avx512_core_fp16";
+  if (lower_cap == "avx10_1_512_amx" || lower_cap == "avx10_1_512_amx_fp16") lower_cap = "avx512_core_amx";
+  std::string best;
+  for (const auto& [isa, needs] : kIsas) {
+    if (!std::all_of(needs.begin(), needs.end(), has)) continue;
+    best = isa;
+    if (isa == lower_cap) break;  // the cap: nothing above it
+  }
+  return best;
 }
 
 std::string allocator_settings_from_environment() {

@@ -118,3 +118,31 @@ TEST(AllocatorSettingsTest, AnEntryWithoutAValueIsAnErrorNamingWhereItCameFrom) 
 
 }  // namespace
 }  // namespace memgate
+
+namespace memgate {
+namespace {
+
+TEST(CpuIsaTest, FollowsOneDnnsClassesAndItsCap) {
+  const std::string epyc = "fpu sse4_1 sse4_2 avx avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx_vnni "
+                           "avx512_bf16 avx512_vnni";
+  EXPECT_EQ(onednn_cpu_isa(epyc, ""), "avx512_core_bf16");
+  EXPECT_EQ(onednn_cpu_isa(epyc, "SSE41"), "sse41");
+  EXPECT_EQ(onednn_cpu_isa(epyc, "avx2"), "avx2");
+  EXPECT_EQ(onednn_cpu_isa(epyc, "AVX512_CORE_AMX"), "avx512_core_bf16") << "a cap above the CPU changes nothing";
+  EXPECT_EQ(onednn_cpu_isa("sse4_1 avx avx2 avx_vnni", ""), "avx2_vnni");
+  EXPECT_EQ(onednn_cpu_isa("sse4_1 avx avx2 avx512f avx512dq avx512bw avx512vl avx512_vnni avx512_bf16 avx512_fp16 "
+                           "amx_tile amx_bf16 amx_int8", ""),
+            "avx512_core_amx");
+  EXPECT_EQ(onednn_cpu_isa("fp asimd evtstrm", ""), "") << "not x86";
+}
+
+TEST(CpuIsaTest, IsPartOfTheCpusDescription) {
+  const auto info = describe_device(c10::Device(c10::DeviceType::CPU));
+#if defined(__x86_64__)
+  EXPECT_FALSE(info.cpu_isa.empty());
+#endif
+  EXPECT_EQ(info.slug, "cpu");
+}
+
+}  // namespace
+}  // namespace memgate

@@ -31,6 +31,9 @@ struct DeviceInfo {
   std::int64_t total_memory = 0;
   /// Intra-op threads used on the CPU (probes pin them so bytes repeat).
   int cpu_threads = 0;
+  /// The CPU ISA oneDNN dispatches to (`avx512_core_bf16`, `avx2`, ...; empty on a GPU): oneDNN's kernels, and
+  /// the scratch bytes of convolutions and matmuls, differ by it, so CPU bytes are exact for one ISA class.
+  std::string cpu_isa;
   /// CUDA_MODULE_LOADING in force (`LAZY`, as Python's torch sets it), empty on the CPU.
   std::string cuda_module_loading;
 };
@@ -72,6 +75,11 @@ bool prepare_cuda_environment();
 
 /// PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF, else empty.
 [[nodiscard]] std::string allocator_settings_from_environment();
+
+/// oneDNN's CPU ISA class from /proc/cpuinfo's `flags` and a DNNL_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA cap (empty: none),
+/// in oneDNN's names: sse41, avx, avx2, avx2_vnni, avx512_core, avx512_core_vnni, avx512_core_bf16,
+/// avx512_core_fp16, avx512_core_amx. Empty when the flags name none of them (not x86).
+[[nodiscard]] std::string onednn_cpu_isa(std::string_view flags, std::string_view cap);
 
 /// Describes a device: name, slug and versions.
 [[nodiscard]] DeviceInfo describe_device(c10::Device device);
