@@ -3,6 +3,7 @@
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/bench/bench_compare.h"
+#include "memgate/gate/advise.h"
 #include "memgate/gate/budget.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/report.h"
@@ -167,6 +168,75 @@ Run add_profile(CLI::App& app) {
     fmt::print("{}", memgate::format_profile(profile, gpus));
     if (!o->output.empty()) {
       memgate::write_file_atomically(o->output, memgate::profile_to_json(profile).dump(2) + "\n");
+      fmt::print("\nwrote {}\n", o->output);
+    }
+    return kOk;
+  };
+}
+
+Run add_advise(CLI::App& app) {
+  struct Options {
+    std::string config;
+    std::vector<std::string> gpu;
+    bool all_gpus = false;
+    std::int64_t capacity_mib = 0;
+    std::string device = "auto";
+    std::int64_t effective_batch = 0;
+    std::string output;
+    std::string gpus = default_gpus_dir();
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")->required()->type_name("FILE");
+  auto* gpu = app.add_option("--gpu", o->gpu, "A GPU fixture to advise for (fixtures/gpus/<id>.yaml; repeat it)")
+                  ->type_name("ID");
+  auto* all = app.add_flag("--all-gpus", o->all_gpus, "Advise for every GPU fixture");
+  auto* capacity = app.add_option("--capacity-mib", o->capacity_mib,
+                                  "Advise for this many usable MiB (on the CPU: the counting allocator's cap)");
+  capacity->type_name("MIB")->check(check_value(is_memory_limit_mib, fmt::format("a positive integer of at most {}",
+                                                                                 kMaxMemoryLimitMib)));
+  gpu->excludes(all);
+  app.add_option("--device", o->device, "auto (a GPU if LibTorch sees one), cpu, cuda or cuda:N")
+      ->capture_default_str()
+      ->type_name("DEVICE")
+      ->check(check_value(is_device_spec, "auto, cpu, cuda or cuda:N"));
+  app.add_option("--effective-batch", o->effective_batch,
+                 "Also find the micro-batch and accumulation steps that reach this batch on each target")
+      ->type_name("N")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  app.add_option("--output", o->output, "Also write the advice as JSON to this file")->type_name("FILE");
+  app.add_option("--gpus", o->gpus, "Folder of GPU fixtures")->capture_default_str()->type_name("DIR");
+  app.parse_complete_callback([gpu, all, capacity] {
+    if (gpu->count() == 0 && all->count() == 0 && capacity->count() == 0) {
+      throw CLI::RequiredError("--gpu, --all-gpus or --capacity-mib");
+    }
+  });
+  app.footer(footer(
+      "Finds the largest batch whose whole training step (eval, the first and a later optimizer step) runs on each\n"
+      "target: one probe at batch 1 predicts it from the affine model of the step's peak, a probe under an\n"
+      "allocator cap of the target's usable bytes confirms it, and one more shows that the next batch up does\n"
+      "not fit; a wrong prediction is corrected and said. Usable bytes of a GPU fixture: memory x usable_fraction\n"
+      "- outside_allocator_bytes."));
+  return [o] {
+    const auto fixture = memgate::load_fixture(o->config);
+    const auto device = memgate::resolve_device(o->device);
+    std::vector<memgate::AdviceTarget> targets;
+    if (o->all_gpus || !o->gpu.empty()) {
+      const auto gpus = memgate::load_gpus(o->gpus);
+      if (o->all_gpus) {
+        for (const auto& g : gpus) targets.push_back(memgate::target_of(g));
+      } else {
+        for (const auto& id : o->gpu) targets.push_back(memgate::target_of(memgate::find_gpu(gpus, id)));
+      }
+    }
+    if (o->capacity_mib > 0) {
+      targets.push_back({"capacity", fmt::format("{} MiB", o->capacity_mib), o->capacity_mib << 20});
+    }
+    memgate::AdviseOptions options;
+    if (o->effective_batch > 0) options.effective_batch = o->effective_batch;
+    const auto advice = memgate::advise(fixture, targets, device, options);
+    fmt::print("{}", memgate::format_advice(advice));
+    if (!o->output.empty()) {
+      memgate::write_file_atomically(o->output, memgate::advice_to_json(advice).dump(2) + "\n");
       fmt::print("\nwrote {}\n", o->output);
     }
     return kOk;
@@ -370,6 +440,7 @@ Run add_bench_convert(CLI::App& app) {
 
 const Subcommand kSubcommands[] = {
     {"profile", "Measure one fixture's memory per component and batch size", add_profile},
+    {"advise", "The largest batch that fits each GPU (or a capacity), predicted and confirmed", add_advise},
     {"check", "Run the gate for fixtures or a suite outside CTest; exit 1 when it fails", add_check},
     {"summary", "Markdown tables of the memory suite's results; exit 1 on a regression", add_summary},
     {"bench-compare", "Compare two memgate_bench runs: step time and peak memory; exit 1 when worse",

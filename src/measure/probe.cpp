@@ -3,6 +3,7 @@
 #include "memgate/measure/probe.h"
 
 #include "memgate/base/error.h"
+#include "memgate/measure/cpu_allocator.h"
 #include "memgate/measure/memory_backend.h"
 
 #include <ATen/Context.h>
@@ -159,6 +160,26 @@ PreparedStep::PreparedStep(const Workload& workload, std::int64_t batch_size, c1
   if (observer != nullptr) observer->base_read(base_);
   step_ = std::make_unique<TrainingStep>(workload, batch_size, device, options.seed, observer);
   step_->warm_up(options.warmup_steps, observer);
+}
+
+ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                             std::int64_t cap_bytes, const ProbeOptions& options) {
+  if (cap_bytes <= 0) throw Error(workload.source + ": an allocator cap must be a positive number of bytes");
+  if (device.is_cpu()) {
+    auto& counter = CountingCpuAllocator::install();
+    struct Restore {
+      CountingCpuAllocator& counter;
+      std::int64_t previous;
+      ~Restore() { counter.set_limit(previous); }
+    } restore{counter, counter.limit()};
+    counter.set_limit(counter.current_bytes() + cap_bytes);
+    return run_probe(workload, batch_size, device, options);
+  }
+  const auto total = describe_device(device).total_memory;
+  if (total <= 0) throw Error("cannot cap " + device.str() + ": its memory size is unknown");
+  auto backend = make_memory_backend(device);
+  const MemoryFractionScope capped(*backend, std::min(1.0, static_cast<double>(cap_bytes) / static_cast<double>(total)));
+  return run_probe(workload, batch_size, device, options);
 }
 
 bool is_out_of_memory(std::string_view message) {

@@ -132,6 +132,29 @@ TEST(CheckCliTest, AnotherCpuIsaIsNamedInTheMessage) {
   EXPECT_THAT(out, HasSubstr("cpu_isa " + info.cpu_isa + " -> sse41")) << out;
 }
 
+TEST(AdviseCliTest, AdvisesForACapacityAndWritesJson) {
+  testing::TempDir dir;
+  const std::string cli = MEMGATE_CLI;
+  const auto fixture = source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
+  std::string out;
+  EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--gpu, --all-gpus or --capacity-mib"));
+  EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 0", &out), 2) << out;
+  EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --gpu no_such_gpu", &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("no_such_gpu"));
+  const auto json = dir / "advice.json";
+  ASSERT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 8 --effective-batch 64 "
+                               "--output " + json, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("effective batch 64: micro-batch"));
+  const auto advice = nlohmann::json::parse(testing::read_file(json));
+  const auto& target = advice["targets"][0];
+  EXPECT_EQ(target["usable_bytes"], 8 << 20);
+  EXPECT_TRUE(target["batch_size"].is_number_integer());
+  EXPECT_GE(target["probes"].get<int>(), 3);
+  EXPECT_EQ(target["accumulation"]["micro_batch"].get<int>() * target["accumulation"]["steps"].get<int>(), 64);
+  EXPECT_TRUE(target["trials"].back()["fits"].is_boolean());
+}
+
 TEST(ProbeOrderTest, BytesDoNotDependOnTheOrderOfProbesOnTheCpu) {
   testing::expect_order_independent(MEMGATE_CLI, "cpu");
 }

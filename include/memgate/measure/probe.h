@@ -64,6 +64,13 @@ struct ProbeOptions {
 [[nodiscard]] ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                                     const ProbeOptions& options = {});
 
+/// run_probe() with the device's allocator capped at `cap_bytes` (CUDA: the caching allocator's memory fraction of
+/// the device; CPU: the counting allocator's limit, above what the process holds already): a step that needs more
+/// runs out of memory. The cap is lifted afterwards, however the probe ends.
+[[nodiscard]] ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                                           std::int64_t cap_bytes, const ProbeOptions& options = {});
+
+
 /// Probes each batch size in turn (the next batch size still runs after an out-of-memory).
 [[nodiscard]] Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes,
                                   c10::Device device, const ProbeOptions& options = {});

@@ -1,0 +1,105 @@
+// `memgate advise`: the largest batch that fits a target's memory, predicted from a few probes and confirmed by
+// real steps under an allocator cap of the target's size, and the accumulation that reaches an effective batch.
+#pragma once
+
+#include "memgate/gate/budget.h"
+#include "memgate/measure/probe.h"
+#include "memgate/measure/train_step.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace memgate {
+
+/// A memory size to advise for: a GPU fixture, or a capacity given by hand.
+struct AdviceTarget {
+  std::string id;              ///< `rtx_4090_24gb`, or `capacity`
+  std::string name;            ///< `NVIDIA GeForce RTX 4090`, or `1024 MiB`
+  std::int64_t usable_bytes;   ///< what a step may use in the allocator: memory x usable fraction - outside it
+};
+
+/// The usable bytes of a GPU fixture for a step: memory x usable fraction, less the CUDA context and libraries.
+[[nodiscard]] AdviceTarget target_of(const GpuSpec& gpu);
+
+/// One probe the search ran.
+struct AdviceTrial {
+  std::int64_t batch_size = 0;
+  bool capped = false;                ///< run under the target's allocator cap (else measured freely)
+  bool fits = false;                  ///< ran (capped) or needed no more than the usable bytes (free)
+  std::optional<std::int64_t> peak;   ///< the step's peak (max of step_peak_reserved and eval_peak), if it ran
+  std::int64_t accumulation_steps = 1;
+};
+
+/// The affine model of the peak in the batch size: fixed + per_sample x batch.
+struct AffineFit {
+  double fixed_bytes = 0.0;
+  double per_sample_bytes = 0.0;
+  /// The largest relative miss of the measured peaks from the line through the two largest batches (%), once
+  /// three batches ran: how affine the step really is.
+  std::optional<double> max_deviation_pct;
+  [[nodiscard]] double at(std::int64_t batch_size) const {
+    return fixed_bytes + per_sample_bytes * static_cast<double>(batch_size);
+  }
+};
+
+/// The reach of an effective batch through accumulation on a target.
+struct AccumulationAdvice {
+  std::int64_t effective_batch = 0;
+  std::int64_t micro_batch = 0;  ///< 0: not even batch 1 fits with accumulation
+  std::int64_t steps = 0;        ///< micro-batches per optimizer step; micro_batch x steps = effective_batch
+  std::int64_t step_peak_reserved = 0;  ///< of that step, measured under the cap
+  bool fits = false;
+};
+
+/// The advice for one target.
+struct TargetAdvice {
+  AdviceTarget target;
+  std::optional<std::int64_t> batch_size;  ///< the largest batch that runs under the cap; none: not even 1
+  std::optional<std::int64_t> predicted;   ///< the first prediction, before any probe of this target
+  bool corrected = false;                  ///< the probes moved the answer away from the prediction
+  int probes = 0;                          ///< probes run for this target, the shared first one included
+  AffineFit fit;
+  std::vector<AdviceTrial> trials;         ///< this target's probes, in order
+  std::optional<AccumulationAdvice> accumulation;
+};
+
+/// The advice for a workload on a device.
+struct Advice {
+  DeviceInfo device;
+  std::string fixture;
+  std::vector<TargetAdvice> targets;
+  int total_probes = 0;  ///< every probe run, shared ones counted once
+};
+
+struct AdviseOptions {
+  std::optional<std::int64_t> effective_batch;  ///< --effective-batch
+  std::int64_t max_batch = 1 << 20;              ///< the search never probes above this
+};
+
+/// Finds, per target, the largest batch whose whole protocol (eval, the first and the measured optimizer steps)
+/// runs under an allocator cap of the target's usable bytes, and shows that the next batch up does not fit.
+/// Two free probes (batches 1 and 2, shared by the targets) start an affine model of the step's peak; each
+/// further probe refits it (extrapolating from the two largest batches that fit, or interpolating towards the
+/// first measured miss) and probes where it puts the boundary: the predicted batch under the cap, then the next
+/// one up under a safety cap of four times the target, so that its peak is measured. The common case is two
+/// probes per target after the shared two; when the model is far off it falls back to bisection.
+[[nodiscard]] Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets, c10::Device device,
+                            const AdviseOptions& options = {});
+
+/// The advice as JSON (README: "memgate advise").
+[[nodiscard]] nlohmann::json advice_to_json(const Advice& advice);
+
+/// The advice as a table for a terminal.
+[[nodiscard]] std::string format_advice(const Advice& advice);
+
+/// How many trials the usual search takes to find the same boundary: batch 1, 2, 4, ... until one fails, then a
+/// binary search between the last two (Lightning's BatchSizeFinder in `binsearch` mode). `fits(b)` answers a trial.
+[[nodiscard]] int power_of_two_then_binary_search_trials(const std::function<bool(std::int64_t)>& fits,
+                                                         std::int64_t max_batch, std::int64_t* found = nullptr);
+
+}  // namespace memgate

@@ -1,0 +1,344 @@
+// The batch-size advice: predict from the affine model of the step's peak, confirm under an allocator cap.
+#include "memgate/gate/advise.h"
+
+#include "memgate/base/error.h"
+#include "memgate/base/units.h"
+#include "memgate/gate/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+namespace memgate {
+namespace {
+
+constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max();
+constexpr int kMaxProbesPerSearch = 40;
+
+// The peak a target must hold: the measured step's or the eval forward's, whichever is higher (the first
+// optimizer step is held to the cap by the capped probes themselves).
+std::int64_t peak_of(const ProbeResult& r) {
+  return std::max(r.components.step_peak_reserved, r.components.eval_peak);
+}
+
+AffineFit fit_points(const std::map<std::int64_t, std::int64_t>& points) {
+  AffineFit f;
+  if (points.size() < 2) return f;
+  auto it = points.rbegin();
+  const auto [b2, p2] = *it;
+  ++it;
+  const auto [b1, p1] = *it;
+  f.per_sample_bytes = static_cast<double>(p2 - p1) / static_cast<double>(b2 - b1);
+  f.fixed_bytes = static_cast<double>(p2) - f.per_sample_bytes * static_cast<double>(b2);
+  if (points.size() >= 3) {
+    double worst = 0.0;
+    for (const auto& [b, p] : points) {
+      worst = std::max(worst, std::abs(static_cast<double>(p) - f.at(b)) / static_cast<double>(p) * 100.0);
+    }
+    f.max_deviation_pct = worst;
+  }
+  return f;
+}
+
+std::int64_t predict(const AffineFit& f, std::int64_t usable, std::int64_t max_batch) {
+  if (f.per_sample_bytes <= 0.0) return max_batch;
+  const double b = std::floor((static_cast<double>(usable) - f.fixed_bytes) / f.per_sample_bytes);
+  if (b < 0.0) return 0;
+  return b >= static_cast<double>(max_batch) ? max_batch : static_cast<std::int64_t>(b);
+}
+
+// The free probes all targets share: batch 1 and batch 2, measured without a cap.
+struct Shared {
+  std::map<std::int64_t, std::int64_t> peaks;  // batch -> peak; a batch that ran out of memory is absent
+  std::vector<std::int64_t> batches;           // the batches probed
+};
+
+Shared shared_probes(const Workload& workload, c10::Device device, std::int64_t accumulation_steps) {
+  Shared s;
+  auto w = workload;
+  w.training.accumulation_steps = accumulation_steps;
+  for (const std::int64_t b : {1, 2}) {
+    s.batches.push_back(b);
+    const auto r = run_probe(w, b, device);
+    if (r.oom) break;
+    s.peaks[b] = peak_of(r);
+  }
+  return s;
+}
+
+// The search on one target. The peak is affine in the batch only piecewise (a full fine-tune's optimizer step
+// holds the peak at small batches, activations take over later), so the model is refitted after every probe:
+// the line through the two largest batches that fit extrapolates; once a batch that does not fit has a
+// measured peak, the secant between it and the largest that fits interpolates. A batch expected to fit runs
+// under an allocator cap of the target's usable bytes (that is the confirmation); a batch expected not to fit,
+// or one after a capped probe ran out, runs under a safety cap of four times that, so that its peak is measured.
+TargetAdvice search(const Workload& workload, const AdviceTarget& target, c10::Device device, const Shared& shared,
+                    std::int64_t accumulation_steps, std::int64_t max_batch) {
+  TargetAdvice t;
+  t.target = target;
+  const auto usable = target.usable_bytes;
+  auto w = workload;
+  w.training.accumulation_steps = accumulation_steps;
+  std::map<std::int64_t, std::int64_t> points;  // measured peaks
+  std::set<std::int64_t> confirmed;               // ran under the cap of `usable`
+  std::int64_t hi = kUnbounded;                   // the smallest batch that did not fit
+  for (const auto b : shared.batches) {
+    ++t.probes;
+    AdviceTrial trial{b, false, false, std::nullopt, accumulation_steps};
+    if (const auto it = shared.peaks.find(b); it != shared.peaks.end()) {
+      trial.peak = it->second;
+      trial.fits = it->second <= usable;
+      points[b] = it->second;
+    }
+    if (!trial.fits) hi = std::min(hi, b);
+    t.trials.push_back(trial);
+  }
+  auto largest_fit = [&] {
+    std::int64_t lo = 0;
+    for (const auto& [b, p] : points) {
+      if (p <= usable) lo = std::max(lo, b);
+    }
+    return lo;
+  };
+  auto prediction = [&]() -> std::int64_t {
+    std::map<std::int64_t, std::int64_t> fitting;
+    for (const auto& [b, p] : points) {
+      if (p <= usable) fitting[b] = p;
+    }
+    if (!fitting.empty()) {
+      const auto [bl, pl] = *fitting.rbegin();
+      for (const auto& [b, p] : points) {
+        if (b > bl && p > usable) {  // the first measured miss above: interpolate
+          const double x = static_cast<double>(bl) + static_cast<double>(usable - pl) / static_cast<double>(p - pl) *
+                                                         static_cast<double>(b - bl);
+          return std::min(max_batch, static_cast<std::int64_t>(std::floor(x)));
+        }
+      }
+    }
+    t.fit = fit_points(fitting.size() >= 2 ? fitting : points);
+    return predict(t.fit, usable, max_batch);
+  };
+  if (largest_fit() == 0) {
+    t.fit = fit_points(points);
+    return t;  // batch 1 needs more than the target has
+  }
+  auto b = prediction();
+  t.predicted = b;
+  bool capped_ran_out = false;
+  for (int n = 0; n < kMaxProbesPerSearch; ++n) {
+    const auto lo = largest_fit();
+    if (hi - lo <= 1 || lo >= max_batch) {
+      if (lo >= 1 && !confirmed.contains(lo)) {  // the answer always runs under the target's cap
+        const auto r = run_probe_capped(w, lo, device, usable);
+        ++t.probes;
+        t.trials.push_back({lo, true, !r.oom, r.oom ? std::nullopt : std::optional(peak_of(r)), accumulation_steps});
+        if (r.oom) {  // it needed the cache headroom a free run had: one lower
+          points.erase(lo);
+          hi = lo;
+          continue;
+        }
+        confirmed.insert(lo);
+      }
+      break;
+    }
+    const auto candidate = std::clamp(b, lo + 1, hi == kUnbounded ? max_batch : hi - 1);
+    const bool capped = candidate <= b && !capped_ran_out;
+    const auto r = capped ? run_probe_capped(w, candidate, device, usable)
+                          : run_probe_capped(w, candidate, device, 4 * usable);
+    ++t.probes;
+    AdviceTrial trial{candidate, capped, false, std::nullopt, accumulation_steps};
+    if (!r.oom) {
+      trial.peak = peak_of(r);
+      points[candidate] = *trial.peak;
+    }
+    trial.fits = !r.oom && *trial.peak <= usable;
+    if (trial.fits && capped) confirmed.insert(candidate);
+    if (!trial.fits) hi = std::min(hi, candidate);
+    capped_ran_out = capped && r.oom;
+    t.trials.push_back(trial);
+    b = prediction();
+    if (r.oom && !capped) {
+      // Not even a peak within four times the target: the model is far off; bisect, geometrically.
+      const auto low = std::max<std::int64_t>(largest_fit(), 1);
+      b = std::max(low, static_cast<std::int64_t>(std::sqrt(static_cast<double>(low) * static_cast<double>(hi))));
+    }
+  }
+  const auto lo = largest_fit();
+  if (lo >= 1 && confirmed.contains(lo)) t.batch_size = lo;
+  if (!t.fit.max_deviation_pct && points.size() >= 3) {
+    // How affine the step was over every batch measured (the line through the two largest).
+    t.fit = fit_points(points);
+  }
+  t.corrected = t.predicted != t.batch_size.value_or(0);
+  return t;
+}
+
+}  // namespace
+
+AdviceTarget target_of(const GpuSpec& gpu) {
+  return {gpu.id, gpu.name, gpu.usable_bytes() - gpu.outside_allocator_bytes};
+}
+
+Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets, c10::Device device,
+              const AdviseOptions& options) {
+  if (targets.empty()) throw Error(workload.source + ": advise needs a target (a GPU fixture or a capacity)");
+  for (const auto& t : targets) {
+    if (t.usable_bytes <= 0) throw Error(fmt::format("target {}: no usable bytes ({})", t.id, t.usable_bytes));
+  }
+  if (options.effective_batch && *options.effective_batch < 1) {
+    throw Error(workload.source + ": --effective-batch: expected an integer >= 1");
+  }
+  Advice advice;
+  advice.device = describe_probe_device(device, workload);
+  advice.fixture = workload.name;
+  const auto shared = shared_probes(workload, device, workload.training.accumulation_steps);
+  advice.total_probes = static_cast<int>(shared.batches.size());
+  // With accumulation the gradients stay between micro-batches: the search for the micro-batch runs with it.
+  const auto accumulated_steps = std::max<std::int64_t>(2, workload.training.accumulation_steps);
+  std::optional<Shared> shared_accumulated;
+  for (const auto& target : targets) {
+    auto t = search(workload, target, device, shared, workload.training.accumulation_steps, options.max_batch);
+    advice.total_probes += t.probes - static_cast<int>(shared.batches.size());
+    if (options.effective_batch) {
+      const auto n = *options.effective_batch;
+      AccumulationAdvice acc;
+      acc.effective_batch = n;
+      std::int64_t largest_micro = 0;
+      if (t.batch_size && *t.batch_size >= n) {
+        acc.micro_batch = n;
+        acc.steps = 1;
+      } else {
+        if (!shared_accumulated) {
+          shared_accumulated = shared_probes(workload, device, accumulated_steps);
+          advice.total_probes += static_cast<int>(shared_accumulated->batches.size());
+        }
+        const auto micro = search(workload, target, device, *shared_accumulated, accumulated_steps, options.max_batch);
+        advice.total_probes += micro.probes - static_cast<int>(shared_accumulated->batches.size());
+        t.probes += micro.probes;
+        largest_micro = micro.batch_size.value_or(0);
+        for (std::int64_t k = 2; largest_micro > 0 && k <= n; ++k) {
+          if (n % k == 0 && n / k <= largest_micro) {
+            acc.micro_batch = n / k;
+            acc.steps = k;
+            break;
+          }
+        }
+      }
+      if (acc.micro_batch > 0) {
+        auto w = workload;
+        w.training.accumulation_steps = acc.steps;
+        const auto r = run_probe_capped(w, acc.micro_batch, device, target.usable_bytes);
+        ++advice.total_probes;
+        ++t.probes;
+        acc.fits = !r.oom;
+        if (!r.oom) acc.step_peak_reserved = r.components.step_peak_reserved;
+      }
+      t.accumulation = acc;
+    }
+    advice.targets.push_back(std::move(t));
+  }
+  return advice;
+}
+
+nlohmann::json advice_to_json(const Advice& advice) {
+  nlohmann::json targets = nlohmann::json::array();
+  for (const auto& t : advice.targets) {
+    nlohmann::json trials = nlohmann::json::array();
+    for (const auto& trial : t.trials) {
+      nlohmann::json j = {{"batch_size", trial.batch_size}, {"capped", trial.capped}, {"fits", trial.fits},
+                          {"accumulation_steps", trial.accumulation_steps}};
+      j["peak_bytes"] = trial.peak ? nlohmann::json(*trial.peak) : nlohmann::json(nullptr);
+      trials.push_back(j);
+    }
+    nlohmann::json fit = {{"fixed_bytes", std::llround(t.fit.fixed_bytes)},
+                          {"per_sample_bytes", std::llround(t.fit.per_sample_bytes)}};
+    fit["max_deviation_pct"] = t.fit.max_deviation_pct ? nlohmann::json(*t.fit.max_deviation_pct) : nlohmann::json(nullptr);
+    nlohmann::json j = {{"id", t.target.id},
+                        {"name", t.target.name},
+                        {"usable_bytes", t.target.usable_bytes},
+                        {"batch_size", t.batch_size ? nlohmann::json(*t.batch_size) : nlohmann::json(nullptr)},
+                        {"predicted_batch_size", t.predicted ? nlohmann::json(*t.predicted) : nlohmann::json(nullptr)},
+                        {"corrected", t.corrected},
+                        {"probes", t.probes},
+                        {"fit", fit},
+                        {"trials", trials}};
+    if (t.accumulation) {
+      const auto& a = *t.accumulation;
+      j["accumulation"] = {{"effective_batch", a.effective_batch}, {"micro_batch", a.micro_batch},
+                           {"steps", a.steps},                     {"step_peak_reserved", a.step_peak_reserved},
+                           {"fits", a.fits}};
+    }
+    targets.push_back(j);
+  }
+  return {{"device", device_to_json(advice.device)},
+          {"model", {{"name", advice.fixture}}},
+          {"total_probes", advice.total_probes},
+          {"targets", targets}};
+}
+
+std::string format_advice(const Advice& advice) {
+  std::string out = fmt::format("memgate advise: {} on {} ({})\n\n", advice.fixture, advice.device.name,
+                                advice.device.device.str());
+  out += fmt::format("{:<34} {:>12} {:>8} {:>10} {:>7}  {}\n", "target", "usable", "batch", "predicted", "probes",
+                     "peak = fixed + per sample x batch");
+  for (const auto& t : advice.targets) {
+    out += fmt::format("{:<34} {:>12} {:>8} {:>10} {:>7}  {} + {} x b{}\n", t.target.name.substr(0, 34),
+                       format_bytes(t.target.usable_bytes),
+                       t.batch_size ? std::to_string(*t.batch_size) : std::string("none"),
+                       t.predicted ? std::to_string(*t.predicted) : std::string("-"), t.probes,
+                       format_bytes(std::llround(t.fit.fixed_bytes)),
+                       format_bytes(std::llround(t.fit.per_sample_bytes)),
+                       t.fit.max_deviation_pct ? fmt::format(" (off by at most {:.2f}%)", *t.fit.max_deviation_pct)
+                                               : std::string());
+    if (t.corrected && t.batch_size) {
+      out += fmt::format("  the prediction ({}) was corrected by the probes to {}\n", t.predicted.value_or(0),
+                         *t.batch_size);
+    }
+    if (!t.batch_size) out += "  batch 1 does not fit: see the fixture's variants (precision, checkpointing, LoRA)\n";
+    if (t.accumulation) {
+      const auto& a = *t.accumulation;
+      if (a.micro_batch > 0) {
+        out += fmt::format("  effective batch {}: micro-batch {} x {} accumulation steps, step peak {}{}\n",
+                           a.effective_batch, a.micro_batch, a.steps, format_bytes(a.step_peak_reserved),
+                           a.fits ? "" : " (DOES NOT FIT)");
+      } else {
+        out += fmt::format("  effective batch {}: no micro-batch fits\n", a.effective_batch);
+      }
+    }
+  }
+  out += fmt::format("\n{} probes in all; each advised batch ran under an allocator cap of the target's usable "
+                     "bytes, and the next batch up did not fit.\n",
+                     advice.total_probes);
+  if (advice.device.device.is_cpu()) {
+    out += "(measured on the CPU: CUDA kernels and workspaces differ; advise on a GPU for a GPU you can trust)\n";
+  }
+  return out;
+}
+
+int power_of_two_then_binary_search_trials(const std::function<bool(std::int64_t)>& fits, std::int64_t max_batch,
+                                           std::int64_t* found) {
+  int trials = 0;
+  std::int64_t last_ok = 0;
+  std::int64_t b = 1;
+  while (b <= max_batch) {
+    ++trials;
+    if (!fits(b)) break;
+    last_ok = b;
+    b *= 2;
+  }
+  std::int64_t lo = last_ok, hi = std::min(b, max_batch + 1);
+  while (hi - lo > 1) {
+    const auto mid = lo + (hi - lo) / 2;
+    ++trials;
+    if (fits(mid)) lo = mid;
+    else hi = mid;
+  }
+  if (found != nullptr) *found = lo;
+  return trials;
+}
+
+}  // namespace memgate
