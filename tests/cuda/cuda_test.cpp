@@ -1,4 +1,5 @@
 // The CUDA unit tests: labelled `gpu`, so the `gpu` preset runs them on a GPU runner; without a GPU they skip.
+#include "memgate/gate/advise.h"
 #include "memgate/measure/device.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/model.h"
@@ -51,6 +52,20 @@ TEST(CudaProbeTest, ContextLoadsModulesLazily) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine";
   const auto info = describe_device(gpu_for_test());
   EXPECT_EQ(info.cuda_module_loading, "LAZY");
+}
+
+// advise on a GPU: the caching allocator's memory fraction is the cap.
+TEST(CudaAdviseTest, AdvisesUnderTheCachingAllocatorsCap) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: advise on CUDA is tested on a GPU runner";
+  const auto gpu = gpu_for_test();
+  const auto f = fixture_from(tiny_vit_yaml("  trainable: all\n"));
+  const std::int64_t usable = std::int64_t{256} << 20;
+  const auto advice = advise(f, {{"capacity", "256 MiB", usable}}, gpu);
+  const auto& t = advice.targets.front();
+  ASSERT_TRUE(t.batch_size.has_value());
+  EXPECT_FALSE(run_probe_capped(f, *t.batch_size, gpu, usable).oom);
+  EXPECT_TRUE(run_probe_capped(f, *t.batch_size + 1, gpu, usable).oom);
+  std::cout << "advised batch " << *t.batch_size << " for 256 MiB in " << t.probes << " probes\n";
 }
 
 }  // namespace
