@@ -67,7 +67,7 @@ TEST(CliTest, ExitCodesFollowTheContract) {
   }
 
   EXPECT_EQ(testing::run(cli + " frobnicate", &out), 2) << out;
-  EXPECT_THAT(out, HasSubstr("unknown subcommand 'frobnicate'; the subcommands are profile, check, summary"));
+  EXPECT_THAT(out, HasSubstr("unknown subcommand 'frobnicate'; the subcommands are profile, advise, check, summary"));
   EXPECT_EQ(testing::run(cli + " --frobnicate", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("'--frobnicate'"));
   EXPECT_EQ(testing::run(cli + " profile --config x.yaml --frobnicate", &out), 2) << out;
