@@ -233,6 +233,7 @@ Run add_advise(CLI::App& app) {
     }
     memgate::AdviseOptions options;
     if (o->effective_batch > 0) options.effective_batch = o->effective_batch;
+    if (!fixture.batch_sizes.empty()) options.wanted_batch = fixture.batch_sizes.back();
     const auto advice = memgate::advise(fixture, targets, device, options);
     fmt::print("{}", memgate::format_advice(advice));
     if (!o->output.empty()) {

@@ -4,6 +4,7 @@
 #include "memgate/base/error.h"
 #include "memgate/base/units.h"
 #include "memgate/gate/report.h"
+#include "memgate/models/vit.h"
 
 #include <fmt/format.h>
 
@@ -55,6 +56,7 @@ std::int64_t predict(const AffineFit& f, std::int64_t usable, std::int64_t max_b
 struct Shared {
   std::map<std::int64_t, std::int64_t> peaks;  // batch -> peak; a batch that ran out of memory is absent
   std::vector<std::int64_t> batches;           // the batches probed
+  double step_seconds = 0.0;                   // the measured step of the largest of them that ran
 };
 
 Shared shared_probes(const Workload& workload, c10::Device device, std::int64_t accumulation_steps) {
@@ -66,6 +68,7 @@ Shared shared_probes(const Workload& workload, c10::Device device, std::int64_t 
     const auto r = run_probe(w, b, device);
     if (r.oom) break;
     s.peaks[b] = peak_of(r);
+    s.step_seconds = r.step_seconds;
   }
   return s;
 }
@@ -179,6 +182,53 @@ TargetAdvice search(const Workload& workload, const AdviceTarget& target, c10::D
 
 }  // namespace
 
+std::vector<std::pair<VariantAdvice, Workload>> fit_variants(const Workload& workload) {
+  std::vector<std::pair<VariantAdvice, Workload>> out;
+  auto add = [&](std::string name, std::string change, auto&& edit) {
+    auto w = workload;
+    edit(w);
+    VariantAdvice v;
+    v.name = std::move(name);
+    v.change = std::move(change);
+    out.emplace_back(std::move(v), std::move(w));
+  };
+  const auto& t = workload.training;
+  if (t.precision == Precision::kFp32) {
+    add("bf16 autocast", "training.precision: bf16", [](Workload& w) { w.training.precision = Precision::kBf16; });
+  }
+  if (!t.gradient_checkpointing) {
+    add("gradient checkpointing", "training.gradient_checkpointing: true",
+        [](Workload& w) { w.training.gradient_checkpointing = true; });
+  }
+  if (t.trainable.kind != TrainableSpec::Kind::kHead) {
+    add("frozen backbone (train the head)", "training.trainable: head",
+        [](Workload& w) { w.training.trainable.kind = TrainableSpec::Kind::kHead; });
+  }
+  if (const auto* vit = std::get_if<VitOptions>(&workload.model.options)) {
+    if (!vit->lora.enabled()) {
+      add("LoRA rank 8 on qkv", "model.lora: {rank: 8, targets: [qkv]}; training.trainable: lora", [](Workload& w) {
+        auto& o = std::get<VitOptions>(w.model.options);
+        o.lora.rank = 8;
+        o.lora.alpha = 16;
+        o.lora.targets = {"qkv"};
+        w.training.trainable.kind = TrainableSpec::Kind::kLora;
+      });
+    } else if (vit->lora.rank > 1) {
+      const auto rank = vit->lora.rank / 2;
+      add(fmt::format("LoRA rank {}", rank), fmt::format("model.lora.rank: {}", rank),
+          [rank](Workload& w) { std::get<VitOptions>(w.model.options).lora.rank = rank; });
+    }
+  }
+  if (t.optimizer == Optimizer::kAdamW) {
+    add("SGD (momentum 0.9) instead of AdamW", "training.optimizer: sgd, momentum: 0.9", [](Workload& w) {
+      w.training.optimizer = Optimizer::kSgd;
+      w.training.momentum = 0.9;
+      w.training.weight_decay = 0.0;
+    });
+  }
+  return out;
+}
+
 AdviceTarget target_of(const GpuSpec& gpu) {
   return {gpu.id, gpu.name, gpu.usable_bytes() - gpu.outside_allocator_bytes};
 }
@@ -241,6 +291,47 @@ Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets
     }
     advice.targets.push_back(std::move(t));
   }
+  if (options.variants) {
+    // What would make the wanted batch fit: each variant measured as a real fixture, on the targets that miss it.
+    const auto wanted = options.effective_batch.value_or(options.wanted_batch.value_or(0));
+    std::vector<std::size_t> missing;
+    for (std::size_t i = 0; i < advice.targets.size(); ++i) {
+      advice.targets[i].wanted_batch = wanted;
+      if (wanted > 0 && advice.targets[i].batch_size.value_or(0) < wanted) missing.push_back(i);
+    }
+    if (!missing.empty()) {
+      for (auto& [variant, w] : fit_variants(workload)) {
+        Shared variant_shared;
+        try {
+          variant_shared = shared_probes(w, device, w.training.accumulation_steps);
+        } catch (const std::exception&) {
+          continue;  // a variant this model cannot take (no head, no blocks): not offered
+        }
+        advice.total_probes += static_cast<int>(variant_shared.batches.size());
+        variant.step_seconds = variant_shared.step_seconds;
+        variant.step_time_change_pct =
+            shared.step_seconds > 0.0 ? (variant.step_seconds / shared.step_seconds - 1.0) * 100.0 : 0.0;
+        for (const auto i : missing) {
+          auto v = variant;
+          const auto r = search(w, advice.targets[i].target, device, variant_shared, w.training.accumulation_steps,
+                                options.max_batch);
+          v.batch_size = r.batch_size;
+          v.probes = r.probes;
+          advice.total_probes += r.probes - static_cast<int>(variant_shared.batches.size());
+          advice.targets[i].variants.push_back(std::move(v));
+        }
+      }
+      for (const auto i : missing) {
+        std::stable_sort(advice.targets[i].variants.begin(), advice.targets[i].variants.end(),
+                         [](const VariantAdvice& a, const VariantAdvice& b) {
+                           if (a.batch_size.value_or(0) != b.batch_size.value_or(0)) {
+                             return a.batch_size.value_or(0) > b.batch_size.value_or(0);
+                           }
+                           return a.step_seconds < b.step_seconds;
+                         });
+      }
+    }
+  }
   return advice;
 }
 
@@ -272,6 +363,17 @@ nlohmann::json advice_to_json(const Advice& advice) {
                            {"steps", a.steps},                     {"step_peak_reserved", a.step_peak_reserved},
                            {"fits", a.fits}};
     }
+    j["wanted_batch"] = t.wanted_batch;
+    nlohmann::json variants = nlohmann::json::array();
+    for (const auto& v : t.variants) {
+      variants.push_back({{"name", v.name},
+                          {"change", v.change},
+                          {"batch_size", v.batch_size ? nlohmann::json(*v.batch_size) : nlohmann::json(nullptr)},
+                          {"step_seconds", v.step_seconds},
+                          {"step_time_change_pct", v.step_time_change_pct},
+                          {"probes", v.probes}});
+    }
+    j["variants"] = variants;
     targets.push_back(j);
   }
   return {{"device", device_to_json(advice.device)},
@@ -298,7 +400,16 @@ std::string format_advice(const Advice& advice) {
       out += fmt::format("  the prediction ({}) was corrected by the probes to {}\n", t.predicted.value_or(0),
                          *t.batch_size);
     }
-    if (!t.batch_size) out += "  batch 1 does not fit: see the fixture's variants (precision, checkpointing, LoRA)\n";
+    if (!t.batch_size) out += "  not even batch 1 fits\n";
+    if (!t.variants.empty()) {
+      out += fmt::format("  batch {} does not fit; measured variants, best first:\n", t.wanted_batch);
+      out += fmt::format("    {:<38} {:>8} {:>12}  {}\n", "variant", "batch", "step time", "change");
+      for (const auto& v : t.variants) {
+        out += fmt::format("    {:<38} {:>8} {:>+11.0f}%  {}\n", v.name,
+                           v.batch_size ? std::to_string(*v.batch_size) : std::string("none"), v.step_time_change_pct,
+                           v.change);
+      }
+    }
     if (t.accumulation) {
       const auto& a = *t.accumulation;
       if (a.micro_batch > 0) {

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 
@@ -74,6 +75,7 @@ TEST(AdviseAccumulationTest, ReachesTheEffectiveBatchWithMicroBatchesThatFit) {
   const auto fixture = load_fixture(source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
   AdviseOptions options;
   options.effective_batch = 64;
+  options.variants = false;
   const auto advice = advise(fixture, {{"capacity", "8 MiB", 8 << 20}}, kCpu, options);
   const auto& t = advice.targets.front();
   ASSERT_TRUE(t.batch_size.has_value());
@@ -86,6 +88,47 @@ TEST(AdviseAccumulationTest, ReachesTheEffectiveBatchWithMicroBatchesThatFit) {
   EXPECT_LE(a.step_peak_reserved, 8 << 20);
   // The accumulated step holds the gradients between micro-batches: the micro-batch may be below the batch alone.
   EXPECT_LE(a.micro_batch, *t.batch_size);
+}
+
+// When the wanted batch does not fit, the variants users reach for are measured as real fixtures: each advised
+// batch runs under the cap and the next one up does not; the best comes first.
+TEST(AdviseVariantsTest, MeasuresWhatWouldMakeTheWantedBatchFit) {
+  const auto fixture = load_fixture(source_dir() + "/fixtures/models/vit_tiny_full.yaml");
+  const std::int64_t usable = 6 << 20;
+  AdviseOptions options;
+  options.wanted_batch = 32;
+  const auto advice = advise(fixture, {{"capacity", "6 MiB", usable}}, kCpu, options);
+  const auto& t = advice.targets.front();
+  ASSERT_LT(t.batch_size.value_or(0), 32);
+  const auto variants = fit_variants(fixture);
+  ASSERT_EQ(t.variants.size(), variants.size());
+  std::vector<std::string> names;
+  for (const auto& v : t.variants) names.push_back(v.name);
+  for (const auto* expected : {"bf16 autocast", "gradient checkpointing", "frozen backbone (train the head)",
+                               "LoRA rank 8 on qkv", "SGD (momentum 0.9) instead of AdamW"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
+  }
+  for (std::size_t i = 0; i < t.variants.size(); ++i) {
+    const auto& v = t.variants[i];
+    if (i > 0) {
+      EXPECT_LE(v.batch_size.value_or(0), t.variants[i - 1].batch_size.value_or(0)) << "best first";
+    }
+    const auto& w = std::find_if(variants.begin(), variants.end(), [&](const auto& p) { return p.first.name == v.name; })->second;
+    ASSERT_TRUE(v.batch_size.has_value()) << v.name;
+    EXPECT_FALSE(run_probe_capped(w, *v.batch_size, kCpu, usable).oom) << v.name;
+    EXPECT_TRUE(run_probe_capped(w, *v.batch_size + 1, kCpu, usable).oom) << v.name;
+    EXPECT_GT(v.step_seconds, 0.0) << v.name;
+  }
+  // Freezing the backbone keeps no gradients or optimizer state for it: it allows more than the fixture as is.
+  EXPECT_GT(t.variants.front().batch_size.value_or(0), t.batch_size.value_or(0));
+}
+
+TEST(AdviseVariantsTest, NoneWhenTheWantedBatchFits) {
+  const auto fixture = load_fixture(source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
+  AdviseOptions options;
+  options.wanted_batch = 8;
+  const auto advice = advise(fixture, {{"capacity", "40 MiB", 40 << 20}}, kCpu, options);
+  EXPECT_TRUE(advice.targets.front().variants.empty());
 }
 
 TEST(AdviseTest, ABatchOfOneThatDoesNotFitIsNone) {

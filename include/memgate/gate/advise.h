@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,16 @@ struct AccumulationAdvice {
   bool fits = false;
 };
 
+/// A change users reach for when the batch they want does not fit, measured as a real fixture variant.
+struct VariantAdvice {
+  std::string name;    ///< `bf16 autocast`, `gradient checkpointing`, ...
+  std::string change;  ///< the fixture keys it changes: `training.precision: bf16`
+  std::optional<std::int64_t> batch_size;  ///< the largest batch it lets run on the target
+  double step_seconds = 0.0;               ///< its measured step at batch 2 (or 1)
+  double step_time_change_pct = 0.0;       ///< against the fixture as it is
+  int probes = 0;
+};
+
 /// The advice for one target.
 struct TargetAdvice {
   AdviceTarget target;
@@ -66,6 +77,10 @@ struct TargetAdvice {
   AffineFit fit;
   std::vector<AdviceTrial> trials;         ///< this target's probes, in order
   std::optional<AccumulationAdvice> accumulation;
+  /// When the wanted batch (--effective-batch, else the fixture's largest batch size) does not fit: each variant
+  /// the fixture allows, measured, best first (the batch it allows, then its step time).
+  std::vector<VariantAdvice> variants;
+  std::int64_t wanted_batch = 0;
 };
 
 /// The advice for a workload on a device.
@@ -78,6 +93,8 @@ struct Advice {
 
 struct AdviseOptions {
   std::optional<std::int64_t> effective_batch;  ///< --effective-batch
+  bool variants = true;                          ///< measure what would make the wanted batch fit
+  std::optional<std::int64_t> wanted_batch;      ///< without --effective-batch: the batch wanted (the fixture's largest)
   std::int64_t max_batch = 1 << 20;              ///< the search never probes above this
 };
 
@@ -88,6 +105,10 @@ struct AdviseOptions {
 /// first measured miss) and probes where it puts the boundary: the predicted batch under the cap, then the next
 /// one up under a safety cap of four times the target, so that its peak is measured. The common case is two
 /// probes per target after the shared two; when the model is far off it falls back to bisection.
+/// The fixture variants users reach for that apply to `workload` (bf16 autocast, gradient checkpointing, a frozen
+/// backbone, LoRA or a smaller LoRA rank, SGD instead of AdamW), each with its name and the keys it changes.
+[[nodiscard]] std::vector<std::pair<VariantAdvice, Workload>> fit_variants(const Workload& workload);
+
 [[nodiscard]] Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets, c10::Device device,
                             const AdviseOptions& options = {});
 
