@@ -12,9 +12,25 @@
 namespace memgate {
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::filesystem::path file(path);
+  std::filesystem::path file(path);
+  std::error_code ec;
+  const auto status = std::filesystem::status(file, ec);  // follows a symlink to what it names
+  if (!ec && std::filesystem::exists(status)) {
+    if (std::filesystem::is_directory(status)) throw Error(path + ": is a directory: expected a file to write");
+    if (!std::filesystem::is_regular_file(status)) {
+      // A device, a FIFO or a socket: written to directly; replacing it with a file would destroy it.
+      std::ofstream out(path, std::ios::binary);
+      if (!out) throw Error(path + ": cannot write");
+      out << text;
+      out.flush();
+      if (!out) throw Error(path + ": write failed");
+      return;
+    }
+    // A symlink to a regular file: the file it names is replaced, and the link stays.
+    if (std::filesystem::is_symlink(std::filesystem::symlink_status(file, ec))) file = std::filesystem::canonical(file);
+  }
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-  const auto tmp = path + ".tmp." + std::to_string(::getpid());
+  const auto tmp = file.string() + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error(tmp + ": cannot write");
@@ -22,7 +38,6 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     out.flush();
     if (!out) throw Error(tmp + ": write failed");
   }
-  std::error_code ec;
   std::filesystem::rename(tmp, file, ec);
   if (ec) {
     const auto why = ec.message();

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 namespace memgate {
 
@@ -29,6 +30,7 @@ Suite load_suite(const std::string& path, const std::string& fixtures_dir) {
     return file;
   };
   const auto entries = r.get_sequence("fixtures", true);
+  std::map<std::string, std::size_t> listed;  // fixture -> its entry: each fixture once (its tests are named by it)
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& entry = entries[i];
     const auto key = "fixtures[" + std::to_string(i) + "]";
@@ -44,6 +46,10 @@ Suite load_suite(const std::string& path, const std::string& fixtures_dir) {
       batch_sizes = e.has("batch_sizes") ? e.get_int_list("batch_sizes", std::nullopt, 1)
                                          : load_fixture(file).batch_sizes;
       e.finish();
+    }
+    if (const auto [it, fresh] = listed.emplace(name, i); !fresh) {
+      r.fail(key, "each fixture once (list its batch sizes in one entry)",
+             "'" + name + "' again (it is fixtures[" + std::to_string(it->second) + "] too)");
     }
     for (auto bs : batch_sizes) suite.probes.push_back({name, fixtures_dir + "/" + name + ".yaml", bs});
   }

@@ -6,7 +6,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
+#include <string>
+#include <thread>
 
 namespace memgate {
 namespace {
@@ -43,6 +47,37 @@ TEST(FilesTest, AFailedWriteNamesTheFileAndKeepsWhatWasThere) {
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++entries;
   EXPECT_EQ(entries, 2) << "out.json and the folder, no temporary file";
   EXPECT_EQ(testing::read_file(path), "kept\n");
+}
+
+// Only regular files (and new paths) are replaced through a temporary file: a FIFO or a device is written to, a
+// symlink keeps pointing at its file, a directory is refused.
+TEST(FilesTest, WritesIntoWhatIsNotARegularFileWithoutReplacingIt) {
+  testing::TempDir dir;
+  const auto fifo = dir / "pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string received;
+  std::thread reader([&] { received = testing::read_file(fifo); });
+  write_file_atomically(fifo, "through the pipe\n");
+  reader.join();
+  EXPECT_EQ(received, "through the pipe\n");
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo)) << "the FIFO must stay a FIFO";
+
+  const auto target = dir / "target.json";
+  const auto link = dir / "link.json";
+  write_file_atomically(target, "old\n");
+  std::filesystem::create_symlink(target, link);
+  write_file_atomically(link, "new\n");
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(testing::read_file(target), "new\n");
+
+  std::filesystem::create_directories(dir / "folder");
+  try {
+    write_file_atomically(dir / "folder", "x");
+    FAIL() << "a directory was written";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("folder: is a directory"));
+  }
+  EXPECT_TRUE(std::filesystem::is_directory(dir / "folder"));
 }
 
 }  // namespace

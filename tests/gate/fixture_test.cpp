@@ -111,3 +111,25 @@ TEST(FixtureTest, MalformedYamlAndMissingFileAreErrors) {
 
 }  // namespace
 }  // namespace memgate
+
+namespace memgate {
+namespace {
+
+// A fixture listed twice would register its tests twice (CTest refuses duplicate names): the suite file is wrong.
+TEST(SuiteTest, AFixtureListedTwiceIsAnErrorNamingTheSuiteAndBothEntries) {
+  testing::TempDir dir;
+  testing::write_file(dir / "models/a.yaml", testing::tiny_vit_yaml());
+  testing::write_file(dir / "suites/cpu.yaml", "device: cpu\nfixtures:\n  - a\n  - {fixture: a, batch_sizes: [2]}\n");
+  try {
+    (void)load_suite(dir / "suites/cpu.yaml", dir / "models");
+    FAIL() << "loaded";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_THAT(message, ::testing::HasSubstr("cpu.yaml"));
+    EXPECT_THAT(message, ::testing::HasSubstr("fixtures[1]"));
+    EXPECT_THAT(message, ::testing::HasSubstr("'a' again (it is fixtures[0] too)"));
+  }
+}
+
+}  // namespace
+}  // namespace memgate
