@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -79,6 +80,7 @@ std::string reference_name(const std::string& run_name) {
 
 // A JSON file, with errors that name it.
 nlohmann::json read_json_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw Error(path + ": is a directory: expected a Google Benchmark JSON file");
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot read");
   try {
@@ -143,7 +145,10 @@ nlohmann::json read_bench_document(const std::string& path) {
 }
 
 std::map<std::string, BenchCase> load_bench_json(const std::string& path) {
-  return parse_bench_json(read_json_file(path), path);
+  auto cases = parse_bench_json(read_json_file(path), path);
+  // A run without cases would compare nothing and pass: a failed or filtered-out run, not a result.
+  if (cases.empty()) throw Error(path + ": no benchmarks in it: an empty run compares nothing");
+  return cases;
 }
 
 bool is_reference_case(const std::string& name) { return name.rfind(kReferencePrefix, 0) == 0; }

@@ -376,5 +376,20 @@ TEST(BenchCompareTest, MemoryConvertsToCustomSmallerIsBetter) {
   EXPECT_DOUBLE_EQ(j[0]["value"].get<double>(), 12.5);
 }
 
+TEST(BenchInputTest, AnEmptyRunOrADirectoryIsAnErrorNamingIt) {
+  testing::TempDir dir;
+  testing::write_file(dir / "empty.json", "{\"benchmarks\": []}");
+  auto error_of = [](const std::string& path) {
+    try {
+      (void)load_bench_json(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of(dir / "empty.json").find("empty.json: no benchmarks in it"), std::string::npos);
+  EXPECT_NE(error_of(dir.path().string()).find(": is a directory"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace memgate
