@@ -432,7 +432,15 @@ Run add_bench_convert(CLI::App& app) {
       "\"<case> peak_allocated\", \"unit\": \"MiB\", \"value\": ...}]); the time JSON itself goes to\n"
       "github-action-benchmark unchanged, with `tool: googlecpp`."));
   return [o] {
+    std::error_code ec;
+    if (std::filesystem::exists(o->output) && std::filesystem::equivalent(o->input, o->output, ec)) {
+      throw memgate::Error(o->output + ": is the input too: writing it would destroy the benchmark run; give "
+                           "another --output");
+    }
     const auto entries = memgate::bench_memory_to_custom(memgate::load_bench_json(o->input));
+    if (entries.empty()) {
+      throw memgate::Error(o->input + ": no case has a peak_allocated_bytes counter: nothing to convert");
+    }
     memgate::write_file_atomically(o->output, entries.dump(2) + "\n");
     fmt::print("wrote {} entries to {}\n", entries.size(), o->output);
     return kOk;

@@ -155,6 +155,21 @@ TEST(AdviseCliTest, AdvisesForACapacityAndWritesJson) {
   EXPECT_TRUE(target["trials"].back()["fits"].is_boolean());
 }
 
+TEST(BenchCompareCliTest, ConvertNeverOverwritesItsInput) {
+  testing::TempDir dir;
+  const std::string cli = MEMGATE_CLI;
+  const auto run = dir / "run.json";
+  const std::string text = R"({"context": {}, "benchmarks": [{"name": "BM_TrainStep/cpu/x_bs1", "run_type": "iteration",
+    "iterations": 1, "real_time": 1.0, "cpu_time": 1.0, "time_unit": "ms"}]})";
+  testing::write_file(run, text);
+  std::string out;
+  EXPECT_EQ(testing::run(cli + " bench-convert " + run + " --output " + run, &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("is the input too"));
+  EXPECT_EQ(testing::read_file(run), text) << "the input is kept";
+  EXPECT_EQ(testing::run(cli + " bench-convert " + run + " --output " + (dir / "out.json"), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("nothing to convert"));
+}
+
 TEST(ProbeOrderTest, BytesDoNotDependOnTheOrderOfProbesOnTheCpu) {
   testing::expect_order_independent(MEMGATE_CLI, "cpu");
 }
