@@ -147,6 +147,19 @@ TEST_F(GateTest, ACorruptBaselineFailsNamingTheFile) {
   EXPECT_NE(log.find("gate_a could not be judged"), std::string::npos) << log;
 }
 
+// A suite that does not load fails the listing with the reason, naming the file (an empty reason left CTest with
+// a failing placeholder and no explanation).
+TEST_F(GateTest, ABrokenSuiteFailsTheListingWithItsReason) {
+  testing::write_file(tree / "fixtures/suites/cpu.yaml", "device: cpu\nfixtures:\n  - no_such_fixture\n");
+  std::string out;
+  EXPECT_NE(testing::run(kCleanEnv + "MEMGATE_SOURCE_DIR=" + tree.path().string() + " " + MEMGATE_MEMORY_SUITE +
+                             " --memgate_ctest_list --memgate_verdict_binary=x",
+                         &out),
+            0);
+  EXPECT_NE(out.find("cpu.yaml"), std::string::npos) << out;
+  EXPECT_NE(out.find("no_such_fixture"), std::string::npos) << out;
+}
+
 TEST_F(GateTest, OneComponentTestRunsItsMeasurementFirst) {
   ASSERT_EQ(suite("MEMGATE_UPDATE_BASELINES=1"), 0);
   fs::remove_all(tree / "verdicts");
