@@ -28,6 +28,11 @@ bool strict_mode() {
   return v != nullptr && std::string(v) == "1";
 }
 
+bool update_mode() {
+  const char* v = std::getenv("MEMGATE_UPDATE_BASELINES");
+  return v != nullptr && std::string(v) == "1";
+}
+
 void to_json(nlohmann::json& j, const ComponentVerdict& v) {
   j = {{"status", name_of(kStatusNames, v.status)},
        {"fixture", v.fixture},

@@ -273,9 +273,5 @@ Comparison compare_component(const std::string& fixture, std::int64_t batch_size
   return c;
 }
 
-bool update_mode() {
-  const char* v = std::getenv("MEMGATE_UPDATE_BASELINES");
-  return v != nullptr && std::string(v) == "1";
-}
 
 }  // namespace memgate

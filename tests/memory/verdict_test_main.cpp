@@ -40,11 +40,6 @@ void record_result(const nlohmann::json& row) {
   out << row.dump() << "\n";
 }
 
-bool update_mode() {
-  const char* v = std::getenv("MEMGATE_UPDATE_BASELINES");
-  return v != nullptr && std::string_view(v) == "1";
-}
-
 class VerdictTest : public ::testing::Test {
  public:
   explicit VerdictTest(Case c) : c_(std::move(c)) {}

@@ -38,6 +38,9 @@ inline constexpr EnumNames<Status, 7> kStatusNames{{{Status::kOk, "ok"},
 /// MEMGATE_STRICT=1: stale and missing baselines fail too.
 [[nodiscard]] bool strict_mode();
 
+/// MEMGATE_UPDATE_BASELINES=1: the memory suite records baselines instead of judging them.
+[[nodiscard]] bool update_mode();
+
 /// One component of one probe, judged. For a budget, `component` is the GPU's name, `baseline` the bytes it has
 /// usable and `measured` the bytes the step needs.
 struct ComponentVerdict {

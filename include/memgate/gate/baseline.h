@@ -82,7 +82,5 @@ struct Comparison {
                                            std::string_view component, std::int64_t baseline,
                                            std::int64_t measured, const Tolerance& tolerance);
 
-/// Whether MEMGATE_UPDATE_BASELINES=1: the memory suites record instead of compare.
-[[nodiscard]] bool update_mode();
 
 }  // namespace memgate
