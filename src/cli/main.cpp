@@ -289,11 +289,8 @@ Run add_check(CLI::App& app) {
     if (!o->suite.empty()) {
       const auto s = memgate::load_suite(o->suite, memgate::source_dir() + "/fixtures/models");
       if (o->device == "auto") device = memgate::resolve_device(s.device == memgate::SuiteDevice::kCuda ? "cuda" : "cpu");
-      for (const auto& p : s.probes) {
-        if (jobs.empty() || jobs.back().fixture.name != p.fixture) {
-          jobs.push_back({memgate::load_fixture(p.fixture_path), {}});
-        }
-        jobs.back().batch_sizes.push_back(p.batch_size);
+      for (const auto& f : memgate::suite_fixtures(s)) {
+        if (!f.batch_sizes.empty()) jobs.push_back({memgate::load_fixture(f.path), f.batch_sizes});
       }
     } else {
       for (const auto& path : o->configs) {

@@ -11,6 +11,20 @@
 
 namespace memgate {
 
+std::vector<SuiteFixture> suite_fixtures(const Suite& suite) {
+  std::vector<SuiteFixture> out;
+  auto of = [&](const std::string& name, const std::string& path) -> SuiteFixture& {
+    for (auto& f : out) {
+      if (f.name == name) return f;
+    }
+    out.push_back({name, path, {}, {}});
+    return out.back();
+  };
+  for (const auto& p : suite.probes) of(p.fixture, p.fixture_path).batch_sizes.push_back(p.batch_size);
+  for (const auto& b : suite.budgets) of(b.fixture, b.fixture_path).budgets.push_back(b);
+  return out;
+}
+
 std::string source_dir() {
   if (const char* dir = std::getenv("MEMGATE_SOURCE_DIR"); dir != nullptr && *dir != '\0') return dir;
   return MEMGATE_SOURCE_DIR;

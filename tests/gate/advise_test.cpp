@@ -18,8 +18,9 @@ const c10::Device kCpu(c10::DeviceType::CPU);
 
 std::vector<std::string> cpu_suite_fixtures() {
   std::vector<std::string> names;
-  for (const auto& p : load_suite(source_dir() + "/fixtures/suites/cpu.yaml", source_dir() + "/fixtures/models").probes) {
-    if (names.empty() || names.back() != p.fixture) names.push_back(p.fixture);
+  for (const auto& f : suite_fixtures(load_suite(source_dir() + "/fixtures/suites/cpu.yaml",
+                                                 source_dir() + "/fixtures/models"))) {
+    names.push_back(f.name);
   }
   return names;
 }

@@ -86,17 +86,10 @@ Suite suite_or_empty(const std::string& name) {
 }
 
 std::vector<MeasureCase> measure_cases(const std::string& suite_name) {
-  const auto suite = suite_or_empty(suite_name);
   std::vector<MeasureCase> out;
-  auto of = [&](const std::string& fixture, const std::string& path) -> MeasureCase& {
-    for (auto& c : out) {
-      if (c.fixture == fixture) return c;
-    }
-    out.push_back({suite_name, fixture, path, {}, {}});
-    return out.back();
-  };
-  for (const auto& p : suite.probes) of(p.fixture, p.fixture_path).batch_sizes.push_back(p.batch_size);
-  for (const auto& b : suite.budgets) of(b.fixture, b.fixture_path).budgets.push_back(b);
+  for (auto& f : suite_fixtures(suite_or_empty(suite_name))) {
+    out.push_back({suite_name, std::move(f.name), std::move(f.path), std::move(f.batch_sizes), std::move(f.budgets)});
+  }
   return out;
 }
 

@@ -50,6 +50,17 @@ struct Suite {
   std::vector<BudgetCase> budgets;
 };
 
+/// One fixture of a suite: the batch sizes it is gated at and the budgets it is held to.
+struct SuiteFixture {
+  std::string name;
+  std::string path;
+  std::vector<std::int64_t> batch_sizes;  ///< empty for a fixture that only has budgets
+  std::vector<BudgetCase> budgets;
+};
+
+/// The suite's fixtures, each once, in the order they are listed (then budget-only ones).
+[[nodiscard]] std::vector<SuiteFixture> suite_fixtures(const Suite& suite);
+
 /// Loads a suite; fixtures are looked up as `<fixtures_dir>/<name>.yaml` and their batch sizes default to the
 /// fixture's own. Throws memgate::Error (file, key, line) for bad input or a fixture that does not exist.
 [[nodiscard]] Suite load_suite(const std::string& path, const std::string& fixtures_dir);
