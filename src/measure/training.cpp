@@ -84,12 +84,18 @@ class AdamW final : public TrainingOptimizer {
     }
   }
 
+  // One dtype group's tensors, as the foreach and fused ops take them.
+  struct Group {
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  };
+
+  Group group(const std::vector<std::size_t>& index) const {
+    return {pick(params_, index), grads_of(params_, index), pick(exp_avgs_, index), pick(exp_avg_sqs_, index),
+            pick(steps_, index)};
+  }
+
   void foreach_step(const std::vector<std::size_t>& index) {
-    auto params = pick(params_, index);
-    auto grads = grads_of(params_, index);
-    auto exp_avgs = pick(exp_avgs_, index);
-    auto exp_avg_sqs = pick(exp_avg_sqs_, index);
-    auto steps = pick(steps_, index);
+    auto [params, grads, exp_avgs, exp_avg_sqs, steps] = group(index);
     if (steps.front().is_cpu()) at::_foreach_add_(steps, torch::tensor(1.0F), 1.0);
     else at::_foreach_add_(steps, 1);
     if (weight_decay_ != 0.0) at::_foreach_mul_(params, 1.0 - lr_ * weight_decay_);
@@ -111,11 +117,7 @@ class AdamW final : public TrainingOptimizer {
   }
 
   void fused_step(const std::vector<std::size_t>& index) {
-    auto params = pick(params_, index);
-    auto grads = grads_of(params_, index);
-    auto exp_avgs = pick(exp_avgs_, index);
-    auto exp_avg_sqs = pick(exp_avg_sqs_, index);
-    auto steps = pick(steps_, index);
+    auto [params, grads, exp_avgs, exp_avg_sqs, steps] = group(index);
     at::_foreach_add_(steps, 1);
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, {}, steps, lr_, kBeta1, kBeta2, weight_decay_, kEps,
                       /*amsgrad=*/false, /*maximize=*/false);
