@@ -30,20 +30,31 @@
 namespace memgate {
 namespace {
 
-std::string cpu_model_name() {
+// The first processor's `model name` and `flags` in /proc/cpuinfo, read in one pass.
+struct CpuInfo {
+  std::string model = "cpu";
+  std::string flags;
+};
+
+CpuInfo read_cpuinfo() {
+  CpuInfo info;
+  bool model = false, flags = false;
   std::ifstream in("/proc/cpuinfo");
   std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      if (colon != std::string::npos) {
-        auto value = line.substr(colon + 1);
-        value.erase(0, value.find_first_not_of(' '));
-        return value;
-      }
+  while ((!model || !flags) && std::getline(in, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    auto value = line.substr(colon + 1);
+    value.erase(0, value.find_first_not_of(' '));
+    if (!model && line.rfind("model name", 0) == 0) {
+      info.model = value;
+      model = true;
+    } else if (!flags && line.rfind("flags", 0) == 0) {
+      info.flags = value;
+      flags = true;
     }
   }
-  return "cpu";
+  return info;
 }
 
 std::string version_string(long v, long major_div, long minor_div) {
@@ -131,19 +142,12 @@ DeviceInfo describe_device(c10::Device device) {
   }
 #endif
   if (device.is_cpu()) {
-    info.name = cpu_model_name();
+    const auto cpu = read_cpuinfo();
+    info.name = cpu.model;
     info.slug = "cpu";
-    {
-      std::ifstream cpuinfo("/proc/cpuinfo");
-      std::string line;
-      while (std::getline(cpuinfo, line)) {
-        if (line.rfind("flags", 0) != 0) continue;
-        const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-        if (cap == nullptr) cap = std::getenv("DNNL_MAX_CPU_ISA");
-        info.cpu_isa = onednn_cpu_isa(line.substr(line.find(':') + 1), cap != nullptr ? cap : "");
-        break;
-      }
-    }
+    const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+    if (cap == nullptr) cap = std::getenv("DNNL_MAX_CPU_ISA");
+    info.cpu_isa = onednn_cpu_isa(cpu.flags, cap != nullptr ? cap : "");
     return info;
   }
 #ifdef MEMGATE_HAVE_CUDA_RUNTIME
@@ -268,6 +272,16 @@ std::string onednn_cpu_isa(std::string_view flags, std::string_view cap) {
     if (isa == lower_cap) break;  // the cap: nothing above it
   }
   return best;
+}
+
+std::int64_t device_total_memory(c10::Device device) {
+#ifdef MEMGATE_HAVE_CUDA_RUNTIME
+  cudaDeviceProp prop{};
+  if (device.is_cuda() && cudaGetDeviceProperties(&prop, device.index()) == cudaSuccess) {
+    return static_cast<std::int64_t>(prop.totalGlobalMem);
+  }
+#endif
+  return 0;
 }
 
 std::string allocator_settings_from_environment() {

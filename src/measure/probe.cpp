@@ -175,7 +175,7 @@ ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, 
     counter.set_limit(counter.current_bytes() + cap_bytes);
     return run_probe(workload, batch_size, device, options);
   }
-  const auto total = describe_device(device).total_memory;
+  const auto total = device_total_memory(device);
   if (total <= 0) throw Error("cannot cap " + device.str() + ": its memory size is unknown");
   auto backend = make_memory_backend(device);
   const MemoryFractionScope capped(*backend, std::min(1.0, static_cast<double>(cap_bytes) / static_cast<double>(total)));

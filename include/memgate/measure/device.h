@@ -81,6 +81,10 @@ bool prepare_cuda_environment();
 /// avx512_core_fp16, avx512_core_amx. Empty when the flags name none of them (not x86).
 [[nodiscard]] std::string onednn_cpu_isa(std::string_view flags, std::string_view cap);
 
+/// A CUDA device's total memory in bytes (what describe_device reports, without the versions and the driver
+/// query); 0 on the CPU or where the CUDA runtime is not available.
+[[nodiscard]] std::int64_t device_total_memory(c10::Device device);
+
 /// Describes a device: name, slug and versions.
 [[nodiscard]] DeviceInfo describe_device(c10::Device device);
 
