@@ -1,5 +1,5 @@
-// memgate's command-line tool: one CLI11 subcommand per task (profile, summary, bench-compare, bench-merge,
-// bench-convert), each a function that registers its options and returns what runs it.
+// memgate's command-line tool: one CLI11 subcommand per task (profile, advise, check, summary, bench-compare,
+// bench-merge, bench-convert), each a function that registers its options and returns what runs it.
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/bench/bench_compare.h"
