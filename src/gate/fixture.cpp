@@ -167,6 +167,18 @@ ModelSpec read_model(MapReader& r) {
 }
 
 TrainableSpec parse_trainable(MapReader& r) {
+  if (r.has("trainable") && r.node()["trainable"].IsMap()) {
+    auto patterns = r.child("trainable");
+    TrainableSpec t;
+    t.kind = TrainableSpec::Kind::kPatterns;
+    t.patterns = patterns.get_string_list("train", std::nullopt);
+    if (t.patterns.empty()) patterns.fail("train", "at least one name pattern", "an empty list");
+    for (const auto& p : t.patterns) {
+      if (p.empty()) patterns.fail("train", "non-empty name patterns such as \"head.*\"", "an empty pattern");
+    }
+    patterns.finish();
+    return t;
+  }
   const auto text = r.get_string("trainable", std::string("all"));
   TrainableSpec t;
   if (text == "all") t.kind = TrainableSpec::Kind::kAll;
@@ -180,10 +192,10 @@ TrainableSpec parse_trainable(MapReader& r) {
       t.last_blocks = std::stoll(digits, &used);
       if (used != digits.size() || t.last_blocks < 1) throw std::invalid_argument("bad");
     } catch (const std::exception&) {
-      r.fail("trainable", "all, lora, head or last_blocks:N with N >= 1", "'" + text + "'");
+      r.fail("trainable", "all, lora, head, last_blocks:N with N >= 1 or {train: [patterns]}", "'" + text + "'");
     }
   } else {
-    r.fail("trainable", "all, lora, head or last_blocks:N with N >= 1", "'" + text + "'");
+    r.fail("trainable", "all, lora, head, last_blocks:N with N >= 1 or {train: [patterns]}", "'" + text + "'");
   }
   return t;
 }

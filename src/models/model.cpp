@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include <fnmatch.h>
+
 namespace memgate {
 namespace {
 
@@ -16,6 +18,20 @@ bool starts_with_any(const std::string& name, const std::vector<std::string>& pr
   return false;
 }
 
+// Up to a dozen names, spread over the model (first, last and between), for an error message.
+std::string some_parameter_names(torch::nn::Module& module) {
+  const auto names = module.named_parameters(/*recurse=*/true).keys();
+  if (names.empty()) return "(none: the model has no parameters)";
+  const std::size_t shown = std::min<std::size_t>(names.size(), 12);
+  std::string out;
+  for (std::size_t i = 0; i < shown; ++i) {
+    const std::size_t at = shown == 1 ? 0 : i * (names.size() - 1) / (shown - 1);
+    out += (i ? ", " : "") + names[at];
+  }
+  if (shown < names.size()) out += " (" + std::to_string(names.size()) + " in all)";
+  return out;
+}
+
 }  // namespace
 
 std::string TrainableSpec::str() const {
@@ -24,6 +40,11 @@ std::string TrainableSpec::str() const {
     case Kind::kLora: return "lora";
     case Kind::kHead: return "head";
     case Kind::kLastBlocks: return "last_blocks:" + std::to_string(last_blocks);
+    case Kind::kPatterns: {
+      std::string out = "train:[";
+      for (std::size_t i = 0; i < patterns.size(); ++i) out += (i ? "," : "") + patterns[i];
+      return out + "]";
+    }
   }
   return "all";
 }
@@ -40,6 +61,7 @@ std::vector<torch::Tensor> select_trainable(Model& model, const TrainableSpec& t
     blocks.erase(blocks.begin(), blocks.end() - trainable.last_blocks);
   }
   std::vector<torch::Tensor> out;
+  std::vector<bool> pattern_used(trainable.patterns.size(), false);
   for (auto& item : model.module().named_parameters(/*recurse=*/true)) {
     const auto& name = item.key();
     bool train = false;
@@ -50,9 +72,21 @@ std::vector<torch::Tensor> select_trainable(Model& model, const TrainableSpec& t
         train = starts_with_any(name, heads) || name.find("lora_") != std::string::npos;
         break;
       case Kind::kLastBlocks: train = starts_with_any(name, heads) || starts_with_any(name, blocks); break;
+      case Kind::kPatterns:
+        for (std::size_t i = 0; i < trainable.patterns.size(); ++i) {
+          if (fnmatch(trainable.patterns[i].c_str(), name.c_str(), 0) == 0) train = pattern_used[i] = true;
+        }
+        break;
     }
     item.value().set_requires_grad(train);
     if (train) out.push_back(item.value());
+  }
+  for (std::size_t i = 0; i < pattern_used.size(); ++i) {
+    if (!pattern_used[i]) {
+      throw Error("training.trainable: the pattern '" + trainable.patterns[i] +
+                  "' matches no parameter of the model; its parameters are named like " +
+                  some_parameter_names(model.module()));
+    }
   }
   return out;
 }

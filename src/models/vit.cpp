@@ -125,7 +125,7 @@ class VitModel final : public Model {
     for (std::int64_t i = 0; i < net_->spec.depth; ++i) out.push_back("blocks." + std::to_string(i) + ".");
     return out;
   }
-  std::vector<std::string> head_prefixes() const override { return {"norm.", "head."}; }
+  std::vector<std::string> head_prefixes() const override { return {"head."}; }
 
  private:
   VisionTransformer net_;

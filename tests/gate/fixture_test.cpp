@@ -104,6 +104,19 @@ TEST(FixtureTest, MissingRequiredKeyAndWrongTypeAreNamed) {
   EXPECT_THAT(load_error(tiny_vit_yaml("  trainable: lora\n")), HasSubstr("lora"));
 }
 
+TEST(FixtureTest, TrainablePatternsAreAListUnderTrain) {
+  const auto f = testing::fixture_from(tiny_vit_yaml("  trainable: {train: [\"head.*\", \"*.lora_*\"]}\n"));
+  EXPECT_EQ(f.training.trainable.kind, TrainableSpec::Kind::kPatterns);
+  EXPECT_EQ(f.training.trainable.patterns, (std::vector<std::string>{"head.*", "*.lora_*"}));
+  EXPECT_EQ(f.training.trainable.str(), "train:[head.*,*.lora_*]");
+  EXPECT_NE(f.hash, testing::fixture_from(tiny_vit_yaml("  trainable: {train: [\"head.*\"]}\n")).hash);
+  EXPECT_THAT(load_error(tiny_vit_yaml("  trainable: {train: []}\n")), HasSubstr("training.trainable.train: expected at least one"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  trainable: {train: [\"\"]}\n")), HasSubstr("non-empty name patterns"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  trainable: {freeze: [\"x\"]}\n")), HasSubstr("training.trainable.train"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  trainable: {train: [\"x\"], freeze: [\"y\"]}\n")),
+              HasSubstr("freeze"));
+}
+
 TEST(FixtureTest, MalformedYamlAndMissingFileAreErrors) {
   EXPECT_THAT(load_error("model: {arch: vit\n"), HasSubstr("not valid YAML"));
   EXPECT_THROW((void)load_fixture("/nonexistent/fixture.yaml"), Error);

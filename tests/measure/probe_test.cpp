@@ -6,6 +6,7 @@
 #include "memgate/measure/probe.h"
 #include "fixture_util.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -74,8 +75,8 @@ TEST(ProbeTest, LoraTrainsAdaptersAndHeadOnly) {
   const auto counts = workload_param_counts(f);
   const std::int64_t d = 64, hidden = 256, depth = 4, r = 4, classes = 5;
   const std::int64_t qkv = r * d + 3 * d * r, fc2 = r * hidden + d * r;
-  const std::int64_t head = d * classes + classes, final_norm = 2 * d;
-  EXPECT_EQ(counts.trainable, depth * (qkv + fc2) + head + final_norm);
+  const std::int64_t head = d * classes + classes;
+  EXPECT_EQ(counts.trainable, depth * (qkv + fc2) + head) << "adapters and the classifier head, not the final norm";
   const auto c = probe(f, 2).components;
   EXPECT_EQ(c.gradients, counts.trainable * 4) << "the frozen backbone must get no gradient";
   EXPECT_EQ(c.optimizer_state, testing::adamw_state_bytes(f, counts.trainable))
@@ -85,8 +86,44 @@ TEST(ProbeTest, LoraTrainsAdaptersAndHeadOnly) {
   (void)select_trainable(*model, f.training.trainable);
   for (const auto& item : model->module().named_parameters()) {
     const bool adapter = item.key().find("lora_") != std::string::npos;
-    const bool head_part = item.key().rfind("head.", 0) == 0 || item.key().rfind("norm.", 0) == 0;
+    const bool head_part = item.key().rfind("head.", 0) == 0;
     EXPECT_EQ(item.value().requires_grad(), adapter || head_part) << item.key();
+  }
+}
+
+TEST(ProbeTest, HeadTrainsTheClassifierOnly) {
+  const auto f = fixture_from(tiny_vit_yaml("  trainable: head\n"));
+  const std::int64_t d = 64, classes = 5;
+  EXPECT_EQ(workload_param_counts(f).trainable, d * classes + classes);
+}
+
+TEST(ProbeTest, PatternsSelectByNameWithExactCounts) {
+  const std::int64_t d = 64, hidden = 256, depth = 4, r = 4, classes = 5;
+  const std::int64_t qkv = r * d + 3 * d * r, fc2 = r * hidden + d * r, head = d * classes + classes;
+  const std::string lora = "  lora: {rank: 4, alpha: 8, targets: [qkv, fc2]}\n";
+  // The same selection as trainable: lora, spelled as patterns (PEFT's target modules + modules_to_save).
+  const auto as_lora = fixture_from(tiny_vit_yaml("  trainable: {train: [\"head.*\", \"*.lora_*\"]}\n", lora));
+  EXPECT_EQ(workload_param_counts(as_lora).trainable, depth * (qkv + fc2) + head);
+  const auto c = probe(as_lora, 2).components;
+  EXPECT_EQ(c.gradients, workload_param_counts(as_lora).trainable * 4);
+  // The final norm with the head: what `head` trained before it followed timm.
+  const auto norm_and_head = fixture_from(tiny_vit_yaml("  trainable: {train: [\"norm.*\", \"head.*\"]}\n"));
+  EXPECT_EQ(workload_param_counts(norm_and_head).trainable, 2 * d + head);
+  // `?` and classes: the last block's MLP only.
+  const auto last_mlp = fixture_from(tiny_vit_yaml("  trainable: {train: [\"blocks.[3].mlp.fc?.*\"]}\n"));
+  EXPECT_EQ(workload_param_counts(last_mlp).trainable, (d * hidden + hidden) + (hidden * d + d));
+}
+
+TEST(ProbeTest, PatternThatMatchesNothingNamesRealParameters) {
+  const auto f = fixture_from(tiny_vit_yaml("  trainable: {train: [\"head.*\", \"decoder.*\"]}\n"));
+  try {
+    (void)workload_param_counts(f);
+    FAIL() << "a pattern that matches nothing must be an error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_THAT(what, ::testing::HasSubstr("'decoder.*' matches no parameter"));
+    EXPECT_THAT(what, ::testing::HasSubstr("cls_token"));
+    EXPECT_THAT(what, ::testing::HasSubstr("head.bias"));
   }
 }
 

@@ -15,10 +15,13 @@ namespace memgate {
 
 /// Which parameters train.
 struct TrainableSpec {
-  enum class Kind { kAll, kLora, kHead, kLastBlocks };
+  enum class Kind { kAll, kLora, kHead, kLastBlocks, kPatterns };
   Kind kind = Kind::kAll;
   std::int64_t last_blocks = 0;  ///< for kLastBlocks
-  /// all | lora | head | last_blocks:N, as fixtures spell it.
+  /// For kPatterns: shell-style patterns over parameter names (`*` matches any run of characters, dots
+  /// included; `?` one character; `[...]` a class), e.g. "head.*", "*.lora_*". A parameter trains when any matches.
+  std::vector<std::string> patterns;
+  /// all | lora | head | last_blocks:N | train:[p1,p2], as fixtures spell it.
   [[nodiscard]] std::string str() const;
 };
 
@@ -49,7 +52,8 @@ class Model {
   [[nodiscard]] virtual torch::Tensor forward(const Batch& batch) = 0;
   /// Name prefixes of the repeated blocks, input to output ("blocks.0.", "blocks.1.", ...).
   [[nodiscard]] virtual std::vector<std::string> block_prefixes() const = 0;
-  /// Name prefixes of what sits after the blocks and always trains with them ("norm.", "head.").
+  /// Name prefixes of the task head, which trains with lora, head and last_blocks:N ("head." for a ViT, as timm
+/// and PEFT's modules_to_save=["head"] have it; a final norm is left to patterns).
   [[nodiscard]] virtual std::vector<std::string> head_prefixes() const = 0;
   /// Recompute each block in backward instead of keeping its activations.
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
@@ -60,7 +64,9 @@ class Model {
 };
 
 /// Freezes everything but what `trainable` selects; returns the parameters that train, in module order.
-/// lora: adapters + head; head: head; last_blocks:N: the last N blocks + head; all: everything.
+/// lora: adapters + head; head: head; last_blocks:N: the last N blocks + head; all: everything; patterns: the
+/// parameters whose names match one of them. A pattern that matches no parameter throws memgate::Error naming
+/// the pattern and some of the model's parameter names.
 std::vector<torch::Tensor> select_trainable(Model& model, const TrainableSpec& trainable);
 
 /// Counts parameters (not buffers) by requires_grad.
