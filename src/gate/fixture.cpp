@@ -1,10 +1,14 @@
 // Loading and validating model fixtures (YAML) into typed specs, with their canonical form and content hash.
 #include "memgate/gate/fixture.h"
 
+#include "memgate/models/registry.h"
 #include "yaml_reader.h"
 
 #include <cstdio>
 #include <filesystem>
+#include <algorithm>
+#include <fstream>
+#include <limits>
 
 namespace memgate {
 namespace {
@@ -151,9 +155,146 @@ MultimodalOptions read_multimodal(MapReader& r) {
   return s;
 }
 
+// FNV-1a over a file's bytes, streamed (a saved 7B module is many GB).
+std::string file_content_hash(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot read the file");
+  std::uint64_t h = 1469598103934665603ULL;
+  std::vector<char> buffer(1 << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    for (std::streamsize i = 0; i < in.gcount(); ++i) {
+      h ^= static_cast<unsigned char>(buffer[static_cast<std::size_t>(i)]);
+      h *= 1099511628211ULL;
+    }
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "fnv1a64:%016llx", static_cast<unsigned long long>(h));
+  return text;
+}
+
+TorchScriptInput read_torchscript_input(const YAML::Node& node, const std::string& file, const std::string& path,
+                                        nlohmann::json& out) {
+  if (!node.IsMap()) {
+    throw Error(file + ":" + std::to_string(node.Mark().line + 1) + ": " + path +
+                ": expected a map {shape: [B, ...], dtype: ...}, got " + detail::describe(node));
+  }
+  MapReader r(node, file, path, &out);
+  TorchScriptInput input;
+  nlohmann::json shape = nlohmann::json::array();
+  for (const auto& d : r.get_sequence("shape", /*required=*/true)) {
+    if (d.IsScalar() && d.Scalar() == "B") {
+      input.shape.push_back(-1);
+      shape.push_back("B");
+      continue;
+    }
+    std::int64_t v = 0;
+    try {
+      std::size_t used = 0;
+      v = std::stoll(d.IsScalar() ? d.Scalar() : std::string("?"), &used);
+      if (used != d.Scalar().size()) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      r.fail("shape", "B (the batch size) or integers >= 1", detail::describe(d));
+    }
+    if (v < 1 || v > (std::int64_t{1} << 31)) r.fail("shape", "B (the batch size) or integers >= 1", detail::describe(d));
+    input.shape.push_back(v);
+    shape.push_back(v);
+  }
+  if (input.shape.empty()) r.fail("shape", "at least one dimension", "an empty list");
+  r.record_value("shape", shape);
+  input.dtype = r.get_enum("dtype", std::optional(c10::ScalarType::Float), kInputDtypeNames);
+  if (c10::isIntegralType(input.dtype, /*includeBool=*/false)) {
+    input.high = r.get_int("high", input.high, 1, std::numeric_limits<std::int32_t>::max());
+  }
+  r.finish();
+  return input;
+}
+
+TorchScriptOptions read_torchscript(MapReader& r) {
+  TorchScriptOptions s;
+  const auto written = r.get_string("path", std::nullopt);
+  const std::filesystem::path fixture_dir = std::filesystem::path(r.file()).parent_path();
+  const std::filesystem::path resolved = std::filesystem::path(written).is_absolute() ? std::filesystem::path(written) : fixture_dir / written;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(resolved, ec)) {
+    r.fail("path", "a TorchScript file saved with torch.jit.save, relative to the fixture's folder",
+           "'" + written + "' (" + resolved.string() + " is " +
+               (std::filesystem::exists(resolved, ec) ? "not a regular file)" : "not there)"));
+  }
+  s.path = resolved.lexically_normal().string();
+  // The module's own bytes are part of the model: a re-exported module changes the fixture's hash.
+  r.record_value("file_hash", file_content_hash(s.path));
+  nlohmann::json inputs = nlohmann::json::array();
+  const auto nodes = r.get_sequence("inputs", /*required=*/true);
+  if (nodes.empty()) r.fail("inputs", "one entry per forward() argument", "an empty list");
+  bool batched = false;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    nlohmann::json one = nlohmann::json::object();
+    s.inputs.push_back(read_torchscript_input(nodes[i], r.file(), r.key_path("inputs") + "[" + std::to_string(i) + "]", one));
+    inputs.push_back(one);
+    for (auto d : s.inputs.back().shape) batched = batched || d < 0;
+  }
+  if (!batched) r.fail("inputs", "B (the batch size) in the shape of at least one input", "no B");
+  r.record_value("inputs", inputs);
+  s.task = r.get_enum("task", std::optional<TorchScriptOptions::Task>(), kTorchScriptTaskNames);
+  if (s.task == TorchScriptOptions::Task::kClassify) s.num_classes = r.get_int("num_classes", std::nullopt, 1, 1 << 24);
+  return s;
+}
+
+RegisteredOptions read_registered(MapReader& r, const Architecture& arch) {
+  RegisteredOptions s;
+  s.name = arch.name;
+  s.options = nlohmann::json::object();
+  for (const auto& [key, fallback] : arch.options.items()) {
+    nlohmann::json& v = s.options[key];
+    if (fallback.is_boolean()) v = r.get_bool(key, fallback.get<bool>());
+    else if (fallback.is_number_integer()) {
+      v = r.get_int(key, fallback.get<std::int64_t>(), std::numeric_limits<std::int64_t>::min());
+    } else if (fallback.is_number()) {
+      v = r.get_double(key, fallback.get<double>(), -std::numeric_limits<double>::max(),
+                       std::numeric_limits<double>::max());
+    } else if (fallback.is_string()) v = r.get_string(key, fallback.get<std::string>());
+    else if (fallback.is_array() && std::all_of(fallback.begin(), fallback.end(), [](const auto& e) { return e.is_string(); }) &&
+             !fallback.empty()) {
+      v = r.get_string_list(key, fallback.get<std::vector<std::string>>());
+    } else if (fallback.is_array() &&
+               std::all_of(fallback.begin(), fallback.end(), [](const auto& e) { return e.is_number_integer(); })) {
+      v = r.get_int_list(key, fallback.get<std::vector<std::int64_t>>(), std::numeric_limits<std::int64_t>::min());
+    } else {
+      throw Error(r.file() + ": model: the registered architecture '" + arch.name + "' declares option '" + key +
+                  "' with a default that is not an integer, number, boolean, string or list of integers or strings");
+    }
+  }
+  if (arch.validate) {
+    try {
+      arch.validate(s.options);
+    } catch (const std::exception& e) {
+      throw Error(r.file() + ":" + std::to_string(r.node().Mark().line + 1) + ": model (" + arch.name + "): " + e.what());
+    }
+  }
+  return s;
+}
+
+std::string arch_words() {
+  std::string words;
+  for (const auto& w : enum_words(kArchNames)) words += (words.empty() ? "" : ", ") + w;
+  for (const auto& name : registered_architectures()) words += ", " + name;
+  return words;
+}
+
 ModelSpec read_model(MapReader& r) {
   ModelSpec m;
-  m.arch = r.get_enum("arch", std::optional<Arch>(), kArchNames);
+  const auto word = r.get_string("arch", std::nullopt);
+  if (const auto arch = parse_enum(kArchNames, word)) {
+    m.arch = *arch;
+  } else if (const auto* registered = find_architecture(word)) {
+    m.arch = Arch::kRegistered;
+    m.options = read_registered(r, *registered);
+    r.finish();
+    return m;
+  } else {
+    r.fail("arch", "one of " + arch_words(), "'" + word + "'");
+  }
   switch (m.arch) {
     case Arch::kVit: m.options = read_vit(r, false); break;
     case Arch::kResNet: m.options = read_resnet(r); break;
@@ -161,6 +302,8 @@ ModelSpec read_model(MapReader& r) {
     case Arch::kGpt: m.options = read_gpt(r); break;
     case Arch::kSegNet: m.options = read_segnet(r); break;
     case Arch::kMultimodal: m.options = read_multimodal(r); break;
+    case Arch::kTorchScript: m.options = read_torchscript(r); break;
+    case Arch::kRegistered: break;  // handled above
   }
   r.finish();
   return m;
@@ -215,7 +358,18 @@ TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
   t.deterministic = r.get_bool("deterministic", false);
   if (!t.deterministic) r.leave_out_of_hash("deterministic");  // added later: off, fixtures keep their hash
   t.allocator = r.get_string("allocator", std::string());
-  if (t.trainable.kind == TrainableSpec::Kind::kLora) {
+  if (model.arch == Arch::kTorchScript) {
+    using Kind = TrainableSpec::Kind;
+    if (t.trainable.kind == Kind::kLora || t.trainable.kind == Kind::kHead || t.trainable.kind == Kind::kLastBlocks) {
+      r.fail("trainable", "all or {train: [patterns]} for a TorchScript model (memgate does not know its head or "
+                          "blocks; name them, e.g. {train: [\"head.*\", \"*.lora_*\"]})",
+             "'" + t.trainable.str() + "'");
+    }
+    if (t.gradient_checkpointing) {
+      r.fail("gradient_checkpointing", "false for a TorchScript model (checkpoint inside the module instead)", "true");
+    }
+  }
+  if (t.trainable.kind == TrainableSpec::Kind::kLora && model.arch != Arch::kRegistered) {
     bool has_lora = false;
     if (const auto* v = std::get_if<VitOptions>(&model.options)) has_lora = v->lora.enabled();
     if (const auto* g = std::get_if<GptOptions>(&model.options)) has_lora = g->lora.enabled();

@@ -55,6 +55,10 @@ class MapReader {
   /// value that reproduces the old behaviour, so that those fixtures keep their hash (and their baselines).
   void leave_out_of_hash(const std::string& key);
 
+  /// Marks `key` read and records `value` for it in the canonical JSON: for what the reader's getters do not
+  /// read themselves (a list of maps, a value derived from a file).
+  void record_value(const std::string& key, nlohmann::json value) { record(key, std::move(value)); }
+
   /// Throws memgate::Error naming the first key that was not read (unknown keys are errors).
   void finish() const;
 

@@ -2,6 +2,8 @@
 #include "memgate/models/zoo.h"
 
 #include "factories.h"
+#include "memgate/base/error.h"
+#include "memgate/models/registry.h"
 
 #include <torch/torch.h>
 
@@ -18,7 +20,15 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, torch::Device device, 
         else if constexpr (std::is_same_v<T, UNetOptions>) return make_unet_model(options, param);
         else if constexpr (std::is_same_v<T, GptOptions>) return make_gpt_model(options, param);
         else if constexpr (std::is_same_v<T, SegNetOptions>) return make_segnet_model(options, param);
-        else return make_multimodal_model(options, param);
+        else if constexpr (std::is_same_v<T, MultimodalOptions>) return make_multimodal_model(options, param);
+        else if constexpr (std::is_same_v<T, TorchScriptOptions>) return make_torchscript_model(options, device);
+        else {
+          const auto* arch = find_architecture(options.name);
+          if (arch == nullptr) throw Error("model.arch: '" + options.name + "' is not registered in this program");
+          auto model = arch->factory(options.options, param);
+          if (!model) throw Error("model.arch: the factory of '" + options.name + "' returned no model");
+          return model;
+        }
       },
       spec.options);
 }

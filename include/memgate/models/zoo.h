@@ -7,30 +7,43 @@
 #include "memgate/models/multimodal.h"
 #include "memgate/models/resnet.h"
 #include "memgate/models/segnet.h"
+#include "memgate/models/torchscript.h"
 #include "memgate/models/unet.h"
 #include "memgate/models/vit.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <variant>
 
 namespace memgate {
 
-/// The architectures of the zoo.
-enum class Arch { kVit, kResNet, kUNet, kGpt, kSegNet, kMultimodal };
+/// The architectures of the zoo, a TorchScript module, or one registered by the program (models/registry.h).
+enum class Arch { kVit, kResNet, kUNet, kGpt, kSegNet, kMultimodal, kTorchScript, kRegistered };
 
-/// The words of Arch, as fixtures' `model.arch` spells them.
-inline constexpr EnumNames<Arch, 6> kArchNames{{{Arch::kVit, "vit"},
+/// The words of Arch, as fixtures' `model.arch` spells them (a registered architecture goes by its own name).
+inline constexpr EnumNames<Arch, 7> kArchNames{{{Arch::kVit, "vit"},
                                                 {Arch::kResNet, "resnet"},
                                                 {Arch::kUNet, "unet"},
                                                 {Arch::kGpt, "gpt"},
                                                 {Arch::kSegNet, "segnet"},
-                                                {Arch::kMultimodal, "multimodal"}}};
+                                                {Arch::kMultimodal, "multimodal"},
+                                                {Arch::kTorchScript, "torchscript"}}};
+
+/// A registered architecture's name and its options (defaults filled in).
+struct RegisteredOptions {
+  std::string name;
+  nlohmann::json options;
+};
 
 /// One architecture and its options.
 struct ModelSpec {
   Arch arch = Arch::kVit;
-  std::variant<VitOptions, ResNetOptions, UNetOptions, GptOptions, SegNetOptions, MultimodalOptions> options;
+  std::variant<VitOptions, ResNetOptions, UNetOptions, GptOptions, SegNetOptions, MultimodalOptions,
+               TorchScriptOptions, RegisteredOptions>
+      options;
 };
 
 /// Builds the model with its parameters materialised on `device` (seeded, so bytes and values repeat).

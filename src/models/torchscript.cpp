@@ -1,0 +1,176 @@
+// TorchScript models: a module saved from Python, trained through the TorchScript interpreter.
+#include "memgate/models/torchscript.h"
+
+#include "memgate/base/error.h"
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnull-dereference"  // in LibTorch's flat hash map, which jit headers include
+#include <torch/csrc/jit/python/update_graph_executor_opt.h>
+#include <torch/script.h>
+#pragma GCC diagnostic pop
+#include <torch/torch.h>
+
+#include <filesystem>
+
+namespace memgate {
+namespace {
+
+// The module tree of a TorchScript module as torch::nn::Modules holding the same tensors (not copies), so that
+// what reads module() (trainable selection, parameter counts, train()/eval()) sees the TorchScript module's own
+// parameters under their own dotted names.
+class MirrorModule : public torch::nn::Module {
+ public:
+  explicit MirrorModule(const torch::jit::Module& source) {
+    for (const auto& p : source.named_parameters(/*recurse=*/false)) {
+      register_parameter(p.name, p.value, p.value.requires_grad());
+    }
+    for (const auto& b : source.named_buffers(/*recurse=*/false)) register_buffer(b.name, b.value);
+    for (const auto& child : source.named_children()) {
+      register_module(child.name, std::make_shared<MirrorModule>(child.value));
+    }
+  }
+};
+
+class RootMirror : public MirrorModule {
+ public:
+  explicit RootMirror(torch::jit::Module module) : MirrorModule(module), module_(std::move(module)) {}
+  void train(bool on) override {
+    torch::nn::Module::train(on);
+    module_.train(on);
+  }
+  torch::jit::Module& scripted() { return module_; }
+
+ private:
+  torch::jit::Module module_;
+};
+
+void collect_tensors(const c10::IValue& value, std::vector<torch::Tensor>& out) {
+  if (value.isTensor()) {
+    out.push_back(value.toTensor());
+  } else if (value.isTuple()) {
+    for (const auto& e : value.toTupleRef().elements()) collect_tensors(e, out);
+  } else if (value.isList()) {
+    for (const auto& e : value.toListRef()) collect_tensors(e, out);
+  } else if (value.isGenericDict()) {
+    for (const auto& e : value.toGenericDict()) collect_tensors(e.value(), out);
+  }
+}
+
+class TorchScriptModel final : public Model {
+ public:
+  TorchScriptModel(const TorchScriptOptions& spec, torch::Device device) : spec_(spec), device_(device) {
+    // Each op as in eager PyTorch: no fused or autodiff subgraphs, whose saved tensors differ.
+    torch::jit::setGraphExecutorOptimize(false);
+    torch::jit::Module module;
+    try {
+      // Without the source-range debug records: host bytes about the Python source that would otherwise stay
+      // allocated beside the parameters (26 KB for a tiny ViT) and are no part of training.
+      module = torch::jit::load(spec.path, device, /*load_debug_files=*/false);
+    } catch (const std::exception& e) {
+      throw Error(spec.path + ": cannot load a TorchScript module (saved with torch.jit.save from "
+                  "torch.jit.script or torch.jit.trace?): " + first_line(e.what()));
+    }
+    root_ = std::make_shared<RootMirror>(std::move(module));
+  }
+
+  torch::nn::Module& module() override { return *root_; }
+
+  Batch make_batch(std::int64_t batch_size) override {
+    Batch batch;
+    for (const auto& input : spec_.inputs) {
+      std::vector<std::int64_t> shape = input.shape;
+      for (auto& d : shape) d = d < 0 ? batch_size : d;
+      const auto opts = torch::TensorOptions().device(device_).dtype(input.dtype);
+      if (c10::isFloatingType(input.dtype)) {
+        batch.inputs.push_back(torch::randn(shape, opts));
+      } else if (input.dtype == c10::ScalarType::Bool) {
+        batch.inputs.push_back(torch::randint(2, shape, opts.dtype(torch::kLong)).to(torch::kBool));
+      } else {
+        batch.inputs.push_back(torch::randint(input.high, shape, opts));
+      }
+    }
+    switch (spec_.task) {
+      case TorchScriptOptions::Task::kClassify:
+        batch.target = torch::randint(spec_.num_classes, {batch_size}, torch::TensorOptions().device(device_).dtype(torch::kLong));
+        break;
+      case TorchScriptOptions::Task::kRegress: {
+        // The target has the output's shape, found by one forward without autograd (freed before measuring).
+        torch::NoGradGuard no_grad;
+        const auto out = output_tensor(forward(batch), "regress");
+        batch.target = torch::randn(out.sizes(), torch::TensorOptions().device(device_).dtype(torch::kFloat32));
+        break;
+      }
+      case TorchScriptOptions::Task::kSum: break;
+    }
+    return batch;
+  }
+
+  torch::Tensor loss(const Batch& batch) override {
+    auto out = run(batch);
+    switch (spec_.task) {
+      case TorchScriptOptions::Task::kClassify: {
+        const auto logits = output_tensor(out, "classify");
+        if (logits.dim() != 2 || logits.size(0) != batch.target.size(0) || logits.size(1) != spec_.num_classes) {
+          throw Error(spec_.path + ": task classify expects an output of shape [B, " +
+                      std::to_string(spec_.num_classes) + "] (num_classes), got " + shape_of(logits));
+        }
+        return torch::nn::functional::cross_entropy(logits, batch.target);
+      }
+      case TorchScriptOptions::Task::kRegress:
+        return torch::mse_loss(output_tensor(out, "regress"), batch.target);
+      case TorchScriptOptions::Task::kSum: {
+        std::vector<torch::Tensor> tensors;
+        collect_tensors(out, tensors);
+        if (tensors.empty()) throw Error(spec_.path + ": task sum: forward() returned no tensor");
+        torch::Tensor total;
+        for (const auto& t : tensors) {
+          if (!t.is_floating_point()) continue;
+          auto s = t.sum();
+          total = total.defined() ? total + s : s;
+        }
+        if (!total.defined()) throw Error(spec_.path + ": task sum: forward() returned no floating-point tensor");
+        return total;
+      }
+    }
+    return {};
+  }
+
+  torch::Tensor forward(const Batch& batch) override { return output_tensor(run(batch), "forward"); }
+
+  std::vector<std::string> block_prefixes() const override { return {}; }
+  std::vector<std::string> head_prefixes() const override { return {}; }
+
+ private:
+  static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+  static std::string shape_of(const torch::Tensor& t) {
+    std::string out = "[";
+    for (std::int64_t i = 0; i < t.dim(); ++i) out += (i ? ", " : "") + std::to_string(t.size(i));
+    return out + "]";
+  }
+
+  c10::IValue run(const Batch& batch) {
+    // Errors (an out-of-memory among them) propagate as LibTorch raised them: the probe tells them apart.
+    std::vector<c10::IValue> args(batch.inputs.begin(), batch.inputs.end());
+    return root_->scripted().forward(args);
+  }
+
+  torch::Tensor output_tensor(const c10::IValue& out, const char* what) const {
+    std::vector<torch::Tensor> tensors;
+    collect_tensors(out, tensors);
+    if (tensors.empty()) throw Error(spec_.path + ": " + what + ": forward() returned no tensor");
+    return tensors.front();
+  }
+
+  TorchScriptOptions spec_;
+  torch::Device device_;
+  std::shared_ptr<RootMirror> root_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_torchscript_model(const TorchScriptOptions& spec, torch::Device device) {
+  return std::make_unique<TorchScriptModel>(spec, device);
+}
+
+}  // namespace memgate
