@@ -186,7 +186,8 @@ bool is_out_of_memory(std::string_view message) {
   for (const std::string_view sign : {"CUDA out of memory", "CUDA error: out of memory", "cudaErrorMemoryAllocation",
                                       "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
                                       "DefaultCPUAllocator: not enough memory",
-                                      "DefaultCPUAllocator: can't allocate memory"}) {
+                                      "DefaultCPUAllocator: can't allocate memory",
+                                      "memgate: CPU allocator limit reached"}) {
     if (message.find(sign) != std::string_view::npos) return true;
   }
   return false;
@@ -217,6 +218,11 @@ ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::De
     if (!is_out_of_memory(e.what_without_backtrace())) throw;
     result.oom = true;
     result.error = e.what_without_backtrace();
+  } catch (const std::runtime_error& e) {
+    // The TorchScript interpreter rethrows what an op raised as a plain error with the op's message.
+    if (!is_out_of_memory(e.what())) throw;
+    result.oom = true;
+    result.error = e.what();
   }
   make_memory_backend(device)->empty_cache();
   result.seconds = seconds_since(start);

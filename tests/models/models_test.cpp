@@ -246,7 +246,8 @@ TEST(FixturesTest, EveryModelFixtureBuildsOnMeta) {
     auto model = build_model(fixture.model, torch::Device(torch::kMeta));
     (void)select_trainable(*model, fixture.training.trainable);
     EXPECT_GT(count_parameters(model->module()).total, 0);
-    EXPECT_FALSE(model->block_prefixes().empty());
+    // A TorchScript module's blocks are unknown to memgate (its fixtures name parameters by pattern instead).
+    EXPECT_EQ(model->block_prefixes().empty(), fixture.model.arch == Arch::kTorchScript);
   }
 }
 
