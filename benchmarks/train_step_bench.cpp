@@ -299,7 +299,7 @@ void register_references() {
 
 // Registers one case per probe of a suite file; returns false (after saying why) when the file is bad.
 bool register_suite(const std::string& suite_name, std::vector<std::unique_ptr<Case>>& cases) {
-  const auto dir = memgate::source_dir();
+  const auto dir = memgate::project_dir();
   memgate::Suite suite;
   try {
     suite = memgate::load_suite(dir + "/fixtures/suites/" + suite_name + ".yaml", dir + "/fixtures/models");

@@ -36,6 +36,7 @@ function(memgate_add_test name)
   cmake_parse_arguments(ARG "GPU" "LABEL" "SOURCES;LINK" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
+  target_compile_definitions(${name} PRIVATE MEMGATE_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   target_link_libraries(${name} PRIVATE ${ARG_LINK} GTest::gtest_main GTest::gmock memgate::warnings)
   if(NOT "${ARG_LINK}" MATCHES "memgate::(base|bench_tools)$")
     memgate_use_pch(${name})
@@ -58,38 +59,5 @@ function(memgate_add_bench name)
   memgate_use_pch(${name})
 endfunction()
 
-# memgate_add_memory_suite(<name> SOURCES <files...> VERDICTS <verdict-test-sources...>)
-# The memory regression suite: two executables and the CTest tests they are listed as when ctest runs (from
-# fixtures/suites/*.yaml, so a new fixture needs no reconfigure).
-# - <name> (LibTorch): the measuring tests (label `measure`, FIXTURES_SETUP): one for the whole CPU suite, one per
-#   fixture of the GPU suite (each claiming one GPU through RESOURCE_GROUPS). They measure each probe once and write
-#   every verdict to memgate-verdicts/<suite>/<fixture>.json in this build folder; in update mode they record the
-#   baselines instead.
-# - <name>_verdicts (no LibTorch): one test per fixture x batch size x component (labels cpu|gpu, memory, the
-#   fixture and the component; FIXTURES_REQUIRED, so `ctest -R <one>` runs its measuring test first) reports its
-#   verdict from that file, in a few milliseconds.
-function(memgate_add_memory_suite name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;VERDICTS" ${ARGN})
-  add_executable(${name} ${ARG_SOURCES})
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
-  target_link_libraries(${name} PRIVATE memgate::core GTest::gtest memgate::warnings)
-  memgate_use_pch(${name})
-  add_executable(${name}_verdicts ${ARG_VERDICTS})
-  target_link_libraries(${name}_verdicts PRIVATE memgate::base GTest::gtest memgate::warnings)
-  set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_include.cmake")
-  set(list_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_tests.cmake")
-  file(GENERATE OUTPUT "${include_file}" CONTENT
-"execute_process(COMMAND \"$<TARGET_FILE:${name}>\" --memgate_ctest_list
-    \"--memgate_verdict_binary=$<TARGET_FILE:${name}_verdicts>\"
-    \"--memgate_verdicts_dir=${CMAKE_CURRENT_BINARY_DIR}/memgate-verdicts\"
-  OUTPUT_FILE \"${list_file}\" ERROR_VARIABLE err RESULT_VARIABLE rc)
-if(rc EQUAL 0)
-  include(\"${list_file}\")
-else()
-  string(REPLACE \"\\n\" \" \" err \"\${err}\")
-  add_test(${name}_cannot_list_suites \"${CMAKE_COMMAND}\" -E echo \"memgate: listing the memory suites failed: \${err}\")
-  set_tests_properties(${name}_cannot_list_suites PROPERTIES LABELS \"cpu;gpu;memory;measure\" WILL_FAIL TRUE)
-endif()
-")
-  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${include_file}")
-endfunction()
+# memgate_add_memory_suite(TARGET <name> ...): the memory regression suites, memgate's and a downstream project's.
+include(MemgateMemorySuite)

@@ -116,9 +116,14 @@ bool is_device_spec(std::string_view text) {
   return index && *index >= 0;
 }
 
+// The project's fixtures/gpus, else the GPU fixtures memgate installs (<prefix>/share/memgate), for --gpus' help;
+// "" when there are none (profile then prints no fits table, advise says where it looked).
 std::string default_gpus_dir() {
-  if (const char* src = std::getenv("MEMGATE_SOURCE_DIR")) return std::string(src) + "/fixtures/gpus";
-  return std::string(MEMGATE_SOURCE_DIR) + "/fixtures/gpus";
+  try {
+    return memgate::gpus_dir(memgate::project_dir());
+  } catch (const memgate::Error&) {
+    return "";
+  }
 }
 
 // --- Subcommands ----------------------------------------------------------------------------------------------
@@ -161,7 +166,7 @@ Run add_profile(CLI::App& app) {
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto device = memgate::resolve_device(o->device);
     std::vector<memgate::GpuSpec> gpus;
-    if (std::filesystem::is_directory(o->gpus)) gpus = memgate::load_gpus(o->gpus);
+    if (!o->gpus.empty() && std::filesystem::is_directory(o->gpus)) gpus = memgate::load_gpus(o->gpus);
     if (limit->count() > 0) memgate::CountingCpuAllocator::install().set_limit(o->cpu_memory_limit_mib << 20);
     auto profile = memgate::run_profile(fixture, batch_sizes, device);
     profile.fixture_hash = fixture.hash;
@@ -221,7 +226,7 @@ Run add_advise(CLI::App& app) {
     const auto device = memgate::resolve_device(o->device);
     std::vector<memgate::AdviceTarget> targets;
     if (o->all_gpus || !o->gpu.empty()) {
-      const auto gpus = memgate::load_gpus(o->gpus);
+      const auto gpus = memgate::load_gpus(o->gpus.empty() ? memgate::gpus_dir(memgate::project_dir()) : o->gpus);
       if (o->all_gpus) {
         for (const auto& g : gpus) targets.push_back(memgate::target_of(g));
       } else {
@@ -250,7 +255,7 @@ Run add_check(CLI::App& app) {
     std::string suite;
     std::string batch_sizes;
     std::string device = "auto";
-    std::string baselines = memgate::source_dir() + "/baselines";
+    std::string baselines = memgate::project_dir() + "/baselines";
     bool strict = false;
   };
   auto o = std::make_shared<Options>();
@@ -287,7 +292,7 @@ Run add_check(CLI::App& app) {
     std::vector<Job> jobs;
     auto device = memgate::resolve_device(o->device);
     if (!o->suite.empty()) {
-      const auto s = memgate::load_suite(o->suite, memgate::source_dir() + "/fixtures/models");
+      const auto s = memgate::load_suite(o->suite, memgate::suite_models_dir(o->suite));
       if (o->device == "auto") device = memgate::resolve_device(s.device == memgate::SuiteDevice::kCuda ? "cuda" : "cpu");
       for (const auto& f : memgate::suite_fixtures(s)) {
         if (!f.batch_sizes.empty()) jobs.push_back({memgate::load_fixture(f.path), f.batch_sizes});

@@ -126,7 +126,7 @@ TEST(CheckCliTest, AnotherCpuIsaIsNamedInTheMessage) {
   if (info.cpu_isa.empty() || info.cpu_isa == "sse41") GTEST_SKIP() << "needs an x86 CPU above SSE4.1";
   std::string out;
   const int rc = testing::run("DNNL_MAX_CPU_ISA=SSE41 " + std::string(MEMGATE_CLI) + " check --config " +
-                                  source_dir() + "/fixtures/models/resnet_tiny_fewshot.yaml --device cpu",
+                                  testing::source_dir() + "/fixtures/models/resnet_tiny_fewshot.yaml --device cpu",
                               &out);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_THAT(out, HasSubstr("cpu_isa " + info.cpu_isa + " -> sse41")) << out;
@@ -135,7 +135,7 @@ TEST(CheckCliTest, AnotherCpuIsaIsNamedInTheMessage) {
 TEST(AdviseCliTest, AdvisesForACapacityAndWritesJson) {
   testing::TempDir dir;
   const std::string cli = MEMGATE_CLI;
-  const auto fixture = source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
+  const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
   std::string out;
   EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("--gpu, --all-gpus or --capacity-mib"));
@@ -288,8 +288,8 @@ class BenchEndToEndTest : public ::testing::Test {
 
 TEST_F(BenchEndToEndTest, TwoRunsOfTheSameBuildHaveTheSameMemory) {
   const std::string filter = "^BM_(TrainStep/fixture:vit_tiny_lora/bs:1|Reference)/";
-  const auto a = bench(source_dir(), filter, "a.json");
-  const auto b = bench(source_dir(), filter, "b.json");
+  const auto a = bench(testing::source_dir(), filter, "a.json");
+  const auto b = bench(testing::source_dir(), filter, "b.json");
   const auto old_cases = load_bench_json(a);
   ASSERT_EQ(old_cases.size(), 3U) << "the case and the CPU and GPU references";
   const auto& c = old_cases.at("BM_TrainStep/fixture:vit_tiny_lora/bs:1/real_time");
@@ -320,13 +320,13 @@ TEST_F(BenchEndToEndTest, ProcessesWriteOneMergedFile) {
   const auto out = dir / "merged.json";
   std::string log;
 #ifdef MEMGATE_BENCH
-  const int rc = testing::run("MEMGATE_SOURCE_DIR=" + source_dir() + " " + MEMGATE_BENCH +
+  const int rc = testing::run("MEMGATE_SOURCE_DIR=" + testing::source_dir() + " " + MEMGATE_BENCH +
                                   " --memgate_processes=2 --benchmark_filter='^BM_TrainStep/fixture:vit_tiny_lora/bs:1/'"
                                   " --benchmark_repetitions=2 --benchmark_min_time=0.01 --benchmark_out=" + out,
                               &log);
   EXPECT_EQ(rc, 0) << log;
   EXPECT_THAT(log, HasSubstr("process 2 of 2"));
-  EXPECT_EQ(testing::run("MEMGATE_SOURCE_DIR=" + source_dir() + " " + MEMGATE_BENCH + " --memgate_processes=2", &log),
+  EXPECT_EQ(testing::run("MEMGATE_SOURCE_DIR=" + testing::source_dir() + " " + MEMGATE_BENCH + " --memgate_processes=2", &log),
             2)
       << "merging needs an output file";
   EXPECT_THAT(log, HasSubstr("give --benchmark_out"));

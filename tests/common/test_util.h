@@ -3,6 +3,7 @@
 
 #include "memgate/base/process.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -12,6 +13,14 @@
 
 
 namespace memgate::testing {
+
+/// memgate's source tree, whose fixtures and baselines the tests read: $MEMGATE_SOURCE_DIR (CTest sets it), else
+/// the tree the tests were built from (compiled into the test executables only, never into the library), so that
+/// GoogleTest's listing at build time finds the fixtures too.
+inline std::string source_dir() {
+  if (const char* dir = std::getenv("MEMGATE_SOURCE_DIR"); dir != nullptr && *dir != '\0') return dir;
+  return MEMGATE_TEST_SOURCE_DIR;
+}
 
 /// A fresh folder under the system's temporary folder, removed with the object.
 class TempDir {

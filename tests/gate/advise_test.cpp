@@ -18,8 +18,8 @@ const c10::Device kCpu(c10::DeviceType::CPU);
 
 std::vector<std::string> cpu_suite_fixtures() {
   std::vector<std::string> names;
-  for (const auto& f : suite_fixtures(load_suite(source_dir() + "/fixtures/suites/cpu.yaml",
-                                                 source_dir() + "/fixtures/models"))) {
+  for (const auto& f : suite_fixtures(load_suite(testing::source_dir() + "/fixtures/suites/cpu.yaml",
+                                                 testing::source_dir() + "/fixtures/models"))) {
     names.push_back(f.name);
   }
   return names;
@@ -28,7 +28,7 @@ std::vector<std::string> cpu_suite_fixtures() {
 class AdviseTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(AdviseTest, AdvisesTheLargestBatchThatRunsUnderTheCap) {
-  const auto fixture = load_fixture(source_dir() + "/fixtures/models/" + GetParam() + ".yaml");
+  const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/" + GetParam() + ".yaml");
   // Two capacities from the fixture's own growth: about 4 and about 13 samples above batch 1's peak.
   const auto one = run_probe(fixture, 1, kCpu), two = run_probe(fixture, 2, kCpu);
   ASSERT_FALSE(one.oom || two.oom);
@@ -73,7 +73,7 @@ std::string name_of_case(const ::testing::TestParamInfo<std::string>& info) { re
 INSTANTIATE_TEST_SUITE_P(Cpu, AdviseTest, ::testing::ValuesIn(cpu_suite_fixtures()), name_of_case);
 
 TEST(AdviseAccumulationTest, ReachesTheEffectiveBatchWithMicroBatchesThatFit) {
-  const auto fixture = load_fixture(source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
+  const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
   AdviseOptions options;
   options.effective_batch = 64;
   options.variants = false;
@@ -94,7 +94,7 @@ TEST(AdviseAccumulationTest, ReachesTheEffectiveBatchWithMicroBatchesThatFit) {
 // When the wanted batch does not fit, the variants users reach for are measured as real fixtures: each advised
 // batch runs under the cap and the next one up does not; the best comes first.
 TEST(AdviseVariantsTest, MeasuresWhatWouldMakeTheWantedBatchFit) {
-  const auto fixture = load_fixture(source_dir() + "/fixtures/models/vit_tiny_full.yaml");
+  const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/vit_tiny_full.yaml");
   const std::int64_t usable = 6 << 20;
   AdviseOptions options;
   options.wanted_batch = 32;
@@ -125,7 +125,7 @@ TEST(AdviseVariantsTest, MeasuresWhatWouldMakeTheWantedBatchFit) {
 }
 
 TEST(AdviseVariantsTest, NoneWhenTheWantedBatchFits) {
-  const auto fixture = load_fixture(source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
+  const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
   AdviseOptions options;
   options.wanted_batch = 8;
   const auto advice = advise(fixture, {{"capacity", "40 MiB", 40 << 20}}, kCpu, options);
@@ -133,7 +133,7 @@ TEST(AdviseVariantsTest, NoneWhenTheWantedBatchFits) {
 }
 
 TEST(AdviseTest, ABatchOfOneThatDoesNotFitIsNone) {
-  const auto fixture = load_fixture(source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
+  const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
   const auto advice = advise(fixture, {{"capacity", "64 KiB", 64 << 10}}, kCpu);
   EXPECT_FALSE(advice.targets.front().batch_size.has_value());
   EXPECT_LE(advice.total_probes, 2) << "batches 1 and 2, nothing more";
@@ -141,7 +141,7 @@ TEST(AdviseTest, ABatchOfOneThatDoesNotFitIsNone) {
 
 // Where doubling-then-bisection needs about 2 log2(B) trials, the model needs a handful.
 TEST(AdviseTest, ALargeBatchTakesAFewProbes) {
-  const auto fixture = load_fixture(source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
+  const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
   const auto advice = advise(fixture, {{"capacity", "40 MiB", 40 << 20}}, kCpu);
   const auto& t = advice.targets.front();
   ASSERT_TRUE(t.batch_size.has_value());

@@ -47,7 +47,7 @@ TEST(BudgetTest, LargestFittingBatchSkipsOutOfMemory) {
 }
 
 TEST(BudgetTest, CommittedGpuFixturesLoad) {
-  const auto gpus = load_gpus(source_dir() + "/fixtures/gpus");
+  const auto gpus = load_gpus(testing::source_dir() + "/fixtures/gpus");
   ASSERT_GE(gpus.size(), 8U);
   const auto& t4 = find_gpu(gpus, "t4_16gb");
   EXPECT_NEAR(static_cast<double>(t4.memory_bytes) / static_cast<double>(kGiB), 14.74, 0.005);

@@ -23,7 +23,7 @@ class GateTest : public ::testing::Test {
  protected:
   void SetUp() override {
     fs::create_directories(tree / "fixtures/gpus");
-    fs::copy(source_dir() + "/fixtures/gpus", tree / "fixtures/gpus", fs::copy_options::recursive);
+    fs::copy(testing::source_dir() + "/fixtures/gpus", tree / "fixtures/gpus", fs::copy_options::recursive);
     testing::write_file(tree / "fixtures/models/gate_a.yaml", testing::tiny_vit_yaml("  trainable: all\n"));
     testing::write_file(tree / "fixtures/models/gate_b.yaml", testing::tiny_vit_yaml("  trainable: head\n"));
     testing::write_file(tree / "fixtures/suites/cpu.yaml",

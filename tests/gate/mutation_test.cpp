@@ -78,7 +78,7 @@ class MutationTest : public ::testing::TestWithParam<Mutation> {};
 TEST_P(MutationTest, FailsExactlyWhereMemoryGrew) {
   const auto& m = GetParam();
   testing::TempDir dir;
-  const auto fixture = load_fixture(source_dir() + "/fixtures/models/" + m.fixture + ".yaml");
+  const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/" + m.fixture + ".yaml");
   const c10::Device cpu(c10::DeviceType::CPU);
   const auto info = describe_probe_device(cpu, fixture);
   const auto path = baseline_path(dir / "baselines", info.slug, fixture.name);

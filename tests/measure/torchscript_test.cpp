@@ -20,7 +20,7 @@ using ::testing::HasSubstr;
 
 const c10::Device kCpu(c10::DeviceType::CPU);
 
-Fixture repo_fixture(const std::string& name) { return load_fixture(source_dir() + "/fixtures/models/" + name + ".yaml"); }
+Fixture repo_fixture(const std::string& name) { return load_fixture(testing::source_dir() + "/fixtures/models/" + name + ".yaml"); }
 
 std::set<std::string> parameter_names(const Fixture& f) {
   auto model = build_model(f.model, kCpu);
@@ -69,7 +69,7 @@ TEST(TorchScriptTest, TorchvisionResNetMeasuresAsTheZoosResNetByteForByte) {
 }
 
 std::string scripted_vit_yaml(const std::string& model_extra, const std::string& training) {
-  return "model:\n  arch: torchscript\n  path: " + source_dir() + "/fixtures/models/torchscript/vit_tiny_timm.pt\n" +
+  return "model:\n  arch: torchscript\n  path: " + testing::source_dir() + "/fixtures/models/torchscript/vit_tiny_timm.pt\n" +
          model_extra + "training:\n  optimizer: adamw\n" + training + "batch_sizes: [2]\n";
 }
 
@@ -145,9 +145,9 @@ TEST(TorchScriptTest, TheModulesBytesArePartOfTheHash) {
   testing::TempDir dir;
   const auto yaml = "model:\n  arch: torchscript\n  path: m.pt\n" + kImages + "  task: sum\nbatch_sizes: [1]\n";
   testing::write_file(dir / "f.yaml", yaml);
-  testing::write_file(dir / "m.pt", testing::read_file(source_dir() + "/fixtures/models/torchscript/vit_tiny_timm.pt"));
+  testing::write_file(dir / "m.pt", testing::read_file(testing::source_dir() + "/fixtures/models/torchscript/vit_tiny_timm.pt"));
   const auto before = load_fixture(dir / "f.yaml").hash;
-  testing::write_file(dir / "m.pt", testing::read_file(source_dir() + "/fixtures/models/torchscript/resnet18_w8_torchvision.pt"));
+  testing::write_file(dir / "m.pt", testing::read_file(testing::source_dir() + "/fixtures/models/torchscript/resnet18_w8_torchvision.pt"));
   EXPECT_NE(load_fixture(dir / "f.yaml").hash, before) << "a re-exported module must ask for new baselines";
 }
 

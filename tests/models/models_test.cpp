@@ -1,6 +1,8 @@
 // Parameter counts of each architecture against its reference implementation, forward shapes, gradients,
 // gradient checkpointing (bitwise-equal gradients) and every model fixture building on the meta device.
 #include "memgate/gate/fixture.h"
+#include "memgate/gate/suite.h"
+#include "test_util.h"
 #include "memgate/models/model.h"
 #include "memgate/models/vit.h"
 
@@ -23,7 +25,7 @@ ParamCounts count_on_meta(const ModelSpec& spec) {
 }
 
 std::string fixture_path(const std::string& name) {
-  return std::string(MEMGATE_SOURCE_DIR) + "/fixtures/models/" + name + ".yaml";
+  return testing::source_dir() + "/fixtures/models/" + name + ".yaml";
 }
 
 // Every trainable parameter has a defined, finite gradient after loss().backward().
@@ -233,7 +235,7 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, CheckpointingTest,
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 TEST(FixturesTest, EveryModelFixtureBuildsOnMeta) {
-  const auto dir = std::filesystem::path(MEMGATE_SOURCE_DIR) / "fixtures" / "models";
+  const auto dir = std::filesystem::path(testing::source_dir()) / "fixtures" / "models";
   std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() == ".yaml") files.push_back(entry.path());

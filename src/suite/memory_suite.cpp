@@ -1,8 +1,17 @@
-// The memory regression suites' measuring side (fixtures/suites/*.yaml): one test per suite fixture measures each
-// of its batch sizes once, judges every component against baselines/<device>/<fixture>.json and every budget
-// against its GPU, and writes the verdicts for the component tests (tests/memory/verdict_test_main.cpp), which
-// report them without LibTorch. In update mode (MEMGATE_UPDATE_BASELINES=1) it records the baselines instead.
-// `--memgate_ctest_list` prints the CTest registration of both sides.
+// The memory regression suites' measuring side, with main(): the library memgate::memory_suite, which every
+// memory-suite executable links (memgate's own and a downstream project's, through memgate_add_memory_suite, with
+// the project's registered architectures beside it). One test per suite fixture (per CPU suite) measures each batch
+// size once, judges every component against <baselines>/<device>/<fixture>.json and every budget against its GPU,
+// and writes the verdicts for the component tests (verdicts_main.cpp), which report them without LibTorch. In update
+// mode (MEMGATE_UPDATE_BASELINES=1) it records the baselines instead. `--memgate_ctest_list` prints the CTest
+// registration of both sides.
+//
+// What it reads, from the environment (which the CTest registration sets):
+//   MEMGATE_PROJECT_DIR    the project (default: the working folder; MEMGATE_SOURCE_DIR is its older name)
+//   MEMGATE_SUITES         suite files separated by ':' (default: every <project>/fixtures/suites/*.yaml); a suite's
+//                          fixtures are <its folder>/../models/<name>.yaml
+//   MEMGATE_BASELINES_DIR  the baselines (default: <project>/baselines)
+//   MEMGATE_DATA_DIR       memgate's own data, for GPU fixtures a project lacks (default: beside the executable)
 #include "memgate/base/error.h"
 #include "memgate/base/verdict_file.h"
 #include "memgate/gate/baseline.h"
@@ -17,6 +26,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -30,12 +40,13 @@ namespace {
 
 /// One fixture of a suite: the batch sizes its components are gated at and the budgets it is held to.
 struct MeasureCase {
-  std::string suite;  ///< cpu, gpu
+  std::string suite;  ///< the suite file's stem: cpu, gpu
   std::string fixture;
   std::string fixture_path;
   std::vector<std::int64_t> batch_sizes;
   std::vector<BudgetCase> budgets;
-  [[nodiscard]] bool gpu() const { return suite == "gpu"; }
+  bool on_gpu = false;  ///< the suite's device is cuda
+  [[nodiscard]] bool gpu() const { return on_gpu; }
   [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
 };
 
@@ -45,9 +56,10 @@ struct MeasureCase {
 /// component measures only its fixture.
 struct MeasureGroup {
   std::string suite;
-  std::string name;  ///< `cpu_suite`, or the fixture's name on a GPU
+  std::string name;  ///< `<suite>_suite` on the CPU (cpu_suite), or the fixture's name on a GPU
   std::vector<MeasureCase> fixtures;
-  [[nodiscard]] bool gpu() const { return suite == "gpu"; }
+  bool on_gpu = false;
+  [[nodiscard]] bool gpu() const { return on_gpu; }
   [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
   [[nodiscard]] std::string test_name() const { return prefix() + "/MeasureTest.Probes/" + name; }
   /// The CTest fixture its component tests require.
@@ -57,8 +69,35 @@ struct MeasureGroup {
 // A case prints as its name in GoogleTest's messages.
 void PrintTo(const MeasureGroup& g, std::ostream* os) { *os << g.suite << "/" << g.name; }
 
-std::string suites_dir() { return source_dir() + "/fixtures/suites"; }
-std::string fixtures_dir() { return source_dir() + "/fixtures/models"; }
+std::string environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+// The suite files: $MEMGATE_SUITES, else every YAML file of <project>/fixtures/suites, sorted.
+std::vector<std::string> suite_files() {
+  std::vector<std::string> out;
+  if (auto list = environment("MEMGATE_SUITES"); !list.empty()) {
+    std::size_t start = 0;
+    while (start <= list.size()) {
+      const auto end = std::min(list.find(':', start), list.size());
+      if (end > start) out.push_back(list.substr(start, end - start));
+      start = end + 1;
+    }
+    return out;
+  }
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(project_dir() + "/fixtures/suites", ec)) {
+    if (entry.path().extension() == ".yaml") out.push_back(entry.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string baselines_dir() {
+  auto dir = environment("MEMGATE_BASELINES_DIR");
+  return dir.empty() ? project_dir() + "/baselines" : dir;
+}
 
 // Where the measuring tests leave their verdicts: set by the CTest registration, else beside the working folder.
 std::string verdicts_dir() {
@@ -76,38 +115,67 @@ std::vector<std::string>& load_errors() {
   return errors;
 }
 
-Suite suite_or_empty(const std::string& name) {
-  try {
-    return load_suite(suites_dir() + "/" + name + ".yaml", fixtures_dir());
-  } catch (const std::exception& e) {
-    load_errors().push_back(e.what());
-    return {};
-  }
+// Every suite, loaded once; one that does not load is an error of the run (and left out).
+const std::vector<Suite>& suites() {
+  static const auto loaded = [] {
+    std::vector<Suite> out;
+    const auto files = suite_files();
+    if (files.empty()) {
+      load_errors().push_back("no suite files: neither MEMGATE_SUITES nor " + project_dir() +
+                              "/fixtures/suites/*.yaml names one");
+    }
+    for (const auto& file : files) {
+      try {
+        out.push_back(load_suite(file, suite_models_dir(file)));
+      } catch (const std::exception& e) {
+        load_errors().push_back(e.what());
+      }
+    }
+    return out;
+  }();
+  return loaded;
 }
 
-std::vector<MeasureCase> measure_cases(const std::string& suite_name) {
-  std::vector<MeasureCase> out;
-  for (auto& f : suite_fixtures(suite_or_empty(suite_name))) {
-    out.push_back({suite_name, std::move(f.name), std::move(f.path), std::move(f.batch_sizes), std::move(f.budgets)});
-  }
-  return out;
-}
-
-std::vector<MeasureGroup> measure_groups(const std::string& suite_name) {
-  auto cases = measure_cases(suite_name);
-  if (suite_name != "gpu") {
-    if (cases.empty()) return {};
-    return {{suite_name, suite_name + "_suite", std::move(cases)}};
-  }
+// The measuring tests of the CPU suites (gpu = false: one per suite) or the GPU suites (one per fixture). Two
+// measuring tests of one name (a fixture in two GPU suites, two CPU suites of one stem) are an error.
+std::vector<MeasureGroup> measure_groups(bool gpu) {
   std::vector<MeasureGroup> out;
-  for (auto& c : cases) out.push_back({suite_name, c.fixture, {std::move(c)}});
+  for (const auto& suite : suites()) {
+    const bool on_gpu = suite.device == SuiteDevice::kCuda;
+    if (on_gpu != gpu) continue;
+    std::vector<MeasureCase> cases;
+    for (auto& f : suite_fixtures(suite)) {
+      cases.push_back({suite.name, std::move(f.name), std::move(f.path), std::move(f.batch_sizes),
+                       std::move(f.budgets), on_gpu});
+    }
+    if (!gpu) {
+      if (!cases.empty()) out.push_back({suite.name, suite.name + "_suite", std::move(cases), false});
+      continue;
+    }
+    for (auto& c : cases) out.push_back({suite.name, c.fixture, {std::move(c)}, true});
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (out[i].name == out[j].name) {
+        load_errors().push_back(fmt::format("two measuring tests named {}: suites {} and {} (a GPU fixture may be in "
+                                            "one GPU suite only, suite files need distinct names)",
+                                            out[i].test_name(), out[j].suite, out[i].suite));
+      }
+    }
+  }
   return out;
 }
 
-std::vector<BudgetCase> budget_cases(const std::string& suite_name) { return suite_or_empty(suite_name).budgets; }
+std::vector<BudgetCase> gpu_budget_cases() {
+  std::vector<BudgetCase> out;
+  for (const auto& suite : suites()) {
+    if (suite.device == SuiteDevice::kCuda) out.insert(out.end(), suite.budgets.begin(), suite.budgets.end());
+  }
+  return out;
+}
 
 const GpuSpec& gpu_spec(const std::string& id) {
-  static const auto gpus = load_gpus(source_dir() + "/fixtures/gpus");
+  static const auto gpus = load_gpus(gpus_dir(project_dir()));
   return find_gpu(gpus, id);
 }
 
@@ -126,8 +194,8 @@ void record(const MeasureCase& c, c10::Device device) {
   }
   if (probes.empty()) return;
   const auto info = describe_probe_device(device, fixture);
-  const auto path = baseline_path(source_dir() + "/baselines", info.slug, fixture.name);
-  const bool changed = update_baseline(path, fixture, info, probes, source_commit(source_dir()));
+  const auto path = baseline_path(baselines_dir(), info.slug, fixture.name);
+  const bool changed = update_baseline(path, fixture, info, probes, source_commit(project_dir()));
   std::cout << (changed ? "recorded " : "unchanged ") << path << "\n";
 }
 
@@ -136,7 +204,7 @@ void judge(const MeasureCase& c, c10::Device device, VerdictFile& file) {
   const auto fixture = load_fixture(c.fixture_path);
   std::vector<std::int64_t> budget_sizes;
   for (const auto& b : c.budgets) budget_sizes.push_back(b.batch_size);
-  const auto judged = judge_fixture(fixture, c.batch_sizes, device, source_dir() + "/baselines", budget_sizes);
+  const auto judged = judge_fixture(fixture, c.batch_sizes, device, baselines_dir(), budget_sizes);
   file.device = judged.device.slug;
   file.components = judged.components;
   for (const auto& b : c.budgets) {
@@ -189,8 +257,10 @@ TEST_P(MeasureTest, Probes) {
 
 std::string measure_name(const ::testing::TestParamInfo<MeasureGroup>& info) { return info.param.name; }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, MeasureTest, ::testing::ValuesIn(measure_groups("cpu")), measure_name);
-INSTANTIATE_TEST_SUITE_P(Gpu, MeasureTest, ::testing::ValuesIn(measure_groups("gpu")), measure_name);
+// GoogleTest evaluates these when main() registers the tests, after every static initialiser: a downstream
+// program's register_architecture calls have run by then, so its fixtures load.
+INSTANTIATE_TEST_SUITE_P(Cpu, MeasureTest, ::testing::ValuesIn(measure_groups(false)), measure_name);
+INSTANTIATE_TEST_SUITE_P(Gpu, MeasureTest, ::testing::ValuesIn(measure_groups(true)), measure_name);
 
 class BudgetTest : public ::testing::TestWithParam<BudgetCase> {};
 
@@ -221,13 +291,13 @@ TEST_P(BudgetTest, HoldsUnderAllocatorCap) {
 
 std::string budget_name(const ::testing::TestParamInfo<BudgetCase>& info) { return info.param.name(); }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, BudgetTest, ::testing::ValuesIn(budget_cases("gpu")), budget_name);
+INSTANTIATE_TEST_SUITE_P(Gpu, BudgetTest, ::testing::ValuesIn(gpu_budget_cases()), budget_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MeasureTest);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BudgetTest);
 
 TEST(SuiteTest, LoadsEverySuite) {
-  (void)measure_groups("cpu");
-  (void)measure_groups("gpu");
+  (void)measure_groups(false);
+  (void)measure_groups(true);
   for (const auto& e : load_errors()) ADD_FAILURE() << e;
 }
 
@@ -238,17 +308,23 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
                               const std::string& verdicts) {
   auto quote = [](const std::string& s) { return "[==[" + s + "]==]"; };
   const auto skip = std::string(" SKIP_REGULAR_EXPRESSION [==[\\[  SKIPPED \\]]==]");
-  const auto environment = quote("MEMGATE_SOURCE_DIR=" + source_dir() + ";MEMGATE_VERDICTS_DIR=" + verdicts);
+  // What this listing read, so that each test reads the same (and not the environment ctest happens to run in).
+  std::string suites_list;
+  for (const auto& s : suites()) suites_list += (suites_list.empty() ? "" : ":") + s.path;
+  std::string env = "MEMGATE_PROJECT_DIR=" + project_dir() + ";MEMGATE_SUITES=" + suites_list +
+                    ";MEMGATE_BASELINES_DIR=" + baselines_dir() + ";MEMGATE_VERDICTS_DIR=" + verdicts;
+  if (auto data = environment("MEMGATE_DATA_DIR"); !data.empty()) env += ";MEMGATE_DATA_DIR=" + data;
+  const auto environment = quote(env);
   auto add = [&](const std::string& test, const std::string& command) {
     std::cout << "add_test(" << quote(test) << " " << command << ")\n";
   };
-  for (const auto& suite : {std::string("cpu"), std::string("gpu")}) {
-    for (const auto& g : measure_groups(suite)) {
+  for (const bool gpu : {false, true}) {
+    for (const auto& g : measure_groups(gpu)) {
       add(g.test_name(), quote(binary) + " " + quote("--gtest_filter=" + g.test_name()));
       std::string fixtures;
       for (const auto& c : g.fixtures) fixtures += ";" + c.fixture;
       std::cout << "set_tests_properties(" << quote(g.test_name()) << " PROPERTIES LABELS "
-                << quote(suite + ";memory;measure" + fixtures) << " FIXTURES_SETUP " << quote(g.ctest_fixture())
+                << quote(std::string(gpu ? "gpu" : "cpu") + ";memory;measure" + fixtures) << " FIXTURES_SETUP " << quote(g.ctest_fixture())
                 << skip << " ENVIRONMENT " << environment << (g.gpu() ? " RESOURCE_GROUPS gpus:1" : "")
                 << " TIMEOUT 3600)\n";
       for (const auto& c : g.fixtures) {
@@ -266,7 +342,7 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
             const auto name = fmt::format("{}_bs{}_{}", c.fixture, batch_size, info.name);
             add_verdict(c.prefix() + "/ComponentTest.StaysWithinBaseline/" + name, batch_size,
                         "--memgate_component=" + std::string(info.name),
-                        suite + ";memory;" + c.fixture + ";" + std::string(info.name));
+                        std::string(gpu ? "gpu" : "cpu") + ";memory;" + c.fixture + ";" + std::string(info.name));
           }
         }
         for (const auto& b : c.budgets) {
@@ -276,7 +352,7 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
       }
     }
   }
-  for (const auto& b : budget_cases("gpu")) {
+  for (const auto& b : gpu_budget_cases()) {
     const auto test = "Gpu/BudgetTest.HoldsUnderAllocatorCap/" + b.name();
     add(test, quote(binary) + " " + quote("--gtest_filter=" + test));
     std::cout << "set_tests_properties(" << quote(test) << " PROPERTIES LABELS "

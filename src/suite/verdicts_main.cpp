@@ -1,7 +1,7 @@
 // The memory suites' component tests: one GoogleTest per fixture x batch size x component (and per budget), each
-// reporting the verdict its fixture's measuring test left (tests/memory/memory_suite_test.cpp). No LibTorch: a
-// test costs a few milliseconds. CTest runs it as
-//   memgate_memory_tests_verdicts --memgate_verdicts=<file> --memgate_test=<Suite.Name> --memgate_batch=<N>
+// reporting the verdict its fixture's measuring test left (memory_suite.cpp). No LibTorch: a test costs a few
+// milliseconds. Installed as memgate-verdicts, shared by every memory-suite executable. CTest runs it as
+//   memgate-verdicts --memgate_verdicts=<file> --memgate_test=<Suite.Name> --memgate_batch=<N>
 //       (--memgate_component=<component> | --memgate_budget=<gpu>)
 // and it registers exactly that one test, so a missing or unreadable verdict fails instead of running nothing.
 #include "memgate/base/error.h"
