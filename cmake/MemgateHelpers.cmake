@@ -1,11 +1,15 @@
-# Helpers shared by memgate's targets: warnings on an INTERFACE target, one function per kind of target.
+# Helpers shared by memgate's targets: warnings (and build settings) on an INTERFACE target that every memgate target
+# links privately, one function per kind of target.
 
 add_library(memgate_warnings INTERFACE)
 add_library(memgate::warnings ALIAS memgate_warnings)
 target_compile_options(memgate_warnings INTERFACE
   $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align
     -Woverloaded-virtual -Wnull-dereference -Wno-unused-parameter>
-  $<$<BOOL:${MEMGATE_WARNINGS_AS_ERRORS}>:-Werror>)
+  $<$<BOOL:${MEMGATE_WARNINGS_AS_ERRORS}>:-Werror>
+  # Source paths in the binaries (__FILE__ of TORCH_CHECK and assertions) relative to the source tree, so an
+  # installed memgate carries no path of the machine it was built on.
+  $<BUILD_INTERFACE:$<$<CXX_COMPILER_ID:GNU,Clang>:-ffile-prefix-map=${PROJECT_SOURCE_DIR}/=>>)
 
 # LibTorch's headers are heavy: memgate_models precompiles them once, the other LibTorch targets reuse that.
 function(memgate_use_pch target)

@@ -251,7 +251,15 @@ DeviceInfo describe_probe_device(c10::Device device, const Workload& workload, c
 
 ParamCounts workload_param_counts(const Workload& workload) {
   // On the meta device parameters have shapes but no storage: a 7B model is counted without allocating it.
-  auto model = build_model(workload.model, c10::Device(c10::DeviceType::Meta));
+  std::unique_ptr<Model> model;
+  try {
+    model = build_model(workload.model, c10::Device(c10::DeviceType::Meta));
+  } catch (const c10::Error&) {
+    // A registered model whose factory builds on the CPU and then moves (Module::to) cannot go to the meta device:
+    // count it on the CPU.
+    if (workload.model.arch != Arch::kRegistered) throw;
+    model = build_model(workload.model, c10::Device(c10::DeviceType::CPU));
+  }
   (void)select_trainable(*model, workload.training.trainable);
   return count_parameters(model->module());
 }

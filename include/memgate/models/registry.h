@@ -25,15 +25,17 @@ namespace memgate {
 struct Architecture {
   /// The word fixtures name it by (`model.arch`); letters, digits and '_', not a word of the zoo.
   std::string name;
-  /// Every key its fixtures may give under `model:` (besides `arch`), with its default; a key whose default is
-  /// null is required. A fixture's value must have the default's type (integer, number, boolean, string or a
-  /// list of them); unknown keys are errors, as for the zoo.
+  /// Every key its fixtures may give under `model:` (besides `arch`), with its default. A fixture's value must
+  /// have the default's type (integer, number, boolean, string, or a list of integers or of strings); unknown keys
+  /// are errors, as for the zoo. The values (defaults filled in) are part of the fixture's hash.
   nlohmann::json options = nlohmann::json::object();
   /// Builds the model with its parameters on `param.device` (seeded by the caller), from the options with the
-  /// defaults filled in.
-  std::function<std::unique_ptr<Model>(const nlohmann::json& options, nn::ParamOptions param)> factory;
+  /// defaults filled in. Creating them there directly (as the zoo does, memgate/models/nn.h) lets memgate count a
+  /// model on the meta device without allocating it; a factory that builds on the CPU and moves the module with
+  /// to(device) works too, and is counted on the CPU.
+  std::function<std::unique_ptr<Model>(const nlohmann::json& options, nn::ParamOptions param)> factory{};
   /// Optional checks across options; throw memgate::Error with what is wrong (the fixture's file is added).
-  std::function<void(const nlohmann::json& options)> validate;
+  std::function<void(const nlohmann::json& options)> validate{};
 };
 
 /// Registers `architecture`; returns true, so that a namespace-scope `const bool` can register at start-up.
