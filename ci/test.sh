@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine (ci/setup.sh) and runs memgate's tests: configure, build, unit tests and the CPU memory
-# gate, through the `cpu` workflow preset. JUnit lands in build/cpu/junit.xml, the gate's summary in
+# gate, through the `cpu` workflow preset; then a project of its own gated with the installed memgate and with
+# FetchContent (ci/downstream.sh, examples/downstream). JUnit lands in build/cpu/junit.xml, the gate's summary in
 # build/cpu/memgate-summary.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,5 +13,8 @@ cmake --workflow --preset cpu || status=$?
 if [ -s build/cpu/memgate-results.jsonl ]; then
   build/cpu/bin/memgate summary --results build/cpu/memgate-results.jsonl --output build/cpu/memgate-summary.md \
     >/dev/null || true
+fi
+if [ "$status" -eq 0 ]; then
+  ci/downstream.sh || status=$?
 fi
 exit "$status"
