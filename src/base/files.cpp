@@ -5,11 +5,26 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <system_error>
 
 namespace memgate {
+
+std::string read_text_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) throw Error(path + ": no such file: expected " + what);
+  if (std::filesystem::is_directory(status)) throw Error(path + ": is a directory: expected " + what);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot read it: " + std::strerror(errno));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw Error(path + ": reading failed: " + std::strerror(errno));
+  return text;
+}
 
 void write_file_atomically(const std::string& path, const std::string& text) {
   std::filesystem::path file(path);

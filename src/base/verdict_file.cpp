@@ -62,12 +62,14 @@ void write_verdict_file(const std::string& path, const VerdictFile& file) {
 }
 
 VerdictFile read_verdict_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("{}: cannot read it (its measuring test did not write it)", path));
-  std::stringstream text;
-  text << in.rdbuf();
+  std::string text;
   try {
-    const auto j = nlohmann::json::parse(text.str());
+    text = read_text_file(path, "a verdict file");
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} (its measuring test did not write it)", e.what()));
+  }
+  try {
+    const auto j = nlohmann::json::parse(text);
     if (!j.is_object() || !j.contains("format") || j["format"] != kFormat) {
       throw Error(fmt::format("`format`: expected \"{}\"", kFormat));
     }

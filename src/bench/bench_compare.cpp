@@ -2,6 +2,7 @@
 #include "memgate/bench/bench_compare.h"
 
 #include "memgate/base/error.h"
+#include "memgate/base/files.h"
 
 #include <fmt/format.h>
 
@@ -80,12 +81,10 @@ std::string reference_name(const std::string& run_name) {
 
 // A JSON file, with errors that name it.
 nlohmann::json read_json_file(const std::string& path) {
-  if (std::filesystem::is_directory(path)) throw Error(path + ": is a directory: expected a Google Benchmark JSON file");
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot read");
+  const auto text = read_text_file(path, "a Google Benchmark JSON file");
   try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range (1e309)
     throw Error(path + ": not valid JSON: " + e.what());
   }
 }

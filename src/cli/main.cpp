@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -44,7 +45,8 @@ enum ExitCode : int {
 
 constexpr const char* kExitCodes = R"(exit codes:
   0  ok
-  1  the gate or a comparison failed (summary: a regression; bench-compare: slower or grew)
+  1  the gate or a comparison failed (summary: a regression; bench-compare: slower or grew; profile: no batch
+     size could be measured)
   2  usage error (unknown subcommand or flag, missing flag, bad value)
   3  any other error (an unreadable or malformed file, a missing fixture, no such device))";
 
@@ -160,7 +162,9 @@ Run add_profile(CLI::App& app) {
                                                             kMaxMemoryLimitMib)));
   app.footer(footer(
       "Measures each component of a training step at each batch size and prints the report; --output also\n"
-      "writes it as JSON. An out-of-memory at one batch size is reported and the next batch sizes still run."));
+      "writes it as JSON. An out-of-memory at one batch size is reported and the next batch sizes still run;\n"
+      "when none of them could be measured (each ran out of memory), the report and JSON are still written and\n"
+      "the exit code is 1."));
   return [o, limit] {
     const auto fixture = memgate::load_fixture(o->config);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
@@ -174,6 +178,12 @@ Run add_profile(CLI::App& app) {
     if (!o->output.empty()) {
       memgate::write_file_atomically(o->output, memgate::profile_to_json(profile).dump(2) + "\n");
       fmt::print("\nwrote {}\n", o->output);
+    }
+    const bool measured_any = std::any_of(profile.probes.begin(), profile.probes.end(),
+                                          [](const memgate::ProbeResult& p) { return !p.oom; });
+    if (!measured_any) {
+      fmt::print(stderr, "memgate: no batch size could be measured: each ran out of memory\n");
+      return kFailed;
     }
     return kOk;
   };
@@ -483,6 +493,12 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
     const auto parsed = app.get_subcommands();
     std::string message = e.what();
+    // CLI11 checks required options before unknown ones: `advise --bogus` would say "--config is required".
+    // An unknown argument is the first thing to fix, so say that.
+    if (const auto extra = app.remaining(/*recurse=*/true);
+        !extra.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && !parsed.empty()) {
+      message = fmt::format("unknown argument{} {}", extra.size() > 1 ? "s" : "", fmt::join(extra, " "));
+    }
     if (parsed.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
       // CLI11 says "A subcommand is required"; name what was given instead.
       std::vector<std::string_view> names;

@@ -30,6 +30,20 @@ constexpr int kSchema = 1;
               " (a corrupt baseline: restore it from git, or re-record it with the update-baselines preset)");
 }
 
+// Keys a baseline's writer never writes: an edit by hand or another tool's file, not to be dropped silently by the
+// next update.
+void reject_unknown_keys(const nlohmann::json& j, const std::string& path, const std::string& parent,
+                         std::initializer_list<std::string_view> known) {
+  if (!j.is_object()) return;
+  for (const auto& [key, value] : j.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      std::string keys;
+      for (const auto k : known) keys += (keys.empty() ? "" : ", ") + std::string(k);
+      corrupt(path, parent.empty() ? key : parent + "." + key, "none of this name (the keys are " + keys + ")");
+    }
+  }
+}
+
 const nlohmann::json& need(const nlohmann::json& j, const std::string& path, const std::string& parent,
                            const std::string& key) {
   if (!j.is_object() || !j.contains(key)) corrupt(path, parent.empty() ? key : parent + "." + key, "a value (missing)");
@@ -46,13 +60,7 @@ std::int64_t need_int(const nlohmann::json& j, const std::string& path, const st
   return v.get<std::int64_t>();
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot read");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string read_file(const std::string& path) { return read_text_file(path, "a baseline JSON file"); }
 
 // Exclusive advisory lock on a directory, held for the object's lifetime.
 class DirectoryLock {
@@ -94,15 +102,17 @@ std::string baseline_path(const std::string& root, const std::string& slug, cons
   return root + "/" + slug + "/" + fixture + ".json";
 }
 
-Baseline load_baseline(const std::string& path) {
+Baseline load_baseline(const std::string& path, const std::string& expected_fixture,
+                       const std::string& expected_slug) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range (1e309)
     throw Error(path + ": not valid JSON (" + e.what() +
                 "); restore it from git, or re-record it with the update-baselines preset");
   }
   if (!j.is_object()) corrupt(path, "(top level)", "an object");
+  reject_unknown_keys(j, path, "", {"schema", "fixture", "device", "tolerance", "probes"});
   if (need_int(j, path, "", "schema", 1) != kSchema) corrupt(path, "schema", "1");
   Baseline b;
   b.path = path;
@@ -111,7 +121,15 @@ Baseline load_baseline(const std::string& path) {
   const auto& device = need(j, path, "", "device");
   if (!need(device, path, "device", "slug").is_string()) corrupt(path, "device.slug", "a string");
   b.device_slug = device["slug"].get<std::string>();
+  reject_unknown_keys(device, path, "device", {"slug"});
+  if (!expected_fixture.empty() && b.fixture != expected_fixture) {
+    corrupt(path, "fixture", "\"" + expected_fixture + "\" (the file's name), got \"" + b.fixture + "\"");
+  }
+  if (!expected_slug.empty() && b.device_slug != expected_slug) {
+    corrupt(path, "device.slug", "\"" + expected_slug + "\" (its folder), got \"" + b.device_slug + "\"");
+  }
   const auto& tol = need(j, path, "", "tolerance");
+  reject_unknown_keys(tol, path, "tolerance", {"relative", "absolute_bytes", "reserved_relative", "reserved_absolute_bytes"});
   if (!need(tol, path, "tolerance", "relative").is_number()) corrupt(path, "tolerance.relative", "a number");
   b.tolerance.relative = tol["relative"].get<double>();
   b.tolerance.absolute = need_int(tol, path, "tolerance", "absolute_bytes", 0);
@@ -124,9 +142,24 @@ Baseline load_baseline(const std::string& path) {
   if (!probes.is_array()) corrupt(path, "probes", "a list");
   for (std::size_t i = 0; i < probes.size(); ++i) {
     const auto where = "probes[" + std::to_string(i) + "]";
+    reject_unknown_keys(probes[i], path, where, {"batch_size", "components", "provenance"});
     BaselineProbe p;
     p.batch_size = need_int(probes[i], path, where, "batch_size", 1);
+    for (const auto& earlier : b.probes) {
+      if (earlier.batch_size == p.batch_size) {
+        corrupt(path, where + ".batch_size", "each batch size once, got " + std::to_string(p.batch_size) + " twice");
+      }
+    }
     const auto& components = need(probes[i], path, where, "components");
+    {
+      std::vector<std::string_view> names;
+      for (const auto& info : kComponentTable) names.push_back(info.name);
+      for (const auto& [key, value] : components.items()) {
+        if (std::find(names.begin(), names.end(), key) == names.end()) {
+          corrupt(path, where + ".components." + key, "a component of memgate (params, gradients, ...)");
+        }
+      }
+    }
     for (const auto& info : kComponentTable) {
       p.components.*info.member = need_int(components, path, where + ".components", std::string(info.name), 0);
     }
@@ -180,7 +213,7 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
   Baseline b;
   const bool existed = std::filesystem::exists(file);
   if (existed) {
-    b = load_baseline(path);  // a corrupt file stops the update rather than being overwritten
+    b = load_baseline(path, fixture.name, device.slug);  // a corrupt file stops the update, never overwritten
   } else {
     b.path = path;
     b.fixture = fixture.name;

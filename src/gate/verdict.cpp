@@ -115,7 +115,7 @@ FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64
   out.device = describe_probe_device(device, fixture);
   out.baseline_file = baseline_path(baselines_dir, out.device.slug, fixture.name);
   std::optional<Baseline> baseline;
-  if (std::filesystem::exists(out.baseline_file)) baseline = load_baseline(out.baseline_file);
+  if (std::filesystem::exists(out.baseline_file)) baseline = load_baseline(out.baseline_file, fixture.name, out.device.slug);
   auto measure = [&](std::int64_t batch_size) -> const ProbeResult& {
     if (const auto* done = find_probe(out, batch_size)) return *done;
     out.probes.push_back(run_probe(fixture, batch_size, device));

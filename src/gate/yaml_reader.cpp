@@ -1,20 +1,53 @@
 // Strict YAML map reading with file:line errors (see yaml_reader.h).
 #include "yaml_reader.h"
 
+#include "memgate/base/files.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 namespace memgate::detail {
 
+namespace {
+
+// A key given twice in one map: YAML says keys are unique, yaml-cpp keeps both and reads the first; say so instead.
+void reject_duplicate_keys(const YAML::Node& node, const std::string& path, const std::string& at) {
+  if (node.IsMap()) {
+    std::map<std::string, int> lines;
+    for (const auto& item : node) {
+      const auto key = item.first.IsScalar() ? item.first.Scalar() : std::string("(a complex key)");
+      const int line = item.first.Mark().line + 1;
+      if (const auto [it, fresh] = lines.emplace(key, line); !fresh) {
+        throw Error(path + ":" + std::to_string(line) + ": " + (at.empty() ? key : at + "." + key) +
+                    ": given twice (first on line " + std::to_string(it->second) + "): expected each key once");
+      }
+      reject_duplicate_keys(item.second, path, at.empty() ? key : at + "." + key);
+    }
+  } else if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i) reject_duplicate_keys(node[i], path, at + "[" + std::to_string(i) + "]");
+  }
+}
+
+}  // namespace
+
 YAML::Node load_yaml_file(const std::string& path) {
-  if (!std::filesystem::exists(path)) throw Error(path + ": no such file");
+  const auto text = read_text_file(path, "a YAML file");
+  std::vector<YAML::Node> documents;
   try {
-    return YAML::LoadFile(path);
+    documents = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
     throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
+  if (documents.size() > 1) {
+    throw Error(path + ":" + std::to_string(documents[1].Mark().line + 1) +
+                ": a second YAML document (after '---'): expected one document per file");
+  }
+  if (documents.empty()) return YAML::Node(YAML::NodeType::Null);
+  reject_duplicate_keys(documents.front(), path, "");
+  return documents.front();
 }
 
 std::string describe(const YAML::Node& node) {

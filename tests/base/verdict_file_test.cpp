@@ -72,7 +72,7 @@ TEST(VerdictFileTest, BadFilesNameThePathAndTheField) {
   } catch (const Error& e) {
     absent = e.what();
   }
-  EXPECT_THAT(absent, HasSubstr("absent.json: cannot read it"));
+  EXPECT_THAT(absent, HasSubstr("absent.json: no such file"));
 }
 
 TEST(StatusTest, FailsFollowsStrictness) {

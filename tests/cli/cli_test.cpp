@@ -213,7 +213,7 @@ TEST(BenchCompareCliTest, ExitCodesFollowTheVerdicts) {
   EXPECT_THAT(out, HasSubstr("new.json is required"));
   EXPECT_EQ(testing::run(cli + " bench-compare " + (dir / "old.json") + " " + (dir / "missing.json"), &out), 3)
       << out;
-  EXPECT_THAT(out, HasSubstr("missing.json: cannot read"));
+  EXPECT_THAT(out, HasSubstr("missing.json: no such file"));
 
   EXPECT_EQ(testing::run(cli + " bench-convert " + (dir / "old.json") + " --output " + (dir / "mem.json"), &out), 0)
       << out;

@@ -87,6 +87,40 @@ TEST(BaselineTest, CorruptFilesNameTheFileAndTheKey) {
   EXPECT_EQ(testing::read_file(path), text);
 }
 
+// What the writer never writes is an error, never dropped by the next update: unknown keys, a batch size twice, a
+// header naming another fixture or device (a file copied or renamed by hand).
+TEST(BaselineTest, StrictReadingAndAnUpdateKeepsWhatItRefuses) {
+  TempDir dir;
+  const auto f = testing::fixture_from(testing::tiny_vit_yaml(), "x");
+  const auto good = dir / "cpu/x.json";
+  ASSERT_TRUE(update_baseline(good, f, cpu_info(), {result(2, 20), result(4, 40)}, "c"));
+  const auto text = testing::read_file(good);
+  auto mutated = [&](const std::string& from, const std::string& to) {
+    auto t = text;
+    t.replace(t.find(from), from.size(), to);
+    return t;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {mutated("\"schema\": 1", "\"schema\": 1, \"note\": \"by hand\""), "note: expected none of this name"},
+      {mutated("\"slug\": \"cpu\"", "\"slug\": \"cpu\", \"name\": \"x\""), "device.name"},
+      {mutated("\"batch_size\": 4", "\"batch_size\": 2"), "probes[1].batch_size: expected each batch size once"},
+      {mutated("\"activations\"", "\"kv_cache\": 1, \"activations\""), "components.kv_cache"},
+      {mutated("\"fixture\": \"x\"", "\"fixture\": \"y\""), "fixture: expected \"x\" (the file's name), got \"y\""},
+      {mutated("\"slug\": \"cpu\"", "\"slug\": \"nvidia-h100\""), "device.slug: expected \"cpu\" (its folder)"},
+  };
+  for (const auto& [bad, says] : cases) {
+    testing::write_file(good, bad);
+    try {
+      (void)load_baseline(good, "x", "cpu");
+      ADD_FAILURE() << "loaded: " << says;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(says));
+    }
+    EXPECT_THROW(update_baseline(good, f, cpu_info(), {result(2, 20)}, "c"), Error) << says;
+    EXPECT_EQ(testing::read_file(good), bad) << "an update must not overwrite what it refused to read: " << says;
+  }
+}
+
 TEST(BaselineTest, ProvenanceCommitIsDirtyForSourceChangesOnly) {
   // A git tree with a fixture and a baseline: rewriting baselines/ (what an update does) keeps the commit clean.
   ::unsetenv("MEMGATE_COMMIT");  // it would stand in for git

@@ -10,4 +10,9 @@ namespace memgate {
 /// Throws memgate::Error naming the file it could not write.
 void write_file_atomically(const std::string& path, const std::string& text);
 
+/// The whole content of the file at `path`. Throws memgate::Error naming the file and why it cannot be read: it is
+/// not there, it is a directory (`what` says what was expected instead, e.g. "a baseline JSON file"), or the system
+/// refused (permission denied, ...).
+[[nodiscard]] std::string read_text_file(const std::string& path, const std::string& what);
+
 }  // namespace memgate

@@ -38,7 +38,10 @@ struct Baseline {
 [[nodiscard]] std::string baseline_path(const std::string& root, const std::string& slug, const std::string& fixture);
 
 /// Reads a baseline; a corrupt file throws memgate::Error naming the file, the key and what was expected.
-[[nodiscard]] Baseline load_baseline(const std::string& path);
+/// Strict: unknown keys, a batch size given twice, and (when given) a `fixture` or `device.slug` other than the
+/// expected ones (the file's name and folder) are errors too.
+[[nodiscard]] Baseline load_baseline(const std::string& path, const std::string& expected_fixture = {},
+                                     const std::string& expected_slug = {});
 /// The baseline's JSON, keys sorted, probes by batch size.
 [[nodiscard]] nlohmann::json baseline_to_json(const Baseline& baseline);
 

@@ -1,0 +1,216 @@
+// The bad-input catalogue: each case is a file or a flag a user could realistically get wrong. memgate must exit
+// with the contract's code (2 a usage error, 3 a bad file, 1 a failed gate) and a message that names what is wrong
+// (the file, the key or flag, the line where there is one); no case may crash, hang or print "unexpected error".
+#include "fixture_util.h"
+#include "test_util.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+struct BadInput {
+  std::string name;                          ///< the test's name
+  std::map<std::string, std::string> files;  ///< written into the case's folder first
+  std::string args;                          ///< after `memgate `; {dir} is the case's folder
+  int exit_code;
+  std::vector<std::string> says;             ///< each must appear in the output
+};
+
+void PrintTo(const BadInput& c, std::ostream* os) { *os << c.name; }
+
+const std::string kFixture = testing::tiny_vit_yaml();
+std::string fixture_with(const std::string& from, const std::string& to) {
+  auto text = kFixture;
+  const auto at = text.find(from);
+  if (at == std::string::npos) throw std::runtime_error("no '" + from + "' in the tiny fixture");
+  return text.replace(at, from.size(), to);
+}
+std::string training_with(const std::string& lines) { return testing::tiny_vit_yaml(lines); }
+
+const std::string kBaseline =
+    R"({"schema": 1, "fixture": "tiny", "device": {"slug": "cpu"},
+ "tolerance": {"relative": 0.0025, "absolute_bytes": 0, "reserved_relative": 0.0025, "reserved_absolute_bytes": 0},
+ "probes": [{"batch_size": 1, "components": {"params": 1, "gradients": 1, "optimizer_state": 1, "activations": 1,
+   "forward_peak": 1, "eval_peak": 1, "step_peak": 1, "step_peak_reserved": 1}, "provenance": {}}]})";
+std::string baseline_with(const std::string& from, const std::string& to) {
+  auto text = kBaseline;
+  const auto at = text.find(from);
+  if (at == std::string::npos) throw std::runtime_error("no '" + from + "' in the baseline");
+  return text.replace(at, from.size(), to);
+}
+
+const std::string kGpu = "name: Test GPU\nmemory_gib: 16\n";
+const std::string kBench = R"({"context": {}, "benchmarks": [{"name": "a", "run_type": "iteration", "real_time": 1.0,
+  "cpu_time": 1.0, "time_unit": "ms", "iterations": 1}]})";
+const std::string kRow =
+    R"({"test": "Cpu/ComponentTest.StaysWithinBaseline/tiny_bs1_params", "suite": "cpu", "fixture": "tiny", "device": "cpu", "batch_size": 1, "component": "params", "status": "ok", "baseline": 1, "measured": 1})";
+
+std::string profile(const std::string& file = "f.yaml") { return "profile --config {dir}/" + file + " --device cpu"; }
+std::string check_baseline() { return "check --config {dir}/tiny.yaml --batch-sizes 1 --device cpu --baselines {dir}/b"; }
+
+std::vector<BadInput> catalogue() {
+  std::vector<BadInput> c;
+  auto fixture = [&](std::string name, std::string yaml, std::vector<std::string> says) {
+    c.push_back({"fixture_" + name, {{"f.yaml", std::move(yaml)}}, profile(), 3, std::move(says)});
+  };
+  // --- model fixtures ---------------------------------------------------------------------------------------
+  fixture("unknown_top_key", kFixture + "epochs: 3\n", {"f.yaml:", "epochs: unknown key"});
+  fixture("unknown_model_key", fixture_with("  depth: 4\n", "  depth: 4\n  dept: 4\n"), {"f.yaml:", "model.dept: unknown key"});
+  fixture("unknown_training_key", training_with("  lr_schedule: cosine\n"), {"training.lr_schedule: unknown key"});
+  fixture("duplicate_key", fixture_with("  depth: 4\n", "  depth: 4\n  depth: 8\n"), {"f.yaml:", "model.depth: given twice"});
+  fixture("second_document", kFixture + "---\nname: other\n", {"f.yaml:", "a second YAML document"});
+  fixture("not_yaml", "model: {arch: vit\n", {"f.yaml:", "not valid YAML"});
+  fixture("empty_file", "", {"f.yaml", "model: expected a map (the key is required)"});
+  fixture("top_level_list", "- 1\n- 2\n", {"f.yaml", "expected a map"});
+  fixture("unknown_arch", fixture_with("arch: vit", "arch: vgg"), {"model.arch: expected one of vit", "'vgg'"});
+  fixture("missing_arch", fixture_with("  arch: vit\n", ""), {"model.arch", "required"});
+  fixture("batch_size_zero", fixture_with("batch_sizes: [1, 2, 4, 8]", "batch_sizes: [0]"), {"batch_sizes", ">= 1"});
+  fixture("batch_size_negative", fixture_with("batch_sizes: [1, 2, 4, 8]", "batch_sizes: [-4]"), {"batch_sizes"});
+  fixture("batch_size_text", fixture_with("batch_sizes: [1, 2, 4, 8]", "batch_sizes: [eight]"), {"batch_sizes", "'eight'"});
+  fixture("batch_size_float", fixture_with("batch_sizes: [1, 2, 4, 8]", "batch_sizes: [1.5]"), {"batch_sizes", "'1.5'"});
+  fixture("batch_size_huge", fixture_with("batch_sizes: [1, 2, 4, 8]", "batch_sizes: [99999999999999999999]"), {"batch_sizes"});
+  fixture("batch_sizes_missing", fixture_with("batch_sizes: [1, 2, 4, 8]\n", ""), {"batch_sizes", "required"});
+  fixture("embed_dim_zero", fixture_with("embed_dim: 64", "embed_dim: 0"), {"model.embed_dim: expected an integer from 1"});
+  fixture("embed_dim_list", fixture_with("embed_dim: 64", "embed_dim: [64]"), {"model.embed_dim: expected an integer"});
+  fixture("heads_do_not_divide", fixture_with("num_heads: 4", "num_heads: 3"), {"model.num_heads", "divisor"});
+  fixture("patch_does_not_divide", fixture_with("patch_size: 8", "patch_size: 7"), {"model.patch_size", "divisor"});
+  fixture("mlp_ratio_nan", fixture_with("  depth: 4\n", "  depth: 4\n  mlp_ratio: .nan\n"), {"model.mlp_ratio"});
+  fixture("mlp_ratio_inf", fixture_with("  depth: 4\n", "  depth: 4\n  mlp_ratio: .inf\n"), {"model.mlp_ratio"});
+  fixture("lora_rank_zero", fixture_with("  depth: 4\n", "  depth: 4\n  lora: {rank: 0}\n"), {"model.lora.rank"});
+  fixture("lora_unknown_target", fixture_with("  depth: 4\n", "  depth: 4\n  lora: {rank: 4, targets: [mlp]}\n"),
+          {"model.lora.targets", "qkv"});
+  fixture("lora_without_section", training_with("  trainable: lora\n"), {"training.trainable", "lora"});
+  fixture("unknown_optimizer", training_with("  optimizer: adam\n").replace(training_with("").find("  optimizer: adamw\n"), 18, ""),
+          {"training.optimizer", "adamw, sgd"});
+  fixture("precision_fp8", training_with("  precision: fp8\n"), {"training.precision", "fp32, fp16, bf16"});
+  fixture("accumulation_zero", training_with("  accumulation_steps: 0\n"), {"training.accumulation_steps"});
+  fixture("last_blocks_zero", training_with("  trainable: last_blocks:0\n"), {"training.trainable", "last_blocks:N"});
+  fixture("empty_patterns", training_with("  trainable: {train: []}\n"), {"training.trainable.train"});
+  fixture("momentum_above_one", training_with("  optimizer: sgd\n  momentum: 1.5\n").replace(
+              training_with("").find("  optimizer: adamw\n"), 18, ""), {"training.momentum"});
+  fixture("tolerance_negative", kFixture + "gate: {relative: -0.1}\n", {"gate.relative"});
+  fixture("tolerance_overflow", kFixture + "gate: {absolute_kib: 9007199254740991}\n", {"gate.absolute_kib"});
+  fixture("bad_name", "name: my fixture\n" + kFixture, {"name", "letters, digits"});
+  c.push_back({"fixture_missing_file", {}, profile("nothing.yaml"), 3, {"nothing.yaml", "no such file"}});
+  c.push_back({"fixture_is_a_directory", {{"d/x", ""}}, "profile --config {dir}/d --device cpu", 3, {"/d: is a directory"}});
+  c.push_back({"torchscript_missing_module", {{"f.yaml", "model:\n  arch: torchscript\n  path: m.pt\n  inputs:\n"
+                                                         "    - {shape: [B, 4]}\n  task: sum\nbatch_sizes: [1]\n"}},
+               profile(), 3, {"model.path", "m.pt", "not there"}});
+  c.push_back({"torchscript_not_a_module", {{"m.pt", "not a zip"}, {"f.yaml", "model:\n  arch: torchscript\n  path: m.pt\n"
+                                                                              "  inputs:\n    - {shape: [B, 4]}\n  task: sum\nbatch_sizes: [1]\n"}},
+               profile(), 3, {"m.pt: cannot load a TorchScript module"}});
+  // --- suites -----------------------------------------------------------------------------------------------
+  auto suite = [&](std::string name, std::string yaml, std::vector<std::string> says) {
+    c.push_back({"suite_" + name, {{"fixtures/models/tiny.yaml", kFixture}, {"fixtures/suites/s.yaml", std::move(yaml)}},
+                 "check --suite {dir}/fixtures/suites/s.yaml", 3, std::move(says)});
+  };
+  suite("missing_device", "fixtures: [tiny]\n", {"s.yaml", "device"});
+  suite("unknown_device", "device: tpu\nfixtures: [tiny]\n", {"s.yaml", "device", "cpu"});
+  suite("unknown_fixture", "device: cpu\nfixtures: [huge]\n", {"s.yaml", "huge"});
+  suite("fixture_twice", "device: cpu\nfixtures: [tiny, tiny]\n", {"s.yaml", "tiny"});
+  suite("unknown_key", "device: cpu\nfixtures: [tiny]\nextra: 1\n", {"s.yaml", "extra: unknown key"});
+  suite("bad_batch", "device: cpu\nfixtures:\n  - {fixture: tiny, batch_sizes: [0]}\n", {"s.yaml", "batch_sizes"});
+  suite("duplicate_key", "device: cpu\ndevice: cuda\nfixtures: [tiny]\n", {"s.yaml", "device: given twice"});
+  // --- GPU fixtures -----------------------------------------------------------------------------------------
+  auto gpu = [&](std::string name, std::string yaml, std::vector<std::string> says) {
+    c.push_back({"gpu_" + name, {{"tiny.yaml", kFixture}, {"gpus/g.yaml", std::move(yaml)}},
+                 "advise --config {dir}/tiny.yaml --gpus {dir}/gpus --gpu g --device cpu", 3, std::move(says)});
+  };
+  gpu("memory_zero", "name: G\nmemory_gib: 0\n", {"g.yaml", "memory_gib"});
+  gpu("memory_text", "name: G\nmemory_gib: lots\n", {"g.yaml", "memory_gib"});
+  gpu("usable_above_one", kGpu + "usable_fraction: 1.5\n", {"g.yaml", "usable_fraction"});
+  gpu("unknown_key", kGpu + "tdp_watts: 300\n", {"g.yaml", "tdp_watts: unknown key"});
+  c.push_back({"gpu_unknown_id", {{"tiny.yaml", kFixture}, {"gpus/g.yaml", kGpu}},
+               "advise --config {dir}/tiny.yaml --gpus {dir}/gpus --gpu h100 --device cpu", 3, {"h100"}});
+  // --- baselines (the measurement never starts: the baseline is read first) ----------------------------------
+  auto baseline = [&](std::string name, std::string json, std::vector<std::string> says) {
+    c.push_back({"baseline_" + name, {{"tiny.yaml", kFixture}, {"b/cpu/tiny.json", std::move(json)}}, check_baseline(), 3,
+                 std::move(says)});
+  };
+  baseline("not_json", "{\"schema\": 1,", {"tiny.json", "not valid JSON"});
+  baseline("number_overflow", baseline_with("\"params\": 1", "\"params\": 1e309"), {"tiny.json", "not valid JSON"});
+  baseline("unknown_key", baseline_with("\"schema\": 1", "\"schema\": 1, \"notes\": \"x\""), {"tiny.json", "notes"});
+  baseline("unknown_component", baseline_with("\"params\": 1", "\"params\": 1, \"kv_cache\": 1"), {"tiny.json", "kv_cache"});
+  baseline("duplicate_batch", baseline_with("\"provenance\": {}}]", "\"provenance\": {}}, {\"batch_size\": 1, "
+                                            "\"components\": {}, \"provenance\": {}}]"), {"tiny.json", "twice"});
+  baseline("other_fixture", baseline_with("\"fixture\": \"tiny\"", "\"fixture\": \"huge\""), {"tiny.json", "fixture", "huge"});
+  baseline("other_device", baseline_with("\"slug\": \"cpu\"", "\"slug\": \"nvidia-a100\""), {"tiny.json", "device.slug"});
+  baseline("negative_bytes", baseline_with("\"params\": 1", "\"params\": -5"), {"tiny.json", "params"});
+  baseline("missing_components", baseline_with("\"params\": 1, ", ""), {"tiny.json", "params"});
+  baseline("wrong_schema", baseline_with("\"schema\": 1", "\"schema\": 7"), {"tiny.json", "schema"});
+  baseline("is_a_directory", "", {"tiny.json", "is a directory"});
+  c.back().files = {{"tiny.yaml", kFixture}, {"b/cpu/tiny.json/x", ""}};
+  // --- command-line flags -----------------------------------------------------------------------------------
+  auto flags = [&](std::string name, std::string args, std::vector<std::string> says) {
+    c.push_back({"flag_" + name, {{"tiny.yaml", kFixture}}, std::move(args), 2, std::move(says)});
+  };
+  flags("unknown_subcommand", "prfile", {"unknown subcommand 'prfile'"});
+  flags("unknown_flag", "advise --bogus", {"--bogus"});
+  flags("missing_config", "profile", {"--config"});
+  flags("batch_sizes_zero", "profile --config {dir}/tiny.yaml --batch-sizes 0", {"--batch-sizes"});
+  flags("batch_sizes_words", "profile --config {dir}/tiny.yaml --batch-sizes 1,two", {"--batch-sizes"});
+  flags("batch_sizes_empty_item", "profile --config {dir}/tiny.yaml --batch-sizes 1,,2", {"--batch-sizes"});
+  flags("device_unknown", "profile --config {dir}/tiny.yaml --device tpu", {"--device"});
+  flags("memory_limit_overflow", "profile --config {dir}/tiny.yaml --cpu-memory-limit-mib 17592186044417",
+        {"--cpu-memory-limit-mib"});
+  flags("memory_limit_negative", "profile --config {dir}/tiny.yaml --cpu-memory-limit-mib -1", {"--cpu-memory-limit-mib"});
+  flags("threshold_nan", "bench-compare {dir}/tiny.yaml {dir}/tiny.yaml --threshold-pct nan", {"--threshold-pct"});
+  flags("capacity_zero", "advise --config {dir}/tiny.yaml --capacity-mib 0", {"--capacity-mib"});
+  flags("config_and_suite", "check --config {dir}/tiny.yaml --suite {dir}/tiny.yaml", {"--suite", "--config"});
+  c.push_back({"flag_missing_gpu", {{"tiny.yaml", kFixture}}, "advise --config {dir}/tiny.yaml --capacity-mib 100 --device cuda:7", 3,
+               {"cuda"}});
+  // --- bench JSON and results files -------------------------------------------------------------------------
+  auto bench = [&](std::string name, std::string json, std::vector<std::string> says) {
+    c.push_back({"bench_" + name, {{"a.json", kBench}, {"b.json", std::move(json)}}, "bench-compare {dir}/a.json {dir}/b.json",
+                 3, std::move(says)});
+  };
+  bench("not_json", "{", {"b.json", "not valid JSON"});
+  bench("number_overflow", R"({"benchmarks": [{"name": "a", "real_time": 1e309}]})", {"b.json", "not valid JSON"});
+  bench("no_benchmarks", R"({"context": {}})", {"b.json", "benchmarks"});
+  bench("empty_run", R"({"context": {}, "benchmarks": []})", {"b.json"});
+  bench("missing_file", "", {"nothing.json", "no such file"});
+  c.back().args = "bench-compare {dir}/a.json {dir}/nothing.json";
+  c.push_back({"bench_convert_onto_itself", {{"a.json", kBench}}, "bench-convert {dir}/a.json --output {dir}/a.json", 3,
+               {"a.json"}});
+  auto results = [&](std::string name, std::string rows, std::vector<std::string> says) {
+    c.push_back({"results_" + name, {{"r.jsonl", std::move(rows)}}, "summary --results {dir}/r.jsonl", 3, std::move(says)});
+  };
+  results("not_json", "{\"test\": \n", {"r.jsonl:1"});
+  results("missing_measured", std::string(kRow).replace(kRow.find(", \"measured\": 1"), 15, "") + "\n",
+          {"r.jsonl:1", "measured"});
+  results("unknown_status", std::string(kRow).replace(kRow.find("\"ok\""), 4, "\"great\"") + "\n", {"r.jsonl:1", "status"});
+  results("empty", "", {"r.jsonl", "no results"});
+  results("is_a_directory", "", {"is a directory"});
+  c.back().files = {{"r.jsonl/x", ""}};
+  return c;
+}
+
+class BadInputTest : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(BadInputTest, ExitsWithTheContractsCodeAndNamesTheProblem) {
+  const auto& c = GetParam();
+  testing::TempDir dir;
+  for (const auto& [name, text] : c.files) testing::write_file(dir / name, text);
+  auto args = c.args;
+  for (std::size_t at; (at = args.find("{dir}")) != std::string::npos;) args.replace(at, 5, dir.path().string());
+  std::string out;
+  const int rc = testing::run(std::string("cd ") + dir.path().string() + " && " + MEMGATE_CLI + " " + args, &out);
+  EXPECT_EQ(rc, c.exit_code) << out;
+  for (const auto& s : c.says) EXPECT_THAT(out, ::testing::HasSubstr(s));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("unexpected error")));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("frame #")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Catalogue, BadInputTest, ::testing::ValuesIn(catalogue()),
+                         [](const ::testing::TestParamInfo<BadInput>& p) { return p.param.name; });
+
+TEST(BadInputCatalogue, HasAtLeastSixtyCases) { EXPECT_GE(catalogue().size(), 60U); }
+
+}  // namespace
+}  // namespace memgate
