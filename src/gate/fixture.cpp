@@ -17,6 +17,16 @@ using detail::MapReader;
 
 const std::vector<std::string> kLoraTargets{"qkv", "proj", "fc1", "fc2"};
 
+// A LoRA adapter's rank is at most the smaller side of the layer it adapts: embed_dim for every target of a ViT or
+// GPT block (qkv, proj, fc1 take embed_dim inputs; fc2 gives embed_dim outputs).
+void check_lora_rank(MapReader& parent, const LoraOptions& lora, std::int64_t width, const char* width_key) {
+  if (lora.enabled() && lora.rank > width) {
+    parent.fail("lora", "a rank of at most " + std::string(width_key) + " (" + std::to_string(width) +
+                            "): an adapter's rank is at most the smaller side of the layer it adapts",
+                "rank " + std::to_string(lora.rank));
+  }
+}
+
 LoraOptions read_lora(MapReader& parent) {
   LoraOptions lora;
   if (!parent.has("lora")) return lora;
@@ -52,6 +62,7 @@ VitOptions read_vit(MapReader& r, bool allow_headless) {
   s.proj_drop = r.get_double("proj_drop", s.proj_drop, 0.0, 0.99);
   if (s.proj_drop == 0.0) r.leave_out_of_hash("proj_drop");  // added later: off, fixtures keep their hash
   s.lora = read_lora(r);
+  check_lora_rank(r, s.lora, s.embed_dim, "embed_dim");
   return s;
 }
 
@@ -107,6 +118,7 @@ GptOptions read_gpt(MapReader& r) {
   s.bias = r.get_bool("bias", s.bias);
   s.tied_embeddings = r.get_bool("tied_embeddings", s.tied_embeddings);
   s.lora = read_lora(r);
+  check_lora_rank(r, s.lora, s.n_embd, "n_embd");
   return s;
 }
 

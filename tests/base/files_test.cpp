@@ -6,6 +6,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -78,6 +84,48 @@ TEST(FilesTest, WritesIntoWhatIsNotARegularFileWithoutReplacingIt) {
     EXPECT_THAT(e.what(), HasSubstr("folder: is a directory"));
   }
   EXPECT_TRUE(std::filesystem::is_directory(dir / "folder"));
+}
+
+}  // namespace
+}  // namespace memgate
+
+namespace memgate {
+namespace {
+
+// Ctrl-C (or a CI runner's SIGTERM) while a baseline or an output is being written leaves no temporary file
+// behind, and the process still ends by that signal.
+TEST(FilesTest, ASignalDuringAWriteLeavesNoTemporaryFile) {
+  for (const int signal_number : {SIGINT, SIGTERM}) {
+    testing::TempDir dir;
+    const auto tmp = dir / "out.json.tmp.1";
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      TemporaryFileGuard guard(tmp);
+      std::ofstream(tmp) << "half of a file";
+      ::raise(signal_number);
+      ::_exit(0);  // not reached
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == signal_number) << "status " << status;
+    EXPECT_FALSE(std::filesystem::exists(tmp)) << "the temporary file outlived the signal";
+  }
+}
+
+TEST(FilesTest, AGuardRemovesItsFileUnlessReleased) {
+  testing::TempDir dir;
+  {
+    TemporaryFileGuard guard(dir / "a");
+    testing::write_file(dir / "a", "x");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "a"));
+  {
+    TemporaryFileGuard guard(dir / "b");
+    testing::write_file(dir / "b", "x");
+    guard.release();
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir / "b"));
 }
 
 }  // namespace

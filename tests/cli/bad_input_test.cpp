@@ -83,6 +83,8 @@ std::vector<BadInput> catalogue() {
   fixture("mlp_ratio_nan", fixture_with("  depth: 4\n", "  depth: 4\n  mlp_ratio: .nan\n"), {"model.mlp_ratio"});
   fixture("mlp_ratio_inf", fixture_with("  depth: 4\n", "  depth: 4\n  mlp_ratio: .inf\n"), {"model.mlp_ratio"});
   fixture("lora_rank_zero", fixture_with("  depth: 4\n", "  depth: 4\n  lora: {rank: 0}\n"), {"model.lora.rank"});
+  fixture("lora_rank_above_width", fixture_with("  depth: 4\n", "  depth: 4\n  lora: {rank: 128}\n"),
+          {"model.lora: expected a rank of at most embed_dim (64)", "rank 128"});
   fixture("lora_unknown_target", fixture_with("  depth: 4\n", "  depth: 4\n  lora: {rank: 4, targets: [mlp]}\n"),
           {"model.lora.targets", "qkv"});
   fixture("lora_without_section", training_with("  trainable: lora\n"), {"training.trainable", "lora"});

@@ -10,6 +10,24 @@ namespace memgate {
 /// Throws memgate::Error naming the file it could not write.
 void write_file_atomically(const std::string& path, const std::string& text);
 
+/// A temporary file that must not outlive the process: removed when the guard ends (unless released, e.g. after
+/// it was renamed into place) and also when SIGINT, SIGTERM or SIGHUP end the process while it exists (the signal
+/// then ends the process as it would have). write_file_atomically uses it for its temporary file. Signal handlers
+/// are installed on first use, only where the signal's disposition is still the default.
+class TemporaryFileGuard {
+ public:
+  explicit TemporaryFileGuard(const std::string& path);
+  ~TemporaryFileGuard();
+  TemporaryFileGuard(const TemporaryFileGuard&) = delete;
+  TemporaryFileGuard& operator=(const TemporaryFileGuard&) = delete;
+  /// The file was moved into place: nothing to remove.
+  void release();
+
+ private:
+  int slot_ = -1;
+  std::string path_;
+};
+
 /// The whole content of the file at `path`. Throws memgate::Error naming the file and why it cannot be read: it is
 /// not there, it is a directory (`what` says what was expected instead, e.g. "a baseline JSON file"), or the system
 /// refused (permission denied, ...).
