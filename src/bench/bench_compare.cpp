@@ -100,10 +100,24 @@ double BenchCase::mean() const { return mean_of(seconds); }
 
 double BenchCase::stddev() const { return stddev_of(seconds); }
 
+namespace {
+std::map<std::string, BenchCase> parse_bench_entries(const nlohmann::json& doc, const std::string& origin);
+}  // namespace
+
 std::map<std::string, BenchCase> parse_bench_json(const nlohmann::json& doc, const std::string& origin) {
   if (!doc.is_object() || !doc.contains("benchmarks") || !doc["benchmarks"].is_array()) {
     throw Error(origin + ": not a Google Benchmark JSON file (expected an object with a \"benchmarks\" array)");
   }
+  try {
+    return parse_bench_entries(doc, origin);
+  } catch (const nlohmann::json::exception& e) {  // a field of another type than Google Benchmark writes
+    throw Error(origin + ": not a Google Benchmark JSON file: " + e.what());
+  }
+}
+
+namespace {
+
+std::map<std::string, BenchCase> parse_bench_entries(const nlohmann::json& doc, const std::string& origin) {
   std::map<std::string, BenchCase> cases;
   for (const auto& b : doc["benchmarks"]) {
     if (!b.is_object() || !b.contains("name") || !b["name"].is_string()) {
@@ -136,6 +150,8 @@ std::map<std::string, BenchCase> parse_bench_json(const nlohmann::json& doc, con
   }
   return cases;
 }
+
+}  // namespace
 
 nlohmann::json read_bench_document(const std::string& path) {
   auto doc = read_json_file(path);

@@ -3,6 +3,8 @@
 
 #include "memgate/base/files.h"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -13,41 +15,41 @@ namespace memgate::detail {
 
 namespace {
 
-// A key given twice in one map: YAML says keys are unique, yaml-cpp keeps both and reads the first; say so instead.
-void reject_duplicate_keys(const YAML::Node& node, const std::string& path, const std::string& at) {
-  if (node.IsMap()) {
-    std::map<std::string, int> lines;
-    for (const auto& item : node) {
-      const auto key = item.first.IsScalar() ? item.first.Scalar() : std::string("(a complex key)");
-      const int line = item.first.Mark().line + 1;
-      if (const auto [it, fresh] = lines.emplace(key, line); !fresh) {
-        throw Error(path + ":" + std::to_string(line) + ": " + (at.empty() ? key : at + "." + key) +
-                    ": given twice (first on line " + std::to_string(it->second) + "): expected each key once");
-      }
-      reject_duplicate_keys(item.second, path, at.empty() ? key : at + "." + key);
-    }
-  } else if (node.IsSequence()) {
-    for (std::size_t i = 0; i < node.size(); ++i) reject_duplicate_keys(node[i], path, at + "[" + std::to_string(i) + "]");
-  }
-}
+// Listens to the parser's events only to learn where a document starts.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override { line = mark.line + 1; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+  int line = 0;
+};
 
 }  // namespace
 
 YAML::Node load_yaml_file(const std::string& path) {
   const auto text = read_text_file(path, "a YAML file");
-  std::vector<YAML::Node> documents;
+  YAML::Node document;
   try {
-    documents = YAML::LoadAll(text);
+    document = YAML::Load(text);
+    // A second document would be ignored: say so. The parser is asked for two documents at most (yaml-cpp 0.7's
+    // LoadAll never returns on some malformed input, which fuzzing found).
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentStarts starts;
+    if (parser.HandleNextDocument(starts) && parser.HandleNextDocument(starts)) {
+      throw Error(path + ":" + std::to_string(starts.line) +
+                  ": a second YAML document (after '---'): expected one document per file");
+    }
   } catch (const YAML::Exception& e) {
     throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
-  if (documents.size() > 1) {
-    throw Error(path + ":" + std::to_string(documents[1].Mark().line + 1) +
-                ": a second YAML document (after '---'): expected one document per file");
-  }
-  if (documents.empty()) return YAML::Node(YAML::NodeType::Null);
-  reject_duplicate_keys(documents.front(), path, "");
-  return documents.front();
+  return document;
 }
 
 std::string describe(const YAML::Node& node) {
@@ -66,6 +68,19 @@ MapReader::MapReader(YAML::Node node, std::string file, std::string path, nlohma
     throw Error(msg.str());
   }
   if (out_ != nullptr && !out_->is_object()) *out_ = nlohmann::json::object();
+  // A key given twice: YAML says keys are unique, yaml-cpp keeps both and reads the first; say so instead. Checked
+  // map by map as they are read (a walk over the whole tree would be exponential for aliases of aliases).
+  if (node_.IsMap()) {
+    std::map<std::string, int> lines;
+    for (const auto& item : node_) {
+      const auto key = item.first.IsScalar() ? item.first.Scalar() : std::string("(a complex key)");
+      const int line = item.first.Mark().line + 1;
+      if (const auto [it, fresh] = lines.emplace(key, line); !fresh) {
+        throw Error(file_ + ":" + std::to_string(line) + ": " + key_path(key) + ": given twice (first on line " +
+                    std::to_string(it->second) + "): expected each key once");
+      }
+    }
+  }
 }
 
 std::string MapReader::key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
