@@ -458,7 +458,11 @@ Fixture load_fixture(const std::string& path) {
   // The hash covers what the model is and how it trains, not batch sizes, tolerances or formatting.
   const nlohmann::json canonical = {{"model", read["model"]}, {"training", read["training"]}};
   f.canonical = canonical;
-  f.hash = content_hash(canonical.dump());
+  try {
+    f.hash = content_hash(canonical.dump());
+  } catch (const nlohmann::json::exception&) {  // a string that is not UTF-8 (fuzzing found it)
+    throw Error(path + ": a value of the model or training section is not valid UTF-8 text");
+  }
   return f;
 }
 

@@ -5,6 +5,8 @@
 #include "memgate/gate/fixture.h"
 #include "yaml_reader.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -77,8 +79,15 @@ Suite load_suite(const std::string& path, const std::string& fixtures_dir) {
   suite.device = r.get_enum("device", std::optional<SuiteDevice>(), kSuiteDeviceNames);
   (void)r.get_string("description", std::string());
   auto fixture_file = [&](const std::string& name, const detail::MapReader& where, const std::string& key) {
+    // A fixture's name names files and tests: letters, digits, '_' and '-' (as load_fixture requires of `name:`).
+    const bool valid = !name.empty() && name.size() <= 200 && std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+    });
     const auto file = fixtures_dir + "/" + name + ".yaml";
-    if (!std::filesystem::exists(file)) where.fail(key, "the name of a fixture in " + fixtures_dir, "'" + name + "'");
+    std::error_code ec;
+    if (!valid || !std::filesystem::is_regular_file(file, ec)) {
+      where.fail(key, "the name of a fixture in " + fixtures_dir, "'" + name.substr(0, 80) + "'");
+    }
     return file;
   };
   const auto entries = r.get_sequence("fixtures", true);
