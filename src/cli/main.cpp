@@ -53,6 +53,19 @@ constexpr const char* kExitCodes = R"(exit codes:
 /// A subcommand's --help footer: what it does, then the exit codes.
 std::string footer(std::string_view what) { return fmt::format("{}\n\n{}", what, kExitCodes); }
 
+/// An --output that is one of the command's inputs (the same file, by any path) would destroy that input: refused,
+/// before any work, naming both.
+void refuse_output_onto_input(const std::string& output, const std::vector<std::string>& inputs) {
+  std::error_code ec;
+  if (output.empty() || !std::filesystem::exists(output, ec)) return;
+  for (const auto& input : inputs) {
+    if (std::filesystem::equivalent(input, output, ec)) {
+      throw memgate::Error(output + ": is also an input (" + input + "): writing it would destroy it; give another "
+                           "--output");
+    }
+  }
+}
+
 /// Runs a subcommand once its options are parsed; returns the exit code.
 using Run = std::function<int()>;
 
@@ -166,6 +179,7 @@ Run add_profile(CLI::App& app) {
       "when none of them could be measured (each ran out of memory), the report and JSON are still written and\n"
       "the exit code is 1."));
   return [o, limit] {
+    refuse_output_onto_input(o->output, {o->config});
     const auto fixture = memgate::load_fixture(o->config);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto device = memgate::resolve_device(o->device);
@@ -232,6 +246,7 @@ Run add_advise(CLI::App& app) {
       "not fit; a wrong prediction is corrected and said. Usable bytes of a GPU fixture: memory x usable_fraction\n"
       "- outside_allocator_bytes."));
   return [o] {
+    refuse_output_onto_input(o->output, {o->config});
     const auto fixture = memgate::load_fixture(o->config);
     const auto device = memgate::resolve_device(o->device);
     std::vector<memgate::AdviceTarget> targets;
@@ -353,6 +368,7 @@ Run add_summary(CLI::App& app) {
       "measured, difference); appends it to $GITHUB_STEP_SUMMARY when that is set. Exits 1 when any component\n"
       "regressed, changed or ran out of memory."));
   return [o] {
+    refuse_output_onto_input(o->output, {o->results});
     const auto summary = memgate::summarize_results(o->results);
     fmt::print("{}", summary.markdown);
     if (!o->output.empty()) memgate::write_file_atomically(o->output, summary.markdown);
@@ -422,6 +438,7 @@ Run add_bench_merge(CLI::App& app) {
       "kept: compare pooled runs when one run each is too noisy to decide on time (a case slowed down for a\n"
       "whole run by another tenant of a shared runner)."));
   return [o] {
+    refuse_output_onto_input(o->output, o->files);
     std::vector<nlohmann::json> docs;
     for (const auto& f : o->files) docs.push_back(memgate::read_bench_document(f));
     const auto merged = memgate::merge_bench_json(docs, o->output);
@@ -444,11 +461,7 @@ Run add_bench_convert(CLI::App& app) {
       "\"<case> peak_allocated\", \"unit\": \"MiB\", \"value\": ...}]); the time JSON itself goes to\n"
       "github-action-benchmark unchanged, with `tool: googlecpp`."));
   return [o] {
-    std::error_code ec;
-    if (std::filesystem::exists(o->output) && std::filesystem::equivalent(o->input, o->output, ec)) {
-      throw memgate::Error(o->output + ": is the input too: writing it would destroy the benchmark run; give "
-                           "another --output");
-    }
+    refuse_output_onto_input(o->output, {o->input});
     const auto entries = memgate::bench_memory_to_custom(memgate::load_bench_json(o->input));
     if (entries.empty()) {
       throw memgate::Error(o->input + ": no case has a peak_allocated_bytes counter: nothing to convert");

@@ -179,7 +179,16 @@ std::vector<BadInput> catalogue() {
   bench("missing_file", "", {"nothing.json", "no such file"});
   c.back().args = "bench-compare {dir}/a.json {dir}/nothing.json";
   c.push_back({"bench_convert_onto_itself", {{"a.json", kBench}}, "bench-convert {dir}/a.json --output {dir}/a.json", 3,
-               {"a.json"}});
+               {"a.json: is also an input"}});
+  // An output that is also an input would destroy it: refused before any work, the input kept (checked below).
+  c.push_back({"output_onto_profile_config", {{"tiny.yaml", kFixture}},
+               "profile --config {dir}/tiny.yaml --device cpu --output {dir}/./tiny.yaml", 3, {"is also an input"}});
+  c.push_back({"output_onto_advise_config", {{"tiny.yaml", kFixture}},
+               "advise --config {dir}/tiny.yaml --capacity-mib 64 --output {dir}/tiny.yaml", 3, {"is also an input"}});
+  c.push_back({"output_onto_merge_input", {{"a.json", kBench}, {"b.json", kBench}},
+               "bench-merge {dir}/a.json {dir}/b.json --output {dir}/b.json", 3, {"b.json: is also an input"}});
+  c.push_back({"output_onto_summary_results", {{"r.jsonl", kRow + "\n"}},
+               "summary --results {dir}/r.jsonl --output {dir}/r.jsonl", 3, {"r.jsonl: is also an input"}});
   auto results = [&](std::string name, std::string rows, std::vector<std::string> says) {
     c.push_back({"results_" + name, {{"r.jsonl", std::move(rows)}}, "summary --results {dir}/r.jsonl", 3, std::move(says)});
   };
@@ -205,6 +214,11 @@ TEST_P(BadInputTest, ExitsWithTheContractsCodeAndNamesTheProblem) {
   const int rc = testing::run(std::string("cd ") + dir.path().string() + " && " + MEMGATE_CLI + " " + args, &out);
   EXPECT_EQ(rc, c.exit_code) << out;
   for (const auto& s : c.says) EXPECT_THAT(out, ::testing::HasSubstr(s));
+  for (const auto& [name, text] : c.files) {
+    if (name.find('/') == std::string::npos) {
+      EXPECT_EQ(testing::read_file(dir / name), text) << name << " was changed";
+    }
+  }
   EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("unexpected error")));
   EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("frame #")));
 }

@@ -164,7 +164,7 @@ TEST(BenchCompareCliTest, ConvertNeverOverwritesItsInput) {
   testing::write_file(run, text);
   std::string out;
   EXPECT_EQ(testing::run(cli + " bench-convert " + run + " --output " + run, &out), 3) << out;
-  EXPECT_THAT(out, HasSubstr("is the input too"));
+  EXPECT_THAT(out, HasSubstr("is also an input"));
   EXPECT_EQ(testing::read_file(run), text) << "the input is kept";
   EXPECT_EQ(testing::run(cli + " bench-convert " + run + " --output " + (dir / "out.json"), &out), 3) << out;
   EXPECT_THAT(out, HasSubstr("nothing to convert"));
