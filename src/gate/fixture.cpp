@@ -9,11 +9,28 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <string_view>
 
 namespace memgate {
 namespace {
 
 using detail::MapReader;
+
+// 64-bit FNV-1a, fed in pieces: the content hash of a fixture's canonical text and of a TorchScript module's file.
+struct Fnv1a64 {
+  std::uint64_t h = 1469598103934665603ULL;
+  void add(std::string_view bytes) {
+    for (unsigned char c : bytes) {
+      h ^= c;
+      h *= 1099511628211ULL;
+    }
+  }
+  [[nodiscard]] std::string text() const {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "fnv1a64:%016llx", static_cast<unsigned long long>(h));
+    return buffer;
+  }
+};
 
 const std::vector<std::string> kLoraTargets{"qkv", "proj", "fc1", "fc2"};
 
@@ -171,18 +188,13 @@ MultimodalOptions read_multimodal(MapReader& r) {
 std::string file_content_hash(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot read the file");
-  std::uint64_t h = 1469598103934665603ULL;
+  Fnv1a64 hash;
   std::vector<char> buffer(1 << 20);
   while (in) {
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    for (std::streamsize i = 0; i < in.gcount(); ++i) {
-      h ^= static_cast<unsigned char>(buffer[static_cast<std::size_t>(i)]);
-      h *= 1099511628211ULL;
-    }
+    hash.add(std::string_view(buffer.data(), static_cast<std::size_t>(in.gcount())));
   }
-  char text[32];
-  std::snprintf(text, sizeof text, "fnv1a64:%016llx", static_cast<unsigned long long>(h));
-  return text;
+  return hash.text();
 }
 
 TorchScriptInput read_torchscript_input(const YAML::Node& node, const std::string& file, const std::string& path,
@@ -425,14 +437,9 @@ Tolerance effective_tolerance(const Fixture& fixture, bool cuda) {
 }
 
 std::string content_hash(const std::string& text) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "fnv1a64:%016llx", static_cast<unsigned long long>(h));
-  return buffer;
+  Fnv1a64 hash;
+  hash.add(text);
+  return hash.text();
 }
 
 Fixture load_fixture(const std::string& path) {
