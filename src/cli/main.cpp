@@ -1,5 +1,5 @@
-// memgate's command-line tool: one CLI11 subcommand per task (profile, advise, check, summary, bench-compare,
-// bench-merge, bench-convert), each a function that registers its options and returns what runs it.
+// memgate's command-line tool: one CLI11 subcommand per task (profile, advise, check, summary, report, compare,
+// bench-compare, bench-merge, bench-convert), each a function that registers its options and returns what runs it.
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/bench/bench_compare.h"
@@ -13,6 +13,9 @@
 #include "memgate/measure/cpu_allocator.h"
 #include "memgate/measure/device.h"
 #include "memgate/measure/probe.h"
+#include "memgate/report/compare.h"
+#include "memgate/report/html_report.h"
+#include "memgate/report/profile_document.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -45,8 +48,8 @@ enum ExitCode : int {
 
 constexpr const char* kExitCodes = R"(exit codes:
   0  ok
-  1  the gate or a comparison failed (summary: a regression; bench-compare: slower or grew; profile: no batch
-     size could be measured)
+  1  the gate or a comparison failed (summary: a regression; bench-compare: slower or grew; compare: grew beyond
+     --threshold-pct; profile: no batch size could be measured)
   2  usage error (unknown subcommand or flag, missing flag, bad value)
   3  any other error (an unreadable or malformed file, a missing fixture, no such device))";
 
@@ -141,6 +144,18 @@ std::string default_gpus_dir() {
   }
 }
 
+// The GPU fixtures of `dir` as reports draw them; none when `dir` is "" or not a folder.
+std::vector<memgate::GpuLine> gpu_lines(const std::string& dir) {
+  std::vector<memgate::GpuLine> lines;
+  if (dir.empty() || !std::filesystem::is_directory(dir)) return lines;
+  for (const auto& g : memgate::load_gpus(dir)) {
+    lines.push_back({g.id, g.name, g.memory_bytes, memgate::target_of(g).usable_bytes});
+  }
+  return lines;
+}
+
+std::string generator() { return std::string("memgate ") + MEMGATE_VERSION; }
+
 // --- Subcommands ----------------------------------------------------------------------------------------------
 
 Run add_profile(CLI::App& app) {
@@ -151,6 +166,7 @@ Run add_profile(CLI::App& app) {
     std::string output;
     std::string gpus = default_gpus_dir();
     std::int64_t cpu_memory_limit_mib = 0;
+    std::string html;
   };
   auto o = std::make_shared<Options>();
   app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
@@ -164,6 +180,8 @@ Run add_profile(CLI::App& app) {
       ->type_name("DEVICE")
       ->check(check_value(is_device_spec, "auto, cpu, cuda or cuda:N"));
   app.add_option("--output", o->output, "Also write the profile as JSON to this file")->type_name("FILE");
+  app.add_option("--html", o->html, "Also write the report as HTML to this file (as memgate report makes it)")
+      ->type_name("FILE");
   app.add_option("--gpus", o->gpus, "Folder of GPU fixtures for the fits-on table")
       ->capture_default_str()
       ->type_name("DIR");
@@ -180,6 +198,7 @@ Run add_profile(CLI::App& app) {
       "the exit code is 1."));
   return [o, limit] {
     refuse_output_onto_input(o->output, {o->config});
+    refuse_output_onto_input(o->html, {o->config});
     const auto fixture = memgate::load_fixture(o->config);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto device = memgate::resolve_device(o->device);
@@ -189,9 +208,18 @@ Run add_profile(CLI::App& app) {
     auto profile = memgate::run_profile(fixture, batch_sizes, device);
     profile.fixture_hash = fixture.hash;
     fmt::print("{}", memgate::format_profile(profile, gpus));
+    const auto json = memgate::profile_to_json(profile);
     if (!o->output.empty()) {
-      memgate::write_file_atomically(o->output, memgate::profile_to_json(profile).dump(2) + "\n");
+      memgate::write_file_atomically(o->output, json.dump(2) + "\n");
       fmt::print("\nwrote {}\n", o->output);
+    }
+    if (!o->html.empty()) {
+      std::vector<memgate::ProfileDocument> docs{memgate::profile_document_from_json(json, o->config)};
+      docs.front().path = o->output;
+      memgate::label_documents(docs);
+      memgate::write_file_atomically(o->html, memgate::render_report_html(docs, gpu_lines(o->gpus),
+                                                                          {.title = "", .generator = generator()}));
+      fmt::print("wrote {}\n", o->html);
     }
     const bool measured_any = std::any_of(profile.probes.begin(), profile.probes.end(),
                                           [](const memgate::ProbeResult& p) { return !p.oom; });
@@ -379,6 +407,81 @@ Run add_summary(CLI::App& app) {
   };
 }
 
+Run add_report(CLI::App& app) {
+  struct Options {
+    std::vector<std::string> files;
+    std::string output;
+    std::string gpus = default_gpus_dir();
+    std::string title;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("profile.json", o->files, "Profile, estimate or advice JSON (memgate profile/estimate/advise --output)")
+      ->required()
+      ->expected(1, -1);
+  app.add_option("--output", o->output, "The HTML file to write")->required()->type_name("FILE");
+  app.add_option("--gpus", o->gpus, "Folder of GPU fixtures: a line per GPU's usable memory")
+      ->capture_default_str()
+      ->type_name("DIR");
+  app.add_option("--title", o->title, "The page's title (default: memgate report: <models>)")->type_name("TEXT");
+  app.footer(footer(
+      "Writes one self-contained HTML file (inline SVG charts, nothing fetched when it is opened): per file, memory\n"
+      "per component against batch size with a line per GPU's usable memory, a stacked bar of what the step keeps\n"
+      "at each batch size with its peaks marked, the component table and the largest batch that fits each GPU;\n"
+      "an advice file shows its targets, trials and variants. With several profiles, an overview comes first."));
+  return [o] {
+    refuse_output_onto_input(o->output, o->files);
+    std::vector<memgate::ProfileDocument> docs;
+    for (const auto& f : o->files) docs.push_back(memgate::load_profile_document(f));
+    memgate::label_documents(docs);
+    memgate::write_file_atomically(o->output, memgate::render_report_html(docs, gpu_lines(o->gpus),
+                                                                          {.title = o->title, .generator = generator()}));
+    fmt::print("wrote {} ({} file{})\n", o->output, docs.size(), docs.size() == 1 ? "" : "s");
+    return kOk;
+  };
+}
+
+Run add_compare(CLI::App& app) {
+  struct Options {
+    std::vector<std::string> files;
+    std::string html;
+    std::string gpus = default_gpus_dir();
+    double threshold_pct = 0.0;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("profile.json", o->files, "Two or more profile (or advice) JSON files; the first is the reference")
+      ->required()
+      ->expected(2, -1);
+  app.add_option("--html", o->html, "Also write the comparison as HTML to this file")->type_name("FILE");
+  app.add_option("--gpus", o->gpus, "Folder of GPU fixtures for the largest batch per GPU")
+      ->capture_default_str()
+      ->type_name("DIR");
+  auto* threshold = app.add_option("--threshold-pct", o->threshold_pct,
+                                   "Fail (exit 1) when a later file exceeds the first in any component by more than this")
+                        ->type_name("PCT")
+                        ->check(check_value(is_finite_non_negative, "a finite number >= 0"));
+  app.footer(footer(
+      "Puts variants side by side (e.g. ViT-L vs ViT-S, LoRA vs full, fp32 vs bf16): every component at every\n"
+      "batch size measured in all of them, each later file's difference from the first in bytes and %, and the\n"
+      "largest batch that fits each GPU for each. Exits 1 only with --threshold-pct, when something grew beyond it."));
+  return [o, threshold] {
+    refuse_output_onto_input(o->html, o->files);
+    std::vector<memgate::ProfileDocument> docs;
+    for (const auto& f : o->files) docs.push_back(memgate::load_profile_document(f));
+    memgate::label_documents(docs);
+    memgate::ProfileCompareOptions options;
+    if (threshold->count() > 0) options.threshold_pct = o->threshold_pct;
+    const auto gpus = gpu_lines(o->gpus);
+    const auto comparison = memgate::compare_documents(docs, gpus, options);
+    fmt::print("{}", comparison.text);
+    if (!o->html.empty()) {
+      memgate::write_file_atomically(o->html, memgate::render_comparison_html(docs, gpus, comparison,
+                                                                              {.title = "", .generator = generator()}));
+      fmt::print("\nwrote {}\n", o->html);
+    }
+    return comparison.failed() ? kFailed : kOk;
+  };
+}
+
 Run add_bench_compare(CLI::App& app) {
   struct Options {
     std::string old_json;
@@ -477,6 +580,8 @@ const Subcommand kSubcommands[] = {
     {"advise", "The largest batch that fits each GPU (or a capacity), predicted and confirmed", add_advise},
     {"check", "Run the gate for fixtures or a suite outside CTest; exit 1 when it fails", add_check},
     {"summary", "Markdown tables of the memory suite's results; exit 1 on a regression", add_summary},
+    {"report", "An HTML report with plots from profile or advice JSON files", add_report},
+    {"compare", "Profiles side by side: every component, the differences, batch per GPU", add_compare},
     {"bench-compare", "Compare two memgate_bench runs: step time and peak memory; exit 1 when worse",
      add_bench_compare},
     {"bench-merge", "Pool several memgate_bench runs of one build into one file", add_bench_merge},
