@@ -2,6 +2,8 @@
 // bench-compare, bench-merge, bench-convert), each a function that registers its options and returns what runs it.
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
+#include "memgate/base/progress.h"
+#include "memgate/base/units.h"
 #include "memgate/bench/bench_compare.h"
 #include "memgate/gate/advise.h"
 #include "memgate/gate/budget.h"
@@ -156,6 +158,22 @@ std::vector<memgate::GpuLine> gpu_lines(const std::string& dir) {
 
 std::string generator() { return std::string("memgate ") + MEMGATE_VERSION; }
 
+// Where the snapshot of batch size `batch` goes: `path` itself when it is the only batch size, else
+// <stem>_bs<batch><extension> beside it.
+std::string snapshot_path(const std::string& path, std::int64_t batch, std::size_t batches) {
+  if (batches <= 1) return path;
+  const std::filesystem::path p(path);
+  return (p.parent_path() / fmt::format("{}_bs{}{}", p.stem().string(), batch, p.extension().string())).string();
+}
+
+// A probe's result in one line, for progress.
+std::string probe_line(const std::string& fixture, const memgate::ProbeResult& r) {
+  if (r.oom) return fmt::format("{} bs {}: out of memory ({:.1f} s)", fixture, r.batch_size, r.seconds);
+  return fmt::format("{} bs {}: step peak {} allocated, {} reserved ({:.1f} s)", fixture, r.batch_size,
+                     memgate::format_bytes(r.components.step_peak), memgate::format_bytes(r.components.step_peak_reserved),
+                     r.seconds);
+}
+
 // --- Subcommands ----------------------------------------------------------------------------------------------
 
 Run add_profile(CLI::App& app) {
@@ -167,6 +185,8 @@ Run add_profile(CLI::App& app) {
     std::string gpus = default_gpus_dir();
     std::int64_t cpu_memory_limit_mib = 0;
     std::string html;
+    std::string snapshot;
+    bool snapshot_cpp_stacks = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
@@ -182,6 +202,12 @@ Run add_profile(CLI::App& app) {
   app.add_option("--output", o->output, "Also write the profile as JSON to this file")->type_name("FILE");
   app.add_option("--html", o->html, "Also write the report as HTML to this file (as memgate report makes it)")
       ->type_name("FILE");
+  app.add_option("--snapshot", o->snapshot,
+                 "Record the allocator's history and write it for https://pytorch.org/memory_viz (several batch "
+                 "sizes: <stem>_bs<N>.pickle each)")
+      ->type_name("FILE.pickle");
+  app.add_flag("--snapshot-cpp-stacks", o->snapshot_cpp_stacks,
+               "CUDA: with --snapshot, the C++ stack of each allocation (slow: minutes for a large model)");
   app.add_option("--gpus", o->gpus, "Folder of GPU fixtures for the fits-on table")
       ->capture_default_str()
       ->type_name("DIR");
@@ -199,14 +225,39 @@ Run add_profile(CLI::App& app) {
   return [o, limit] {
     refuse_output_onto_input(o->output, {o->config});
     refuse_output_onto_input(o->html, {o->config});
+    refuse_output_onto_input(o->snapshot, {o->config});
     const auto fixture = memgate::load_fixture(o->config);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto device = memgate::resolve_device(o->device);
     std::vector<memgate::GpuSpec> gpus;
     if (!o->gpus.empty() && std::filesystem::is_directory(o->gpus)) gpus = memgate::load_gpus(o->gpus);
     if (limit->count() > 0) memgate::CountingCpuAllocator::install().set_limit(o->cpu_memory_limit_mib << 20);
-    auto profile = memgate::run_profile(fixture, batch_sizes, device);
+    memgate::Progress progress;
+    std::string item;
+    memgate::ProbeOptions options;
+    options.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
+    if (!o->snapshot.empty()) options.snapshot = memgate::SnapshotOptions{.cpp_stacks = o->snapshot_cpp_stacks};
+    auto profile = memgate::run_profile(
+        fixture, batch_sizes, device, options,
+        [&](std::size_t i, std::int64_t batch, const memgate::ProbeResult* done) {
+          if (done == nullptr) {
+            item = fmt::format("{} bs {} ({}/{})", fixture.name, batch, i + 1, batch_sizes.size());
+          } else {
+            progress.done(probe_line(fixture.name, *done));
+          }
+        });
     profile.fixture_hash = fixture.hash;
+    for (const auto& p : profile.probes) {
+      if (o->snapshot.empty()) break;
+      const auto path = snapshot_path(o->snapshot, p.batch_size, profile.probes.size());
+      if (p.snapshot.empty()) {
+        fmt::print(stderr, "memgate: no snapshot of batch size {} could be taken\n", p.batch_size);
+        continue;
+      }
+      memgate::write_file_atomically(path, p.snapshot);
+      fmt::print(stderr, "memgate: wrote the allocator's history of batch size {} to {} (open it at "
+                         "https://pytorch.org/memory_viz)\n", p.batch_size, path);
+    }
     fmt::print("{}", memgate::format_profile(profile, gpus));
     const auto json = memgate::profile_to_json(profile);
     if (!o->output.empty()) {
@@ -292,7 +343,13 @@ Run add_advise(CLI::App& app) {
     memgate::AdviseOptions options;
     if (o->effective_batch > 0) options.effective_batch = o->effective_batch;
     if (!fixture.batch_sizes.empty()) options.wanted_batch = fixture.batch_sizes.back();
+    memgate::Progress progress;
+    std::string item;
+    int probes = 0;
+    options.on_probe = [&](std::string_view what) { item = fmt::format("probe {}: {}", ++probes, what); };
+    options.probe.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
     const auto advice = memgate::advise(fixture, targets, device, options);
+    progress.done(fmt::format("{}: {} probes", fixture.name, probes));
     fmt::print("{}", memgate::format_advice(advice));
     if (!o->output.empty()) {
       memgate::write_file_atomically(o->output, memgate::advice_to_json(advice).dump(2) + "\n");
@@ -360,8 +417,14 @@ Run add_check(CLI::App& app) {
     std::map<memgate::Status, int> counts;
     bool failed = false;
     std::size_t probes = 0;
-    for (const auto& job : jobs) {
-      const auto judged = memgate::judge_fixture(job.fixture, job.batch_sizes, device, o->baselines);
+    memgate::Progress progress;
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      const auto& job = jobs[i];
+      const auto item = fmt::format("{} ({}/{} fixtures)", job.fixture.name, i + 1, jobs.size());
+      memgate::ProbeOptions options;
+      options.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
+      const auto judged = memgate::judge_fixture(job.fixture, job.batch_sizes, device, o->baselines, {}, options);
+      progress.done(fmt::format("{}: {} probes judged", item, judged.probes.size()));
       probes += job.batch_sizes.size();
       for (const auto& v : judged.components) {
         ++counts[v.status];

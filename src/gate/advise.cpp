@@ -52,6 +52,17 @@ std::int64_t predict(const AffineFit& f, std::int64_t usable, std::int64_t max_b
   return b >= static_cast<double>(max_batch) ? max_batch : static_cast<std::int64_t>(b);
 }
 
+// The options of the advise() running on this thread: its probes' progress and options.
+thread_local const AdviseOptions* t_options = nullptr;
+
+ProbeResult probe(const Workload& w, std::int64_t batch, c10::Device device, std::optional<std::int64_t> cap,
+                  std::string_view why) {
+  static const AdviseOptions kNone;
+  const auto& o = t_options != nullptr ? *t_options : kNone;
+  if (o.on_probe) o.on_probe(fmt::format("{} batch {} {}", w.name, batch, why));
+  return cap ? run_probe_capped(w, batch, device, *cap, o.probe) : run_probe(w, batch, device, o.probe);
+}
+
 // The free probes all targets share: batch 1 and batch 2, measured without a cap.
 struct Shared {
   std::map<std::int64_t, std::int64_t> peaks;  // batch -> peak; a batch that ran out of memory is absent
@@ -65,7 +76,7 @@ Shared shared_probes(const Workload& workload, c10::Device device, std::int64_t 
   w.training.accumulation_steps = accumulation_steps;
   for (const std::int64_t b : {1, 2}) {
     s.batches.push_back(b);
-    const auto r = run_probe(w, b, device);
+    const auto r = probe(w, b, device, std::nullopt, "(no cap)");
     if (r.oom) break;
     s.peaks[b] = peak_of(r);
     s.step_seconds = r.step_seconds;
@@ -136,7 +147,7 @@ TargetAdvice search(const Workload& workload, const AdviceTarget& target, c10::D
     const auto lo = largest_fit();
     if (hi - lo <= 1 || lo >= max_batch) {
       if (lo >= 1 && !confirmed.contains(lo)) {  // the answer always runs under the target's cap
-        const auto r = run_probe_capped(w, lo, device, usable);
+        const auto r = probe(w, lo, device, usable, fmt::format("under {}'s cap", target.name));
         ++t.probes;
         t.trials.push_back({lo, true, !r.oom, r.oom ? std::nullopt : std::optional(peak_of(r)), accumulation_steps});
         if (r.oom) {  // it needed the cache headroom a free run had: one lower
@@ -150,8 +161,8 @@ TargetAdvice search(const Workload& workload, const AdviceTarget& target, c10::D
     }
     const auto candidate = std::clamp(b, lo + 1, hi == kUnbounded ? max_batch : hi - 1);
     const bool capped = candidate <= b && !capped_ran_out;
-    const auto r = capped ? run_probe_capped(w, candidate, device, usable)
-                          : run_probe_capped(w, candidate, device, 4 * usable);
+    const auto r = capped ? probe(w, candidate, device, usable, fmt::format("under {}'s cap", target.name))
+                          : probe(w, candidate, device, 4 * usable, fmt::format("above {}'s cap", target.name));
     ++t.probes;
     AdviceTrial trial{candidate, capped, false, std::nullopt, accumulation_steps};
     if (!r.oom) {
@@ -242,6 +253,11 @@ Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets
   if (options.effective_batch && *options.effective_batch < 1) {
     throw Error(workload.source + ": --effective-batch: expected an integer >= 1");
   }
+  struct Scope {  // this call's options for the probes it runs (restored for a nested call)
+    const AdviseOptions* previous = t_options;
+    explicit Scope(const AdviseOptions& o) { t_options = &o; }
+    ~Scope() { t_options = previous; }
+  } scope(options);
   Advice advice;
   advice.device = describe_probe_device(device, workload);
   advice.fixture = workload.name;
@@ -281,7 +297,8 @@ Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets
       if (acc.micro_batch > 0) {
         auto w = workload;
         w.training.accumulation_steps = acc.steps;
-        const auto r = run_probe_capped(w, acc.micro_batch, device, target.usable_bytes);
+        const auto r = probe(w, acc.micro_batch, device, target.usable_bytes,
+                             fmt::format("x {} steps under {}'s cap", acc.steps, target.name));
         ++advice.total_probes;
         ++t.probes;
         acc.fits = !r.oom;

@@ -110,7 +110,8 @@ ComponentVerdict evaluate_budget(const Fixture& fixture, const ProbeResult& prob
 }
 
 FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes, c10::Device device,
-                              const std::string& baselines_dir, std::span<const std::int64_t> extra_batch_sizes) {
+                              const std::string& baselines_dir, std::span<const std::int64_t> extra_batch_sizes,
+                              const ProbeOptions& options) {
   FixtureVerdicts out;
   out.device = describe_probe_device(device, fixture);
   out.baseline_file = baseline_path(baselines_dir, out.device.slug, fixture.name);
@@ -118,7 +119,7 @@ FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64
   if (std::filesystem::exists(out.baseline_file)) baseline = load_baseline(out.baseline_file, fixture.name, out.device.slug);
   auto measure = [&](std::int64_t batch_size) -> const ProbeResult& {
     if (const auto* done = find_probe(out, batch_size)) return *done;
-    out.probes.push_back(run_probe(fixture, batch_size, device));
+    out.probes.push_back(run_probe(fixture, batch_size, device, options));
     return out.probes.back();
   };
   for (const auto batch_size : batch_sizes) {

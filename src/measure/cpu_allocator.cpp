@@ -1,4 +1,5 @@
-// The counting CPU allocator: a size header in front of each block, atomic current/peak counters.
+// The counting CPU allocator: a header in front of each block (its size, and its links in the list of live blocks
+// that memory snapshots read), atomic current/peak counters.
 #include "memgate/measure/cpu_allocator.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -14,9 +15,20 @@
 namespace memgate {
 namespace {
 
-// The header keeps the block's size; its length keeps the data at LibTorch's alignment.
+// The header keeps the block's size and links it into the list of live blocks; its length keeps the data at
+// LibTorch's alignment.
+struct Header {
+  std::size_t size;
+  Header* prev;
+  Header* next;
+};
 constexpr std::size_t kHeader = c10::gAlignment;
-static_assert(kHeader >= sizeof(std::size_t));
+static_assert(kHeader >= sizeof(Header));
+
+// The live blocks, newest first, and the observer; both under one lock (taken once per allocation and free).
+std::mutex g_live_mutex;
+Header* g_live = nullptr;
+CountingCpuAllocator::Observer* g_observer = nullptr;
 
 std::atomic<std::int64_t> g_current{0};
 std::atomic<std::int64_t> g_peak{0};
@@ -33,7 +45,15 @@ void raise_peak(std::int64_t now) {
 void counting_delete(void* data) {
   if (data == nullptr) return;
   auto* base = static_cast<char*>(data) - kHeader;
-  const auto size = *reinterpret_cast<std::size_t*>(base);
+  auto* header = reinterpret_cast<Header*>(base);
+  const auto size = header->size;
+  {
+    const std::lock_guard lock(g_live_mutex);
+    if (header->prev != nullptr) header->prev->next = header->next;
+    else g_live = header->next;
+    if (header->next != nullptr) header->next->prev = header->prev;
+    if (g_observer != nullptr) g_observer->on_free(data, size);
+  }
   g_current.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
   c10::free_cpu(base);
 }
@@ -75,8 +95,17 @@ c10::DataPtr CountingCpuAllocator::allocate(size_t nbytes) {
   }
   raise_peak(now);
   g_count.fetch_add(1, std::memory_order_relaxed);
-  *reinterpret_cast<std::size_t*>(base) = nbytes;
   void* data = base + kHeader;
+  auto* header = reinterpret_cast<Header*>(base);
+  header->size = nbytes;
+  {
+    const std::lock_guard lock(g_live_mutex);
+    header->prev = nullptr;
+    header->next = g_live;
+    if (g_live != nullptr) g_live->prev = header;
+    g_live = header;
+    if (g_observer != nullptr) g_observer->on_alloc(data, nbytes);
+  }
   return {data, data, &counting_delete, c10::Device(c10::DeviceType::CPU)};
 }
 
@@ -92,5 +121,15 @@ void CountingCpuAllocator::reset_peak() { g_peak.store(g_current.load(std::memor
 std::int64_t CountingCpuAllocator::allocation_count() const { return g_count.load(std::memory_order_relaxed); }
 void CountingCpuAllocator::set_limit(std::int64_t bytes) { g_limit.store(bytes); }
 std::int64_t CountingCpuAllocator::limit() const { return g_limit.load(); }
+
+void CountingCpuAllocator::set_observer(Observer* observer) {
+  const std::lock_guard lock(g_live_mutex);
+  g_observer = observer;
+}
+
+void CountingCpuAllocator::for_each_live(const std::function<void(const void*, std::size_t)>& visit) const {
+  const std::lock_guard lock(g_live_mutex);
+  for (const Header* h = g_live; h != nullptr; h = h->next) visit(reinterpret_cast<const char*>(h) + kHeader, h->size);
+}
 
 }  // namespace memgate

@@ -80,7 +80,8 @@ class PeakTracker {
 // micro-batch's forward, gradients after backward, and the whole step's peaks.
 class ProbeObserver final : public StepObserver {
  public:
-  explicit ProbeObserver(c10::Device device) : backend_(make_memory_backend(device)) {}
+  ProbeObserver(c10::Device device, std::function<void(std::string_view)> on_phase)
+      : backend_(make_memory_backend(device)), on_phase_(std::move(on_phase)) {}
   void start_measured_step() {
     measuring_ = true;
     backend_->synchronize();
@@ -95,12 +96,16 @@ class ProbeObserver final : public StepObserver {
   }
   [[nodiscard]] const Components& components() const { return c_; }
 
-  void base_read(const MemorySnapshot& base) override { base_ = base; }
+  void base_read(const MemorySnapshot& base) override {
+    base_ = base;
+    phase("building the model");
+  }
   void model_built() override {
     backend_->synchronize();
     c_.params = backend_->snapshot().allocated - base_.allocated;
   }
   void eval_begin(int) override {
+    phase("eval forward");
     backend_->synchronize();
     backend_->reset_peak();
   }
@@ -109,11 +114,13 @@ class ProbeObserver final : public StepObserver {
     c_.eval_peak = backend_->snapshot().peak_allocated - base_.allocated;
   }
   void forward_begin(std::int64_t index) override {
+    phase(measuring_ ? "measured step: forward" : "warm-up step: forward");
     if (!measuring_ || index != 0) return;
     tracker_->reset();
     before_forward_ = backend_->snapshot().allocated;
   }
   void forward_end(std::int64_t index) override {
+    phase(measuring_ ? "measured step: backward" : "warm-up step: backward");
     if (!measuring_ || index != 0) return;
     backend_->synchronize();
     const auto s = backend_->snapshot();
@@ -121,19 +128,28 @@ class ProbeObserver final : public StepObserver {
     c_.forward_peak = s.peak_allocated - before_forward_;
   }
   void backward_done() override {
+    phase(measuring_ ? "measured step: optimizer step" : "warm-up step: optimizer step");
     backend_->synchronize();
     const auto allocated = backend_->snapshot().allocated;
     if (measuring_) c_.gradients = allocated - before_step_;
     else before_optimizer_ = allocated;
   }
   void optimizer_done() override {
+    phase(measuring_ ? "measured step: zero_grad" : "warm-up step: zero_grad");
     if (measuring_ || warmup_steps_seen_++ > 0) return;
     backend_->synchronize();
     c_.optimizer_state = backend_->snapshot().allocated - before_optimizer_;
   }
 
  private:
+  void phase(const char* what) {
+    if (what != phase_ && on_phase_) on_phase_(what);
+    phase_ = what;
+  }
+
   std::unique_ptr<MemoryBackend> backend_;
+  std::function<void(std::string_view)> on_phase_;
+  const char* phase_ = nullptr;
   MemorySnapshot base_;
   Components c_;
   bool measuring_ = false;
@@ -200,8 +216,15 @@ ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::De
   ProbeResult result;
   result.batch_size = batch_size;
   const auto start = Clock::now();
+  // Started before the build (an out-of-memory in the warm-up is recorded too), finished however the probe ends.
+  std::optional<AllocationHistory> history;
+  if (options.snapshot) history.emplace(device, *options.snapshot);
+  const auto on_phase = [&](std::string_view phase) {
+    if (history) history->set_phase(phase);
+    if (options.on_phase) options.on_phase(phase);
+  };
   try {
-    ProbeObserver observer(device);
+    ProbeObserver observer(device, on_phase);
     PreparedStep prepared(workload, batch_size, device, options, &observer);
     observer.start_measured_step();
     const auto step_start = Clock::now();
@@ -211,6 +234,10 @@ ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::De
     result.components = observer.components();
     result.library_workspace_bytes = prepared.library_workspace_bytes();
     result.outside_allocator_bytes = prepared.backend().outside_allocator_bytes();
+    if (history) {
+      result.snapshot = history->finish();
+      history.reset();
+    }
   } catch (const c10::OutOfMemoryError& e) {
     result.oom = true;
     result.error = e.what_without_backtrace();
@@ -224,18 +251,29 @@ ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::De
     result.oom = true;
     result.error = e.what();
   }
+  if (history) {  // the probe ran out of memory: the history up to there
+    try {
+      result.snapshot = history->finish();
+    } catch (const std::exception&) {
+      result.snapshot.clear();  // no snapshot; the out-of-memory result stands
+    }
+  }
   make_memory_backend(device)->empty_cache();
   result.seconds = seconds_since(start);
   return result;
 }
 
 Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes, c10::Device device,
-                    const ProbeOptions& options) {
+                    const ProbeOptions& options, const ProbeCallback& on_probe) {
   Profile profile;
   profile.device = describe_probe_device(device, workload, options);
   profile.fixture = workload.name;
   profile.params = workload_param_counts(workload);
-  for (auto bs : batch_sizes) profile.probes.push_back(run_probe(workload, bs, device, options));
+  for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
+    if (on_probe) on_probe(i, batch_sizes[i], nullptr);
+    profile.probes.push_back(run_probe(workload, batch_sizes[i], device, options));
+    if (on_probe) on_probe(i, batch_sizes[i], &profile.probes.back());
+  }
   return profile;
 }
 

@@ -96,6 +96,10 @@ struct AdviseOptions {
   bool variants = true;                          ///< measure what would make the wanted batch fit
   std::optional<std::int64_t> wanted_batch;      ///< without --effective-batch: the batch wanted (the fixture's largest)
   std::int64_t max_batch = 1 << 20;              ///< the search never probes above this
+  /// Told before each probe what it is for ("batch 12 under NVIDIA A100's cap"), and each probe's phases through
+  /// ProbeOptions::on_phase: progress for a search that runs many probes.
+  std::function<void(std::string_view probe)> on_probe;
+  ProbeOptions probe;  ///< every probe's options
 };
 
 /// Finds, per target, the largest batch whose whole protocol (eval, the first and the measured optimizer steps)

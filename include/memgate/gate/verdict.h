@@ -45,10 +45,12 @@ struct FixtureVerdicts {
 /// Judges `fixture` at each of `batch_sizes` on `device` against <baselines_dir>/<slug>/<fixture>.json. A batch size
 /// with no baseline, or one recorded for another fixture hash, is judged without measuring (missing, changed); the
 /// others are measured once each, in the order given. `extra_batch_sizes` are measured too (for budgets) without
-/// verdicts. A corrupt baseline throws memgate::Error naming the file.
+/// verdicts. Every probe runs with `options` (progress, snapshots). A corrupt baseline throws memgate::Error naming
+/// the file.
 [[nodiscard]] FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes,
                                             c10::Device device, const std::string& baselines_dir,
-                                            std::span<const std::int64_t> extra_batch_sizes = {});
+                                            std::span<const std::int64_t> extra_batch_sizes = {},
+                                            const ProbeOptions& options = {});
 
 /// The probe of `fixture` at `batch_size` among `verdicts.probes`, or nullptr when it was not measured.
 [[nodiscard]] const ProbeResult* find_probe(const FixtureVerdicts& verdicts, std::int64_t batch_size);

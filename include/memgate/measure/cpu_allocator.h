@@ -3,7 +3,9 @@
 
 #include <c10/core/Allocator.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace memgate {
 
@@ -39,6 +41,19 @@ class CountingCpuAllocator final : public c10::Allocator {
   /// of that size would; 0 removes the limit. Lets the CPU exercise out-of-memory handling.
   void set_limit(std::int64_t bytes);
   [[nodiscard]] std::int64_t limit() const;
+
+  /// Sees every allocation and free while it is set (memory snapshots record with it). Called with the allocator's
+  /// lock held, on the thread that allocates or frees: it must not allocate LibTorch tensors.
+  class Observer {
+   public:
+    virtual ~Observer() = default;
+    virtual void on_alloc(const void* data, std::size_t bytes) = 0;
+    virtual void on_free(const void* data, std::size_t bytes) = 0;
+  };
+  /// Sets the observer (nullptr: none). One at a time.
+  void set_observer(Observer* observer);
+  /// Calls `visit(data, bytes)` for every live allocation, newest first, with the allocator's lock held.
+  void for_each_live(const std::function<void(const void* data, std::size_t bytes)>& visit) const;
 
  private:
   CountingCpuAllocator() = default;

@@ -7,11 +7,13 @@
 #include "memgate/base/components.h"
 #include "memgate/measure/device.h"
 #include "memgate/measure/memory_backend.h"
+#include "memgate/measure/memory_snapshot.h"
 #include "memgate/measure/train_step.h"
 #include "memgate/models/model.h"
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,6 +35,9 @@ struct ProbeResult {
   /// What the device holds outside its allocator after the measured step (CUDA context, loaded modules,
   /// libraries); the GPU fixtures' `outside_allocator_bytes` come from it. 0 on the CPU.
   std::int64_t outside_allocator_bytes = 0;
+  /// With ProbeOptions::snapshot: the allocator's history over the whole probe (build, eval forwards, warm-up,
+  /// measured step; up to the out-of-memory when there was one), as memory_viz's pickle.
+  std::string snapshot;
 };
 
 /// Whether an error from a step is the device running out of memory in any of its forms: the caching allocator's
@@ -57,6 +62,12 @@ struct ProbeOptions {
   int cpu_threads = 1;
   /// Seed of parameters and batches.
   std::uint64_t seed = 0;
+  /// Record the allocator's history for memory_viz (ProbeResult::snapshot). Recording does not change the bytes
+  /// (the history is kept outside the device's allocator) but slows the step: its time is not representative.
+  std::optional<SnapshotOptions> snapshot;
+  /// Told each part of the protocol as it starts ("building the model", "eval forward", "warm-up step: forward",
+  /// "measured step: backward", ...): progress for long probes.
+  std::function<void(std::string_view phase)> on_phase;
 };
 
 /// Measures one workload at one batch size. An out-of-memory is returned as `oom`, not thrown; bad input throws
@@ -71,9 +82,13 @@ struct ProbeOptions {
                                            std::int64_t cap_bytes, const ProbeOptions& options = {});
 
 
+/// Told before each probe of a profile (`done` null) and after it (its result): for progress.
+using ProbeCallback = std::function<void(std::size_t index, std::int64_t batch_size, const ProbeResult* done)>;
+
 /// Probes each batch size in turn (the next batch size still runs after an out-of-memory).
 [[nodiscard]] Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes,
-                                  c10::Device device, const ProbeOptions& options = {});
+                                  c10::Device device, const ProbeOptions& options = {},
+                                  const ProbeCallback& on_probe = {});
 
 /// The description a probe of `workload` records: `describe_device`, with the workload's allocator settings where
 /// it sets any and the intra-op threads the probe pins on the CPU.
