@@ -12,7 +12,12 @@
 //                          fixtures are <its folder>/../models/<name>.yaml
 //   MEMGATE_BASELINES_DIR  the baselines (default: <project>/baselines)
 //   MEMGATE_DATA_DIR       memgate's own data, for GPU fixtures a project lacks (default: beside the executable)
+//   MEMGATE_SNAPSHOTS      `failing` (the default on a GPU): record each probe's allocator history and write it, for
+//                          memory_viz, when a component of that probe fails; `off` (the default on the CPU)
+//   MEMGATE_SNAPSHOT_DIR   where those go (default: snapshots/ beside the verdicts), <device>/<fixture>_bs<N>.pickle
 #include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/base/status.h"
 #include "memgate/base/verdict_file.h"
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/budget.h"
@@ -103,6 +108,20 @@ std::string baselines_dir() {
 std::string verdicts_dir() {
   const char* dir = std::getenv("MEMGATE_VERDICTS_DIR");
   return dir != nullptr && *dir != '\0' ? dir : "memgate-verdicts";
+}
+
+// Whether probes record their allocator's history, to be written when one of their components fails.
+bool snapshots_of_failures(bool gpu) {
+  const auto mode = environment("MEMGATE_SNAPSHOTS");
+  if (mode.empty()) return gpu;
+  if (mode == "failing") return true;
+  if (mode == "off") return false;
+  throw Error("MEMGATE_SNAPSHOTS: expected failing or off, got '" + mode + "'");
+}
+
+std::string snapshots_dir() {
+  const auto dir = environment("MEMGATE_SNAPSHOT_DIR");
+  return dir.empty() ? (std::filesystem::path(verdicts_dir()).parent_path() / "memgate-snapshots").string() : dir;
 }
 
 std::string verdict_path(const std::string& dir, const MeasureCase& c) {
@@ -199,14 +218,38 @@ void record(const MeasureCase& c, c10::Device device) {
   std::cout << (changed ? "recorded " : "unchanged ") << path << "\n";
 }
 
+// Writes the allocator history of each probe with a failing component where memory_viz opens it, and says where in
+// those components' messages.
+void write_failure_snapshots(const FixtureVerdicts& judged, std::vector<ComponentVerdict>& verdicts) {
+  std::map<std::int64_t, std::string> written;  // batch size -> file
+  for (auto& v : verdicts) {
+    if (!fails(v.status, strict_mode())) continue;
+    const auto* probe = find_probe(judged, v.batch_size);
+    if (probe == nullptr || probe->snapshot.empty()) continue;
+    auto [at, added] = written.try_emplace(v.batch_size);
+    if (added) {
+      at->second = fmt::format("{}/{}/{}_bs{}.pickle", snapshots_dir(), judged.device.slug, v.fixture, v.batch_size);
+      std::filesystem::create_directories(std::filesystem::path(at->second).parent_path());
+      write_file_atomically(at->second, probe->snapshot);
+      std::cout << fmt::format("{} at batch {}: wrote the allocator's history to {}\n", v.fixture, v.batch_size,
+                               at->second);
+    }
+    v.message += fmt::format("\n  memory_viz snapshot of this probe: {} (drag it onto https://pytorch.org/memory_viz)",
+                             std::filesystem::absolute(at->second).string());
+  }
+}
+
 // Judges one fixture into `file`.
 void judge(const MeasureCase& c, c10::Device device, VerdictFile& file) {
   const auto fixture = load_fixture(c.fixture_path);
   std::vector<std::int64_t> budget_sizes;
   for (const auto& b : c.budgets) budget_sizes.push_back(b.batch_size);
-  const auto judged = judge_fixture(fixture, c.batch_sizes, device, baselines_dir(), budget_sizes);
+  ProbeOptions options;
+  if (snapshots_of_failures(device.is_cuda())) options.snapshot = SnapshotOptions{};
+  const auto judged = judge_fixture(fixture, c.batch_sizes, device, baselines_dir(), budget_sizes, options);
   file.device = judged.device.slug;
   file.components = judged.components;
+  write_failure_snapshots(judged, file.components);
   for (const auto& b : c.budgets) {
     file.budgets.push_back(evaluate_budget(fixture, *find_probe(judged, b.batch_size), gpu_spec(b.gpu)));
   }

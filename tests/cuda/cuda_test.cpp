@@ -1,10 +1,12 @@
 // The CUDA unit tests: labelled `gpu`, so the `gpu` preset runs them on a GPU runner; without a GPU they skip.
+#include "memgate/base/files.h"
 #include "memgate/gate/advise.h"
 #include "memgate/measure/device.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/model.h"
 #include "fixture_util.h"
 #include "probe_order.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -40,6 +42,29 @@ TEST(CudaProbeTest, MeasuresOnCudaRepeatably) {
   EXPECT_LT(a.outside_allocator_bytes, std::int64_t{1} << 30);
   std::cout << "outside the allocator: " << a.outside_allocator_bytes << " bytes; library workspaces: "
             << a.library_workspace_bytes << " bytes\n";
+}
+
+// The caching allocator's own history, through torch::cuda::_record_memory_history: recording changes no byte, and
+// the pickle reads back in Python as memory_viz reads it.
+TEST(CudaSnapshotTest, RecordsTheCachingAllocatorsHistoryForMemoryViz) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: CUDA snapshots are tested on a GPU runner";
+  const auto gpu = gpu_for_test();
+  const auto f = fixture_from(tiny_vit_yaml());
+  const auto plain = run_probe(f, 4, gpu);
+  ProbeOptions options;
+  options.snapshot = SnapshotOptions{};
+  const auto recorded = run_probe(f, 4, gpu, options);
+  ASSERT_FALSE(recorded.oom) << recorded.error;
+  EXPECT_EQ(recorded.components, plain.components) << "recording must not change what is measured";
+  ASSERT_GT(recorded.snapshot.size(), 100U);
+  testing::TempDir dir;
+  write_file_atomically(dir / "cuda.pickle", recorded.snapshot);
+  std::string out;
+  EXPECT_EQ(testing::run(std::string("'") + MEMGATE_TEST_PYTHON + "' '" + testing::source_dir() +
+                             "/tests/measure/check_memory_snapshot.py' '" + (dir / "cuda.pickle") + "'",
+                         &out),
+            0)
+      << out;
 }
 
 TEST(CudaProbeTest, BytesDoNotDependOnTheOrderOfProbes) {

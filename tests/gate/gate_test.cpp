@@ -92,6 +92,30 @@ TEST_F(GateTest, GrowthFailsOnlyTheComponentThatGrew) {
   EXPECT_NE(log.find("update-baselines"), std::string::npos) << log;
 }
 
+// A failing probe leaves its allocator history for memory_viz (by default on a GPU; MEMGATE_SNAPSHOTS=failing here),
+// named in the failure; a passing one leaves none.
+TEST_F(GateTest, AFailingProbeLeavesAMemoryVizSnapshot) {
+  ASSERT_EQ(suite("MEMGATE_UPDATE_BASELINES=1"), 0);
+  auto j = nlohmann::json::parse(testing::read_file(baseline("gate_a")));
+  auto& activations = j["probes"][0]["components"]["activations"];
+  activations = activations.get<std::int64_t>() / 2;
+  testing::write_file(baseline("gate_a"), j.dump(2) + "\n");
+  const auto snapshots = tree.path() / "snapshots";
+  std::string log;
+  EXPECT_NE(suite("MEMGATE_SNAPSHOT_DIR=" + snapshots.string(), nullptr, &log), 0);
+  EXPECT_FALSE(fs::exists(snapshots)) << "off by default on the CPU";
+  std::vector<std::string> failed;
+  EXPECT_NE(suite("MEMGATE_SNAPSHOTS=failing MEMGATE_SNAPSHOT_DIR=" + snapshots.string(), &failed, &log), 0);
+  EXPECT_EQ(failed, std::vector<std::string>{"Cpu/ComponentTest.StaysWithinBaseline/gate_a_bs2_activations"}) << log;
+  const auto file = snapshots / "cpu" / "gate_a_bs2.pickle";
+  ASSERT_TRUE(fs::exists(file)) << log;
+  EXPECT_GT(fs::file_size(file), 1000U);
+  EXPECT_FALSE(fs::exists(snapshots / "cpu" / "gate_b_bs2.pickle")) << "gate_b passed";
+  EXPECT_NE(log.find("memory_viz snapshot of this probe: " + file.string()), std::string::npos) << log;
+  EXPECT_NE(suite("MEMGATE_SNAPSHOTS=sometimes", nullptr, &log), 0);
+  EXPECT_NE(log.find("MEMGATE_SNAPSHOTS: expected failing or off, got 'sometimes'"), std::string::npos) << log;
+}
+
 TEST_F(GateTest, ShrinkingPassesWithANoticeAndFailsInStrictMode) {
   ASSERT_EQ(suite("MEMGATE_UPDATE_BASELINES=1"), 0);
   auto j = nlohmann::json::parse(testing::read_file(baseline("gate_a")));
