@@ -12,7 +12,7 @@ set -euo pipefail
 torch_version="${MEMGATE_TORCH_VERSION:-2.11.0}"
 venv="${MEMGATE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/memgate/venv}"
 debs=(cmake ninja-build g++ python3-venv libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev nlohmann-json3-dev
-      libfmt-dev libcli11-dev)
+      libfmt-dev libcli11-dev chromium-headless-shell)
 
 log() { printf '[memgate setup] %s\n' "$*" >&2; }
 

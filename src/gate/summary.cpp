@@ -143,6 +143,37 @@ Summary summarize_results(const std::string& path) {
     for (const auto* r : changed) md += table_row(*r, /*with_fixture=*/true);
     md += "\n";
   }
+  // Baseline against this run, per changed fixture, for the HTML view.
+  std::map<std::string, bool> is_changed;
+  for (const auto* r : changed) is_changed[r->device + " / " + r->fixture] = true;
+  for (const auto& [fixture, cases] : rows) {
+    if (!is_changed[fixture]) continue;
+    const auto& any = cases.begin()->second;
+    ProfileDocument baseline, measured;
+    for (auto* d : {&baseline, &measured}) {
+      d->device_slug = d->device_name = any.device;
+      d->model = any.fixture;
+    }
+    baseline.label = "baseline";
+    measured.label = "this run";
+    std::map<std::int64_t, std::pair<Components, int>> base_probes, run_probes;
+    for (const auto& [key, r] : cases) {
+      if (!r.baseline || !r.measured) continue;
+      auto& [bc, bn] = base_probes[r.batch_size];
+      auto& [mc, mn] = run_probes[r.batch_size];
+      bc.set(r.component, *r.baseline), ++bn;
+      mc.set(r.component, *r.measured), ++mn;
+    }
+    for (const auto& [batch, probe] : base_probes) {
+      if (probe.second != static_cast<int>(kComponentTable.size())) continue;
+      baseline.probes.push_back({batch, false, "", probe.first, 0.0});
+      measured.probes.push_back({batch, false, "", run_probes[batch].first, 0.0});
+    }
+    if (baseline.probes.empty()) continue;
+    std::vector<ProfileDocument> docs{std::move(baseline), std::move(measured)};
+    auto comparison = compare_documents(docs, {});
+    s.comparisons.push_back({fixture, std::move(docs), std::move(comparison)});
+  }
   md += fmt::format("<details><summary>All {} results</summary>\n\n", total);
   for (const auto& [fixture, cases] : rows) {
     md += fmt::format("### {}\n\n| batch | component | baseline | measured | change | status |\n"

@@ -297,10 +297,11 @@ std::string render_report_html(const std::vector<ProfileDocument>& documents, co
   return page(title, body, options);
 }
 
-std::string render_comparison_html(const std::vector<ProfileDocument>& documents, const std::vector<GpuLine>& gpus,
-                                   const ProfileComparison& comparison, const HtmlOptions& options) {
-  const auto title = options.title.empty() ? "memgate compare: " + names_of(documents, " vs ") : options.title;
-  std::string body = fmt::format("<h1>{}</h1>", escape_html(title));
+namespace {
+
+std::string comparison_body(const std::vector<ProfileDocument>& documents, const std::vector<GpuLine>& gpus,
+                            const ProfileComparison& comparison) {
+  std::string body;
   for (std::size_t i = 0; i < documents.size(); ++i) {
     body += fmt::format("<h3>{}{}</h3>", i == 0 ? "reference: " : "", escape_html(documents[i].label)) +
             meta(documents[i], /*cpu_note=*/false);
@@ -351,6 +352,28 @@ std::string render_comparison_html(const std::vector<ProfileDocument>& documents
     body += fmt::format("<h2>Threshold {:g}%: {}</h2>", *comparison.threshold_pct,
                         comparison.failed() ? fmt::format("{} components grew beyond it", comparison.over_threshold.size())
                                             : std::string("nothing grew beyond it"));
+  }
+  return body;
+}
+
+}  // namespace
+
+std::string render_comparison_html(const std::vector<ProfileDocument>& documents, const std::vector<GpuLine>& gpus,
+                                   const ProfileComparison& comparison, const HtmlOptions& options) {
+  const auto title = options.title.empty() ? "memgate compare: " + names_of(documents, " vs ") : options.title;
+  return page(title, fmt::format("<h1>{}</h1>", escape_html(title)) + comparison_body(documents, gpus, comparison),
+              options);
+}
+
+std::string render_comparisons_html(const std::vector<ComparisonSection>& sections, const std::vector<GpuLine>& gpus,
+                                    const HtmlOptions& options) {
+  const auto title = options.title.empty() ? std::string("memgate comparisons") : options.title;
+  std::string body = fmt::format("<h1>{}</h1>", escape_html(title));
+  if (sections.empty()) body += "<p class=\"meta\">Nothing to compare.</p>";
+  for (std::size_t i = 0; i < sections.size(); ++i) {
+    body += fmt::format("<section class=\"comparison\" id=\"comparison-{}\"><h1>{}</h1>{}</section>", i,
+                        escape_html(sections[i].title),
+                        comparison_body(sections[i].documents, gpus, sections[i].comparison));
   }
   return page(title, body, options);
 }

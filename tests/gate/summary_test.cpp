@@ -36,6 +36,43 @@ TEST(SummaryTest, LeadsWithTheVerdictAndTheRowsThatChanged) {
   EXPECT_EQ(s.markdown.find("| cpu / vit_tiny"), std::string::npos) << "unchanged rows stay folded";
 }
 
+// The HTML view of a changed fixture: its baseline against this run, at the batch sizes where every component has
+// both; unchanged fixtures get none.
+TEST(SummaryTest, ComparesEachChangedFixturesBaselineWithThisRun) {
+  testing::TempDir dir;
+  std::string rows;
+  std::int64_t k = 0;
+  for (const auto& info : kComponentTable) {
+    ++k;
+    const bool grew = info.name == "activations";
+    rows += row("gpt_tiny", 2, std::string(info.name), grew ? "regression" : "ok", 1000 * k, 1000 * k + (grew ? 90 : 0));
+    rows += row("vit_tiny", 2, std::string(info.name), "ok", 10 * k, 10 * k);
+  }
+  rows += row("gpt_tiny", 4, "params", "ok", 5, 5);  // a batch size with one component only: not compared
+  testing::write_file(dir / "r.jsonl", rows);
+  const auto s = summarize_results(dir / "r.jsonl");
+  ASSERT_EQ(s.comparisons.size(), 1U);
+  const auto& c = s.comparisons[0];
+  EXPECT_EQ(c.title, "cpu / gpt_tiny");
+  EXPECT_EQ(c.documents[0].label, "baseline");
+  EXPECT_EQ(c.documents[1].label, "this run");
+  EXPECT_EQ(c.comparison.common_batch_sizes, std::vector<std::int64_t>{2});
+  bool found = false;
+  for (const auto& d : c.comparison.differences) {
+    if (d.component == "activations") {
+      found = true;
+      EXPECT_EQ(d.reference, 4000);
+      EXPECT_EQ(d.delta(), 90);
+    } else {
+      EXPECT_EQ(d.delta(), 0) << d.component;
+    }
+  }
+  EXPECT_TRUE(found);
+  const auto html = render_comparisons_html(s.comparisons, {});
+  EXPECT_NE(html.find("cpu / gpt_tiny"), std::string::npos);
+  EXPECT_EQ(html.find("vit_tiny"), std::string::npos);
+}
+
 TEST(SummaryTest, AllEqualSaysSo) {
   testing::TempDir dir;
   testing::write_file(dir / "r.jsonl", row("a", 1, "params", "ok", 10, 10));

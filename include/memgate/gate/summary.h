@@ -1,13 +1,19 @@
 // The Markdown summary of a memory-suite run, from the JSON lines its tests write to $MEMGATE_RESULTS.
 #pragma once
 
+#include "memgate/report/html_report.h"
+
 #include <string>
+#include <vector>
 
 namespace memgate {
 
 struct Summary {
   std::string markdown;
   bool failed = false;  ///< a status that fails the gate (fails(status, strict_mode()))
+  /// Per fixture whose bytes moved or whose status is not ok: its baseline against this run, at every batch size
+  /// where both have every component (render_comparisons_html draws them).
+  std::vector<ComparisonSection> comparisons;
 };
 
 /// Reads the results file (one JSON object per test; the last line of a test wins) and renders, per fixture,

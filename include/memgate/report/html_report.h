@@ -28,4 +28,14 @@ struct HtmlOptions {
                                                  const std::vector<GpuLine>& gpus,
                                                  const ProfileComparison& comparison, const HtmlOptions& options = {});
 
+/// Several comparisons on one page, each under its title (the gate's summary: baseline against this run, per
+/// changed fixture).
+struct ComparisonSection {
+  std::string title;
+  std::vector<ProfileDocument> documents;
+  ProfileComparison comparison;
+};
+[[nodiscard]] std::string render_comparisons_html(const std::vector<ComparisonSection>& sections,
+                                                  const std::vector<GpuLine>& gpus, const HtmlOptions& options = {});
+
 }  // namespace memgate

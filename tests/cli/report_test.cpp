@@ -1,0 +1,178 @@
+// memgate report, compare and profile --html/--snapshot end to end, and the report rendered in a real browser
+// (headless Chromium): the page loads without script errors, holds its plots, and paints them.
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace memgate {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kCli = MEMGATE_CLI;
+
+std::string profiles() { return testing::source_dir() + "/docs/profiles/"; }
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+TEST(ReportCliTest, ReportsTheCommittedProfilesAsOneSelfContainedPage) {
+  testing::TempDir dir;
+  std::string out;
+  ASSERT_EQ(testing::run(fmt::format("{} report {p}vit_tiny_full.json {p}vit_tiny_lora.json {p}vit_tiny_lora_advice.json "
+                                     "--output {}",
+                                     kCli, dir / "r.html", fmt::arg("p", profiles())),
+                         &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("wrote " + (dir / "r.html") + " (3 files)"));
+  const auto html = testing::read_file(dir / "r.html");
+  // The overview, two charts per profile, the advice's trials.
+  EXPECT_EQ(count(html, "<svg class=\"memgate-chart"), 6);
+  EXPECT_EQ(count(html, "https://"), 0);
+  EXPECT_THAT(html, HasSubstr("Advice on <b>"));
+}
+
+TEST(ReportCliTest, ComparesVariantsSideBySideAndGatesOnAThreshold) {
+  testing::TempDir dir;
+  std::string out;
+  const auto full = profiles() + "vit_tiny_full.json", lora = profiles() + "vit_tiny_lora.json";
+  ASSERT_EQ(testing::run(fmt::format("{} compare {} {} --html {}", kCli, full, lora, dir / "c.html"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("A  vit_tiny_full"));
+  EXPECT_THAT(out, HasSubstr("batch size 8"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("optimizer_state +1\\.6 MiB +34\\.6 KiB +-1\\.6 MiB \\(-97\\.94%\\)"));
+  EXPECT_EQ(count(testing::read_file(dir / "c.html"), "<table class=\"compare\">"), 4) << "batch sizes 1, 2, 4, 8";
+  // LoRA adds adapters: its params exceed the full model's, so a gate on growth fails; the other way passes.
+  EXPECT_EQ(testing::run(fmt::format("{} compare {} {} --threshold-pct 1", kCli, full, lora), &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("grew by more than 1% against A"));
+  EXPECT_THAT(out, HasSubstr("B bs 1 params"));
+  EXPECT_EQ(testing::run(fmt::format("{} compare {} {} --threshold-pct 5", kCli, full, lora), &out), 0) << out;
+  EXPECT_EQ(testing::run(fmt::format("{} compare {}", kCli, full), &out), 2) << "one file is a usage error";
+  EXPECT_EQ(testing::run(fmt::format("{} compare {} {} --html {}", kCli, full, lora, full), &out), 3);
+  EXPECT_THAT(out, HasSubstr("is also an input"));
+}
+
+TEST(ReportCliTest, ProfileWritesItsHtmlAndOneSnapshotPerBatchSize) {
+  testing::TempDir dir;
+  std::string out;
+  const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
+  ASSERT_EQ(testing::run(fmt::format("MEMGATE_PROGRESS=1 {} profile --config {} --device cpu --batch-sizes 1,2 "
+                                     "--html {} --snapshot {}",
+                                     kCli, fixture, dir / "p.html", dir / "step.pickle"),
+                         &out),
+            0)
+      << out;
+  EXPECT_EQ(count(testing::read_file(dir / "p.html"), "<svg class=\"memgate-chart"), 2);
+  EXPECT_GT(fs::file_size(dir / "step_bs1.pickle"), 1000U);
+  EXPECT_GT(fs::file_size(dir / "step_bs2.pickle"), 1000U);
+  EXPECT_THAT(out, HasSubstr("open it at https://pytorch.org/memory_viz"));
+  // Progress on stderr, one line per probe in a log (not a terminal).
+  EXPECT_THAT(out, HasSubstr("[memgate] vit_tiny_lora bs 1: step peak"));
+  EXPECT_THAT(out, HasSubstr("[memgate] vit_tiny_lora bs 2: step peak"));
+  ASSERT_EQ(testing::run(fmt::format("MEMGATE_PROGRESS=0 {} profile --config {} --device cpu --batch-sizes 1", kCli,
+                                     fixture),
+                         &out),
+            0);
+  EXPECT_THAT(out, Not(HasSubstr("[memgate]"))) << "MEMGATE_PROGRESS=0 silences it";
+}
+
+// --- The browser ----------------------------------------------------------------------------------------------
+
+// The page's DOM after its scripts ran, and a screenshot, from headless Chromium.
+struct Rendered {
+  std::string dom;
+  std::string png;
+};
+
+Rendered render(const std::string& html, const std::string& png, int width, int height) {
+  const std::string chromium = MEMGATE_CHROMIUM;
+  if (chromium.empty() || chromium.ends_with("-NOTFOUND")) {
+    ADD_FAILURE() << "no headless Chromium was found at configure time: apt-get install chromium-headless-shell "
+                     "(ci/setup.sh installs it), then reconfigure";
+    return {};
+  }
+  const auto flags = fmt::format("--headless --no-sandbox --disable-gpu --hide-scrollbars --window-size={},{}", width,
+                                 height);
+  Rendered r;
+  std::string dump;
+  EXPECT_EQ(testing::run(fmt::format("'{}' {} --dump-dom 'file://{}'", chromium, flags, html), &dump), 0) << dump;
+  // Chromium's own log lines (no D-Bus in a container, no GPU) come first on stderr; the DOM follows.
+  const auto start = dump.find("<!DOCTYPE html>");
+  EXPECT_NE(start, std::string::npos) << dump;
+  if (start != std::string::npos) r.dom = dump.substr(start);
+  std::string out;
+  EXPECT_EQ(testing::run(fmt::format("'{}' {} --screenshot='{}' 'file://{}'", chromium, flags, png, html), &out), 0)
+      << out;
+  r.png = testing::read_file(png);
+  return r;
+}
+
+// The <html> and <body> start tags: where the page's script writes what happened.
+std::string start_tag(const std::string& dom, const std::string& name) {
+  const auto at = dom.find("<" + name);
+  return at == std::string::npos ? "" : dom.substr(at, dom.find('>', at) - at + 1);
+}
+
+std::uint32_t big_endian(const std::string& s, std::size_t at) {
+  return (std::uint32_t{static_cast<unsigned char>(s[at])} << 24) |
+         (std::uint32_t{static_cast<unsigned char>(s[at + 1])} << 16) |
+         (std::uint32_t{static_cast<unsigned char>(s[at + 2])} << 8) | std::uint32_t{static_cast<unsigned char>(s[at + 3])};
+}
+
+TEST(ReportBrowserTest, ChromiumLoadsTheReportWithoutScriptErrorsAndPaintsItsPlots) {
+  testing::TempDir dir;
+  std::string out;
+  ASSERT_EQ(testing::run(fmt::format("{} report {p}resnet18_fewshot.json {p}vit_tiny_lora_advice.json --output {}", kCli,
+                                     dir / "r.html", fmt::arg("p", profiles())),
+                         &out),
+            0)
+      << out;
+  const auto r = render(dir / "r.html", dir / "r.png", 1200, 1600);
+  EXPECT_THAT(start_tag(r.dom, "body"), HasSubstr("data-ready=\"1\"")) << "the page's script ran to its end";
+  EXPECT_THAT(start_tag(r.dom, "body"), HasSubstr("data-charts=\"3\"")) << "the browser found the three charts";
+  EXPECT_EQ(start_tag(r.dom, "html"), "<html lang=\"en\">") << "no script error";
+  EXPECT_EQ(count(r.dom, "<g class=\"series\""), 8 + 1) << "eight components, one advice target";
+  // A PNG of the window's size, with far more in it than a blank page (about 5 KB).
+  ASSERT_GE(r.png.size(), 24U);
+  EXPECT_EQ(r.png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_EQ(big_endian(r.png, 16), 1200U);
+  EXPECT_EQ(big_endian(r.png, 20), 1600U);
+  EXPECT_GT(r.png.size(), 60'000U);
+
+  // The check can fail: a page whose script throws is caught.
+  auto broken = testing::read_file(dir / "r.html");
+  broken.replace(broken.find("</body>"), 7, "<script>not_a_function();</script></body>");
+  testing::write_file(dir / "broken.html", broken);
+  const auto b = render(dir / "broken.html", dir / "broken.png", 800, 600);
+  EXPECT_THAT(start_tag(b.dom, "html"),
+              HasSubstr("data-script-errors=\"Uncaught ReferenceError: not_a_function is not defined"));
+}
+
+TEST(ReportBrowserTest, ChromiumRendersTheComparison) {
+  testing::TempDir dir;
+  std::string out;
+  ASSERT_EQ(testing::run(fmt::format("{} compare {p}unet_tiny.json {p}unet_tiny_fp16.json --html {}", kCli,
+                                     dir / "c.html", fmt::arg("p", profiles())),
+                         &out),
+            0)
+      << out;
+  const auto r = render(dir / "c.html", dir / "c.png", 1200, 1200);
+  EXPECT_THAT(start_tag(r.dom, "body"), HasSubstr("data-ready=\"1\""));
+  EXPECT_THAT(start_tag(r.dom, "body"), HasSubstr("data-charts=\"8\""));
+  EXPECT_EQ(start_tag(r.dom, "html"), "<html lang=\"en\">") << "no script error";
+  EXPECT_GT(r.png.size(), 40'000U);
+}
+
+}  // namespace
+}  // namespace memgate
