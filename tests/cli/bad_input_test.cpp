@@ -199,6 +199,41 @@ std::vector<BadInput> catalogue() {
   results("empty", "", {"r.jsonl", "no results"});
   results("is_a_directory", "", {"is a directory"});
   c.back().files = {{"r.jsonl/x", ""}};
+  // --- profile and advice JSON (report, compare) --------------------------------------------------------------
+  const std::string profile =
+      R"({"device": {"name": "AMD EPYC", "slug": "cpu"}, "model": {"name": "tiny"}, "probes": [{"batch_size": 1,
+ "components": {"params": 1, "gradients": 1, "optimizer_state": 1, "activations": 1, "forward_peak": 1,
+ "eval_peak": 1, "step_peak": 1, "step_peak_reserved": 1}}]})";
+  auto report = [&](std::string name, std::string json, std::vector<std::string> says) {
+    c.push_back({"report_" + name, {{"a.json", std::move(json)}}, "report {dir}/a.json --output {dir}/r.html", 3,
+                 std::move(says)});
+  };
+  report("not_json", "{", {"a.json", "not valid JSON"});
+  report("component_of_another_type",
+         std::string(profile).replace(profile.find("\"params\": 1"), 11, "\"params\": \"1\""),
+         {"a.json: probes[0].components.params: expected an integer, got string"});
+  report("negative_bytes", std::string(profile).replace(profile.find("\"step_peak\": 1"), 14, "\"step_peak\": -1"),
+         {"a.json: probes[0].components.step_peak: expected bytes (>= 0), got -1"});
+  report("no_probes", R"({"device": {"slug": "cpu"}, "model": {"name": "tiny"}})", {"a.json: probes: missing"});
+  report("batch_size_zero",
+         std::string(profile).replace(profile.find("\"batch_size\": 1"), 15, "\"batch_size\": 0"),
+         {"a.json: probes[0].batch_size: expected an integer >= 1"});
+  report("an_array", "[]", {"a.json: (top level): expected a JSON object"});
+  report("missing_file", profile, {"nothing.json"});
+  c.back().args = "report {dir}/nothing.json --output {dir}/r.html";
+  report("output_onto_input", profile, {"a.json: is also an input"});
+  c.back().args = "report {dir}/a.json --output {dir}/a.json";
+  c.push_back({"compare_one_file", {{"a.json", profile}}, "compare {dir}/a.json", 2, {"profile.json"}});
+  c.push_back({"compare_bad_second_file", {{"a.json", profile}, {"b.json", "{\"device\": 1}"}},
+               "compare {dir}/a.json {dir}/b.json", 3, {"b.json: device: expected an object, got number"}});
+  c.push_back({"compare_threshold_nan", {{"a.json", profile}, {"b.json", profile}},
+               "compare {dir}/a.json {dir}/b.json --threshold-pct nan", 2, {"--threshold-pct"}});
+  c.push_back({"compare_html_onto_input", {{"a.json", profile}, {"b.json", profile}},
+               "compare {dir}/a.json {dir}/b.json --html {dir}/b.json", 3, {"b.json: is also an input"}});
+  c.push_back({"snapshot_onto_profile_config", {{"tiny.yaml", kFixture}},
+               "profile --config {dir}/tiny.yaml --device cpu --snapshot {dir}/tiny.yaml", 3, {"is also an input"}});
+  c.push_back({"summary_html_onto_results", {{"r.jsonl", kRow + "\n"}},
+               "summary --results {dir}/r.jsonl --html {dir}/r.jsonl", 3, {"r.jsonl: is also an input"}});
   return c;
 }
 

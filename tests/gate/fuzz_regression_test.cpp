@@ -7,6 +7,9 @@
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
 #include "memgate/gate/summary.h"
+#include "memgate/report/compare.h"
+#include "memgate/report/html_report.h"
+#include "memgate/report/profile_document.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -30,6 +33,13 @@ TEST(FuzzRegressionTest, EveryKeptCrasherIsNowAClearErrorOrLoads) {
                     }}},
       {"bench", {"bench.json", [](const std::string& p) { (void)load_bench_json(p); }}},
       {"results", {"results.jsonl", [](const std::string& p) { (void)summarize_results(p); }}},
+      {"profile", {"profile.json", [](const std::string& p) {
+                     std::vector<ProfileDocument> docs{load_profile_document(p), load_profile_document(p)};
+                     label_documents(docs);
+                     const auto c = compare_documents(docs, {GpuLine{"g", "GPU", 1 << 30, 900 << 20}});
+                     (void)render_report_html(docs, {});
+                     (void)render_comparison_html(docs, {}, c);
+                   }}},
   };
   int replayed = 0;
   for (const auto& [target, reader] : readers) {
