@@ -186,7 +186,7 @@ ProfileDocument load_profile_document(const std::string& path) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range (1e309)
     throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
   }
   auto doc = profile_document_from_json(json, path);
