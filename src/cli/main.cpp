@@ -14,6 +14,7 @@
 #include "memgate/gate/verdict.h"
 #include "memgate/measure/cpu_allocator.h"
 #include "memgate/measure/device.h"
+#include "memgate/measure/estimate.h"
 #include "memgate/measure/probe.h"
 #include "memgate/report/compare.h"
 #include "memgate/report/html_report.h"
@@ -277,6 +278,79 @@ Run add_profile(CLI::App& app) {
     if (!measured_any) {
       fmt::print(stderr, "memgate: no batch size could be measured: each ran out of memory\n");
       return kFailed;
+    }
+    return kOk;
+  };
+}
+
+Run add_estimate(CLI::App& app) {
+  struct Options {
+    std::string config;
+    std::string batch_sizes;
+    std::string target = "cuda";
+    std::string output;
+    std::string html;
+    std::string snapshot;
+    std::string gpus = default_gpus_dir();
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
+      ->required()
+      ->type_name("FILE");
+  app.add_option("--batch-sizes", o->batch_sizes, "Batch sizes to estimate, e.g. 1,8,32 (default: the fixture's)")
+      ->type_name("N,N,...")
+      ->check(check_value(is_batch_sizes, "positive integers separated by commas (e.g. 1,8,32)"));
+  app.add_option("--for", o->target, "The device the estimate speaks for: cpu or cuda")
+      ->capture_default_str()
+      ->type_name("DEVICE")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--output", o->output, "Also write the estimate as JSON (the profile's, with \"estimated\": true)")
+      ->type_name("FILE");
+  app.add_option("--html", o->html, "Also write the report as HTML to this file")->type_name("FILE");
+  app.add_option("--snapshot", o->snapshot,
+                 "Write the estimated allocations for https://pytorch.org/memory_viz (<stem>_bs<N>.pickle per batch size "
+                 "when there are several)")
+      ->type_name("FILE.pickle");
+  app.add_option("--gpus", o->gpus, "Folder of GPU fixtures for the fits-on table")
+      ->capture_default_str()
+      ->type_name("DIR");
+  app.footer(footer(
+      "Estimates each component without a GPU and without computing: the fixture's whole protocol (build, eval\n"
+      "forward, warm-up, measured step) runs on LibTorch's Meta device, where tensors have shapes but no storage,\n"
+      "and a counting allocator sees every request. An estimate is never a baseline."));
+  return [o] {
+    refuse_output_onto_input(o->output, {o->config});
+    refuse_output_onto_input(o->html, {o->config});
+    refuse_output_onto_input(o->snapshot, {o->config});
+    const auto fixture = memgate::load_fixture(o->config);
+    const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
+    std::vector<memgate::GpuSpec> gpus;
+    if (!o->gpus.empty() && std::filesystem::is_directory(o->gpus)) gpus = memgate::load_gpus(o->gpus);
+    const auto target = o->target == "cpu" ? memgate::EstimateTarget::kCpu : memgate::EstimateTarget::kCuda;
+    memgate::ProbeOptions options;
+    if (!o->snapshot.empty()) options.snapshot = memgate::SnapshotOptions{};
+    auto profile = memgate::estimate_profile(fixture, batch_sizes, target, options);
+    profile.fixture_hash = fixture.hash;
+    for (const auto& p : profile.probes) {
+      if (o->snapshot.empty() || p.snapshot.empty()) continue;
+      const auto path = snapshot_path(o->snapshot, p.batch_size, profile.probes.size());
+      memgate::write_file_atomically(path, p.snapshot);
+      fmt::print(stderr, "memgate: wrote the estimated allocations of batch size {} to {}\n", p.batch_size, path);
+    }
+    fmt::print("{}", memgate::format_profile(profile, gpus));
+    auto json = memgate::profile_to_json(profile);
+    json["estimated"] = true;
+    if (!o->output.empty()) {
+      memgate::write_file_atomically(o->output, json.dump(2) + "\n");
+      fmt::print("\nwrote {}\n", o->output);
+    }
+    if (!o->html.empty()) {
+      std::vector<memgate::ProfileDocument> docs{memgate::profile_document_from_json(json, o->config)};
+      docs.front().path = o->output;
+      memgate::label_documents(docs);
+      memgate::write_file_atomically(o->html, memgate::render_report_html(docs, gpu_lines(o->gpus),
+                                                                          {.title = "", .generator = generator()}));
+      fmt::print("wrote {}\n", o->html);
     }
     return kOk;
   };
@@ -655,6 +729,7 @@ Run add_bench_convert(CLI::App& app) {
 
 const Subcommand kSubcommands[] = {
     {"profile", "Measure one fixture's memory per component and batch size", add_profile},
+    {"estimate", "Every component without a GPU: the protocol run on the Meta device", add_estimate},
     {"advise", "The largest batch that fits each GPU (or a capacity), predicted and confirmed", add_advise},
     {"check", "Run the gate for fixtures or a suite outside CTest; exit 1 when it fails", add_check},
     {"summary", "Markdown tables of the memory suite's results; exit 1 on a regression", add_summary},

@@ -2,6 +2,7 @@
 #include "memgate/measure/memory_backend.h"
 
 #include "memgate/measure/cpu_allocator.h"
+#include "memgate/measure/meta_allocator.h"
 #include "memgate/base/error.h"
 #include "memgate/measure/device.h"
 
@@ -48,6 +49,29 @@ class CpuBackend final : public MemoryBackend {
 
  private:
   CountingCpuAllocator& counter_;
+};
+
+// The Meta device: nothing computed, every request counted (estimates). Reserved is allocated: the caching
+// allocator's segments are modelled apart, from the trace of requests.
+class MetaBackend final : public MemoryBackend {
+ public:
+  MetaBackend() : counter_(CountingMetaAllocator::install()) {}
+  void synchronize() override {}
+  MemorySnapshot snapshot() override {
+    const auto current = counter_.current_bytes();
+    const auto peak = counter_.peak_bytes();
+    return {current, current, peak, peak};
+  }
+  void reset_peak() override { counter_.reset_peak(); }
+  void empty_cache() override {}
+  void set_memory_fraction(double) override {}
+  std::int64_t create_library_workspaces() override { return 0; }
+  std::int64_t outside_allocator_bytes() override { return 0; }
+  void apply_allocator_settings(const std::string&) override {}
+  c10::Device device() const override { return c10::Device(c10::DeviceType::Meta); }
+
+ private:
+  CountingMetaAllocator& counter_;
 };
 
 class CudaBackend final : public MemoryBackend {
@@ -131,7 +155,8 @@ class CudaBackend final : public MemoryBackend {
 std::unique_ptr<MemoryBackend> make_memory_backend(c10::Device device) {
   if (device.is_cpu()) return std::make_unique<CpuBackend>();
   if (device.is_cuda()) return std::make_unique<CudaBackend>(device);
-  throw Error("no memory backend for device " + device.str() + ": memgate measures cpu and cuda");
+  if (device.is_meta()) return std::make_unique<MetaBackend>();
+  throw Error("no memory backend for device " + device.str() + ": memgate measures cpu and cuda (and estimates on meta)");
 }
 
 }  // namespace memgate

@@ -3,6 +3,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/measure/cpu_allocator.h"
+#include "memgate/measure/meta_allocator.h"
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
@@ -15,6 +16,8 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <functional>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -63,18 +66,23 @@ void op_exit(const at::RecordFunction&, at::ObserverContext*) {
   if (!t_ops.empty()) t_ops.pop_back();
 }
 
-// The counting allocator's allocations and frees, with the ops and the phase each was made in.
-class CpuHistory final : public AllocationHistory::Impl, public CountingCpuAllocator::Observer {
+// A counting allocator's allocations and frees (the CPU's, or the Meta device's for an estimate), with the ops and
+// the phase each was made in. Meta blocks have no address: each gets one of its own, as if laid end to end.
+class CpuHistory final : public AllocationHistory::Impl,
+                         public CountingCpuAllocator::Observer,
+                         public CountingMetaAllocator::Observer {
  public:
-  explicit CpuHistory(const SnapshotOptions& options) : options_(options) {
+  CpuHistory(const SnapshotOptions& options, bool meta) : options_(options), meta_(meta) {
     allocator_ = &CountingCpuAllocator::install();
+    if (meta_) meta_allocator_ = &CountingMetaAllocator::install();
     phases_.emplace_back("");
     t_ops.clear();
     callback_ = at::addGlobalCallback(at::RecordFunctionCallback(&op_enter, &op_exit)
                                           .needsInputs(false)
                                           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
                                                    at::RecordScope::USER_SCOPE}));
-    allocator_->set_observer(this);
+    if (meta_) meta_allocator_->set_observer(static_cast<CountingMetaAllocator::Observer*>(this));
+    else allocator_->set_observer(static_cast<CountingCpuAllocator::Observer*>(this));
   }
   ~CpuHistory() override { stop(); }
 
@@ -85,6 +93,20 @@ class CpuHistory final : public AllocationHistory::Impl, public CountingCpuAlloc
 
   void on_alloc(const void* data, std::size_t bytes) override { record(kAlloc, data, bytes); }
   void on_free(const void* data, std::size_t bytes) override { record(kFree, data, bytes); }
+  void on_alloc(std::uint64_t id, std::size_t bytes) override {
+    const std::lock_guard lock(meta_mutex_);
+    const auto addr = next_address_;
+    next_address_ += (bytes + 511) / 512 * 512 + 512;
+    meta_live_[id] = {addr, bytes};
+    record(kAlloc, reinterpret_cast<const void*>(addr), bytes);
+  }
+  void on_free(std::uint64_t id, std::size_t bytes) override {
+    const std::lock_guard lock(meta_mutex_);
+    const auto it = meta_live_.find(id);
+    if (it == meta_live_.end()) return;  // allocated before the recording began
+    record(kFree, reinterpret_cast<const void*>(it->second.first), bytes);
+    meta_live_.erase(it);
+  }
 
   std::string finish() override {
     stop();
@@ -134,7 +156,11 @@ class CpuHistory final : public AllocationHistory::Impl, public CountingCpuAlloc
     }
     auto segments = new_list();
     auto empty_frames = new_list();
-    allocator_->for_each_live([&](const void* data, std::size_t bytes) {
+    const auto for_each_live = [&](const std::function<void(const void*, std::size_t)>& visit) {
+      if (!meta_) return allocator_->for_each_live(visit);
+      for (const auto& [id, block] : meta_live_) visit(reinterpret_cast<const void*>(block.first), block.second);
+    };
+    for_each_live([&](const void* data, std::size_t bytes) {
       const auto addr = reinterpret_cast<std::uintptr_t>(data);
       const auto it = stack_of_live.find(addr);
       const IValue block_frames = it == stack_of_live.end() ? IValue(empty_frames) : IValue(frames[it->second]);
@@ -187,7 +213,8 @@ class CpuHistory final : public AllocationHistory::Impl, public CountingCpuAlloc
   void stop() {
     if (stopped_) return;
     stopped_ = true;
-    allocator_->set_observer(nullptr);
+    if (meta_) meta_allocator_->set_observer(nullptr);
+    else allocator_->set_observer(nullptr);
     at::removeCallback(callback_);
   }
 
@@ -209,7 +236,12 @@ class CpuHistory final : public AllocationHistory::Impl, public CountingCpuAlloc
   }
 
   SnapshotOptions options_;
+  bool meta_;
   CountingCpuAllocator* allocator_ = nullptr;
+  CountingMetaAllocator* meta_allocator_ = nullptr;
+  std::mutex meta_mutex_;
+  std::uintptr_t next_address_ = 0x10000000;
+  std::map<std::uint64_t, std::pair<std::uintptr_t, std::size_t>> meta_live_;
   at::CallbackHandle callback_ = 0;
   bool stopped_ = false;
   std::mutex mutex_;
@@ -247,12 +279,12 @@ class CudaHistory final : public AllocationHistory::Impl {
 }  // namespace
 
 AllocationHistory::AllocationHistory(c10::Device device, const SnapshotOptions& options) {
-  if (device.is_cpu()) {
-    impl_ = std::make_unique<CpuHistory>(options);
+  if (device.is_cpu() || device.is_meta()) {
+    impl_ = std::make_unique<CpuHistory>(options, device.is_meta());
   } else if (device.is_cuda()) {
     impl_ = std::make_unique<CudaHistory>(options);
   } else {
-    throw Error("memory snapshots are recorded on the CPU or CUDA, not on " + device.str());
+    throw Error("memory snapshots are recorded on the CPU, CUDA or Meta (estimates), not on " + device.str());
   }
 }
 

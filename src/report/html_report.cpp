@@ -101,7 +101,9 @@ constexpr const char* kCpuNote =
 std::string meta(const ProfileDocument& d, bool cpu_note = true) {
   std::string s = fmt::format("<p class=\"meta\">{}{} on <b>{}</b> ({})", d.estimated ? "<span class=\"badge\">"
                                                                                         "estimate</span> " : "",
-                              d.kind == ProfileDocument::Kind::kAdvice ? "Advice" : "Measured",
+                              d.kind == ProfileDocument::Kind::kAdvice ? "Advice"
+                              : d.estimated                            ? "Estimated (nothing measured) for"
+                                                                       : "Measured",
                               escape_html(d.device_name), escape_html(d.device_slug));
   if (d.total_params > 0) {
     s += fmt::format("; {} parameters, {} trainable, {} frozen", d.total_params, d.trainable_params, d.frozen_params);
@@ -109,7 +111,7 @@ std::string meta(const ProfileDocument& d, bool cpu_note = true) {
   if (!d.fixture_hash.empty()) s += fmt::format("; fixture {}", escape_html(d.fixture_hash));
   if (!d.path.empty()) s += fmt::format("; file <code>{}</code>", escape_html(d.path));
   s += "</p>";
-  if (cpu_note && d.device_slug == "cpu") s += kCpuNote;
+  if (cpu_note && d.device_slug == "cpu" && !d.estimated) s += kCpuNote;
   return s;
 }
 

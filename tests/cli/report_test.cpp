@@ -87,6 +87,31 @@ TEST(ReportCliTest, ProfileWritesItsHtmlAndOneSnapshotPerBatchSize) {
   EXPECT_THAT(out, Not(HasSubstr("[memgate]"))) << "MEMGATE_PROGRESS=0 silences it";
 }
 
+TEST(ReportCliTest, EstimateWritesTheProfileJsonMarkedAsAnEstimate) {
+  testing::TempDir dir;
+  std::string out;
+  const auto fixtures = testing::source_dir() + "/fixtures/models/";
+  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {}retfound_green_lora.yaml --for cuda --output {} --html {}",
+                                     kCli, fixtures, dir / "e.json", dir / "e.html"),
+                         &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("estimate for CUDA"));
+  const auto json = testing::read_file(dir / "e.json");
+  EXPECT_THAT(json, HasSubstr("\"estimated\": true"));
+  EXPECT_THAT(testing::read_file(dir / "e.html"), HasSubstr("retfound_green_lora [estimate]"));
+  // A report of the estimate and a profile side by side reads both.
+  ASSERT_EQ(testing::run(fmt::format("{} report {} {}vit_tiny_lora.json --output {}", kCli, dir / "e.json", profiles(),
+                                     dir / "r.html"),
+                         &out),
+            0)
+      << out;
+  // Autocast is not estimated yet: refused, naming the key.
+  EXPECT_EQ(testing::run(fmt::format("{} estimate --config {}lisa_7b_bf16.yaml", kCli, fixtures), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("lisa_7b_bf16.yaml: training.precision: estimates do not model autocast yet"));
+  EXPECT_EQ(testing::run(fmt::format("{} estimate --config {}gpt_tiny.yaml --for tpu", kCli, fixtures), &out), 2);
+}
+
 // --- The browser ----------------------------------------------------------------------------------------------
 
 // The page's DOM after its scripts ran, and a screenshot, from headless Chromium.

@@ -91,7 +91,7 @@ TEST(MemorySnapshotTest, ASnapshotIsTakenOnceAndOnlyOnADeviceThatRecords) {
   const auto pickle = history.finish();
   EXPECT_FALSE(pickle.empty());
   EXPECT_THROW((void)history.finish(), Error);
-  EXPECT_THROW(AllocationHistory(c10::Device(c10::DeviceType::Meta), {}), Error);
+  EXPECT_THROW(AllocationHistory(c10::Device(c10::DeviceType::MPS), {}), Error);
   // A finished recording no longer observes the allocator: allocating afterwards is safe.
   const auto u = torch::ones({1024});
   EXPECT_EQ(u.numel(), 1024);

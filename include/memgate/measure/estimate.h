@@ -1,0 +1,29 @@
+// Estimates: the probe protocol run on the Meta device, where nothing is computed and a counting allocator sees
+// every tensor's request, so a 7B fixture's components come out in seconds on a machine without a GPU.
+#pragma once
+
+#include "memgate/measure/probe.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace memgate {
+
+/// The device an estimate speaks for: its kernels decide which tensors exist (the attention a GPU picks saves
+/// other tensors than the CPU's).
+enum class EstimateTarget { kCpu, kCuda };
+
+/// Runs the probe protocol of `workload` at `batch_size` on the Meta device for `target`: every component, counted
+/// from the tensors' requests (for CUDA, in the caching allocator's 512-byte blocks). step_peak_reserved is
+/// step_peak: the caching allocator's segments are not modelled yet. Autocast is not modelled yet either (Meta
+/// tensors take no autocast key): a fixture that uses it is refused. An op without a Meta kernel throws memgate::Error
+/// naming it.
+[[nodiscard]] ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
+                                         const ProbeOptions& options = {});
+
+/// estimate_probe for each batch size: the profile of an estimate (its device says "estimate for ...").
+[[nodiscard]] Profile estimate_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes,
+                                       EstimateTarget target, const ProbeOptions& options = {},
+                                       const ProbeCallback& on_probe = {});
+
+}  // namespace memgate

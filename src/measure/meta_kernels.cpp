@@ -1,0 +1,345 @@
+// Meta kernels for the ops LibTorch's C++ lacks them for (Python registers its own in torch/_meta_registrations.py):
+// each returns tensors of the exact shapes and dtypes the target device's kernel returns, allocated in the same
+// order, so that the counting Meta allocator sees what that device's allocator would. Registered on first use, for
+// the estimate's target.
+#include "memgate/measure/meta_kernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/WrapDimUtils.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+std::atomic<EstimateTarget> g_target{EstimateTarget::kCpu};
+
+bool for_cpu() { return g_target.load() == EstimateTarget::kCpu; }
+
+at::ScalarType accumulate_type(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
+}
+
+// --- convolution ---------------------------------------------------------------------------------------------
+// On the Meta device _convolution picks the "overrideable" backend; the output's spatial sizes follow the
+// convolution arithmetic, its layout the input's.
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& /*bias*/,
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                       at::IntArrayRef output_padding, int64_t groups) {
+  const auto spatial = input.dim() - 2;
+  std::vector<int64_t> shape{input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
+  auto at_or_first = [](at::IntArrayRef a, int64_t i) { return a.size() == 1 ? a[0] : a[i]; };
+  for (int64_t i = 0; i < spatial; ++i) {
+    const auto in = input.size(i + 2), k = weight.size(i + 2);
+    const auto s = at_or_first(stride, i), p = at_or_first(padding, i), d = at_or_first(dilation, i);
+    shape.push_back(transposed ? (in - 1) * s - 2 * p + d * (k - 1) + at_or_first(output_padding, i) + 1
+                               : (in + 2 * p - d * (k - 1) - 1) / s + 1);
+  }
+  const auto options = input.options().memory_format(input.suggest_memory_format());
+  if (for_cpu() && spatial == 2 && !transposed) {
+    // The CPU's choice (ConvParams::use_mkldnn, one thread): oneDNN unless a 1x1 unit-stride kernel on a small batch,
+    // or a single small image through a kernel of at most 3x3, which im2col (_slow_conv2d_forward) computes.
+    const auto kh = weight.size(2), kw = weight.size(3);
+    const bool strided = stride[0] > 1 || stride[stride.size() - 1] > 1;
+    const bool dilated = dilation[0] > 1 || dilation[dilation.size() - 1] > 1;
+    const bool mkldnn = (strided || dilated || input.size(0) >= 16 || kw != 1 || kh != 1) &&
+                        (groups > 1 || (kw > 3 && kh > 3) || input.size(0) > 1 || input.numel() > 20480);
+    if (mkldnn) {
+      // oneDNN reorders the weight into its blocked layout and computes into a buffer of the output's size before
+      // the output: both are freed when it returns.
+      auto reordered = at::empty_like(weight);
+      auto buffer = at::empty(shape, options);
+      return at::empty(shape, options);
+    }
+    // im2col: the unfolded input (C_in x kh x kw rows, one column per output pixel) for each image, then the output.
+    auto finput = at::empty({input.size(0), input.size(1) / groups * kh * kw, shape[2] * shape[3]}, input.options());
+    return at::empty(shape, options);
+  }
+  return at::empty(shape, options);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef, at::IntArrayRef,
+    at::IntArrayRef, bool, at::IntArrayRef, int64_t, std::array<bool, 3> mask) {
+  at::Tensor gi, gw, gb;
+  if (mask[0]) gi = at::empty_like(input, input.suggest_memory_format());
+  if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
+  if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
+  return {gi, gw, gb};
+}
+
+// --- embedding -----------------------------------------------------------------------------------------------
+at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  auto sizes = self.sizes().vec();
+  if (!sizes.empty()) sizes[at::maybe_wrap_dim(dim, self.dim())] = index.numel();
+  return at::empty(sizes, self.options());
+}
+
+at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Tensor& /*indices*/, int64_t num_weights,
+                                   int64_t /*padding_idx*/, bool /*scale_grad_by_freq*/) {
+  return at::zeros({num_weights, grad_output.size(-1)}, grad_output.options());
+}
+
+// --- layer norm ----------------------------------------------------------------------------------------------
+std::vector<int64_t> stat_shape(const at::Tensor& input, std::size_t normalized) {
+  std::vector<int64_t> shape;
+  const auto axis = input.dim() - static_cast<int64_t>(normalized);
+  for (int64_t i = 0; i < input.dim(); ++i) shape.push_back(i < axis ? input.size(i) : 1);
+  return shape;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tensor& input, at::IntArrayRef normalized,
+                                                                 const std::optional<at::Tensor>&,
+                                                                 const std::optional<at::Tensor>&, double) {
+  int64_t m = 1;
+  for (int64_t i = 0; i < input.dim() - static_cast<int64_t>(normalized.size()); ++i) m *= input.size(i);
+  auto y = at::empty_like(input, at::MemoryFormat::Contiguous);
+  const auto stats = input.options().dtype(accumulate_type(input.scalar_type()));
+  auto mean = at::empty({m}, stats);
+  auto rstd = at::empty({m}, stats);
+  const auto shape = stat_shape(input, normalized.size());
+  return {y, mean.view(shape), rstd.view(shape)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
+    const at::Tensor& /*grad_out*/, const at::Tensor& input, at::IntArrayRef normalized, const at::Tensor&,
+    const at::Tensor&, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    std::array<bool, 3> mask) {
+  at::Tensor dx, dgamma, dbeta;
+  if (mask[0]) dx = at::empty_like(input, at::MemoryFormat::Contiguous);
+  if (mask[1] && weight && weight->defined()) dgamma = at::empty_like(*weight, at::MemoryFormat::Contiguous);
+  if (mask[2] && bias && bias->defined()) dbeta = at::empty_like(*bias, at::MemoryFormat::Contiguous);
+  if (for_cpu() && (dgamma.defined() || dbeta.defined())) {
+    // The CPU kernel reduces dgamma and dbeta through a {2, threads, N} buffer (one thread in a probe).
+    int64_t n = 1;
+    for (const auto d : normalized) n *= d;
+    (void)at::empty({2, 1, n}, input.options());
+  }
+  return {dx, dgamma, dbeta};
+}
+
+// --- batch norm ----------------------------------------------------------------------------------------------
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(const at::Tensor& input,
+                                                                 const std::optional<at::Tensor>&,
+                                                                 const std::optional<at::Tensor>&,
+                                                                 const std::optional<at::Tensor>&,
+                                                                 const std::optional<at::Tensor>&, bool training,
+                                                                 double, double) {
+  auto out = at::empty_like(input, input.suggest_memory_format());
+  const auto stats = input.options().dtype(accumulate_type(input.scalar_type()));
+  const auto c = training ? input.size(1) : 0;
+  return {out, at::empty({c}, stats), at::empty({c}, stats)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
+    const at::Tensor& /*grad_out*/, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, bool, double, std::array<bool, 3> mask) {
+  at::Tensor gi, gw, gb;
+  const auto params = input.options().dtype(weight && weight->defined() ? weight->scalar_type() : input.scalar_type());
+  if (mask[0]) gi = at::empty_like(input, input.suggest_memory_format());
+  if (mask[1]) gw = at::empty({input.size(1)}, params);
+  if (mask[2]) gb = at::empty({input.size(1)}, params);
+  return {gi, gw, gb};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_with_update(
+    const at::Tensor& input, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, at::Tensor&, at::Tensor&,
+    double, double) {
+  auto out = at::empty_like(input, input.suggest_memory_format());
+  const auto stats = input.options().dtype(accumulate_type(input.scalar_type()));
+  auto mean = at::empty({input.size(1)}, stats);
+  auto invstd = at::empty({input.size(1)}, stats);
+  auto reserve = at::empty({0}, input.options().dtype(at::kByte));
+  return {out, mean, invstd, reserve};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(
+    const at::Tensor& /*grad_out*/, const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, double,
+    std::array<bool, 3> mask, const at::Tensor&) {
+  at::Tensor gi, gw, gb;
+  if (mask[0]) gi = at::empty_like(input, input.suggest_memory_format());
+  if (mask[1]) gw = at::empty_like(weight);
+  if (mask[2]) gb = at::empty_like(weight);
+  return {gi, gw, gb};
+}
+
+// --- scaled dot-product attention ----------------------------------------------------------------------------
+// Which kernel the target picks (sdp::SDPBackend): the CPU's flash attention for its floating types, or on CUDA
+// flash attention for 16-bit inputs and memory-efficient attention otherwise (head dims a multiple of 8; else the
+// math path).
+enum class Sdp { kMath, kFlash, kEfficient };
+
+Sdp sdp_choice(const at::Tensor& query) {
+  const auto t = query.scalar_type();
+  if (query.dim() != 4) return Sdp::kMath;
+  if (for_cpu()) return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf ? Sdp::kFlash : Sdp::kMath;
+  const auto head_dim = query.size(-1);
+  if ((t == at::kHalf || t == at::kBFloat16) && head_dim % 8 == 0 && head_dim <= 256) return Sdp::kFlash;
+  if (head_dim % 8 == 0) return Sdp::kEfficient;
+  return Sdp::kMath;
+}
+
+// scaled_dot_product_attention on Meta, registered at AutogradMeta (ahead of its CompositeImplicit decomposition,
+// which picks its kernel by device and takes the math path on Meta): the kernel the target would run, whose own
+// autograd then saves what that kernel's does.
+at::Tensor meta_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
+                          std::optional<double> scale, bool enable_gqa) {
+  const bool plain = !(attn_mask && attn_mask->defined()) && dropout_p == 0.0 && !enable_gqa;
+  switch (plain ? sdp_choice(q) : Sdp::kMath) {
+    case Sdp::kFlash:
+      if (for_cpu()) {
+        return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, std::nullopt, scale));
+      }
+      return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, 0.0, causal, false, scale));
+    case Sdp::kEfficient: {
+      const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+      return std::get<0>(at::_scaled_dot_product_efficient_attention(q, k, v, std::nullopt, grad, 0.0, causal, scale));
+    }
+    case Sdp::kMath:
+      break;
+  }
+  return std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, causal, std::nullopt, scale,
+                                                             enable_gqa));
+}
+
+at::Tensor relu(const at::Tensor& self) { return at::empty_like(self); }
+
+// log_sigmoid (binary cross-entropy with logits): the output, and the buffer its backward reads (empty on CUDA).
+std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward(const at::Tensor& self) {
+  auto out = at::empty_like(self);
+  auto buffer = for_cpu() ? at::empty_like(self) : at::empty({0}, self.options());
+  return {out, buffer};
+}
+
+at::Tensor log_sigmoid_backward(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor&) {
+  return at::empty(at::infer_size(grad_output.sizes(), self.sizes()), self.options());
+}
+at::Tensor& relu_(at::Tensor& self) { return self; }
+
+std::tuple<at::Tensor, at::Tensor> flash_attention_cpu(const at::Tensor& query, const at::Tensor& key,
+                                                       const at::Tensor&, double, bool,
+                                                       const std::optional<at::Tensor>&, std::optional<double>) {
+  const auto b = query.size(0), h = query.size(1), l = query.size(2), e = query.size(3), kv = key.size(2);
+  const auto acc = query.options().dtype(accumulate_type(query.scalar_type()));
+  auto out = at::empty({b, l, h, e}, query.options());
+  auto lse = at::empty({b, l, h}, acc);
+  {  // the kernel's per-thread scratch (one thread): q-block x kv-block scores, max and sum, and a q-block output
+    const int64_t q_split = l >= 768 ? 256 : (l >= 192 ? 64 : 32);
+    const int64_t qs = std::min(q_split, l), ks = std::min<int64_t>(512, kv);
+    (void)at::empty({1, qs * ks + qs + qs + qs * e}, acc);
+  }
+  return {out.transpose(1, 2), lse.transpose(1, 2)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_cpu_backward(
+    const at::Tensor& /*grad_out*/, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor&, const at::Tensor&, double, bool, const std::optional<at::Tensor>&, std::optional<double>) {
+  auto gq = at::empty({query.size(0), query.size(2), query.size(1), query.size(3)}, query.options());
+  auto gk = at::empty({key.size(0), key.size(2), key.size(1), key.size(3)}, key.options());
+  auto gv = at::empty({value.size(0), value.size(2), value.size(1), value.size(3)}, value.options());
+  {
+    const auto l = query.size(2), e = query.size(3), kv = key.size(2);
+    const int64_t q_split = l >= 768 ? 256 : (l >= 192 ? 64 : 32);
+    const int64_t qs = std::min(q_split, l), ks = std::min<int64_t>(512, kv);
+    const auto acc = query.options().dtype(accumulate_type(query.scalar_type()));
+    (void)at::empty({1, 2 * qs * ks + qs * e}, acc);
+  }
+  return {gq.transpose(1, 2), gk.transpose(1, 2), gv.transpose(1, 2)};
+}
+
+// CUDA's flash attention: (out, logsumexp [B, H, L] fp32, cum_seq_q, cum_seq_k, max_q, max_k, rng_state, unused,
+// debug mask).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
+flash_attention_cuda(const at::Tensor& query, const at::Tensor& key, const at::Tensor&, double, bool, bool,
+                     std::optional<double>) {
+  const auto b = query.size(0), h = query.size(1), l = query.size(2), e = query.size(3);
+  auto out = at::empty({b, l, h, e}, query.options()).transpose(1, 2);
+  auto lse = at::empty({b, h, l}, query.options().dtype(at::kFloat));
+  auto rng = at::empty({2}, query.options().dtype(at::kLong));
+  return {out,    lse, at::Tensor(), at::Tensor(), c10::SymInt(l), c10::SymInt(key.size(2)), rng, at::empty({0}, query.options().dtype(at::kLong)),
+          at::empty({0}, query.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_cuda_backward(
+    const at::Tensor&, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor&,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, double, bool, const at::Tensor&,
+    const at::Tensor&, std::optional<double>) {
+  return {at::empty_like(query), at::empty_like(key), at::empty_like(value)};
+}
+
+// CUDA's memory-efficient attention: (out, logsumexp [B, H, ceil(L / 32) x 32] fp32, seed, offset).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_cuda(
+    const at::Tensor& query, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, bool compute_lse,
+    double, bool, std::optional<double>) {
+  const auto b = query.size(0), h = query.size(1), l = query.size(2), e = query.size(3);
+  auto out = at::empty({b, l, h, e}, query.options()).transpose(1, 2);
+  auto lse = at::empty({b, h, compute_lse ? (l + 31) / 32 * 32 : 0}, query.options().dtype(at::kFloat));
+  auto seed = at::empty({}, query.options().dtype(at::kLong));
+  auto offset = at::empty({}, query.options().dtype(at::kLong));
+  return {out, lse, seed, offset};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_cuda_backward(
+    const at::Tensor&, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& bias,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, std::array<bool, 4> mask, bool,
+    std::optional<double>) {
+  auto gq = at::empty_like(query), gk = at::empty_like(key), gv = at::empty_like(value);
+  at::Tensor gb;
+  if (mask[3] && bias.defined()) gb = at::empty_like(bias);
+  return {gq, gk, gv, gb};
+}
+
+// where(condition, self, other): broadcast of the three, the promoted dtype.
+at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  const auto shape = at::infer_size(at::infer_size(condition.sizes(), self.sizes()), other.sizes());
+  return at::empty(shape, self.options().dtype(at::result_type(self, other)));
+}
+
+at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  out.resize_(at::infer_size(at::infer_size(condition.sizes(), self.sizes()), other.sizes()));
+  return out;
+}
+
+}  // namespace
+
+void use_meta_kernels_for(EstimateTarget target) {
+  g_target.store(target);
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradMeta, __FILE__, __LINE__);
+    autograd.impl("scaled_dot_product_attention", TORCH_FN(meta_attention));
+    static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
+    lib.impl("convolution_overrideable", TORCH_FN(convolution));
+    lib.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
+    lib.impl("index_select", TORCH_FN(index_select));
+    lib.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
+    lib.impl("native_layer_norm", TORCH_FN(native_layer_norm));
+    lib.impl("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward));
+    lib.impl("native_batch_norm", TORCH_FN(native_batch_norm));
+    lib.impl("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward));
+    lib.impl("_batch_norm_with_update", TORCH_FN(batch_norm_with_update));
+    lib.impl("batch_norm_backward", TORCH_FN(batch_norm_backward));
+    lib.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(flash_attention_cpu));
+    lib.impl("_scaled_dot_product_flash_attention_for_cpu_backward", TORCH_FN(flash_attention_cpu_backward));
+    lib.impl("_scaled_dot_product_flash_attention", TORCH_FN(flash_attention_cuda));
+    lib.impl("_scaled_dot_product_flash_attention_backward", TORCH_FN(flash_attention_cuda_backward));
+    lib.impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient_attention_cuda));
+    lib.impl("_scaled_dot_product_efficient_attention_backward", TORCH_FN(efficient_attention_cuda_backward));
+    lib.impl("relu", TORCH_FN(relu));
+    lib.impl("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward));
+    lib.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
+    lib.impl("relu_", TORCH_FN(relu_));
+    lib.impl("where.self", TORCH_FN(where));
+    lib.impl("where.self_out", TORCH_FN(where_out));
+  });
+}
+
+}  // namespace memgate

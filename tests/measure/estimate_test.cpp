@@ -1,0 +1,160 @@
+// Estimates on the Meta device against the counting CPU allocator's exact bytes, fixture by fixture of the CPU
+// suite: what is exact, and how far the peaks are where the CPU kernels' scratch is not modelled yet.
+#include "memgate/base/components.h"
+#include "memgate/base/error.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/gate/suite.h"
+#include "memgate/measure/cpu_allocator.h"
+#include "memgate/measure/estimate.h"
+#include "memgate/measure/meta_allocator.h"
+#include "memgate/measure/probe.h"
+#include "fixture_util.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+const c10::Device kCpu(c10::DeviceType::CPU);
+
+TEST(CountingMetaAllocatorTest, CountsRequestsAndHandsOutNoMemory) {
+  auto& meta = CountingMetaAllocator::install();
+  meta.set_granularity(0);
+  const auto before = meta.current_bytes();
+  {
+    const auto t = torch::empty({256}, torch::TensorOptions().device(torch::kMeta));
+    EXPECT_EQ(meta.current_bytes() - before, 1024);
+    EXPECT_EQ(t.data_ptr(), nullptr);
+  }
+  EXPECT_EQ(meta.current_bytes(), before);
+  meta.set_granularity(512);
+  {
+    const auto t = torch::empty({3}, torch::TensorOptions().device(torch::kMeta));
+    EXPECT_EQ(meta.current_bytes() - before, 512) << "CUDA's caching allocator hands out 512-byte blocks";
+  }
+  meta.set_granularity(0);
+  meta.set_limit(before + 100);
+  EXPECT_THROW((void)torch::empty({1000}, torch::TensorOptions().device(torch::kMeta)), c10::OutOfMemoryError);
+  meta.set_limit(0);
+  EXPECT_EQ(meta.current_bytes(), before) << "a refused request is not counted";
+}
+
+// How far an estimate's peaks may be from the CPU's exact bytes, where the CPU kernels' scratch is not modelled
+// yet (the largest error measured, rounded up): conv backward through im2col (_slow_conv2d_backward) and oneDNN,
+// and the TorchScript interpreter's frees in an eval forward. Everything else: 1%.
+struct PeakGap {
+  double forward_pct = 1.0, eval_pct = 1.0, step_pct = 1.0;
+};
+const std::map<std::string, PeakGap> kKnownGaps = {
+    {"resnet_tiny_classify", {1.0, 1.0, 3.0}},
+    {"ts_resnet18_w8_torchvision", {1.0, 10.0, 3.0}},
+    {"unet_tiny", {1.0, 1.0, 4.5}},
+    {"segnet_tiny_stage2", {1.0, 1.0, 60.0}},
+    {"segnet_tiny_unfreeze", {1.0, 1.0, 65.0}},
+    {"segnet_tiny_ckpt", {1.0, 1.0, 62.0}},
+    {"segnet_tiny_moe", {1.0, 1.0, 54.0}},
+};
+
+struct SuiteFixture {
+  std::string name;
+  std::string path;
+  std::vector<std::int64_t> batch_sizes;
+};
+void PrintTo(const SuiteFixture& f, std::ostream* os) { *os << f.name; }
+
+std::vector<SuiteFixture> cpu_suite() {
+  std::vector<SuiteFixture> out;
+  const auto suite_path = testing::source_dir() + "/fixtures/suites/cpu.yaml";
+  const auto suite = load_suite(suite_path, suite_models_dir(suite_path));
+  for (const auto& f : suite_fixtures(suite)) out.push_back({f.name, f.path, f.batch_sizes});
+  return out;
+}
+
+double error_pct(std::int64_t estimate, std::int64_t measured) {
+  return measured == 0 ? (estimate == 0 ? 0.0 : 100.0) : 100.0 * std::abs(static_cast<double>(estimate - measured)) /
+                                                             static_cast<double>(measured);
+}
+
+class EstimateAccuracyTest : public ::testing::TestWithParam<SuiteFixture> {};
+
+TEST_P(EstimateAccuracyTest, MatchesTheCountingAllocatorOnTheCpu) {
+  const auto& f = GetParam();
+  const auto fixture = load_fixture(f.path);
+  if (fixture.training.precision != Precision::kFp32) {
+    // Autocast is not estimated yet: the estimate says so instead of guessing.
+    try {
+      (void)estimate_probe(fixture, f.batch_sizes.front(), EstimateTarget::kCpu);
+      ADD_FAILURE() << f.name << ": an autocast fixture was estimated";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("estimates do not model autocast yet"));
+    }
+    return;
+  }
+  const auto gap = kKnownGaps.contains(f.name) ? kKnownGaps.at(f.name) : PeakGap{};
+  for (const auto batch : f.batch_sizes) {
+    const auto measured = run_probe(fixture, batch, kCpu);
+    const auto estimated = estimate_probe(fixture, batch, EstimateTarget::kCpu);
+    ASSERT_FALSE(measured.oom || estimated.oom);
+    const auto& m = measured.components;
+    const auto& e = estimated.components;
+    const auto at = fmt::format("{} at batch {}", f.name, batch);
+    EXPECT_EQ(e.params, m.params) << at;
+    EXPECT_EQ(e.gradients, m.gradients) << at;
+    EXPECT_EQ(e.optimizer_state, m.optimizer_state) << at;
+    EXPECT_LE(error_pct(e.activations, m.activations), 1.0) << at << ": activations " << e.activations << " vs "
+                                                             << m.activations;
+    EXPECT_LE(error_pct(e.forward_peak, m.forward_peak), gap.forward_pct) << at << ": forward_peak " << e.forward_peak
+                                                                          << " vs " << m.forward_peak;
+    EXPECT_LE(error_pct(e.eval_peak, m.eval_peak), gap.eval_pct) << at << ": eval_peak " << e.eval_peak << " vs "
+                                                                  << m.eval_peak;
+    EXPECT_LE(error_pct(e.step_peak, m.step_peak), gap.step_pct) << at << ": step_peak " << e.step_peak << " vs "
+                                                                  << m.step_peak;
+    EXPECT_EQ(e.step_peak_reserved, e.step_peak) << "no cache model yet";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuSuite, EstimateAccuracyTest, ::testing::ValuesIn(cpu_suite()),
+                         [](const ::testing::TestParamInfo<SuiteFixture>& p) { return p.param.name; });
+
+TEST(EstimateTest, ForCudaCountsWholeBlocksAndLeavesHostMemoryOut) {
+  const auto fixture = testing::fixture_from(testing::tiny_vit_yaml());
+  const auto cpu = estimate_probe(fixture, 2, EstimateTarget::kCpu);
+  const auto cuda = estimate_probe(fixture, 2, EstimateTarget::kCuda);
+  for (const auto& info : kComponentTable) EXPECT_EQ(cuda.components.*info.member % 512, 0) << info.name;
+  // AdamW: two fp32 moments per trainable tensor, and a 4-byte step counter per tensor that torch.optim keeps on
+  // the host: part of the CPU's state, not the GPU's, whose blocks are 512-byte multiples.
+  auto model = build_model(fixture.model, kCpu);
+  std::int64_t cpu_state = 0, cuda_state = 0;
+  for (const auto& p : select_trainable(*model, fixture.training.trainable)) {
+    const auto bytes = p.numel() * 4;
+    cpu_state += 2 * bytes + 4;
+    cuda_state += 2 * ((bytes + 511) / 512 * 512);
+  }
+  EXPECT_EQ(cpu.components.optimizer_state, cpu_state);
+  EXPECT_EQ(cuda.components.optimizer_state, cuda_state);
+}
+
+TEST(EstimateTest, AFullSizeFixtureIsEstimatedWithoutAllocatingIt) {
+  // RETFound-Large with LoRA at batch 64: 1.2 GB of parameters and 13 GB of activations, counted on no device.
+  const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/retfound_large_lora.yaml");
+  const auto cpu_before = CountingCpuAllocator::install().current_bytes();
+  const auto r = estimate_probe(fixture, 64, EstimateTarget::kCuda);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(r.components.params % 512, 0);
+  EXPECT_GT(r.components.params, std::int64_t{1} << 30) << "ViT-L: 304 M parameters in fp32";
+  EXPECT_GT(r.components.activations, std::int64_t{10} << 30);
+  EXPECT_GE(r.components.step_peak, r.components.params + r.components.activations);
+  EXPECT_LT(CountingCpuAllocator::install().current_bytes() - cpu_before, 1 << 20) << "nothing real was allocated";
+}
+
+}  // namespace
+}  // namespace memgate
