@@ -46,7 +46,10 @@ ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, Es
                 "autocast key, so every op would stay fp32); profile it on a device, or estimate the fp32 variant");
   }
   // The CUDA caching allocator hands out blocks in multiples of 512 bytes, and counts those.
-  CountingMetaAllocator::install().set_granularity(target == EstimateTarget::kCuda ? 512 : 0);
+  auto& meta = CountingMetaAllocator::install();
+  meta.set_granularity(target == EstimateTarget::kCuda ? 512 : 0);
+  // ... and reserves them in segments (each probe starts from an empty cache, as a probe on a GPU does).
+  meta.model_caching_allocator(target == EstimateTarget::kCuda);
   use_meta_kernels_for(target);
   try {
     const CpuBesideMeta cpu(target == EstimateTarget::kCpu);

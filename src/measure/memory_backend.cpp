@@ -51,19 +51,17 @@ class CpuBackend final : public MemoryBackend {
   CountingCpuAllocator& counter_;
 };
 
-// The Meta device: nothing computed, every request counted (estimates). Reserved is allocated: the caching
-// allocator's segments are modelled apart, from the trace of requests.
+// The Meta device: nothing computed, every request counted (estimates). Reserved comes from the caching
+// allocator's model when an estimate for CUDA runs it, else it is what is allocated.
 class MetaBackend final : public MemoryBackend {
  public:
   MetaBackend() : counter_(CountingMetaAllocator::install()) {}
   void synchronize() override {}
   MemorySnapshot snapshot() override {
-    const auto current = counter_.current_bytes();
-    const auto peak = counter_.peak_bytes();
-    return {current, current, peak, peak};
+    return {counter_.current_bytes(), counter_.reserved_bytes(), counter_.peak_bytes(), counter_.peak_reserved_bytes()};
   }
   void reset_peak() override { counter_.reset_peak(); }
-  void empty_cache() override {}
+  void empty_cache() override { counter_.empty_cache(); }
   void set_memory_fraction(double) override {}
   std::int64_t create_library_workspaces() override { return 0; }
   std::int64_t outside_allocator_bytes() override { return 0; }

@@ -1,6 +1,8 @@
 // The counting Meta allocator: a small heap record per block (its size and id) as the DataPtr's context.
 #include "memgate/measure/meta_allocator.h"
 
+#include "memgate/measure/caching_allocator_model.h"
+
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
@@ -24,6 +26,9 @@ std::atomic<std::int64_t> g_granularity{0};
 std::mutex g_observer_mutex;
 CountingMetaAllocator::Observer* g_observer = nullptr;
 CountingMetaAllocator* g_instance = nullptr;
+// The caching allocator's model, when an estimate for CUDA asks for it; under its own lock.
+std::mutex g_model_mutex;
+std::unique_ptr<CachingAllocatorModel> g_model;
 
 void raise_peak(std::int64_t now) {
   std::int64_t peak = g_peak.load(std::memory_order_relaxed);
@@ -35,6 +40,10 @@ void meta_delete(void* context) {
   auto* block = static_cast<Block*>(context);
   if (block == nullptr) return;
   g_current.fetch_sub(static_cast<std::int64_t>(block->size), std::memory_order_relaxed);
+  {
+    const std::lock_guard lock(g_model_mutex);
+    if (g_model) g_model->free(block->id);
+  }
   {
     const std::lock_guard lock(g_observer_mutex);
     if (g_observer != nullptr) g_observer->on_free(block->id, block->size);
@@ -75,6 +84,10 @@ c10::DataPtr CountingMetaAllocator::allocate(size_t requested) {
   g_count.fetch_add(1, std::memory_order_relaxed);
   auto* block = new Block{nbytes, g_next_id.fetch_add(1, std::memory_order_relaxed)};
   {
+    const std::lock_guard lock(g_model_mutex);
+    if (g_model) g_model->malloc(block->id, static_cast<std::int64_t>(requested));
+  }
+  {
     const std::lock_guard lock(g_observer_mutex);
     if (g_observer != nullptr) g_observer->on_alloc(block->id, nbytes);
   }
@@ -83,7 +96,31 @@ c10::DataPtr CountingMetaAllocator::allocate(size_t requested) {
 
 std::int64_t CountingMetaAllocator::current_bytes() const { return g_current.load(std::memory_order_relaxed); }
 std::int64_t CountingMetaAllocator::peak_bytes() const { return g_peak.load(std::memory_order_relaxed); }
-void CountingMetaAllocator::reset_peak() { g_peak.store(g_current.load(std::memory_order_relaxed)); }
+void CountingMetaAllocator::reset_peak() {
+  g_peak.store(g_current.load(std::memory_order_relaxed));
+  const std::lock_guard lock(g_model_mutex);
+  if (g_model) g_model->reset_peak();
+}
+
+void CountingMetaAllocator::model_caching_allocator(bool on) {
+  const std::lock_guard lock(g_model_mutex);
+  g_model = on ? std::make_unique<CachingAllocatorModel>() : nullptr;
+}
+
+std::int64_t CountingMetaAllocator::reserved_bytes() const {
+  const std::lock_guard lock(g_model_mutex);
+  return g_model ? g_model->reserved() : current_bytes();
+}
+
+std::int64_t CountingMetaAllocator::peak_reserved_bytes() const {
+  const std::lock_guard lock(g_model_mutex);
+  return g_model ? g_model->peak_reserved() : peak_bytes();
+}
+
+void CountingMetaAllocator::empty_cache() {
+  const std::lock_guard lock(g_model_mutex);
+  if (g_model) g_model->empty_cache();
+}
 std::int64_t CountingMetaAllocator::allocation_count() const { return g_count.load(std::memory_order_relaxed); }
 void CountingMetaAllocator::set_limit(std::int64_t bytes) { g_limit.store(bytes); }
 std::int64_t CountingMetaAllocator::limit() const { return g_limit.load(); }

@@ -130,6 +130,10 @@ TEST(EstimateTest, ForCudaCountsWholeBlocksAndLeavesHostMemoryOut) {
   const auto cpu = estimate_probe(fixture, 2, EstimateTarget::kCpu);
   const auto cuda = estimate_probe(fixture, 2, EstimateTarget::kCuda);
   for (const auto& info : kComponentTable) EXPECT_EQ(cuda.components.*info.member % 512, 0) << info.name;
+  // Reserved comes from the caching allocator's model: whole segments (2 MiB multiples), at least what is allocated.
+  EXPECT_EQ(cuda.components.step_peak_reserved % (2 << 20), 0);
+  EXPECT_GE(cuda.components.step_peak_reserved, cuda.components.step_peak);
+  EXPECT_EQ(cpu.components.step_peak_reserved, cpu.components.step_peak) << "the CPU has no cache";
   // AdamW: two fp32 moments per trainable tensor, and a 4-byte step counter per tensor that torch.optim keeps on
   // the host: part of the CPU's state, not the GPU's, whose blocks are 512-byte multiples.
   auto model = build_model(fixture.model, kCpu);

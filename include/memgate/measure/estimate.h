@@ -14,10 +14,11 @@ namespace memgate {
 enum class EstimateTarget { kCpu, kCuda };
 
 /// Runs the probe protocol of `workload` at `batch_size` on the Meta device for `target`: every component, counted
-/// from the tensors' requests (for CUDA, in the caching allocator's 512-byte blocks). step_peak_reserved is
-/// step_peak: the caching allocator's segments are not modelled yet. Autocast is not modelled yet either (Meta
-/// tensors take no autocast key): a fixture that uses it is refused. An op without a Meta kernel throws memgate::Error
-/// naming it.
+/// from the tensors' requests. For CUDA they are counted in the caching allocator's 512-byte blocks and replayed
+/// through its model (CachingAllocatorModel: pools, segments, best fit, splitting), which gives step_peak_reserved;
+/// for the CPU, reserved is allocated. Not modelled yet: expandable segments, and autocast (Meta tensors take no
+/// autocast key): a fixture that uses autocast is refused. An op without a Meta kernel throws memgate::Error naming
+/// it.
 [[nodiscard]] ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
                                          const ProbeOptions& options = {});
 
