@@ -12,7 +12,7 @@ status=0
 cmake --workflow --preset cpu || status=$?
 if [ -s build/cpu/memgate-results.jsonl ]; then
   build/cpu/bin/memgate summary --results build/cpu/memgate-results.jsonl --output build/cpu/memgate-summary.md \
-    >/dev/null || true
+    --html build/cpu/memgate-changed.html >/dev/null || true
 fi
 if [ "$status" -eq 0 ]; then
   ci/downstream.sh || status=$?
