@@ -148,10 +148,15 @@ std::string default_gpus_dir() {
 }
 
 // The GPU fixtures of `dir` as reports draw them; none when `dir` is "" or not a folder.
+// The GPU fixtures of `dir`; none when `dir` is "" or not a folder (profile then prints no fits table).
+std::vector<memgate::GpuSpec> gpu_specs(const std::string& dir) {
+  if (dir.empty() || !std::filesystem::is_directory(dir)) return {};
+  return memgate::load_gpus(dir);
+}
+
 std::vector<memgate::GpuLine> gpu_lines(const std::string& dir) {
   std::vector<memgate::GpuLine> lines;
-  if (dir.empty() || !std::filesystem::is_directory(dir)) return lines;
-  for (const auto& g : memgate::load_gpus(dir)) {
+  for (const auto& g : gpu_specs(dir)) {
     lines.push_back({g.id, g.name, g.memory_bytes, memgate::target_of(g).usable_bytes});
   }
   return lines;
@@ -165,6 +170,50 @@ std::string snapshot_path(const std::string& path, std::int64_t batch, std::size
   if (batches <= 1) return path;
   const std::filesystem::path p(path);
   return (p.parent_path() / fmt::format("{}_bs{}{}", p.stem().string(), batch, p.extension().string())).string();
+}
+
+// Where a profile, measured or estimated, also goes (--output, --html, --snapshot), and the GPU fixtures its report
+// reads (--gpus).
+struct ProfileFiles {
+  std::string output;
+  std::string html;
+  std::string snapshot;
+  std::string gpus = default_gpus_dir();
+
+  /// Refuses, before any work, a file that is the fixture itself.
+  void refuse_onto(const std::string& config) const {
+    for (const auto* file : {&output, &html, &snapshot}) refuse_output_onto_input(*file, {config});
+  }
+};
+
+// Prints a profile's report and writes its files: each probe's snapshot (`history` says what it holds), the JSON,
+// and the HTML page made from that JSON, as `memgate report` makes it.
+void write_profile(const memgate::Profile& profile, const nlohmann::json& json, const ProfileFiles& files,
+                   const std::string& config, std::string_view history) {
+  for (const auto& p : profile.probes) {
+    if (files.snapshot.empty()) break;
+    if (p.snapshot.empty()) {
+      fmt::print(stderr, "memgate: no snapshot of batch size {} could be taken\n", p.batch_size);
+      continue;
+    }
+    const auto path = snapshot_path(files.snapshot, p.batch_size, profile.probes.size());
+    memgate::write_file_atomically(path, p.snapshot);
+    fmt::print(stderr, "memgate: wrote {} of batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
+               history, p.batch_size, path);
+  }
+  fmt::print("{}", memgate::format_profile(profile, gpu_specs(files.gpus)));
+  if (!files.output.empty()) {
+    memgate::write_file_atomically(files.output, json.dump(2) + "\n");
+    fmt::print("\nwrote {}\n", files.output);
+  }
+  if (!files.html.empty()) {
+    std::vector<memgate::ProfileDocument> docs{memgate::profile_document_from_json(json, config)};
+    docs.front().path = files.output;
+    memgate::label_documents(docs);
+    memgate::write_file_atomically(files.html, memgate::render_report_html(docs, gpu_lines(files.gpus),
+                                                                           {.title = "", .generator = generator()}));
+    fmt::print("wrote {}\n", files.html);
+  }
 }
 
 // A probe's result in one line, for progress.
@@ -182,11 +231,8 @@ Run add_profile(CLI::App& app) {
     std::string config;
     std::string batch_sizes;
     std::string device = "auto";
-    std::string output;
-    std::string gpus = default_gpus_dir();
+    ProfileFiles files;
     std::int64_t cpu_memory_limit_mib = 0;
-    std::string html;
-    std::string snapshot;
     bool snapshot_cpp_stacks = false;
   };
   auto o = std::make_shared<Options>();
@@ -200,16 +246,16 @@ Run add_profile(CLI::App& app) {
       ->capture_default_str()
       ->type_name("DEVICE")
       ->check(check_value(is_device_spec, "auto, cpu, cuda or cuda:N"));
-  app.add_option("--output", o->output, "Also write the profile as JSON to this file")->type_name("FILE");
-  app.add_option("--html", o->html, "Also write the report as HTML to this file (as memgate report makes it)")
+  app.add_option("--output", o->files.output, "Also write the profile as JSON to this file")->type_name("FILE");
+  app.add_option("--html", o->files.html, "Also write the report as HTML to this file (as memgate report makes it)")
       ->type_name("FILE");
-  app.add_option("--snapshot", o->snapshot,
+  app.add_option("--snapshot", o->files.snapshot,
                  "Record the allocator's history and write it for https://pytorch.org/memory_viz (several batch "
                  "sizes: <stem>_bs<N>.pickle each)")
       ->type_name("FILE.pickle");
   app.add_flag("--snapshot-cpp-stacks", o->snapshot_cpp_stacks,
                "CUDA: with --snapshot, the C++ stack of each allocation (slow: minutes for a large model)");
-  app.add_option("--gpus", o->gpus, "Folder of GPU fixtures for the fits-on table")
+  app.add_option("--gpus", o->files.gpus, "Folder of GPU fixtures for the fits-on table")
       ->capture_default_str()
       ->type_name("DIR");
   auto* limit = app.add_option("--cpu-memory-limit-mib", o->cpu_memory_limit_mib,
@@ -224,20 +270,18 @@ Run add_profile(CLI::App& app) {
       "when none of them could be measured (each ran out of memory), the report and JSON are still written and\n"
       "the exit code is 1."));
   return [o, limit] {
-    refuse_output_onto_input(o->output, {o->config});
-    refuse_output_onto_input(o->html, {o->config});
-    refuse_output_onto_input(o->snapshot, {o->config});
+    o->files.refuse_onto(o->config);
     const auto fixture = memgate::load_fixture(o->config);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto device = memgate::resolve_device(o->device);
-    std::vector<memgate::GpuSpec> gpus;
-    if (!o->gpus.empty() && std::filesystem::is_directory(o->gpus)) gpus = memgate::load_gpus(o->gpus);
     if (limit->count() > 0) memgate::CountingCpuAllocator::install().set_limit(o->cpu_memory_limit_mib << 20);
     memgate::Progress progress;
     std::string item;
     memgate::ProbeOptions options;
     options.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
-    if (!o->snapshot.empty()) options.snapshot = memgate::SnapshotOptions{.cpp_stacks = o->snapshot_cpp_stacks};
+    if (!o->files.snapshot.empty()) {
+      options.snapshot = memgate::SnapshotOptions{.cpp_stacks = o->snapshot_cpp_stacks};
+    }
     auto profile = memgate::run_profile(
         fixture, batch_sizes, device, options,
         [&](std::size_t i, std::int64_t batch, const memgate::ProbeResult* done) {
@@ -248,31 +292,7 @@ Run add_profile(CLI::App& app) {
           }
         });
     profile.fixture_hash = fixture.hash;
-    for (const auto& p : profile.probes) {
-      if (o->snapshot.empty()) break;
-      const auto path = snapshot_path(o->snapshot, p.batch_size, profile.probes.size());
-      if (p.snapshot.empty()) {
-        fmt::print(stderr, "memgate: no snapshot of batch size {} could be taken\n", p.batch_size);
-        continue;
-      }
-      memgate::write_file_atomically(path, p.snapshot);
-      fmt::print(stderr, "memgate: wrote the allocator's history of batch size {} to {} (open it at "
-                         "https://pytorch.org/memory_viz)\n", p.batch_size, path);
-    }
-    fmt::print("{}", memgate::format_profile(profile, gpus));
-    const auto json = memgate::profile_to_json(profile);
-    if (!o->output.empty()) {
-      memgate::write_file_atomically(o->output, json.dump(2) + "\n");
-      fmt::print("\nwrote {}\n", o->output);
-    }
-    if (!o->html.empty()) {
-      std::vector<memgate::ProfileDocument> docs{memgate::profile_document_from_json(json, o->config)};
-      docs.front().path = o->output;
-      memgate::label_documents(docs);
-      memgate::write_file_atomically(o->html, memgate::render_report_html(docs, gpu_lines(o->gpus),
-                                                                          {.title = "", .generator = generator()}));
-      fmt::print("wrote {}\n", o->html);
-    }
+    write_profile(profile, memgate::profile_to_json(profile), o->files, o->config, "the allocator's history");
     const bool measured_any = std::any_of(profile.probes.begin(), profile.probes.end(),
                                           [](const memgate::ProbeResult& p) { return !p.oom; });
     if (!measured_any) {
@@ -288,10 +308,7 @@ Run add_estimate(CLI::App& app) {
     std::string config;
     std::string batch_sizes;
     std::string target = "cuda";
-    std::string output;
-    std::string html;
-    std::string snapshot;
-    std::string gpus = default_gpus_dir();
+    ProfileFiles files;
   };
   auto o = std::make_shared<Options>();
   app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
@@ -304,14 +321,15 @@ Run add_estimate(CLI::App& app) {
       ->capture_default_str()
       ->type_name("DEVICE")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--output", o->output, "Also write the estimate as JSON (the profile's, with \"estimated\": true)")
+  app.add_option("--output", o->files.output,
+                 "Also write the estimate as JSON (the profile's, with \"estimated\": true)")
       ->type_name("FILE");
-  app.add_option("--html", o->html, "Also write the report as HTML to this file")->type_name("FILE");
-  app.add_option("--snapshot", o->snapshot,
+  app.add_option("--html", o->files.html, "Also write the report as HTML to this file")->type_name("FILE");
+  app.add_option("--snapshot", o->files.snapshot,
                  "Write the estimated allocations for https://pytorch.org/memory_viz (<stem>_bs<N>.pickle per batch size "
                  "when there are several)")
       ->type_name("FILE.pickle");
-  app.add_option("--gpus", o->gpus, "Folder of GPU fixtures for the fits-on table")
+  app.add_option("--gpus", o->files.gpus, "Folder of GPU fixtures for the fits-on table")
       ->capture_default_str()
       ->type_name("DIR");
   app.footer(footer(
@@ -319,39 +337,17 @@ Run add_estimate(CLI::App& app) {
       "forward, warm-up, measured step) runs on LibTorch's Meta device, where tensors have shapes but no storage,\n"
       "and a counting allocator sees every request. An estimate is never a baseline."));
   return [o] {
-    refuse_output_onto_input(o->output, {o->config});
-    refuse_output_onto_input(o->html, {o->config});
-    refuse_output_onto_input(o->snapshot, {o->config});
+    o->files.refuse_onto(o->config);
     const auto fixture = memgate::load_fixture(o->config);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
-    std::vector<memgate::GpuSpec> gpus;
-    if (!o->gpus.empty() && std::filesystem::is_directory(o->gpus)) gpus = memgate::load_gpus(o->gpus);
     const auto target = o->target == "cpu" ? memgate::EstimateTarget::kCpu : memgate::EstimateTarget::kCuda;
     memgate::ProbeOptions options;
-    if (!o->snapshot.empty()) options.snapshot = memgate::SnapshotOptions{};
+    if (!o->files.snapshot.empty()) options.snapshot = memgate::SnapshotOptions{};
     auto profile = memgate::estimate_profile(fixture, batch_sizes, target, options);
     profile.fixture_hash = fixture.hash;
-    for (const auto& p : profile.probes) {
-      if (o->snapshot.empty() || p.snapshot.empty()) continue;
-      const auto path = snapshot_path(o->snapshot, p.batch_size, profile.probes.size());
-      memgate::write_file_atomically(path, p.snapshot);
-      fmt::print(stderr, "memgate: wrote the estimated allocations of batch size {} to {}\n", p.batch_size, path);
-    }
-    fmt::print("{}", memgate::format_profile(profile, gpus));
     auto json = memgate::profile_to_json(profile);
     json["estimated"] = true;
-    if (!o->output.empty()) {
-      memgate::write_file_atomically(o->output, json.dump(2) + "\n");
-      fmt::print("\nwrote {}\n", o->output);
-    }
-    if (!o->html.empty()) {
-      std::vector<memgate::ProfileDocument> docs{memgate::profile_document_from_json(json, o->config)};
-      docs.front().path = o->output;
-      memgate::label_documents(docs);
-      memgate::write_file_atomically(o->html, memgate::render_report_html(docs, gpu_lines(o->gpus),
-                                                                          {.title = "", .generator = generator()}));
-      fmt::print("wrote {}\n", o->html);
-    }
+    write_profile(profile, json, o->files, o->config, "the estimated allocations");
     return kOk;
   };
 }

@@ -2,12 +2,13 @@
 // that memory snapshots read), atomic current/peak counters.
 #include "memgate/measure/cpu_allocator.h"
 
+#include "byte_counter.h"
+
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/alignment.h>
 #include <c10/util/Exception.h>
 
-#include <atomic>
 #include <limits>
 #include <new>
 #include <mutex>
@@ -30,17 +31,8 @@ std::mutex g_live_mutex;
 Header* g_live = nullptr;
 CountingCpuAllocator::Observer* g_observer = nullptr;
 
-std::atomic<std::int64_t> g_current{0};
-std::atomic<std::int64_t> g_peak{0};
-std::atomic<std::int64_t> g_count{0};
-std::atomic<std::int64_t> g_limit{0};
+detail::ByteCounter g_bytes;
 CountingCpuAllocator* g_instance = nullptr;
-
-void raise_peak(std::int64_t now) {
-  std::int64_t peak = g_peak.load(std::memory_order_relaxed);
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-  }
-}
 
 void counting_delete(void* data) {
   if (data == nullptr) return;
@@ -54,7 +46,7 @@ void counting_delete(void* data) {
     if (header->next != nullptr) header->next->prev = header->prev;
     if (g_observer != nullptr) g_observer->on_free(data, size);
   }
-  g_current.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
+  g_bytes.release(static_cast<std::int64_t>(size));
   c10::free_cpu(base);
 }
 
@@ -76,25 +68,18 @@ CountingCpuAllocator* CountingCpuAllocator::instance() { return g_instance; }
 
 c10::DataPtr CountingCpuAllocator::allocate(size_t nbytes) {
   const auto size = static_cast<std::int64_t>(nbytes);
-  const std::int64_t limit = g_limit.load(std::memory_order_relaxed);
-  const std::int64_t now = g_current.fetch_add(size, std::memory_order_relaxed) + size;
-  if (limit > 0 && now > limit) {
-    g_current.fetch_sub(size, std::memory_order_relaxed);
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "memgate: CPU allocator limit reached: tried to allocate ", nbytes,
-                     " bytes with ", now - size, " of ", limit, " bytes in use");
-  }
+  const std::int64_t now = g_bytes.reserve(size, "CPU");
   // A failed allocation is out of memory at this batch size, and is not counted: the next probe starts clean.
   char* base = nullptr;
   try {
     if (nbytes > std::numeric_limits<std::size_t>::max() / 2) throw std::bad_alloc();
     base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
   } catch (const std::exception&) {
-    g_current.fetch_sub(size, std::memory_order_relaxed);
+    g_bytes.release(size);
     TORCH_CHECK_WITH(OutOfMemoryError, false, "memgate: the CPU could not allocate ", nbytes, " bytes (",
                      now - size, " bytes in use)");
   }
-  raise_peak(now);
-  g_count.fetch_add(1, std::memory_order_relaxed);
+  g_bytes.confirm(now);
   void* data = base + kHeader;
   auto* header = reinterpret_cast<Header*>(base);
   header->size = nbytes;
@@ -115,12 +100,12 @@ void CountingCpuAllocator::copy_data(void* dest, const void* src, std::size_t co
   default_copy_data(dest, src, count);
 }
 
-std::int64_t CountingCpuAllocator::current_bytes() const { return g_current.load(std::memory_order_relaxed); }
-std::int64_t CountingCpuAllocator::peak_bytes() const { return g_peak.load(std::memory_order_relaxed); }
-void CountingCpuAllocator::reset_peak() { g_peak.store(g_current.load(std::memory_order_relaxed)); }
-std::int64_t CountingCpuAllocator::allocation_count() const { return g_count.load(std::memory_order_relaxed); }
-void CountingCpuAllocator::set_limit(std::int64_t bytes) { g_limit.store(bytes); }
-std::int64_t CountingCpuAllocator::limit() const { return g_limit.load(); }
+std::int64_t CountingCpuAllocator::current_bytes() const { return g_bytes.current(); }
+std::int64_t CountingCpuAllocator::peak_bytes() const { return g_bytes.peak(); }
+void CountingCpuAllocator::reset_peak() { g_bytes.reset_peak(); }
+std::int64_t CountingCpuAllocator::allocation_count() const { return g_bytes.count(); }
+void CountingCpuAllocator::set_limit(std::int64_t bytes) { g_bytes.set_limit(bytes); }
+std::int64_t CountingCpuAllocator::limit() const { return g_bytes.limit(); }
 
 void CountingCpuAllocator::set_observer(Observer* observer) {
   const std::lock_guard lock(g_live_mutex);

@@ -68,11 +68,11 @@ void op_exit(const at::RecordFunction&, at::ObserverContext*) {
 
 // A counting allocator's allocations and frees (the CPU's, or the Meta device's for an estimate), with the ops and
 // the phase each was made in. Meta blocks have no address: each gets one of its own, as if laid end to end.
-class CpuHistory final : public AllocationHistory::Impl,
+class CountingHistory final : public AllocationHistory::Impl,
                          public CountingCpuAllocator::Observer,
                          public CountingMetaAllocator::Observer {
  public:
-  CpuHistory(const SnapshotOptions& options, bool meta) : options_(options), meta_(meta) {
+  CountingHistory(const SnapshotOptions& options, bool meta) : options_(options), meta_(meta) {
     allocator_ = &CountingCpuAllocator::install();
     if (meta_) meta_allocator_ = &CountingMetaAllocator::install();
     phases_.emplace_back("");
@@ -84,7 +84,7 @@ class CpuHistory final : public AllocationHistory::Impl,
     if (meta_) meta_allocator_->set_observer(static_cast<CountingMetaAllocator::Observer*>(this));
     else allocator_->set_observer(static_cast<CountingCpuAllocator::Observer*>(this));
   }
-  ~CpuHistory() override { stop(); }
+  ~CountingHistory() override { stop(); }
 
   void set_phase(std::string_view phase) override {
     const std::lock_guard lock(mutex_);
@@ -280,7 +280,7 @@ class CudaHistory final : public AllocationHistory::Impl {
 
 AllocationHistory::AllocationHistory(c10::Device device, const SnapshotOptions& options) {
   if (device.is_cpu() || device.is_meta()) {
-    impl_ = std::make_unique<CpuHistory>(options, device.is_meta());
+    impl_ = std::make_unique<CountingHistory>(options, device.is_meta());
   } else if (device.is_cuda()) {
     impl_ = std::make_unique<CudaHistory>(options);
   } else {

@@ -224,18 +224,26 @@ at::Tensor log_sigmoid_backward(const at::Tensor& grad_output, const at::Tensor&
 }
 at::Tensor& relu_(at::Tensor& self) { return self; }
 
+// The CPU flash attention kernel's blocks: rows of queries and columns of keys it works on at a time.
+struct FlashBlocks {
+  int64_t q, kv;
+};
+FlashBlocks flash_blocks(const at::Tensor& query, const at::Tensor& key) {
+  const auto l = query.size(2);
+  const int64_t q_split = l >= 768 ? 256 : (l >= 192 ? 64 : 32);
+  return {std::min(q_split, l), std::min<int64_t>(512, key.size(2))};
+}
+
 std::tuple<at::Tensor, at::Tensor> flash_attention_cpu(const at::Tensor& query, const at::Tensor& key,
                                                        const at::Tensor&, double, bool,
                                                        const std::optional<at::Tensor>&, std::optional<double>) {
-  const auto b = query.size(0), h = query.size(1), l = query.size(2), e = query.size(3), kv = key.size(2);
+  const auto b = query.size(0), h = query.size(1), l = query.size(2), e = query.size(3);
   const auto acc = query.options().dtype(accumulate_type(query.scalar_type()));
   auto out = at::empty({b, l, h, e}, query.options());
   auto lse = at::empty({b, l, h}, acc);
-  {  // the kernel's per-thread scratch (one thread): q-block x kv-block scores, max and sum, and a q-block output
-    const int64_t q_split = l >= 768 ? 256 : (l >= 192 ? 64 : 32);
-    const int64_t qs = std::min(q_split, l), ks = std::min<int64_t>(512, kv);
-    (void)at::empty({1, qs * ks + qs + qs + qs * e}, acc);
-  }
+  // The kernel's per-thread scratch (one thread): q-block x kv-block scores, max and sum, and a q-block output.
+  const auto [qs, ks] = flash_blocks(query, key);
+  (void)at::empty({1, qs * ks + qs + qs + qs * e}, acc);
   return {out.transpose(1, 2), lse.transpose(1, 2)};
 }
 
@@ -245,13 +253,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_cpu_backward(
   auto gq = at::empty({query.size(0), query.size(2), query.size(1), query.size(3)}, query.options());
   auto gk = at::empty({key.size(0), key.size(2), key.size(1), key.size(3)}, key.options());
   auto gv = at::empty({value.size(0), value.size(2), value.size(1), value.size(3)}, value.options());
-  {
-    const auto l = query.size(2), e = query.size(3), kv = key.size(2);
-    const int64_t q_split = l >= 768 ? 256 : (l >= 192 ? 64 : 32);
-    const int64_t qs = std::min(q_split, l), ks = std::min<int64_t>(512, kv);
-    const auto acc = query.options().dtype(accumulate_type(query.scalar_type()));
-    (void)at::empty({1, 2 * qs * ks + qs * e}, acc);
-  }
+  // Its scratch: the attention and its gradient for a block, and a q-block of gradient.
+  const auto [qs, ks] = flash_blocks(query, key);
+  (void)at::empty({1, 2 * qs * ks + qs * query.size(3)}, query.options().dtype(accumulate_type(query.scalar_type())));
   return {gq.transpose(1, 2), gk.transpose(1, 2), gv.transpose(1, 2)};
 }
 

@@ -16,16 +16,11 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::count;
 
 const std::string kCli = MEMGATE_CLI;
 
 std::string profiles() { return testing::source_dir() + "/docs/profiles/"; }
-
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
-  return n;
-}
 
 TEST(ReportCliTest, ReportsTheCommittedProfilesAsOneSelfContainedPage) {
   testing::TempDir dir;

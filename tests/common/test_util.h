@@ -55,6 +55,13 @@ inline std::string read_file(const std::string& path) {
   return s.str();
 }
 
+/// How many times `what` occurs in `text`, not overlapping.
+inline int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
 /// Runs a shell command; returns its exit status and fills `output` with stdout and stderr.
 inline int run(const std::string& command, std::string* output = nullptr) {
   auto result = run_command(command + " 2>&1");

@@ -19,6 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::count;
 
 // A profile JSON as `memgate profile --output` writes it: the k-th component (from 1) of probe b is
 // k x (base + b x per_sample).
@@ -59,12 +60,6 @@ std::string error_of(const nlohmann::json& j) {
     return e.what();
   }
   return "no error";
-}
-
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
-  return n;
 }
 
 TEST(ProfileDocumentTest, ReadsEveryComponentOfEveryProbe) {
