@@ -41,10 +41,6 @@ class CpuBesideMeta final : public CountingCpuAllocator::Observer {
 
 ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
                            const ProbeOptions& options) {
-  if (workload.training.precision != Precision::kFp32) {
-    throw Error(workload.source + ": training.precision: estimates do not model autocast yet (Meta tensors take no "
-                "autocast key, so every op would stay fp32); profile it on a device, or estimate the fp32 variant");
-  }
   // The CUDA caching allocator hands out blocks in multiples of 512 bytes, and counts those.
   auto& meta = CountingMetaAllocator::install();
   meta.set_granularity(target == EstimateTarget::kCuda ? 512 : 0);

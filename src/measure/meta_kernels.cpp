@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/WrapDimUtils.h>
+#include <ATen/cpu/Utils.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -25,7 +26,35 @@ at::ScalarType accumulate_type(at::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
 }
 
-// --- convolution ---------------------------------------------------------------------------------------------
+// --- convolution ------------------------------------------------------------------------------------------
+// Whether the CPU's oneDNN takes this dtype (ideep's has_bf16_type_support / has_fp16_type_support: an AVX-512 core,
+// or AVX512-FP16 for fp16, or AVX-NE-CONVERT for both).
+bool cpu_mkldnn_takes(at::ScalarType dtype) {
+  static const auto caps = at::cpu::get_cpu_capabilities();
+  auto has = [](const char* name) {
+    const auto it = caps.find(name);
+    return it != caps.end() && it->second.isBool() && it->second.toBool();
+  };
+  static const bool bf16 = (has("avx512_f") && has("avx512_bw") && has("avx512_vl") && has("avx512_dq")) ||
+                           has("avx_ne_convert");
+  static const bool fp16 = has("avx512_fp16") || has("avx_ne_convert");
+  return dtype == at::kBFloat16 ? bf16 : dtype == at::kHalf ? fp16 : false;
+}
+
+// The CPU's choice (ConvParams::use_mkldnn, one thread): oneDNN for bf16/fp16 where it takes them; for fp32 unless a
+// 1x1 unit-stride kernel on a small batch, or a single small image through a kernel of at most 3x3; never otherwise.
+bool cpu_uses_mkldnn(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                     at::IntArrayRef dilation, int64_t groups) {
+  const auto dtype = input.scalar_type();
+  if (dtype == at::kBFloat16 || dtype == at::kHalf) return cpu_mkldnn_takes(dtype);
+  if (dtype != at::kFloat) return false;
+  const auto kh = weight.size(2), kw = weight.size(3);
+  const bool strided = stride[0] > 1 || stride[stride.size() - 1] > 1;
+  const bool dilated = dilation[0] > 1 || dilation[dilation.size() - 1] > 1;
+  return (strided || dilated || input.size(0) >= 16 || kw != 1 || kh != 1) &&
+         (groups > 1 || (kw > 3 && kh > 3) || input.size(0) > 1 || input.numel() > 20480);
+}
+
 // On the Meta device _convolution picks the "overrideable" backend; the output's spatial sizes follow the
 // convolution arithmetic, its layout the input's.
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& /*bias*/,
@@ -41,25 +70,24 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
                                : (in + 2 * p - d * (k - 1) - 1) / s + 1);
   }
   const auto options = input.options().memory_format(input.suggest_memory_format());
-  if (for_cpu() && spatial == 2 && !transposed) {
-    // The CPU's choice (ConvParams::use_mkldnn, one thread): oneDNN unless a 1x1 unit-stride kernel on a small batch,
-    // or a single small image through a kernel of at most 3x3, which im2col (_slow_conv2d_forward) computes.
-    const auto kh = weight.size(2), kw = weight.size(3);
-    const bool strided = stride[0] > 1 || stride[stride.size() - 1] > 1;
-    const bool dilated = dilation[0] > 1 || dilation[dilation.size() - 1] > 1;
-    const bool mkldnn = (strided || dilated || input.size(0) >= 16 || kw != 1 || kh != 1) &&
-                        (groups > 1 || (kw > 3 && kh > 3) || input.size(0) > 1 || input.numel() > 20480);
-    if (mkldnn) {
-      // oneDNN reorders the weight into its blocked layout and computes into a buffer of the output's size before
-      // the output: both are freed when it returns.
-      auto reordered = at::empty_like(weight);
-      auto buffer = at::empty(shape, options);
-      return at::empty(shape, options);
-    }
-    // im2col: the unfolded input (C_in x kh x kw rows, one column per output pixel) for each image, then the output.
-    auto finput = at::empty({input.size(0), input.size(1) / groups * kh * kw, shape[2] * shape[3]}, input.options());
+  if (!for_cpu() || spatial != 2) return at::empty(shape, options);
+  if (cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
+    // oneDNN reorders the weight into its blocked layout and computes into a buffer of the output's size before
+    // the output: both are freed when it returns.
+    auto reordered = at::empty_like(weight);
+    auto buffer = at::empty(shape, options);
     return at::empty(shape, options);
   }
+  const auto kh = weight.size(2), kw = weight.size(3);
+  if (transposed) {
+    // slow_conv_transpose2d: the output, then the columns of one image at a time (C_out x kh x kw rows, one column
+    // per input pixel), freed when it returns.
+    auto out = at::empty(shape, options);
+    auto columns = at::empty({weight.size(1) * kh * kw, input.size(2) * input.size(3)}, input.options());
+    return out;
+  }
+  // im2col: the unfolded input (C_in x kh x kw rows, one column per output pixel) for each image, then the output.
+  auto finput = at::empty({input.size(0), input.size(1) / groups * kh * kw, shape[2] * shape[3]}, input.options());
   return at::empty(shape, options);
 }
 
@@ -94,12 +122,15 @@ std::vector<int64_t> stat_shape(const at::Tensor& input, std::size_t normalized)
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tensor& input, at::IntArrayRef normalized,
-                                                                 const std::optional<at::Tensor>&,
+                                                                 const std::optional<at::Tensor>& weight,
                                                                  const std::optional<at::Tensor>&, double) {
   int64_t m = 1;
   for (int64_t i = 0; i < input.dim() - static_cast<int64_t>(normalized.size()); ++i) m *= input.size(i);
   auto y = at::empty_like(input, at::MemoryFormat::Contiguous);
-  const auto stats = input.options().dtype(accumulate_type(input.scalar_type()));
+  // Mean and rstd: CUDA keeps them in the accumulate type; the CPU in the input's, or fp32 when a reduced-precision
+  // input meets fp32 parameters (autocast leaves layer_norm alone on the CPU).
+  const bool mixed = weight && weight->defined() && weight->scalar_type() != input.scalar_type();
+  const auto stats = input.options().dtype(!for_cpu() || mixed ? accumulate_type(input.scalar_type()) : input.scalar_type());
   auto mean = at::empty({m}, stats);
   auto rstd = at::empty({m}, stats);
   const auto shape = stat_shape(input, normalized.size());
@@ -132,6 +163,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(const at::Tenso
                                                                  double, double) {
   auto out = at::empty_like(input, input.suggest_memory_format());
   const auto stats = input.options().dtype(accumulate_type(input.scalar_type()));
+  if (for_cpu() && !training && accumulate_type(input.scalar_type()) != input.scalar_type()) {
+    // The CPU's inference kernel for a reduced-precision input takes per-channel scale and shift in fp32.
+    auto alpha = at::empty({input.size(1)}, stats);
+    auto beta = at::empty({input.size(1)}, stats);
+  }
   const auto c = training ? input.size(1) : 0;
   return {out, at::empty({c}, stats), at::empty({c}, stats)};
 }
@@ -312,10 +348,15 @@ at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const
   return out;
 }
 
+// GradScaler's unscale and update work in place, on every device: nothing to allocate, nothing to compute.
+void amp_unscale(at::TensorList, at::Tensor&, const at::Tensor&) {}
+at::Tensor& amp_update_scale(at::Tensor& self, at::Tensor&, const at::Tensor&, double, double, int64_t) { return self; }
+
 }  // namespace
 
 void use_meta_kernels_for(EstimateTarget target) {
   g_target.store(target);
+  use_meta_autocast_for(target);
   static std::once_flag once;
   std::call_once(once, [] {
     static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradMeta, __FILE__, __LINE__);
@@ -343,6 +384,8 @@ void use_meta_kernels_for(EstimateTarget target) {
     lib.impl("relu_", TORCH_FN(relu_));
     lib.impl("where.self", TORCH_FN(where));
     lib.impl("where.self_out", TORCH_FN(where_out));
+    lib.impl("_amp_foreach_non_finite_check_and_unscale_", TORCH_FN(amp_unscale));
+    lib.impl("_amp_update_scale_", TORCH_FN(amp_update_scale));
   });
 }
 

@@ -235,7 +235,8 @@ void GradScaler::step(TrainingOptimizer& optimizer) {
       at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, device_inv_scale);
     }
   }
-  if (found_inf_.item<float>() == 0.0F) optimizer.step();
+  // A Meta tensor holds no value: an estimate takes the step a run without overflow takes.
+  if (found_inf_.is_meta() || found_inf_.item<float>() == 0.0F) optimizer.step();
 }
 
 void GradScaler::update() {

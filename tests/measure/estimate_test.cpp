@@ -49,8 +49,9 @@ TEST(CountingMetaAllocatorTest, CountsRequestsAndHandsOutNoMemory) {
 }
 
 // How far an estimate's peaks may be from the CPU's exact bytes, where the CPU kernels' scratch is not modelled
-// yet (the largest error measured, rounded up): conv backward through im2col (_slow_conv2d_backward) and oneDNN,
-// and the TorchScript interpreter's frees in an eval forward. Everything else: 1%.
+// yet (the largest error measured, rounded up): conv backward through im2col (_slow_conv2d_backward) and oneDNN
+// (its reorders and scratchpads, allocated inside the kernel), oneDNN's bf16 convolutions and matmuls
+// (multimodal_tiny), and the TorchScript interpreter's frees in an eval forward. Everything else: 1%.
 struct PeakGap {
   double forward_pct = 1.0, eval_pct = 1.0, step_pct = 1.0;
 };
@@ -58,6 +59,10 @@ const std::map<std::string, PeakGap> kKnownGaps = {
     {"resnet_tiny_classify", {1.0, 1.0, 3.0}},
     {"ts_resnet18_w8_torchvision", {1.0, 10.0, 3.0}},
     {"unet_tiny", {1.0, 1.0, 4.5}},
+    {"unet_tiny_fp16", {1.0, 1.0, 3.5}},
+    {"unet_tiny_fp16_accum4", {1.0, 1.0, 3.5}},
+    {"resnet_tiny_fewshot_amp_accum", {1.0, 1.0, 3.5}},
+    {"multimodal_tiny", {53.0, 8.5, 5.5}},
     {"segnet_tiny_stage2", {1.0, 1.0, 60.0}},
     {"segnet_tiny_unfreeze", {1.0, 1.0, 65.0}},
     {"segnet_tiny_ckpt", {1.0, 1.0, 62.0}},
@@ -89,16 +94,6 @@ class EstimateAccuracyTest : public ::testing::TestWithParam<SuiteFixture> {};
 TEST_P(EstimateAccuracyTest, MatchesTheCountingAllocatorOnTheCpu) {
   const auto& f = GetParam();
   const auto fixture = load_fixture(f.path);
-  if (fixture.training.precision != Precision::kFp32) {
-    // Autocast is not estimated yet: the estimate says so instead of guessing.
-    try {
-      (void)estimate_probe(fixture, f.batch_sizes.front(), EstimateTarget::kCpu);
-      ADD_FAILURE() << f.name << ": an autocast fixture was estimated";
-    } catch (const Error& e) {
-      EXPECT_THAT(e.what(), ::testing::HasSubstr("estimates do not model autocast yet"));
-    }
-    return;
-  }
   const auto gap = kKnownGaps.contains(f.name) ? kKnownGaps.at(f.name) : PeakGap{};
   for (const auto batch : f.batch_sizes) {
     const auto measured = run_probe(fixture, batch, kCpu);

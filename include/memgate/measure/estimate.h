@@ -16,9 +16,8 @@ enum class EstimateTarget { kCpu, kCuda };
 /// Runs the probe protocol of `workload` at `batch_size` on the Meta device for `target`: every component, counted
 /// from the tensors' requests. For CUDA they are counted in the caching allocator's 512-byte blocks and replayed
 /// through its model (CachingAllocatorModel: pools, segments, best fit, splitting), which gives step_peak_reserved;
-/// for the CPU, reserved is allocated. Not modelled yet: expandable segments, and autocast (Meta tensors take no
-/// autocast key): a fixture that uses autocast is refused. An op without a Meta kernel throws memgate::Error naming
-/// it.
+/// for the CPU, reserved is allocated. Autocast runs by the target's policy (use_meta_autocast_for: the ops torch
+/// autocasts on that device, cast as it casts them). An op without a Meta kernel throws memgate::Error naming it.
 [[nodiscard]] ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
                                          const ProbeOptions& options = {});
 

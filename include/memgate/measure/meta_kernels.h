@@ -4,10 +4,21 @@
 
 #include "memgate/measure/estimate.h"
 
+#include <string>
+#include <vector>
+
 namespace memgate {
 
 /// Registers memgate's Meta kernels (once per process) and makes them follow `target`: the attention kernel the
 /// target would pick and the tensors its kernels allocate.
 void use_meta_kernels_for(EstimateTarget target);
+
+/// Registers autocast for Meta tensors (once per process) with the policy of `target`: which ops run in the lower
+/// precision, which in fp32, which promote, as torch's autocast runs them on that device. AutocastScope turns it on
+/// for the Meta device. use_meta_kernels_for calls it.
+void use_meta_autocast_for(EstimateTarget target);
+
+/// The ops ("name" or "name.overload") that `target` autocasts, each with a policy.
+[[nodiscard]] std::vector<std::string> meta_autocast_ops(EstimateTarget target);
 
 }  // namespace memgate

@@ -3,7 +3,10 @@
 
 #include "memgate/base/enum_names.h"
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/types.h>
+
+#include <optional>
 
 namespace memgate {
 
@@ -18,6 +21,9 @@ inline constexpr EnumNames<Precision, 3> kPrecisionNames{
 [[nodiscard]] torch::Dtype dtype_of(Precision precision);
 
 /// Autocast on `device_type` in `precision` for its lifetime (no-op for fp32); restores the previous state.
+/// Meta tensors carry no autocast key: on the Meta device the scope includes AutocastPrivateUse1 in the thread's
+/// dispatch keys and enables it, where an estimate registers kernels that cast Meta tensors by its target's policy
+/// (memgate::use_meta_autocast_for); without them, ops on Meta run uncast.
 class AutocastScope {
  public:
   AutocastScope(torch::DeviceType device_type, Precision precision);
@@ -27,9 +33,14 @@ class AutocastScope {
 
  private:
   torch::DeviceType device_type_;
+  std::optional<c10::impl::IncludeDispatchKeyGuard> include_meta_;
   bool active_ = false;
   bool previous_enabled_ = false;
   torch::ScalarType previous_dtype_ = torch::kFloat32;
 };
+
+/// The function that drops the Meta autocast's cache of casted weights, called when the outermost scope ends (as
+/// at::autocast::clear_cache is); set by the Meta autocast when it registers.
+void set_meta_autocast_cache_clear(void (*clear)());
 
 }  // namespace memgate
