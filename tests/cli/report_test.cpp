@@ -3,6 +3,7 @@
 #include "test_util.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -101,9 +102,17 @@ TEST(ReportCliTest, EstimateWritesTheProfileJsonMarkedAsAnEstimate) {
                          &out),
             0)
       << out;
-  // Autocast is not estimated yet: refused, naming the key.
-  EXPECT_EQ(testing::run(fmt::format("{} estimate --config {}lisa_7b_bf16.yaml", kCli, fixtures), &out), 3) << out;
-  EXPECT_THAT(out, HasSubstr("lisa_7b_bf16.yaml: training.precision: estimates do not model autocast yet"));
+  // The 7B fixture (bf16 autocast, frozen weights kept in bf16) on a machine without a GPU: 7.05 G parameters of
+  // two bytes each, counted, not allocated.
+  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {}lisa_7b_bf16.yaml --batch-sizes 2 --output {}", kCli,
+                                     fixtures, dir / "lisa.json"),
+                         &out),
+            0)
+      << out;
+  const auto lisa = nlohmann::json::parse(testing::read_file(dir / "lisa.json"));
+  const auto params = lisa.at("probes").at(0).at("components").at("params").get<std::int64_t>();
+  EXPECT_GT(params, std::int64_t{7'000'000'000} * 2);
+  EXPECT_LT(params, std::int64_t{7'100'000'000} * 2) << "the frozen weights in bf16, not fp32";
   EXPECT_EQ(testing::run(fmt::format("{} estimate --config {}gpt_tiny.yaml --for tpu", kCli, fixtures), &out), 2);
 }
 
