@@ -84,9 +84,9 @@ void CountingMetaAllocator::reset_peak() {
   if (g_model) g_model->reset_peak();
 }
 
-void CountingMetaAllocator::model_caching_allocator(bool on) {
+void CountingMetaAllocator::model_caching_allocator(bool on, bool expandable_segments) {
   const std::lock_guard lock(g_model_mutex);
-  g_model = on ? std::make_unique<CachingAllocatorModel>() : nullptr;
+  g_model = on ? std::make_unique<CachingAllocatorModel>(expandable_segments) : nullptr;
 }
 
 std::int64_t CountingMetaAllocator::reserved_bytes() const {

@@ -142,6 +142,19 @@ TEST(EstimateTest, ForCudaCountsWholeBlocksAndLeavesHostMemoryOut) {
   EXPECT_EQ(cuda.components.optimizer_state, cuda_state);
 }
 
+TEST(EstimateTest, ExpandableSegmentsReserveByPagesOfOneSegment) {
+  auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/retfound_green_lora.yaml");
+  const auto plain = estimate_probe(fixture, 8, EstimateTarget::kCuda);
+  fixture.training.allocator = "expandable_segments:True";
+  const auto expandable = estimate_probe(fixture, 8, EstimateTarget::kCuda);
+  // The allocator's settings change what it reserves, not what tensors ask for.
+  EXPECT_EQ(expandable.components.step_peak, plain.components.step_peak);
+  EXPECT_EQ(expandable.components.activations, plain.components.activations);
+  EXPECT_NE(expandable.components.step_peak_reserved, plain.components.step_peak_reserved);
+  EXPECT_GE(expandable.components.step_peak_reserved, expandable.components.step_peak);
+  EXPECT_EQ(expandable.components.step_peak_reserved % (2 << 20), 0);
+}
+
 TEST(EstimateTest, AFullSizeFixtureIsEstimatedWithoutAllocatingIt) {
   // RETFound-Large with LoRA at batch 64: 1.2 GB of parameters and 13 GB of activations, counted on no device.
   const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/retfound_large_lora.yaml");

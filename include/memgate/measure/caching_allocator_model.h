@@ -19,13 +19,18 @@ namespace memgate {
 ///   (small pool) or more than 1 MiB (large pool);
 /// - a freed block merges with free neighbours of its segment; empty_cache() gives back segments wholly free.
 ///
+/// With expandable segments (expandable_segments:True), each pool has one segment that grows at its end, mapped in
+/// pages (2 MiB small, 20 MiB large): a request no free block holds maps the pages it lacks after the segment's
+/// free tail; any block splits when at least 512 bytes remain; empty_cache() unmaps the whole pages of the free
+/// tail (the model keeps free pages inside the segment mapped, where CUDA unmaps them too).
+///
 ///   memgate::CachingAllocatorModel model;
 ///   model.malloc(1, 100);    // reserved(): 2 MiB (a small segment), allocated(): 512
 ///   model.free(1);
 ///   model.empty_cache();     // reserved(): 0
 class CachingAllocatorModel {
  public:
-  CachingAllocatorModel();
+  explicit CachingAllocatorModel(bool expandable_segments = false);
   ~CachingAllocatorModel();
   CachingAllocatorModel(const CachingAllocatorModel&) = delete;
   CachingAllocatorModel& operator=(const CachingAllocatorModel&) = delete;
@@ -53,6 +58,7 @@ class CachingAllocatorModel {
 
  private:
   Block* find_free(bool small, std::int64_t size);
+  Block* grow(bool small, std::int64_t size);
   void insert_free(Block* block);
   void erase_free(Block* block);
 
@@ -62,6 +68,7 @@ class CachingAllocatorModel {
   std::map<std::uint64_t, Block*> live_;
   std::vector<std::unique_ptr<Block>> storage_;
   std::int64_t next_address_ = 0;
+  bool expandable_ = false;
   std::int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
 };
 
