@@ -147,7 +147,6 @@ std::string default_gpus_dir() {
   }
 }
 
-// The GPU fixtures of `dir` as reports draw them; none when `dir` is "" or not a folder.
 // The GPU fixtures of `dir`; none when `dir` is "" or not a folder (profile then prints no fits table).
 std::vector<memgate::GpuSpec> gpu_specs(const std::string& dir) {
   if (dir.empty() || !std::filesystem::is_directory(dir)) return {};
@@ -303,40 +302,76 @@ Run add_profile(CLI::App& app) {
   };
 }
 
+// The budgets of a suite, checked from estimates for CUDA: what a CPU runner can say before a GPU runner measures.
+ExitCode check_estimated_budgets(const std::string& suite_path, const std::string& gpus_dir) {
+  const auto suite = memgate::load_suite(suite_path, memgate::suite_models_dir(suite_path));
+  if (suite.budgets.empty()) throw memgate::Error(suite_path + ": budgets: the suite has none to check");
+  const auto gpus = memgate::load_gpus(gpus_dir);
+  fmt::print("memgate estimate: the budgets of {} from estimates for CUDA (not measured; never a baseline)\n",
+             suite_path);
+  int over = 0;
+  for (const auto& budget : suite.budgets) {
+    const auto& gpu = memgate::find_gpu(gpus, budget.gpu);
+    const auto fixture = memgate::load_fixture(budget.fixture_path);
+    const auto probe = memgate::estimate_probe(fixture, budget.batch_size, memgate::EstimateTarget::kCuda);
+    const auto check = memgate::check_budget(probe.components.step_peak_reserved, gpu);
+    over += check.fits() ? 0 : 1;
+    fmt::print("  {:<32} bs {:<4} on {:<34} needs {:>11} of {:>11}  {}\n", budget.fixture, budget.batch_size,
+               gpu.name, memgate::format_bytes(check.required), memgate::format_bytes(check.available),
+               check.fits() ? "fits [estimate]" : "DOES NOT FIT [estimate]");
+  }
+  fmt::print("{} of {} budgets fit, by estimate; a GPU runner's memory suite measures them\n",
+             suite.budgets.size() - static_cast<std::size_t>(over), suite.budgets.size());
+  return over == 0 ? kOk : kFailed;
+}
+
 Run add_estimate(CLI::App& app) {
   struct Options {
     std::string config;
+    std::string suite;
     std::string batch_sizes;
     std::string target = "cuda";
     ProfileFiles files;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
-      ->required()
-      ->type_name("FILE");
+  auto* config = app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
+                     ->type_name("FILE");
+  auto* suite = app.add_option("--suite", o->suite,
+                               "Instead: check a suite's budgets (fixtures/suites/gpu.yaml) from estimates for CUDA")
+                    ->type_name("FILE");
+  config->excludes(suite);
+  app.parse_complete_callback([config, suite] {
+    if (config->count() == 0 && suite->count() == 0) throw CLI::RequiredError("--config or --suite");
+  });
   app.add_option("--batch-sizes", o->batch_sizes, "Batch sizes to estimate, e.g. 1,8,32 (default: the fixture's)")
       ->type_name("N,N,...")
-      ->check(check_value(is_batch_sizes, "positive integers separated by commas (e.g. 1,8,32)"));
+      ->check(check_value(is_batch_sizes, "positive integers separated by commas (e.g. 1,8,32)"))
+      ->excludes(suite);
   app.add_option("--for", o->target, "The device the estimate speaks for: cpu or cuda")
       ->capture_default_str()
       ->type_name("DEVICE")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->excludes(suite);
   app.add_option("--output", o->files.output,
                  "Also write the estimate as JSON (the profile's, with \"estimated\": true)")
-      ->type_name("FILE");
-  app.add_option("--html", o->files.html, "Also write the report as HTML to this file")->type_name("FILE");
+      ->type_name("FILE")
+      ->excludes(suite);
+  app.add_option("--html", o->files.html, "Also write the report as HTML to this file")->type_name("FILE")->excludes(suite);
   app.add_option("--snapshot", o->files.snapshot,
                  "Write the estimated allocations for https://pytorch.org/memory_viz (<stem>_bs<N>.pickle per batch size "
                  "when there are several)")
-      ->type_name("FILE.pickle");
-  app.add_option("--gpus", o->files.gpus, "Folder of GPU fixtures for the fits-on table")
+      ->type_name("FILE.pickle")
+      ->excludes(suite);
+  app.add_option("--gpus", o->files.gpus, "Folder of GPU fixtures for the fits-on table and the budgets")
       ->capture_default_str()
       ->type_name("DIR");
   app.footer(footer(
       "Estimates each component without a GPU and without computing: the fixture's whole protocol (build, eval\n"
       "forward, warm-up, measured step) runs on LibTorch's Meta device, where tensors have shapes but no storage,\n"
-      "and a counting allocator sees every request. An estimate is never a baseline."));
+      "and a counting allocator sees every request. An estimate is never a baseline. With --suite, checks each of\n"
+      "the suite's budgets from an estimate for CUDA at its batch size, and exits 1 when one does not fit."));
   return [o] {
+    if (!o->suite.empty()) return check_estimated_budgets(o->suite, o->files.gpus);
     o->files.refuse_onto(o->config);
     const auto fixture = memgate::load_fixture(o->config);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);

@@ -116,6 +116,32 @@ TEST(ReportCliTest, EstimateWritesTheProfileJsonMarkedAsAnEstimate) {
   EXPECT_EQ(testing::run(fmt::format("{} estimate --config {}gpt_tiny.yaml --for tpu", kCli, fixtures), &out), 2);
 }
 
+// Budgets of full-size fixtures on a machine without a GPU: the GPU suite's, each from an estimate for CUDA.
+TEST(ReportCliTest, EstimateChecksASuitesBudgetsWithoutAGpu) {
+  std::string out;
+  const auto root = testing::source_dir() + "/fixtures";
+  ASSERT_EQ(testing::run(fmt::format("{} estimate --suite {}/suites/gpu.yaml", kCli, root), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("lisa_7b_bf16"));
+  EXPECT_THAT(out, HasSubstr("5 of 5 budgets fit, by estimate"));
+  EXPECT_THAT(out, Not(HasSubstr("DOES NOT FIT")));
+  // A budget no estimate can meet fails the check (exit 1) and says which.
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir / "suites");
+  std::filesystem::create_directories(dir / "models");
+  std::filesystem::copy_file(root + "/models/retfound_large_full.yaml", dir / "models/retfound_large_full.yaml");
+  testing::write_file(dir / "suites/tight.yaml",
+                      "device: cuda\nfixtures: []\nbudgets:\n"
+                      "  - {fixture: retfound_large_full, batch_size: 64, gpu: rtx_3070_8gb}\n");
+  EXPECT_EQ(testing::run(fmt::format("{} estimate --suite {} --gpus {}/gpus", kCli, dir / "suites/tight.yaml", root),
+                         &out),
+            1)
+      << out;
+  EXPECT_THAT(out, HasSubstr("DOES NOT FIT [estimate]"));
+  EXPECT_THAT(out, HasSubstr("0 of 1 budgets fit"));
+  // --suite is the whole run: a fixture or files beside it are a usage error.
+  EXPECT_EQ(testing::run(fmt::format("{} estimate --suite {}/suites/gpu.yaml --output x.json", kCli, root), &out), 2);
+}
+
 // --- The browser ----------------------------------------------------------------------------------------------
 
 // The page's DOM after its scripts ran, and a screenshot, from headless Chromium.
