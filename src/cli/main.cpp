@@ -395,6 +395,7 @@ Run add_advise(CLI::App& app) {
     std::int64_t capacity_mib = 0;
     std::string device = "auto";
     std::int64_t effective_batch = 0;
+    bool from_estimates = false;
     std::string output;
     std::string gpus = default_gpus_dir();
   };
@@ -416,6 +417,8 @@ Run add_advise(CLI::App& app) {
                  "Also find the micro-batch and accumulation steps that reach this batch on each target")
       ->type_name("N")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  app.add_flag("--from-estimates", o->from_estimates,
+               "Pick each probe from estimates (memgate estimate) scaled by the measured peaks, not from a line");
   app.add_option("--output", o->output, "Also write the advice as JSON to this file")->type_name("FILE");
   app.add_option("--gpus", o->gpus, "Folder of GPU fixtures")->capture_default_str()->type_name("DIR");
   app.parse_complete_callback([gpu, all, capacity] {
@@ -448,6 +451,7 @@ Run add_advise(CLI::App& app) {
     memgate::AdviseOptions options;
     if (o->effective_batch > 0) options.effective_batch = o->effective_batch;
     if (!fixture.batch_sizes.empty()) options.wanted_batch = fixture.batch_sizes.back();
+    options.from_estimates = o->from_estimates;
     memgate::Progress progress;
     std::string item;
     int probes = 0;

@@ -1,9 +1,12 @@
 // The batch-size advice: predict from the affine model of the step's peak, confirm under an allocator cap.
 #include "memgate/gate/advise.h"
 
+#include "memgate/measure/estimate.h"
+
 #include "memgate/base/error.h"
 #include "memgate/base/units.h"
 #include "memgate/gate/report.h"
+#include "memgate/measure/estimate.h"
 #include "memgate/models/vit.h"
 
 #include <fmt/format.h>
@@ -12,6 +15,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 
 namespace memgate {
@@ -63,6 +67,53 @@ ProbeResult probe(const Workload& w, std::int64_t batch, c10::Device device, std
   return cap ? run_probe_capped(w, batch, device, *cap, o.probe) : run_probe(w, batch, device, o.probe);
 }
 
+// The peaks estimates give a workload, batch by batch, computed when first asked for (tens of milliseconds each).
+class EstimatedPeaks {
+ public:
+  EstimatedPeaks(const Workload& workload, c10::Device device)
+      : workload_(workload), target_(device.is_cuda() ? EstimateTarget::kCuda : EstimateTarget::kCpu) {}
+  std::int64_t at(std::int64_t batch) {
+    if (const auto it = peaks_.find(batch); it != peaks_.end()) return it->second;
+    return peaks_[batch] = std::max<std::int64_t>(peak_of(estimate_probe(workload_, batch, target_)), 1);
+  }
+
+ private:
+  Workload workload_;
+  EstimateTarget target_;
+  std::map<std::int64_t, std::int64_t> peaks_;
+};
+
+// The largest batch in [1, max_batch] whose estimated peak, scaled by the measured/estimated ratio of the nearest
+// measured batch, fits `usable` (0: not even batch 1): doubling, then bisection.
+std::int64_t predict_from_estimates(EstimatedPeaks& estimated, const std::map<std::int64_t, std::int64_t>& measured,
+                                    std::int64_t usable, std::int64_t max_batch) {
+  auto fits = [&](std::int64_t b) {
+    double ratio = 1.0;
+    if (!measured.empty()) {
+      auto it = measured.upper_bound(b);
+      const auto& [bm, pm] = it == measured.begin() ? *it : *std::prev(it);
+      ratio = static_cast<double>(pm) / static_cast<double>(estimated.at(bm));
+    }
+    return static_cast<double>(estimated.at(b)) * ratio <= static_cast<double>(usable);
+  };
+  if (!fits(1)) return 0;
+  std::int64_t good = 1, bad = 0;
+  for (std::int64_t b = 2; bad == 0; b *= 2) {
+    const auto at = std::min(b, max_batch);
+    if (fits(at)) {
+      good = at;
+      if (at == max_batch) return max_batch;
+    } else {
+      bad = at;
+    }
+  }
+  while (bad - good > 1) {
+    const auto mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+
 // The free probes all targets share: batch 1 and batch 2, measured without a cap.
 struct Shared {
   std::map<std::int64_t, std::int64_t> peaks;  // batch -> peak; a batch that ran out of memory is absent
@@ -91,7 +142,7 @@ Shared shared_probes(const Workload& workload, c10::Device device, std::int64_t 
 // under an allocator cap of the target's usable bytes (that is the confirmation); a batch expected not to fit,
 // or one after a capped probe ran out, runs under a safety cap of four times that, so that its peak is measured.
 TargetAdvice search(const Workload& workload, const AdviceTarget& target, c10::Device device, const Shared& shared,
-                    std::int64_t accumulation_steps, std::int64_t max_batch) {
+                    std::int64_t accumulation_steps, std::int64_t max_batch, EstimatedPeaks* estimated) {
   TargetAdvice t;
   t.target = target;
   const auto usable = target.usable_bytes;
@@ -134,6 +185,7 @@ TargetAdvice search(const Workload& workload, const AdviceTarget& target, c10::D
       }
     }
     t.fit = fit_points(fitting.size() >= 2 ? fitting : points);
+    if (estimated != nullptr) return predict_from_estimates(*estimated, points, usable, max_batch);
     return predict(t.fit, usable, max_batch);
   };
   if (largest_fit() == 0) {
@@ -261,13 +313,24 @@ Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets
   Advice advice;
   advice.device = describe_probe_device(device, workload);
   advice.fixture = workload.name;
+  advice.from_estimates = options.from_estimates;
   const auto shared = shared_probes(workload, device, workload.training.accumulation_steps);
+  // Estimates of the workload as it is and with accumulation, when asked for (each computed on first use).
+  auto estimates_of = [&](std::int64_t steps) -> std::unique_ptr<EstimatedPeaks> {
+    if (!options.from_estimates) return nullptr;
+    auto w = workload;
+    w.training.accumulation_steps = steps;
+    return std::make_unique<EstimatedPeaks>(w, device);
+  };
+  const auto estimated = estimates_of(workload.training.accumulation_steps);
   advice.total_probes = static_cast<int>(shared.batches.size());
   // With accumulation the gradients stay between micro-batches: the search for the micro-batch runs with it.
   const auto accumulated_steps = std::max<std::int64_t>(2, workload.training.accumulation_steps);
   std::optional<Shared> shared_accumulated;
+  const auto estimated_accumulated = estimates_of(accumulated_steps);
   for (const auto& target : targets) {
-    auto t = search(workload, target, device, shared, workload.training.accumulation_steps, options.max_batch);
+    auto t = search(workload, target, device, shared, workload.training.accumulation_steps, options.max_batch,
+                    estimated.get());
     advice.total_probes += t.probes - static_cast<int>(shared.batches.size());
     if (options.effective_batch) {
       const auto n = *options.effective_batch;
@@ -282,7 +345,8 @@ Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets
           shared_accumulated = shared_probes(workload, device, accumulated_steps);
           advice.total_probes += static_cast<int>(shared_accumulated->batches.size());
         }
-        const auto micro = search(workload, target, device, *shared_accumulated, accumulated_steps, options.max_batch);
+        const auto micro = search(workload, target, device, *shared_accumulated, accumulated_steps, options.max_batch,
+                                  estimated_accumulated.get());
         advice.total_probes += micro.probes - static_cast<int>(shared_accumulated->batches.size());
         t.probes += micro.probes;
         largest_micro = micro.batch_size.value_or(0);
@@ -328,10 +392,11 @@ Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets
         variant.step_seconds = variant_shared.step_seconds;
         variant.step_time_change_pct =
             shared.step_seconds > 0.0 ? (variant.step_seconds / shared.step_seconds - 1.0) * 100.0 : 0.0;
+        const auto variant_estimated = options.from_estimates ? std::make_unique<EstimatedPeaks>(w, device) : nullptr;
         for (const auto i : missing) {
           auto v = variant;
           const auto r = search(w, advice.targets[i].target, device, variant_shared, w.training.accumulation_steps,
-                                options.max_batch);
+                                options.max_batch, variant_estimated.get());
           v.batch_size = r.batch_size;
           v.probes = r.probes;
           advice.total_probes += r.probes - static_cast<int>(variant_shared.batches.size());
@@ -396,6 +461,7 @@ nlohmann::json advice_to_json(const Advice& advice) {
   return {{"device", device_to_json(advice.device)},
           {"model", {{"name", advice.fixture}}},
           {"total_probes", advice.total_probes},
+          {"from_estimates", advice.from_estimates},
           {"targets", targets}};
 }
 
@@ -441,6 +507,9 @@ std::string format_advice(const Advice& advice) {
   out += fmt::format("\n{} probes in all; each advised batch ran under an allocator cap of the target's usable "
                      "bytes, and the next batch up did not fit.\n",
                      advice.total_probes);
+  if (advice.from_estimates) {
+    out += "Predictions came from estimates (the step on the Meta device), scaled by the nearest measured peak.\n";
+  }
   if (advice.device.device.is_cpu()) {
     out += "(measured on the CPU: CUDA kernels and workspaces differ; advise on a GPU for a GPU you can trust)\n";
   }

@@ -159,6 +159,14 @@ TEST(AdviseCliTest, AdvisesForACapacityAndWritesJson) {
   EXPECT_GE(target["probes"].get<int>(), 3);
   EXPECT_EQ(target["accumulation"]["micro_batch"].get<int>() * target["accumulation"]["steps"].get<int>(), 64);
   EXPECT_TRUE(target["trials"].back()["fits"].is_boolean());
+  EXPECT_FALSE(advice["from_estimates"].get<bool>());
+  // Picked from estimates: the same batch, said so.
+  ASSERT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 8 --from-estimates "
+                               "--output " + json, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("Predictions came from estimates"));
+  const auto guided = nlohmann::json::parse(testing::read_file(json));
+  EXPECT_TRUE(guided["from_estimates"].get<bool>());
+  EXPECT_EQ(guided["targets"][0]["batch_size"], target["batch_size"]);
 }
 
 TEST(BenchCompareCliTest, ConvertNeverOverwritesItsInput) {

@@ -42,6 +42,10 @@ TEST_P(AdviseTest, AdvisesTheLargestBatchThatRunsUnderTheCap) {
     const auto advice = advise(fixture, {target}, kCpu);
     ASSERT_EQ(advice.targets.size(), 1U);
     const auto& t = advice.targets.front();
+    AdviseOptions guided;
+    guided.from_estimates = true;
+    const auto from_estimates = advise(fixture, {target}, kCpu, guided);
+    const auto& te = from_estimates.targets.front();
 
     // The exhaustive answer: every batch from 1 up, under the same cap, until one does not run.
     std::map<std::int64_t, bool> runs;
@@ -62,8 +66,13 @@ TEST_P(AdviseTest, AdvisesTheLargestBatchThatRunsUnderTheCap) {
     // optimizer step that dominates small batches) misleads the first fit most, and still the search never takes
     // more than two probes beyond the usual doubling-then-bisection.
     EXPECT_LE(t.probes, std::max(4, classic + 2)) << GetParam();
+    // Picked from estimates, the probes find the same answer, confirmed the same way.
+    ASSERT_TRUE(te.batch_size.has_value());
+    EXPECT_EQ(*te.batch_size, exhaustive) << GetParam() << " under " << usable << " bytes, from estimates";
+    EXPECT_LE(te.probes, std::max(4, classic + 2)) << GetParam() << ", from estimates";
     std::cout << "[ ADVICE   ] " << GetParam() << " cap " << usable << " B: batch " << *t.batch_size << " (predicted "
-              << t.predicted.value_or(0) << ") in " << t.probes << " probes; power-of-two + binary search: "
+              << t.predicted.value_or(0) << ") in " << t.probes << " probes (from estimates: predicted "
+              << te.predicted.value_or(0) << ", " << te.probes << " probes); power-of-two + binary search: "
               << classic << " trials\n";
   }
 }
@@ -71,6 +80,7 @@ TEST_P(AdviseTest, AdvisesTheLargestBatchThatRunsUnderTheCap) {
 std::string name_of_case(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, AdviseTest, ::testing::ValuesIn(cpu_suite_fixtures()), name_of_case);
+
 
 TEST(AdviseAccumulationTest, ReachesTheEffectiveBatchWithMicroBatchesThatFit) {
   const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml");

@@ -89,6 +89,7 @@ struct Advice {
   std::string fixture;
   std::vector<TargetAdvice> targets;
   int total_probes = 0;  ///< every probe run, shared ones counted once
+  bool from_estimates = false;  ///< probes picked from estimates (AdviseOptions::from_estimates)
 };
 
 struct AdviseOptions {
@@ -100,6 +101,11 @@ struct AdviseOptions {
   /// ProbeOptions::on_phase: progress for a search that runs many probes.
   std::function<void(std::string_view probe)> on_probe;
   ProbeOptions probe;  ///< every probe's options
+  /// Pick each probe from estimates (memgate estimate: the protocol on the Meta device, for the probes' kind of
+  /// device) scaled by the nearest measured peak, instead of from the line through the measured peaks: the
+  /// estimate knows where the peak is not affine in the batch (an optimizer step that dominates small batches).
+  /// Every answer is still confirmed by real probes under the cap.
+  bool from_estimates = false;
 };
 
 /// Finds, per target, the largest batch whose whole protocol (eval, the first and the measured optimizer steps)
