@@ -9,6 +9,7 @@
 #include <ATen/cpu/Utils.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <optional>
@@ -55,6 +56,44 @@ bool cpu_uses_mkldnn(const at::Tensor& input, const at::Tensor& weight, at::IntA
          (groups > 1 || (kw > 3 && kh > 3) || input.size(0) > 1 || input.numel() > 20480);
 }
 
+// What oneDNN (through ideep, avx512 here: blocks of 16 channels) holds around a convolution on the CPU, as the
+// counting allocator sees it on this machine (one thread): layouts and the implementation it picks.
+struct OneDnnLayout {
+  int64_t in_channels, out_channels, groups, kh, kw;
+  bool first_conv;  ///< fewer than 16 input channels, one group: the input is read as it is
+  bool depthwise;
+  [[nodiscard]] static OneDnnLayout of(const at::Tensor& input, const at::Tensor& weight, int64_t groups) {
+    const auto c = input.size(1), o = weight.size(0);
+    return {c, o, groups, weight.size(2), weight.size(3), groups == 1 && c < 16, groups > 1 && groups == c && o == c};
+  }
+  [[nodiscard]] static int64_t pad(int64_t channels) { return (channels + 15) / 16 * 16; }
+  /// Its own kernels (jit) take blocked layouts; a depthwise kernel above 3x3 and a grouped convolution whose
+  /// groups are not whole blocks go through GEMM (im2col), which holds a scratchpad instead.
+  [[nodiscard]] bool gemm_weights() const {
+    if (depthwise) return kh * kw > 9;
+    return groups > 1 && ((in_channels / groups) % 16 != 0 || (out_channels / groups) % 16 != 0);
+  }
+  [[nodiscard]] int64_t forward_weight_elements() const {
+    if (depthwise) return pad(out_channels) * kh * kw;
+    if (first_conv) return pad(out_channels) * in_channels * kh * kw;
+    return groups * pad(out_channels / groups) * pad(in_channels / groups) * kh * kw;
+  }
+  [[nodiscard]] int64_t backward_data_weight_elements() const {
+    if (depthwise) return pad(out_channels) * kh * kw;
+    return groups * pad(out_channels / groups) * pad(in_channels / groups) * kh * kw;
+  }
+};
+
+at::Tensor blocked(const at::TensorOptions& options, int64_t elements) { return at::empty({elements}, options); }
+
+int64_t spatial_numel(const at::Tensor& t) { return t.size(0) * t.size(2) * t.size(3); }
+
+bool unit_1x1(const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding) {
+  const bool unit_stride = std::all_of(stride.begin(), stride.end(), [](int64_t v) { return v == 1; });
+  const bool no_padding = std::all_of(padding.begin(), padding.end(), [](int64_t v) { return v == 0; });
+  return weight.size(2) == 1 && weight.size(3) == 1 && unit_stride && no_padding;
+}
+
 // On the Meta device _convolution picks the "overrideable" backend; the output's spatial sizes follow the
 // convolution arithmetic, its layout the input's.
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& /*bias*/,
@@ -71,33 +110,90 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   }
   const auto options = input.options().memory_format(input.suggest_memory_format());
   if (!for_cpu() || spatial != 2) return at::empty(shape, options);
-  if (cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
-    // oneDNN reorders the weight into its blocked layout and computes into a buffer of the output's size before
-    // the output: both are freed when it returns.
-    auto reordered = at::empty_like(weight);
-    auto buffer = at::empty(shape, options);
-    return at::empty(shape, options);
+  if (cpu_uses_mkldnn(input, weight, stride, dilation, groups) && !transposed) {
+    // oneDNN (ideep) reorders the input into its blocked layout (channels padded to 16; not for a first layer of
+    // fewer than 16 channels, read as it is), and the weight, computes into a blocked buffer of the output, then
+    // reorders that into the output: all but the output are freed when it returns.
+    const auto layout = OneDnnLayout::of(input, weight, groups);
+    auto x = layout.first_conv ? at::Tensor() : blocked(input.options(), layout.pad(input.size(1)) * spatial_numel(input));
+    auto w = blocked(input.options(), layout.forward_weight_elements());
+    auto buffer = blocked(input.options(), layout.pad(shape[1]) * shape[0] * shape[2] * shape[3]);
+    w.reset();
+    x.reset();
+    auto out = at::empty(shape, options);
+    return out;
   }
   const auto kh = weight.size(2), kw = weight.size(3);
   if (transposed) {
+    if (cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
+      auto reordered = at::empty_like(weight);
+      auto buffer = at::empty(shape, options);
+      return at::empty(shape, options);
+    }
     // slow_conv_transpose2d: the output, then the columns of one image at a time (C_out x kh x kw rows, one column
     // per input pixel), freed when it returns.
     auto out = at::empty(shape, options);
     auto columns = at::empty({weight.size(1) * kh * kw, input.size(2) * input.size(3)}, input.options());
     return out;
   }
-  // im2col: the unfolded input (C_in x kh x kw rows, one column per output pixel) for each image, then the output.
-  auto finput = at::empty({input.size(0), input.size(1) / groups * kh * kw, shape[2] * shape[3]}, input.options());
+  // im2col (_slow_conv2d_forward): the unfolded input (C_in x kh x kw rows, one column per output pixel) for each
+  // image, then the output; a 1x1 kernel at unit stride without padding reads the input as it is.
+  if (!unit_1x1(weight, stride, padding)) {
+    auto finput = at::empty({input.size(0), input.size(1) / groups * kh * kw, shape[2] * shape[3]}, input.options());
+    return at::empty(shape, options);
+  }
   return at::empty(shape, options);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef, at::IntArrayRef,
-    at::IntArrayRef, bool, at::IntArrayRef, int64_t, std::array<bool, 3> mask) {
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed, at::IntArrayRef, int64_t groups,
+    std::array<bool, 3> mask) {
   at::Tensor gi, gw, gb;
+  const bool cpu_2d = for_cpu() && input.dim() == 4 && !transposed;
+  if (cpu_2d && cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
+    const auto layout = OneDnnLayout::of(input, weight, groups);
+    const auto o = input.options();
+    const auto y_blocked = layout.pad(grad_output.size(1)) * spatial_numel(grad_output);
+    const auto x_blocked = layout.pad(input.size(1)) * spatial_numel(input);
+    if (mask[0]) {
+      // Data: the output's gradient and the weight reordered, the input's gradient computed blocked, then
+      // reordered into the dense gradient.
+      auto gy = blocked(o, y_blocked);
+      auto w = blocked(o, layout.backward_data_weight_elements());
+      auto gx = blocked(o, x_blocked);
+      w.reset();
+      gy.reset();
+      gi = at::empty_like(input, input.suggest_memory_format());
+    }
+    if (mask[1] || mask[2]) {
+      at::Tensor gw_blocked;
+      if (layout.gemm_weights()) {
+        // GEMM: the weight's gradient, and a scratchpad of one group's im2col columns, four weight-sized
+        // reduction buffers and an alignment page.
+        gw_blocked = blocked(o, weight.numel());
+        const auto columns = input.size(1) / groups * layout.kh * layout.kw * grad_output.size(2) * grad_output.size(3);
+        auto scratch = at::empty({columns * input.element_size() + 4 * weight.nbytes() + 256}, o.dtype(at::kByte));
+      } else {
+        // jit: the output's gradient and the input reordered (a first layer reads its input as it is), the
+        // weight's gradient computed blocked.
+        auto gy = blocked(o, y_blocked);
+        auto x = layout.first_conv ? at::Tensor() : blocked(o, x_blocked);
+        gw_blocked = blocked(o, layout.first_conv ? layout.forward_weight_elements() : layout.backward_data_weight_elements());
+      }
+      if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
+      if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
+    }
+    return {gi, gw, gb};
+  }
   if (mask[0]) gi = at::empty_like(input, input.suggest_memory_format());
   if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
   if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
+  if (cpu_2d && mask[1] && !unit_1x1(weight, stride, padding)) {
+    // _slow_conv2d_backward unfolds the input again for the weight's gradient: one column buffer per image.
+    auto columns = at::empty({input.size(0), input.size(1) / groups * weight.size(2) * weight.size(3),
+                              grad_output.size(2) * grad_output.size(3)}, input.options());
+  }
   return {gi, gw, gb};
 }
 

@@ -16,7 +16,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
@@ -48,25 +50,20 @@ TEST(CountingMetaAllocatorTest, CountsRequestsAndHandsOutNoMemory) {
   EXPECT_EQ(meta.current_bytes(), before) << "a refused request is not counted";
 }
 
-// How far an estimate's peaks may be from the CPU's exact bytes, where the CPU kernels' scratch is not modelled
-// yet (the largest error measured, rounded up): conv backward through im2col (_slow_conv2d_backward) and oneDNN
-// (its reorders and scratchpads, allocated inside the kernel), oneDNN's bf16 convolutions and matmuls
-// (multimodal_tiny), and the TorchScript interpreter's frees in an eval forward. Everything else: 1%.
+// How far an estimate's peaks may be from the CPU's exact bytes where oneDNN's choices are not modelled yet (the
+// largest error measured, rounded up): the scratchpad of its depthwise 7x7 backward on small images (the
+// segmentation nets' ConvNeXt blocks), and its bf16 convolutions and matmuls (multimodal_tiny,
+// resnet_tiny_fewshot_amp_accum). Everything else: 1%.
 struct PeakGap {
   double forward_pct = 1.0, eval_pct = 1.0, step_pct = 1.0;
 };
 const std::map<std::string, PeakGap> kKnownGaps = {
-    {"resnet_tiny_classify", {1.0, 1.0, 3.0}},
-    {"ts_resnet18_w8_torchvision", {1.0, 10.0, 3.0}},
-    {"unet_tiny", {1.0, 1.0, 4.5}},
-    {"unet_tiny_fp16", {1.0, 1.0, 3.5}},
-    {"unet_tiny_fp16_accum4", {1.0, 1.0, 3.5}},
-    {"resnet_tiny_fewshot_amp_accum", {1.0, 1.0, 3.5}},
-    {"multimodal_tiny", {53.0, 8.5, 5.5}},
-    {"segnet_tiny_stage2", {1.0, 1.0, 60.0}},
+    {"segnet_tiny_stage2", {1.0, 1.0, 58.0}},
     {"segnet_tiny_unfreeze", {1.0, 1.0, 65.0}},
     {"segnet_tiny_ckpt", {1.0, 1.0, 62.0}},
     {"segnet_tiny_moe", {1.0, 1.0, 54.0}},
+    {"resnet_tiny_fewshot_amp_accum", {1.0, 1.0, 3.0}},
+    {"multimodal_tiny", {53.0, 8.5, 5.5}},
 };
 
 struct SuiteFixture {
@@ -95,6 +92,7 @@ TEST_P(EstimateAccuracyTest, MatchesTheCountingAllocatorOnTheCpu) {
   const auto& f = GetParam();
   const auto fixture = load_fixture(f.path);
   const auto gap = kKnownGaps.contains(f.name) ? kKnownGaps.at(f.name) : PeakGap{};
+  double worst_activations = 0, worst_forward = 0, worst_eval = 0, worst_step = 0;
   for (const auto batch : f.batch_sizes) {
     const auto measured = run_probe(fixture, batch, kCpu);
     const auto estimated = estimate_probe(fixture, batch, EstimateTarget::kCpu);
@@ -113,8 +111,15 @@ TEST_P(EstimateAccuracyTest, MatchesTheCountingAllocatorOnTheCpu) {
                                                                   << m.eval_peak;
     EXPECT_LE(error_pct(e.step_peak, m.step_peak), gap.step_pct) << at << ": step_peak " << e.step_peak << " vs "
                                                                   << m.step_peak;
-    EXPECT_EQ(e.step_peak_reserved, e.step_peak) << "no cache model yet";
+    EXPECT_EQ(e.step_peak_reserved, e.step_peak) << "the CPU has no cache";
+    worst_activations = std::max(worst_activations, error_pct(e.activations, m.activations));
+    worst_forward = std::max(worst_forward, error_pct(e.forward_peak, m.forward_peak));
+    worst_eval = std::max(worst_eval, error_pct(e.eval_peak, m.eval_peak));
+    worst_step = std::max(worst_step, error_pct(e.step_peak, m.step_peak));
   }
+  std::cout << fmt::format("[ ESTIMATE ] {:<30} largest error: activations {:.2f}%, forward_peak {:.2f}%, "
+                           "eval_peak {:.2f}%, step_peak {:.2f}%\n",
+                           f.name, worst_activations, worst_forward, worst_eval, worst_step);
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuSuite, EstimateAccuracyTest, ::testing::ValuesIn(cpu_suite()),
