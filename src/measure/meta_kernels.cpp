@@ -115,6 +115,12 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
     // fewer than 16 channels, read as it is), and the weight, computes into a blocked buffer of the output, then
     // reorders that into the output: all but the output are freed when it returns.
     const auto layout = OneDnnLayout::of(input, weight, groups);
+    if (layout.depthwise && input.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
+      // Channels last is oneDNN's own layout: the output is computed in place, only the weight is reordered.
+      auto out = at::empty(shape, options);
+      auto w = blocked(input.options(), layout.forward_weight_elements());
+      return out;
+    }
     auto x = layout.first_conv ? at::Tensor() : blocked(input.options(), layout.pad(input.size(1)) * spatial_numel(input));
     auto w = blocked(input.options(), layout.forward_weight_elements());
     auto buffer = blocked(input.options(), layout.pad(shape[1]) * shape[0] * shape[2] * shape[3]);
@@ -154,6 +160,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   if (cpu_2d && cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
     const auto layout = OneDnnLayout::of(input, weight, groups);
     const auto o = input.options();
+    if (layout.depthwise && input.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
+      // Channels last: the input's gradient computed in place, the weight reordered for it; the weight's gradient
+      // through GEMM above 3x3, whose scratchpad holds im2col columns for 256 output pixels at a time, computed in
+      // oneDNN's layout and reordered into the dense gradient.
+      if (mask[0]) {
+        gi = at::empty_like(input, at::MemoryFormat::ChannelsLast);
+        auto w = blocked(o, layout.backward_data_weight_elements());
+      }
+      if (mask[1] || mask[2]) {
+        auto scratch = layout.gemm_weights() ? blocked(o, input.size(1) * layout.kh * layout.kw * 256) : at::Tensor();
+        if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
+        auto gw_blocked = blocked(o, weight.numel());
+        if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
+      }
+      return {gi, gw, gb};
+    }
     const auto y_blocked = layout.pad(grad_output.size(1)) * spatial_numel(grad_output);
     const auto x_blocked = layout.pad(input.size(1)) * spatial_numel(input);
     if (mask[0]) {
