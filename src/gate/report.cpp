@@ -66,7 +66,9 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
   std::string text;
   auto out = std::back_inserter(text);
   const auto& d = profile.device;
-  fmt::format_to(out, "memgate profile: {} on {} ({})\n", profile.fixture, d.name, d.slug);
+  // An estimate runs on the Meta device: nothing was measured, its step time is the Meta run's.
+  const bool estimated = d.device.is_meta();
+  fmt::format_to(out, "memgate {}: {} on {} ({})\n", estimated ? "estimate" : "profile", profile.fixture, d.name, d.slug);
   fmt::format_to(out, "  torch {}", d.torch_version);
   if (!d.cuda_version.empty()) fmt::format_to(out, ", CUDA {}", d.cuda_version);
   if (!d.cudnn_version.empty()) fmt::format_to(out, ", cuDNN {}", d.cudnn_version);
@@ -87,11 +89,13 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
     }
     fmt::format_to(out, "\n");
   }
-  fmt::format_to(out, "{:<{}}", "step time", kNameWidth);
-  for (const auto& p : profile.probes) {
-    fmt::format_to(out, "{:>{}}", p.oom ? std::string("-") : fmt::format("{:.3f} s", p.step_seconds), kColWidth);
+  if (!estimated) {
+    fmt::format_to(out, "{:<{}}", "step time", kNameWidth);
+    for (const auto& p : profile.probes) {
+      fmt::format_to(out, "{:>{}}", p.oom ? std::string("-") : fmt::format("{:.3f} s", p.step_seconds), kColWidth);
+    }
+    fmt::format_to(out, "\n");
   }
-  fmt::format_to(out, "\n");
 
   bool any_oom = false;
   for (const auto& p : profile.probes) {
@@ -102,11 +106,13 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
     }
   }
   if (!gpus.empty()) {
-    fmt::format_to(out, "\nlargest measured batch size that fits (step_peak_reserved + outside-allocator <= usable):\n");
+    fmt::format_to(out, "\nlargest {} batch size that fits (step_peak_reserved + outside-allocator <= usable):\n",
+                   estimated ? "estimated" : "measured");
     for (const auto& g : gpus) {
       const auto best = largest_fitting_batch(profile, g);
       fmt::format_to(out, "  {:<28}{:>12} usable  ->  {}\n", g.name, format_mib(g.usable_bytes()),
-                     best ? fmt::format("bs {}", *best) : std::string("none of the measured"));
+                     best ? fmt::format("bs {}", *best)
+                          : std::string(estimated ? "none of the estimated" : "none of the measured"));
     }
     if (profile.device.device.is_cpu()) {
       fmt::format_to(out, "  (measured on the CPU: CUDA kernels and workspaces differ; profile on a GPU for a budget "

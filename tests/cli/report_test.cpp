@@ -92,7 +92,9 @@ TEST(ReportCliTest, EstimateWritesTheProfileJsonMarkedAsAnEstimate) {
                          &out),
             0)
       << out;
-  EXPECT_THAT(out, HasSubstr("estimate for CUDA"));
+  EXPECT_THAT(out, HasSubstr("memgate estimate: retfound_green_lora on estimate for CUDA"));
+  EXPECT_THAT(out, HasSubstr("largest estimated batch size that fits"));
+  EXPECT_THAT(out, Not(HasSubstr("step time"))) << "nothing ran on a device to time";
   const auto json = testing::read_file(dir / "e.json");
   EXPECT_THAT(json, HasSubstr("\"estimated\": true"));
   EXPECT_THAT(testing::read_file(dir / "e.html"), HasSubstr("retfound_green_lora [estimate]"));
