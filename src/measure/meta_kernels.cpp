@@ -110,6 +110,9 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   }
   const auto options = input.options().memory_format(input.suggest_memory_format());
   if (!for_cpu() || spatial != 2) return at::empty(shape, options);
+  // The CPU's kernels take a contiguous input: a strided one (a permuted view) is copied first, and the copy lives
+  // until the convolution returns.
+  auto contiguous = input.is_contiguous(input.suggest_memory_format()) ? at::Tensor() : at::empty_like(input, input.suggest_memory_format());
   if (cpu_uses_mkldnn(input, weight, stride, dilation, groups) && !transposed) {
     // oneDNN (ideep) reorders the input into its blocked layout (channels padded to 16; not for a first layer of
     // fewer than 16 channels, read as it is), and the weight, computes into a blocked buffer of the output, then
@@ -131,6 +134,29 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   }
   const auto kh = weight.size(2), kw = weight.size(3);
   if (transposed) {
+    if (cpu_uses_mkldnn(input, weight, stride, dilation, groups) && input.scalar_type() == at::kBFloat16) {
+      // oneDNN's brgemm deconvolution in bf16: a scratchpad (a 32 KiB batch buffer, and one output row with its
+      // channels padded to 16), the input and the padded weight reordered, the output computed in place; then
+      // two output-sized copies on the way out. Channels last is its own layout: no reorder of the input, no copies.
+      const auto padded_out = OneDnnLayout::pad(shape[1]);
+      const auto row = (shape[3] * padded_out * input.element_size() + 255) / 256 * 256;
+      if (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
+        auto out = at::empty(shape, options);
+        auto scratch = at::empty({32768 + 152 + row}, input.options().dtype(at::kByte));
+        auto w = blocked(input.options(), padded_out * input.size(1) * kh * kw);
+        return out;
+      }
+      auto scratch = at::empty({32768 + 152 + row}, input.options().dtype(at::kByte));
+      auto x = blocked(input.options(), input.numel());
+      auto w = blocked(input.options(), padded_out * input.size(1) * kh * kw);
+      auto out = at::empty(shape, options);
+      w.reset();
+      x.reset();
+      scratch.reset();
+      auto first = at::empty(shape, options);
+      auto second = at::empty(shape, options);
+      return out;
+    }
     if (cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
       auto reordered = at::empty_like(weight);
       auto buffer = at::empty(shape, options);
@@ -366,6 +392,43 @@ at::Tensor meta_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 at::Tensor relu(const at::Tensor& self) { return at::empty_like(self); }
 
+// --- matmul --------------------------------------------------------------------------------------------------
+// A bf16 matmul on the CPU goes to oneDNN's brgemm above 16x16x16: the output, then a scratchpad freed on return:
+// 1 KiB, B packed in blocks of 64 columns (k rounded up to 32, two bytes each), and an fp32 accumulator of one
+// block of rows (up to 256, else halved) by one of at most 64 columns.
+void cpu_bf16_matmul_scratch(const at::Tensor& a, int64_t n) {
+  if (!for_cpu() || a.scalar_type() != at::kBFloat16 || !cpu_mkldnn_takes(at::kBFloat16)) return;
+  const auto m = a.size(0), k = a.size(1);
+  if (m * k * n <= 16 * 16 * 16) return;
+  const auto m_blocks = (m + 255) / 256;
+  const auto m_block = (m + m_blocks - 1) / m_blocks;
+  const auto n_block = std::min<int64_t>(n, 64);
+  auto scratch = at::empty({1024 + (k + 31) / 32 * 32 * 64 * 2 + m_block * n_block * 4}, a.options().dtype(at::kByte));
+}
+
+void check_matmul(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D matrices, got ", a.dim(), "-D and ", b.dim(), "-D");
+  TORCH_CHECK(a.size(1) == b.size(0), "mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x", a.size(1),
+              " and ", b.size(0), "x", b.size(1), ")");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "expected m1 and m2 to have the same dtype, but got: ",
+              a.scalar_type(), " != ", b.scalar_type());
+}
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  check_matmul(a, b);
+  auto out = at::empty({a.size(0), b.size(1)}, a.options().dtype(at::result_type(a, b)));
+  cpu_bf16_matmul_scratch(a, b.size(1));
+  return out;
+}
+
+at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar&,
+                 const at::Scalar&) {
+  check_matmul(a, b);
+  auto out = at::empty({a.size(0), b.size(1)}, a.options().dtype(at::result_type(a, b)));
+  cpu_bf16_matmul_scratch(a, b.size(1));
+  return out;
+}
+
 // log_sigmoid (binary cross-entropy with logits): the output, and the buffer its backward reads (empty on CUDA).
 std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward(const at::Tensor& self) {
   auto out = at::empty_like(self);
@@ -501,6 +564,8 @@ void use_meta_kernels_for(EstimateTarget target) {
     lib.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
     lib.impl("relu_", TORCH_FN(relu_));
     lib.impl("where.self", TORCH_FN(where));
+    lib.impl("mm", TORCH_FN(mm));
+    lib.impl("addmm", TORCH_FN(addmm));
     lib.impl("where.self_out", TORCH_FN(where_out));
     lib.impl("_amp_foreach_non_finite_check_and_unscale_", TORCH_FN(amp_unscale));
     lib.impl("_amp_update_scale_", TORCH_FN(amp_update_scale));
