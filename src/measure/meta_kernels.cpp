@@ -228,6 +228,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
         auto gy = blocked(o, y_blocked);
         auto x = layout.first_conv ? at::Tensor() : blocked(o, x_blocked);
         gw_blocked = blocked(o, layout.first_conv ? layout.forward_weight_elements() : layout.backward_data_weight_elements());
+        if (input.scalar_type() == at::kBFloat16 && !(layout.kh == 1 && layout.kw == 1)) {
+          // jit_bf16's scratchpad: the input transposed row by row (not for a first layer), the output's gradient
+          // transposed, an fp32 accumulator of the weight's gradient (and the bias's), and 8580 bytes of guards
+          // and barriers (jit_avx512_core_bf16_conv_bwd_weights_kernel_f32::init_scratchpad, one thread).
+          const auto ih = input.size(2), iw = input.size(3), oh = grad_output.size(2), ow = grad_output.size(3);
+          const auto sw = stride[stride.size() - 1], pw = padding[padding.size() - 1];
+          const auto r_pad = std::max<int64_t>((ow - 1) * sw + (layout.kw - 1) * dilation[dilation.size() - 1] + 1 - iw - pw, 0);
+          const auto tr_iw = (iw + pw + r_pad + 2 * sw - 1) / (2 * sw) * (2 * sw);
+          const auto tr_ow = (ow + 1) / 2 * 2;
+          const auto blocks = [](int64_t c) { return (c + 15) / 16; };
+          const auto tr_src = layout.first_conv ? 0 : 16 * 2 * ih * tr_iw * blocks(input.size(1));
+          const auto tr_diff_dst = 16 * 2 * oh * tr_ow * blocks(grad_output.size(1));
+          const auto accumulator = (weight.numel() + (mask[2] ? grad_output.size(1) : 0)) * 4;
+          auto scratch = at::empty({tr_src + tr_diff_dst + accumulator + 8580 + (layout.first_conv ? 4 : 0)},
+                                   o.dtype(at::kByte));
+        }
       }
       if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
       if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
