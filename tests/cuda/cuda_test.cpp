@@ -1,6 +1,10 @@
 // The CUDA unit tests: labelled `gpu`, so the `gpu` preset runs them on a GPU runner; without a GPU they skip.
 #include "memgate/base/files.h"
 #include "memgate/gate/advise.h"
+#include "memgate/gate/baseline.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/gate/suite.h"
+#include "memgate/measure/estimate.h"
 #include "memgate/measure/device.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/model.h"
@@ -8,7 +12,12 @@
 #include "probe_order.h"
 #include "test_util.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
 
 #include <iostream>
 #include <string>
@@ -91,6 +100,47 @@ TEST(CudaAdviseTest, AdvisesUnderTheCachingAllocatorsCap) {
   EXPECT_FALSE(run_probe_capped(f, *t.batch_size, gpu, usable).oom);
   EXPECT_TRUE(run_probe_capped(f, *t.batch_size + 1, gpu, usable).oom);
   std::cout << "advised batch " << *t.batch_size << " for 256 MiB in " << t.probes << " probes\n";
+}
+
+// Estimates for CUDA against the baselines this GPU recorded (baselines/<slug>/, written by the
+// update-baselines-gpu workflow): within 3% on step_peak and 5% on step_peak_reserved, for every GPU-suite fixture
+// and batch size that has one.
+TEST(CudaEstimateTest, MatchesThisGpusBaselines) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: estimates are checked against a GPU's baselines";
+  const auto slug = describe_device(gpu_for_test()).slug;
+  const auto root = testing::source_dir() + "/baselines";
+  if (!std::filesystem::is_directory(root + "/" + slug)) {
+    GTEST_SKIP() << "no baselines recorded for " << slug << " yet: cmake --workflow --preset update-baselines-gpu";
+  }
+  const auto suite_path = testing::source_dir() + "/fixtures/suites/gpu.yaml";
+  int compared = 0;
+  double worst_step = 0.0, worst_reserved = 0.0;
+  for (const auto& f : suite_fixtures(load_suite(suite_path, suite_models_dir(suite_path)))) {
+    const auto path = baseline_path(root, slug, f.name);
+    if (!std::filesystem::exists(path)) continue;
+    const auto baseline = load_baseline(path, f.name, slug);
+    const auto fixture = load_fixture(f.path);
+    for (const auto& recorded : baseline.probes) {
+      const auto e = estimate_probe(fixture, recorded.batch_size, EstimateTarget::kCuda).components;
+      const auto& m = recorded.components;
+      const auto pct = [](std::int64_t a, std::int64_t b) {
+        return b == 0 ? 0.0 : 100.0 * std::abs(static_cast<double>(a - b)) / static_cast<double>(b);
+      };
+      const auto step = pct(e.step_peak, m.step_peak), reserved = pct(e.step_peak_reserved, m.step_peak_reserved);
+      EXPECT_LE(step, 3.0) << f.name << " at batch " << recorded.batch_size << ": step_peak " << e.step_peak
+                           << " estimated, " << m.step_peak << " measured";
+      EXPECT_LE(reserved, 5.0) << f.name << " at batch " << recorded.batch_size << ": step_peak_reserved "
+                               << e.step_peak_reserved << " estimated, " << m.step_peak_reserved << " measured";
+      std::cout << fmt::format("[ ESTIMATE ] {} bs {}: step_peak {:.2f}% off, step_peak_reserved {:.2f}% off\n",
+                               f.name, recorded.batch_size, step, reserved);
+      worst_step = std::max(worst_step, step);
+      worst_reserved = std::max(worst_reserved, reserved);
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 0) << "baselines/" << slug << " holds none of the GPU suite's fixtures";
+  std::cout << fmt::format("[ ESTIMATE ] {} probes on {}: largest error step_peak {:.2f}%, reserved {:.2f}%\n",
+                           compared, slug, worst_step, worst_reserved);
 }
 
 }  // namespace
