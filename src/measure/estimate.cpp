@@ -3,7 +3,6 @@
 
 #include "memgate/base/error.h"
 #include "memgate/measure/cpu_allocator.h"
-#include "memgate/measure/device.h"
 #include "memgate/measure/meta_allocator.h"
 #include "memgate/measure/meta_kernels.h"
 
@@ -45,10 +44,9 @@ ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, Es
   // The CUDA caching allocator hands out blocks in multiples of 512 bytes, and counts those.
   auto& meta = CountingMetaAllocator::install();
   meta.set_granularity(target == EstimateTarget::kCuda ? 512 : 0);
-  // ... and reserves them in segments (each probe starts from an empty cache, as a probe on a GPU does), expandable
-  // ones when the settings a probe would run with say so (the environment's, with the fixture's on top).
-  const auto settings = merge_allocator_settings(allocator_settings_from_environment(), workload.training.allocator);
-  meta.model_caching_allocator(target == EstimateTarget::kCuda, settings.find("expandable_segments:True") != std::string::npos);
+  // ... and reserves them in segments (each probe starts from an empty cache, as a probe on a GPU does; the Meta
+  // backend applies the probe's allocator settings to the model, as the CUDA backend does to the allocator).
+  meta.model_caching_allocator(target == EstimateTarget::kCuda);
   use_meta_kernels_for(target);
   try {
     const CpuBesideMeta cpu(target == EstimateTarget::kCpu);

@@ -65,7 +65,13 @@ class MetaBackend final : public MemoryBackend {
   void set_memory_fraction(double) override {}
   std::int64_t create_library_workspaces() override { return 0; }
   std::int64_t outside_allocator_bytes() override { return 0; }
-  void apply_allocator_settings(const std::string&) override {}
+  // The settings a CUDA probe would run with (the environment's, with the fixture's on top) shape the caching
+  // allocator's model: expandable segments or not; the model has no other setting.
+  void apply_allocator_settings(const std::string& settings) override {
+    // merge_allocator_settings gives key:value entries joined by commas, each key once.
+    const auto merged = "," + merge_allocator_settings(allocator_settings_from_environment(), settings) + ",";
+    counter_.model_expandable_segments(merged.find(",expandable_segments:True,") != std::string::npos);
+  }
   c10::Device device() const override { return c10::Device(c10::DeviceType::Meta); }
 
  private:

@@ -84,9 +84,14 @@ void CountingMetaAllocator::reset_peak() {
   if (g_model) g_model->reset_peak();
 }
 
-void CountingMetaAllocator::model_caching_allocator(bool on, bool expandable_segments) {
+void CountingMetaAllocator::model_caching_allocator(bool on) {
   const std::lock_guard lock(g_model_mutex);
-  g_model = on ? std::make_unique<CachingAllocatorModel>(expandable_segments) : nullptr;
+  g_model = on ? std::make_unique<CachingAllocatorModel>() : nullptr;
+}
+
+void CountingMetaAllocator::model_expandable_segments(bool on) {
+  const std::lock_guard lock(g_model_mutex);
+  if (g_model) g_model = std::make_unique<CachingAllocatorModel>(on);
 }
 
 std::int64_t CountingMetaAllocator::reserved_bytes() const {

@@ -20,6 +20,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace memgate {
 namespace {
@@ -253,11 +254,11 @@ void use_meta_autocast_for(EstimateTarget target) {
     static torch::Library fallback(torch::Library::IMPL, "_", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
     fallback.fallback(torch::CppFunction::makeFallthrough());
     static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
-    std::unordered_map<std::string, bool> seen;
+    std::unordered_set<std::string> seen;
     for (const auto* rows : {&cpu_rows(), &cuda_rows()}) {
       for (const auto& r : *rows) {
         const auto name = key_of(r.op, r.overload);
-        if (seen.emplace(name, true).second && c10::Dispatcher::singleton().findOp({std::string("aten::") + r.op, r.overload})) {
+        if (seen.insert(name).second && c10::Dispatcher::singleton().findOp({std::string("aten::") + r.op, r.overload})) {
           lib.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&autocast_kernel>());
         }
       }

@@ -66,7 +66,8 @@ struct OneDnnLayout {
     const auto c = input.size(1), o = weight.size(0);
     return {c, o, groups, weight.size(2), weight.size(3), groups == 1 && c < 16, groups > 1 && groups == c && o == c};
   }
-  [[nodiscard]] static int64_t pad(int64_t channels) { return (channels + 15) / 16 * 16; }
+  [[nodiscard]] static int64_t blocks(int64_t channels) { return (channels + 15) / 16; }
+  [[nodiscard]] static int64_t pad(int64_t channels) { return blocks(channels) * 16; }
   /// Its own kernels (jit) take blocked layouts; a depthwise kernel above 3x3 and a grouped convolution whose
   /// groups are not whole blocks go through GEMM (im2col), which holds a scratchpad instead.
   [[nodiscard]] bool gemm_weights() const {
@@ -113,7 +114,8 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   // The CPU's kernels take a contiguous input: a strided one (a permuted view) is copied first, and the copy lives
   // until the convolution returns.
   auto contiguous = input.is_contiguous(input.suggest_memory_format()) ? at::Tensor() : at::empty_like(input, input.suggest_memory_format());
-  if (cpu_uses_mkldnn(input, weight, stride, dilation, groups) && !transposed) {
+  const bool mkldnn = cpu_uses_mkldnn(input, weight, stride, dilation, groups);
+  if (mkldnn && !transposed) {
     // oneDNN (ideep) reorders the input into its blocked layout (channels padded to 16; not for a first layer of
     // fewer than 16 channels, read as it is), and the weight, computes into a blocked buffer of the output, then
     // reorders that into the output: all but the output are freed when it returns.
@@ -134,21 +136,23 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   }
   const auto kh = weight.size(2), kw = weight.size(3);
   if (transposed) {
-    if (cpu_uses_mkldnn(input, weight, stride, dilation, groups) && input.scalar_type() == at::kBFloat16) {
+    if (mkldnn && input.scalar_type() == at::kBFloat16) {
       // oneDNN's brgemm deconvolution in bf16: a scratchpad (a 32 KiB batch buffer, and one output row with its
       // channels padded to 16), the input and the padded weight reordered, the output computed in place; then
       // two output-sized copies on the way out. Channels last is its own layout: no reorder of the input, no copies.
       const auto padded_out = OneDnnLayout::pad(shape[1]);
       const auto row = (shape[3] * padded_out * input.element_size() + 255) / 256 * 256;
+      const auto scratch_bytes = 32768 + 152 + row;
+      const auto w_elements = padded_out * input.size(1) * kh * kw;
       if (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
         auto out = at::empty(shape, options);
-        auto scratch = at::empty({32768 + 152 + row}, input.options().dtype(at::kByte));
-        auto w = blocked(input.options(), padded_out * input.size(1) * kh * kw);
+        auto scratch = at::empty({scratch_bytes}, input.options().dtype(at::kByte));
+        auto w = blocked(input.options(), w_elements);
         return out;
       }
-      auto scratch = at::empty({32768 + 152 + row}, input.options().dtype(at::kByte));
+      auto scratch = at::empty({scratch_bytes}, input.options().dtype(at::kByte));
       auto x = blocked(input.options(), input.numel());
-      auto w = blocked(input.options(), padded_out * input.size(1) * kh * kw);
+      auto w = blocked(input.options(), w_elements);
       auto out = at::empty(shape, options);
       w.reset();
       x.reset();
@@ -157,7 +161,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
       auto second = at::empty(shape, options);
       return out;
     }
-    if (cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
+    if (mkldnn) {
       auto reordered = at::empty_like(weight);
       auto buffer = at::empty(shape, options);
       return at::empty(shape, options);
@@ -170,10 +174,9 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   }
   // im2col (_slow_conv2d_forward): the unfolded input (C_in x kh x kw rows, one column per output pixel) for each
   // image, then the output; a 1x1 kernel at unit stride without padding reads the input as it is.
-  if (!unit_1x1(weight, stride, padding)) {
-    auto finput = at::empty({input.size(0), input.size(1) / groups * kh * kw, shape[2] * shape[3]}, input.options());
-    return at::empty(shape, options);
-  }
+  const auto finput = unit_1x1(weight, stride, padding)
+                          ? at::Tensor()
+                          : at::empty({input.size(0), input.size(1) / groups * kh * kw, shape[2] * shape[3]}, input.options());
   return at::empty(shape, options);
 }
 
@@ -237,9 +240,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
           const auto r_pad = std::max<int64_t>((ow - 1) * sw + (layout.kw - 1) * dilation[dilation.size() - 1] + 1 - iw - pw, 0);
           const auto tr_iw = (iw + pw + r_pad + 2 * sw - 1) / (2 * sw) * (2 * sw);
           const auto tr_ow = (ow + 1) / 2 * 2;
-          const auto blocks = [](int64_t c) { return (c + 15) / 16; };
-          const auto tr_src = layout.first_conv ? 0 : 16 * 2 * ih * tr_iw * blocks(input.size(1));
-          const auto tr_diff_dst = 16 * 2 * oh * tr_ow * blocks(grad_output.size(1));
+          const auto tr_src = layout.first_conv ? 0 : 16 * 2 * ih * tr_iw * OneDnnLayout::blocks(input.size(1));
+          const auto tr_diff_dst = 16 * 2 * oh * tr_ow * OneDnnLayout::blocks(grad_output.size(1));
           const auto accumulator = (weight.numel() + (mask[2] ? grad_output.size(1) : 0)) * 4;
           auto scratch = at::empty({tr_src + tr_diff_dst + accumulator + 8580 + (layout.first_conv ? 4 : 0)},
                                    o.dtype(at::kByte));
@@ -430,19 +432,16 @@ void check_matmul(const at::Tensor& a, const at::Tensor& b) {
               a.scalar_type(), " != ", b.scalar_type());
 }
 
-at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+at::Tensor matrix_product(const at::Tensor& a, const at::Tensor& b) {
   check_matmul(a, b);
-  auto out = at::empty({a.size(0), b.size(1)}, a.options().dtype(at::result_type(a, b)));
+  auto out = at::empty({a.size(0), b.size(1)}, a.options());
   cpu_bf16_matmul_scratch(a, b.size(1));
   return out;
 }
 
-at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar&,
-                 const at::Scalar&) {
-  check_matmul(a, b);
-  auto out = at::empty({a.size(0), b.size(1)}, a.options().dtype(at::result_type(a, b)));
-  cpu_bf16_matmul_scratch(a, b.size(1));
-  return out;
+// addmm allocates as mm does: its bias is added into the product.
+at::Tensor addmm(const at::Tensor&, const at::Tensor& a, const at::Tensor& b, const at::Scalar&, const at::Scalar&) {
+  return matrix_product(a, b);
 }
 
 // log_sigmoid (binary cross-entropy with logits): the output, and the buffer its backward reads (empty on CUDA).
@@ -580,7 +579,7 @@ void use_meta_kernels_for(EstimateTarget target) {
     lib.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
     lib.impl("relu_", TORCH_FN(relu_));
     lib.impl("where.self", TORCH_FN(where));
-    lib.impl("mm", TORCH_FN(mm));
+    lib.impl("mm", TORCH_FN(matrix_product));
     lib.impl("addmm", TORCH_FN(addmm));
     lib.impl("where.self_out", TORCH_FN(where_out));
     lib.impl("_amp_foreach_non_finite_check_and_unscale_", TORCH_FN(amp_unscale));

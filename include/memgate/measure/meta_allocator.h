@@ -37,10 +37,12 @@ class CountingMetaAllocator final : public c10::Allocator {
   /// Counts each request as a device's allocator would: 0 counts requests as they are (the CPU), 512 rounds each
   /// up to the CUDA caching allocator's 512-byte blocks (a zero-byte request takes none).
   void set_granularity(std::int64_t bytes);
-  /// Replays every request through a model of the CUDA caching allocator (CachingAllocatorModel, started empty,
-  /// with expandable segments or not), so that reserved_bytes() says what a GPU's allocator would hold; off:
-  /// reserved is what is allocated.
-  void model_caching_allocator(bool on, bool expandable_segments = false);
+  /// Replays every request through a model of the CUDA caching allocator (CachingAllocatorModel, started empty),
+  /// so that reserved_bytes() says what a GPU's allocator would hold; off: reserved is what is allocated.
+  void model_caching_allocator(bool on);
+  /// With the model on, starts it afresh with expandable segments or without (the allocator settings a probe
+  /// applies before it allocates anything).
+  void model_expandable_segments(bool on);
   [[nodiscard]] std::int64_t reserved_bytes() const;
   [[nodiscard]] std::int64_t peak_reserved_bytes() const;
   /// The model's empty_cache (nothing without the model).
