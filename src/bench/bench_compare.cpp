@@ -135,12 +135,29 @@ std::map<std::string, BenchCase> parse_bench_entries(const nlohmann::json& doc, 
     }
     try {
       const double time = b.at("real_time").get<double>();
+      // A time or a peak below zero is no measurement: a hand-edited or corrupt file, which would compare as
+      // faster or smaller than anything and pass.
+      if (!std::isfinite(time) || time < 0) {
+        throw Error(fmt::format("{}: benchmark '{}': \"real_time\" must be a time of zero or more, got {}", origin,
+                                name, b.at("real_time").dump()));
+      }
+      if (b.contains("cpu_time") && b["cpu_time"].is_number() && b["cpu_time"].get<double>() < 0) {
+        throw Error(fmt::format("{}: benchmark '{}': \"cpu_time\" must be a time of zero or more, got {}", origin,
+                                name, b["cpu_time"].dump()));
+      }
       c.seconds.push_back(time * unit_seconds(b.value("time_unit", std::string("ns")), origin, name));
       std::optional<double> peak;
+      const char* peak_key = nullptr;
       if (b.contains("max_bytes_used")) {
+        peak_key = "max_bytes_used";
         peak = b["max_bytes_used"].get<double>();
       } else if (b.contains("peak_allocated_MiB")) {
+        peak_key = "peak_allocated_MiB";
         peak = b["peak_allocated_MiB"].get<double>() * kMiB;
+      }
+      if (peak && (!std::isfinite(*peak) || *peak < 0)) {
+        throw Error(fmt::format("{}: benchmark '{}': \"{}\" must be a byte count of zero or more, got {}", origin,
+                                name, peak_key, b[peak_key].dump()));
       }
       // Peaks are deterministic; should repetitions differ, the largest one counts.
       if (peak) c.peak_bytes = std::max(c.peak_bytes.value_or(*peak), *peak);

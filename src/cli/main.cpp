@@ -224,6 +224,24 @@ std::string probe_line(const std::string& fixture, const memgate::ProbeResult& r
                      r.seconds);
 }
 
+// --cpu-kernels (or MEMGATE_CPU_KERNELS): the kernels CPU probes run, over each fixture's `training.cpu_kernels`.
+void add_cpu_kernels_option(CLI::App& app, std::string& kernels) {
+  app.add_option("--cpu-kernels", kernels,
+                 "On the CPU: portable (LibTorch's own kernels, the same bytes on every CPU; baselines/cpu) or host "
+                 "(what PyTorch runs on this CPU, oneDNN for its ISA class; baselines/cpu-<class>). Default: the "
+                 "fixture's training.cpu_kernels, portable unless it says otherwise")
+      ->envname("MEMGATE_CPU_KERNELS")
+      ->type_name("KERNELS")
+      ->check(CLI::IsMember({"portable", "host"}));
+}
+
+// A fixture as a run measures it: with the kernels the run asks for (--cpu-kernels).
+memgate::Fixture load_fixture_for_run(const std::string& path, const std::string& cpu_kernels) {
+  auto fixture = memgate::load_fixture(path);
+  memgate::override_cpu_kernels(fixture, cpu_kernels, "--cpu-kernels");
+  return fixture;
+}
+
 // --- Subcommands ----------------------------------------------------------------------------------------------
 
 Run add_profile(CLI::App& app) {
@@ -234,6 +252,7 @@ Run add_profile(CLI::App& app) {
     ProfileFiles files;
     std::int64_t cpu_memory_limit_mib = 0;
     bool snapshot_cpp_stacks = false;
+    std::string cpu_kernels;
   };
   auto o = std::make_shared<Options>();
   app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
@@ -258,6 +277,7 @@ Run add_profile(CLI::App& app) {
   app.add_option("--gpus", o->files.gpus, "Folder of GPU fixtures for the fits-on table")
       ->capture_default_str()
       ->type_name("DIR");
+  add_cpu_kernels_option(app, o->cpu_kernels);
   auto* limit = app.add_option("--cpu-memory-limit-mib", o->cpu_memory_limit_mib,
                                "Cap the CPU counting allocator: beyond it a probe runs out of memory");
   limit->type_name("MIB");
@@ -271,7 +291,7 @@ Run add_profile(CLI::App& app) {
       "the exit code is 1."));
   return [o, limit] {
     o->files.refuse_onto(o->config);
-    const auto fixture = memgate::load_fixture(o->config);
+    const auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto device = memgate::resolve_device(o->device);
     if (limit->count() > 0) memgate::CountingCpuAllocator::install().set_limit(o->cpu_memory_limit_mib << 20);
@@ -333,6 +353,7 @@ Run add_estimate(CLI::App& app) {
     std::string batch_sizes;
     std::string target = "cuda";
     ProfileFiles files;
+    std::string cpu_kernels;
   };
   auto o = std::make_shared<Options>();
   auto* config = app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
@@ -353,6 +374,7 @@ Run add_estimate(CLI::App& app) {
       ->type_name("DEVICE")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->excludes(suite);
+  add_cpu_kernels_option(app, o->cpu_kernels);
   app.add_option("--output", o->files.output,
                  "Also write the estimate as JSON (the profile's, with \"estimated\": true)")
       ->type_name("FILE")
@@ -374,7 +396,7 @@ Run add_estimate(CLI::App& app) {
   return [o] {
     if (!o->suite.empty()) return check_estimated_budgets(o->suite, o->files.gpus);
     o->files.refuse_onto(o->config);
-    const auto fixture = memgate::load_fixture(o->config);
+    const auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto target = o->target == "cpu" ? memgate::EstimateTarget::kCpu : memgate::EstimateTarget::kCuda;
     memgate::ProbeOptions options;
@@ -399,6 +421,7 @@ Run add_advise(CLI::App& app) {
     bool from_estimates = false;
     std::string output;
     std::string gpus = default_gpus_dir();
+    std::string cpu_kernels;
   };
   auto o = std::make_shared<Options>();
   app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")->required()->type_name("FILE");
@@ -418,6 +441,7 @@ Run add_advise(CLI::App& app) {
                  "Also find the micro-batch and accumulation steps that reach this batch on each target")
       ->type_name("N")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  add_cpu_kernels_option(app, o->cpu_kernels);
   app.add_flag("--from-estimates", o->from_estimates,
                "Pick each probe from estimates (memgate estimate) scaled by the measured peaks, not from a line");
   app.add_option("--output", o->output, "Also write the advice as JSON to this file")->type_name("FILE");
@@ -435,7 +459,7 @@ Run add_advise(CLI::App& app) {
       "- outside_allocator_bytes."));
   return [o] {
     refuse_output_onto_input(o->output, {o->config});
-    const auto fixture = memgate::load_fixture(o->config);
+    const auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
     const auto device = memgate::resolve_device(o->device);
     std::vector<memgate::AdviceTarget> targets;
     if (o->all_gpus || !o->gpu.empty()) {
@@ -477,6 +501,8 @@ Run add_check(CLI::App& app) {
     std::string device = "auto";
     std::string baselines = memgate::project_dir() + "/baselines";
     bool strict = false;
+    bool exact = false;
+    std::string cpu_kernels;
   };
   auto o = std::make_shared<Options>();
   auto* configs = app.add_option("--config", o->configs, "Model fixtures to gate (repeat the flag for several)")
@@ -500,10 +526,15 @@ Run add_check(CLI::App& app) {
       ->capture_default_str()
       ->type_name("DIR");
   app.add_flag("--strict", o->strict, "Stale and missing baselines fail too (as MEMGATE_STRICT=1)");
+  app.add_flag("--exact", o->exact,
+               "Every component must equal its baseline to the byte, within the tolerance or not (implies "
+               "--strict): proves that a runner, a cap or a change leaves the bytes as they were");
+  add_cpu_kernels_option(app, o->cpu_kernels);
   app.footer(footer(
       "Runs the gate outside CTest: measures each probe once and judges every component against its baseline\n"
       "with the same verdicts as the memory suite (ok, regression, stale, missing, changed, oom). Prints what is\n"
-      "not ok, then one line of counts; exits 1 when the gate fails."));
+      "not ok, then one line of counts; exits 1 when the gate fails. With --exact, a component that differs from\n"
+      "its baseline by any byte is printed as 'differs' and fails."));
   return [o] {
     struct Job {
       memgate::Fixture fixture;
@@ -515,16 +546,17 @@ Run add_check(CLI::App& app) {
       const auto s = memgate::load_suite(o->suite, memgate::suite_models_dir(o->suite));
       if (o->device == "auto") device = memgate::resolve_device(s.device == memgate::SuiteDevice::kCuda ? "cuda" : "cpu");
       for (const auto& f : memgate::suite_fixtures(s)) {
-        if (!f.batch_sizes.empty()) jobs.push_back({memgate::load_fixture(f.path), f.batch_sizes});
+        if (!f.batch_sizes.empty()) jobs.push_back({load_fixture_for_run(f.path, o->cpu_kernels), f.batch_sizes});
       }
     } else {
       for (const auto& path : o->configs) {
-        auto fixture = memgate::load_fixture(path);
+        auto fixture = load_fixture_for_run(path, o->cpu_kernels);
         auto sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
         jobs.push_back({std::move(fixture), std::move(sizes)});
       }
     }
     std::map<memgate::Status, int> counts;
+    int differing = 0;
     bool failed = false;
     std::size_t probes = 0;
     memgate::Progress progress;
@@ -537,8 +569,19 @@ Run add_check(CLI::App& app) {
       progress.done(fmt::format("{}: {} probes judged", item, judged.probes.size()));
       probes += job.batch_sizes.size();
       for (const auto& v : judged.components) {
+        // --exact: bytes within the tolerance that are not the baseline's are a difference of their own.
+        const bool differs = o->exact && (v.status == memgate::Status::kOk || v.status == memgate::Status::kStale) &&
+                             v.baseline && v.measured && *v.baseline != *v.measured;
+        if (differs) {
+          ++differing;
+          failed = true;
+          fmt::print("{:<11} {}_bs{}_{}\n  baseline {} bytes, measured {} ({:+} bytes); --exact wants the same bytes\n",
+                     "differs", v.fixture, v.batch_size, v.component, *v.baseline, *v.measured,
+                     *v.measured - *v.baseline);
+          continue;
+        }
         ++counts[v.status];
-        failed = failed || memgate::fails(v.status, o->strict);
+        failed = failed || memgate::fails(v.status, o->strict || o->exact);
         if (v.status == memgate::Status::kOk) continue;
         fmt::print("{:<11} {}_bs{}_{}\n  {}\n", memgate::name_of(memgate::kStatusNames, v.status), v.fixture,
                    v.batch_size, v.component, v.message);
@@ -548,6 +591,7 @@ Run add_check(CLI::App& app) {
     for (const auto& [status, n] : counts) {
       line += fmt::format("{}{} {}", line.empty() ? "" : ", ", n, memgate::name_of(memgate::kStatusNames, status));
     }
+    if (differing > 0) line += fmt::format("{}{} differs", line.empty() ? "" : ", ", differing);
     fmt::print("memgate check: {} ({} probes on {}): {}\n", failed ? "FAILED" : "passed", probes,
                device.str(), line);
     return failed ? kFailed : kOk;

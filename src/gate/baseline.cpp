@@ -193,6 +193,28 @@ std::string source_commit(const std::string& source_dir) {
   return dirty.empty() ? commit : commit + "+dirty";
 }
 
+nlohmann::json probe_provenance(const DeviceInfo& device, const std::string& fixture_hash, const std::string& commit) {
+  nlohmann::json p = {{"torch", device.torch_version}, {"fixture_hash", fixture_hash}, {"commit", commit}};
+  if (device.device.is_cpu()) {
+    p["cpu_kernels"] = device.cpu_kernels;
+    p["cpu_threads"] = device.cpu_threads;
+    if (device.cpu_kernels != "portable") {
+      p["device"] = device.name;
+      p["cpu_isa"] = device.cpu_isa;
+      p["cpu_features"] = device.cpu_features;
+    }
+    return p;
+  }
+  p.update({{"device", device.name},
+            {"cuda", device.cuda_version},
+            {"cudnn", device.cudnn_version},
+            {"driver", device.driver_version},
+            {"allocator", device.allocator_settings},
+            {"cpu_threads", device.cpu_threads},
+            {"cuda_module_loading", device.cuda_module_loading}});
+  return p;
+}
+
 namespace {
 nlohmann::json without_commit(nlohmann::json provenance) {
   provenance.erase("commit");
@@ -225,20 +247,15 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
     BaselineProbe fresh;
     fresh.batch_size = probe.batch_size;
     fresh.components = probe.components;
-    fresh.provenance = {{"device", device.name},        {"torch", device.torch_version},
-                        {"cuda", device.cuda_version},  {"cudnn", device.cudnn_version},
-                        {"driver", device.driver_version}, {"allocator", device.allocator_settings},
-                        {"cpu_threads", device.cpu_threads}, {"fixture_hash", fixture.hash},
-                        {"commit", commit}};
-    if (device.device.is_cuda()) fresh.provenance["cuda_module_loading"] = device.cuda_module_loading;
-    if (device.device.is_cpu()) fresh.provenance["cpu_isa"] = device.cpu_isa;
+    fresh.provenance = probe_provenance(device, fixture.hash, commit);
     auto it = std::find_if(b.probes.begin(), b.probes.end(),
                            [&](const BaselineProbe& p) { return p.batch_size == probe.batch_size; });
     if (it == b.probes.end()) {
       b.probes.push_back(std::move(fresh));
       changed = true;
     } else if (it->components != fresh.components || without_commit(it->provenance) != without_commit(fresh.provenance)) {
-      // New bytes, or the same bytes from another setup (device, versions, ISA, fixture): the record says so.
+      // New bytes, or the same bytes from a setup that could have changed them (versions, kernels, fixture): the
+      // record says so. The same bytes from another commit, or another CPU under portable kernels, change nothing.
       *it = std::move(fresh);
       changed = true;
     }

@@ -4,6 +4,8 @@
 #include "memgate/models/registry.h"
 #include "yaml_reader.h"
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <algorithm>
@@ -382,6 +384,9 @@ TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
   t.deterministic = r.get_bool("deterministic", false);
   if (!t.deterministic) r.leave_out_of_hash("deterministic");  // added later: off, fixtures keep their hash
   t.allocator = r.get_string("allocator", std::string());
+  t.cpu_kernels = r.get_enum("cpu_kernels", std::optional(t.cpu_kernels), kCpuKernelsNames);
+  // Which kernels measure it, not what the model is: the baseline folder tells them apart.
+  r.leave_out_of_hash("cpu_kernels");
   if (model.arch == Arch::kTorchScript) {
     using Kind = TrainableSpec::Kind;
     if (t.trainable.kind == Kind::kLora || t.trainable.kind == Kind::kHead || t.trainable.kind == Kind::kLastBlocks) {
@@ -449,6 +454,7 @@ Fixture load_fixture(const std::string& path) {
   nlohmann::json read = nlohmann::json::object();  // what the file says, defaults filled in
   MapReader top(root, path, "", &read);
   f.name = top.get_string("name", std::filesystem::path(path).stem().string());
+  if (f.name.empty()) top.fail("name", "a non-empty name (it names baseline files and tests)", "''");
   for (char c : f.name) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') {
       top.fail("name", "letters, digits, '_' and '-' only (it names baseline files and tests)", "'" + f.name + "'");
@@ -471,6 +477,17 @@ Fixture load_fixture(const std::string& path) {
     throw Error(path + ": a value of the model or training section is not valid UTF-8 text");
   }
   return f;
+}
+
+}  // namespace memgate
+
+namespace memgate {
+
+void override_cpu_kernels(Fixture& fixture, std::string_view word, std::string_view where) {
+  if (word.empty()) return;
+  const auto kernels = parse_enum(kCpuKernelsNames, word);
+  if (!kernels) throw Error(fmt::format("{}: expected portable or host, got '{}'", where, word));
+  fixture.training.cpu_kernels = *kernels;
 }
 
 }  // namespace memgate

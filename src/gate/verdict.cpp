@@ -9,19 +9,18 @@
 namespace memgate {
 
 std::string provenance_differences(const BaselineProbe& recorded, const DeviceInfo& device) {
-  const std::pair<const char*, std::string> now[] = {
-      {"device", device.name},          {"torch", device.torch_version},
-      {"cuda", device.cuda_version},    {"cudnn", device.cudnn_version},
-      {"driver", device.driver_version}, {"allocator", device.allocator_settings},
-      {"cpu_threads", std::to_string(device.cpu_threads)}, {"cuda_module_loading", device.cuda_module_loading},
-      {"cpu_isa", device.cpu_isa}};
+  auto now = probe_provenance(device, "", "");
+  now.erase("fixture_hash");  // a changed fixture has a verdict of its own
+  now.erase("commit");
+  auto text = [](const nlohmann::json& v) {
+    auto s = v.is_string() ? v.get<std::string>() : v.dump();
+    return s.empty() ? std::string("(none)") : s;
+  };
   std::string out;
-  for (const auto& [key, value] : now) {
+  for (const auto& [key, value] : now.items()) {
     if (!recorded.provenance.contains(key)) continue;
-    const auto& v = recorded.provenance[key];
-    const auto then = v.is_string() ? v.get<std::string>() : v.dump();
-    if (then != value) out += fmt::format("{}{} {} -> {}", out.empty() ? "" : ", ", key, then.empty() ? "(none)" : then,
-                                          value.empty() ? "(none)" : value);
+    const auto then = text(recorded.provenance[key]), current = text(value);
+    if (then != current) out += fmt::format("{}{} {} -> {}", out.empty() ? "" : ", ", key, then, current);
   }
   return out;
 }
@@ -34,7 +33,8 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
   v.batch_size = probe.batch_size;
   v.component = std::string(component);
   const bool cuda = device.device.is_cuda();
-  const auto how = fmt::format("record them with: ctest --preset {} (then commit baselines/{}/)",
+  const auto how = fmt::format("record them with: {}ctest --preset {} (then commit baselines/{}/)",
+                               device.cpu_kernels == "host" ? "MEMGATE_CPU_KERNELS=host " : "",
                                cuda ? "update-baselines-gpu" : "update-baselines", device.slug);
   const auto* recorded = baseline != nullptr ? baseline->find(probe.batch_size) : nullptr;
   if (recorded == nullptr) {

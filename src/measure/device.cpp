@@ -12,6 +12,7 @@
 #include <torch/version.h>
 
 #include <dlfcn.h>
+#include <sys/utsname.h>
 
 #include <cctype>
 #include <algorithm>
@@ -148,6 +149,8 @@ DeviceInfo describe_device(c10::Device device) {
     const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
     if (cap == nullptr) cap = std::getenv("DNNL_MAX_CPU_ISA");
     info.cpu_isa = onednn_cpu_isa(cpu.flags, cap != nullptr ? cap : "");
+    info.cpu_features = reduced_precision_cpu_features(cpu.flags);
+    set_cpu_kernels(info, CpuKernels::kPortable);
     return info;
   }
 #ifdef MEMGATE_HAVE_CUDA_RUNTIME
@@ -238,6 +241,46 @@ c10::DeviceIndex assigned_gpu(std::string_view ctest_resource, std::string_view 
   return static_cast<c10::DeviceIndex>(ordinal);
 }
 
+namespace {
+
+std::vector<std::string_view> split_flags(std::string_view flags) {
+  std::vector<std::string_view> have;
+  for (std::size_t start = 0; start < flags.size();) {
+    auto end = flags.find_first_of(" \t\n", start);
+    if (end == std::string_view::npos) end = flags.size();
+    if (end > start) have.push_back(flags.substr(start, end - start));
+    start = end + 1;
+  }
+  return have;
+}
+
+}  // namespace
+
+std::string reduced_precision_cpu_features(std::string_view flags) {
+  // What ATen's mkldnn_bf16_device_check / mkldnn_fp16_device_check and oneDNN's ukernels read from cpuinfo.
+  static constexpr std::string_view kFeatures[] = {"avx512_bf16", "avx512_fp16", "avx_ne_convert", "amx_bf16",
+                                                   "amx_fp16"};
+  const auto have = split_flags(flags);
+  std::string out;
+  for (const auto feature : kFeatures) {
+    if (std::find(have.begin(), have.end(), feature) == have.end()) continue;
+    if (!out.empty()) out += ' ';
+    out += feature;
+  }
+  return out;
+}
+
+void set_cpu_kernels(DeviceInfo& info, CpuKernels kernels) {
+  info.cpu_kernels = std::string(name_of(kCpuKernelsNames, kernels));
+  if (kernels == CpuKernels::kPortable) {
+    info.slug = "cpu";
+    return;
+  }
+  struct utsname machine {};
+  const std::string isa = !info.cpu_isa.empty() ? info.cpu_isa : uname(&machine) == 0 ? machine.machine : "unknown";
+  info.slug = "cpu-" + slugify(isa);
+}
+
 std::string onednn_cpu_isa(std::string_view flags, std::string_view cap) {
   // oneDNN's x86 ISA classes, lowest first, each with the CPU flags it needs (cpu_isa_traits.hpp).
   static const std::vector<std::pair<std::string, std::vector<std::string>>> kIsas = {
@@ -252,13 +295,7 @@ std::string onednn_cpu_isa(std::string_view flags, std::string_view cap) {
       {"avx512_core_amx",
        {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}},
   };
-  std::vector<std::string_view> have;
-  for (std::size_t start = 0; start < flags.size();) {
-    auto end = flags.find_first_of(" \t\n", start);
-    if (end == std::string_view::npos) end = flags.size();
-    if (end > start) have.push_back(flags.substr(start, end - start));
-    start = end + 1;
-  }
+  const auto have = split_flags(flags);
   auto has = [&](const std::string& flag) { return std::find(have.begin(), have.end(), flag) != have.end(); };
   std::string lower_cap(cap);
   for (auto& c : lower_cap) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -47,7 +47,7 @@ ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, Es
   // ... and reserves them in segments (each probe starts from an empty cache, as a probe on a GPU does; the Meta
   // backend applies the probe's allocator settings to the model, as the CUDA backend does to the allocator).
   meta.model_caching_allocator(target == EstimateTarget::kCuda);
-  use_meta_kernels_for(target);
+  use_meta_kernels_for(target, workload.training.cpu_kernels);
   try {
     const CpuBesideMeta cpu(target == EstimateTarget::kCpu);
     return run_probe(workload, batch_size, c10::Device(c10::DeviceType::Meta), options);
@@ -62,7 +62,13 @@ Profile estimate_profile(const Workload& workload, const std::vector<std::int64_
   Profile profile;
   profile.device.device = c10::Device(c10::DeviceType::Meta);
   profile.device.name = target == EstimateTarget::kCpu ? "estimate for the CPU" : "estimate for CUDA";
-  profile.device.slug = target == EstimateTarget::kCpu ? "cpu" : "cuda";
+  profile.device.slug = "cuda";
+  if (target == EstimateTarget::kCpu) {
+    auto cpu = describe_device(c10::Device(c10::DeviceType::CPU));
+    set_cpu_kernels(cpu, workload.training.cpu_kernels);
+    profile.device.slug = cpu.slug;
+    profile.device.cpu_kernels = cpu.cpu_kernels;
+  }
   profile.device.torch_version = TORCH_VERSION;
   profile.fixture = workload.name;
   profile.params = workload_param_counts(workload);

@@ -23,6 +23,12 @@ void configure_determinism(bool deterministic) {
   at::globalContext().setDeterministicAlgorithms(deterministic, /*warn_only=*/true);
 }
 
+void configure_cpu_kernels(CpuKernels kernels) {
+  const bool host = kernels == CpuKernels::kHost;
+  at::globalContext().setUserEnabledMkldnn(host);
+  at::globalContext().setUserEnabledNNPACK(host);
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -168,6 +174,7 @@ PreparedStep::PreparedStep(const Workload& workload, std::int64_t batch_size, c1
       backend_(make_memory_backend(device)) {
   require_batch_size(workload, batch_size);
   configure_determinism(workload.training.deterministic);
+  configure_cpu_kernels(workload.training.cpu_kernels);
   backend_->apply_allocator_settings(workload.training.allocator);
   library_workspace_bytes_ = backend_->create_library_workspaces();
   backend_->empty_cache();
@@ -284,6 +291,7 @@ DeviceInfo describe_probe_device(c10::Device device, const Workload& workload, c
     info.allocator_settings = merge_allocator_settings(allocator_settings_from_environment(), workload.training.allocator);
   }
   info.cpu_threads = device.is_cpu() ? options.cpu_threads : 0;
+  if (device.is_cpu()) set_cpu_kernels(info, workload.training.cpu_kernels);
   return info;
 }
 

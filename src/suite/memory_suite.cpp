@@ -202,7 +202,8 @@ class MeasureTest : public ::testing::TestWithParam<MeasureGroup> {};
 
 // Records the baselines of one fixture (update mode).
 void record(const MeasureCase& c, c10::Device device) {
-  const auto fixture = load_fixture(c.fixture_path);
+  auto fixture = load_fixture(c.fixture_path);
+  override_cpu_kernels(fixture, environment("MEMGATE_CPU_KERNELS"), "MEMGATE_CPU_KERNELS");
   std::vector<ProbeResult> probes;
   for (const auto batch_size : c.batch_sizes) {
     probes.push_back(run_probe(fixture, batch_size, device));
@@ -241,7 +242,8 @@ void write_failure_snapshots(const FixtureVerdicts& judged, std::vector<Componen
 
 // Judges one fixture into `file`.
 void judge(const MeasureCase& c, c10::Device device, VerdictFile& file) {
-  const auto fixture = load_fixture(c.fixture_path);
+  auto fixture = load_fixture(c.fixture_path);
+  override_cpu_kernels(fixture, environment("MEMGATE_CPU_KERNELS"), "MEMGATE_CPU_KERNELS");
   std::vector<std::int64_t> budget_sizes;
   for (const auto& b : c.budgets) budget_sizes.push_back(b.batch_size);
   ProbeOptions options;

@@ -65,6 +65,9 @@ std::vector<BadInput> catalogue() {
   fixture("unknown_training_key", training_with("  lr_schedule: cosine\n"), {"training.lr_schedule: unknown key"});
   fixture("duplicate_key", fixture_with("  depth: 4\n", "  depth: 4\n  depth: 8\n"), {"f.yaml:", "model.depth: given twice"});
   fixture("second_document", kFixture + "---\nname: other\n", {"f.yaml:", "a second YAML document"});
+  fixture("name_empty", "name: \"\"\n" + kFixture, {"f.yaml:", "name", "a non-empty name"});
+  fixture("cpu_kernels_unknown", training_with("  cpu_kernels: avx512\n"),
+          {"f.yaml:", "training.cpu_kernels", "portable", "host"});
   fixture("not_yaml", "model: {arch: vit\n", {"f.yaml:", "not valid YAML"});
   fixture("empty_file", "", {"f.yaml", "model: expected a map (the key is required)"});
   fixture("top_level_list", "- 1\n- 2\n", {"f.yaml", "expected a map"});
@@ -176,6 +179,13 @@ std::vector<BadInput> catalogue() {
   bench("number_overflow", R"({"benchmarks": [{"name": "a", "real_time": 1e309}]})", {"b.json", "not valid JSON"});
   bench("no_benchmarks", R"({"context": {}})", {"b.json", "benchmarks"});
   bench("empty_run", R"({"context": {}, "benchmarks": []})", {"b.json"});
+  bench("negative_time", R"({"benchmarks": [{"name": "a", "real_time": -1.0, "cpu_time": 1.0, "time_unit": "ms"}]})",
+        {"b.json", "'a'", "real_time", "zero or more", "-1.0"});
+  bench("negative_cpu_time", R"({"benchmarks": [{"name": "a", "real_time": 1.0, "cpu_time": -2.5, "time_unit": "ms"}]})",
+        {"b.json", "'a'", "cpu_time", "zero or more"});
+  bench("negative_peak",
+        R"({"benchmarks": [{"name": "a", "real_time": 1.0, "cpu_time": 1.0, "time_unit": "ms", "max_bytes_used": -4096}]})",
+        {"b.json", "'a'", "max_bytes_used", "zero or more"});
   bench("missing_file", "", {"nothing.json", "no such file"});
   c.back().args = "bench-compare {dir}/a.json {dir}/nothing.json";
   c.push_back({"bench_convert_onto_itself", {{"a.json", kBench}}, "bench-convert {dir}/a.json --output {dir}/a.json", 3,

@@ -1,5 +1,6 @@
 // Baseline files: strict reading, tolerance arithmetic, in-place updates that keep other entries and churn nothing.
 #include "memgate/gate/baseline.h"
+#include "memgate/gate/verdict.h"
 #include "memgate/base/error.h"
 #include "fixture_util.h"
 
@@ -12,6 +13,7 @@ namespace memgate {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::TempDir;
 
 ProbeResult result(std::int64_t bs, std::int64_t scale) {
@@ -27,6 +29,26 @@ DeviceInfo cpu_info() {
   d.name = "Test CPU";
   d.slug = "cpu";
   d.torch_version = "2.11.0";
+  d.cpu_kernels = "portable";
+  d.cpu_threads = 1;
+  return d;
+}
+
+// What describe_device says of two x86-64 CPUs of other classes (the recorder's and a runner's).
+DeviceInfo epyc(std::string_view kernels) {
+  auto d = cpu_info();
+  d.name = "AMD EPYC 9B14";
+  d.cpu_isa = "avx512_core_bf16";
+  d.cpu_features = "avx512_bf16";
+  set_cpu_kernels(d, *parse_enum(kCpuKernelsNames, kernels));
+  return d;
+}
+DeviceInfo xeon(std::string_view kernels) {
+  auto d = cpu_info();
+  d.name = "Intel(R) Xeon(R) Platinum 8481C";
+  d.cpu_isa = "avx512_core_amx";
+  d.cpu_features = "avx512_bf16 avx512_fp16 amx_bf16";
+  set_cpu_kernels(d, *parse_enum(kCpuKernelsNames, kernels));
   return d;
 }
 
@@ -57,6 +79,80 @@ TEST(BaselineTest, UnchangedMeasurementsLeaveTheFileByteForByte) {
   EXPECT_EQ(testing::read_file(path), before);
   EXPECT_TRUE(update_baseline(path, f, cpu_info(), {result(2, 21)}, "later-commit"));
   EXPECT_NE(testing::read_file(path), before);
+}
+
+// The portable kernels' bytes are every CPU's: a runner with another CPU, at another commit, that measured the same
+// bytes rewrites nothing, so a pull request that updates one fixture shows one file changed.
+TEST(BaselineTest, AnotherCpuWithTheSameBytesRewritesNothingUnderPortableKernels) {
+  TempDir dir;
+  const auto f = testing::fixture_from(testing::tiny_vit_yaml(), "tiny");
+  const auto path = baseline_path(dir.path().string(), "cpu", f.name);
+  ASSERT_TRUE(update_baseline(path, f, epyc("portable"), {result(2, 20), result(4, 40)}, "recorded-on-epyc"));
+  const auto before = testing::read_file(path);
+  EXPECT_FALSE(update_baseline(path, f, xeon("portable"), {result(2, 20), result(4, 40)}, "later-on-xeon"));
+  EXPECT_EQ(testing::read_file(path), before);
+  const auto recorded = load_baseline(path).find(2)->provenance;
+  for (const char* key : {"device", "cpu_isa", "cpu_features"}) {
+    EXPECT_FALSE(recorded.contains(key)) << key << " cannot change a portable byte: " << recorded.dump();
+  }
+  EXPECT_EQ(recorded["cpu_kernels"], "portable");
+  EXPECT_EQ(recorded["cpu_threads"], 1);
+  // One probe's bytes change: that probe is rewritten, with the runner's commit; the other keeps its own.
+  EXPECT_TRUE(update_baseline(path, f, xeon("portable"), {result(2, 21), result(4, 40)}, "later-on-xeon"));
+  const auto b = load_baseline(path);
+  EXPECT_EQ(b.find(2)->provenance["commit"], "later-on-xeon");
+  EXPECT_EQ(b.find(4)->provenance["commit"], "recorded-on-epyc");
+}
+
+// The host's kernels follow its CPU: their baselines say which (name, oneDNN class, reduced-precision features),
+// live in a folder per class, and a CPU of another class never shares them.
+TEST(BaselineTest, HostKernelsRecordTheCpuTheirBytesFollow) {
+  EXPECT_EQ(epyc("host").slug, "cpu-avx512-core-bf16");
+  EXPECT_EQ(xeon("host").slug, "cpu-avx512-core-amx");
+  EXPECT_EQ(epyc("portable").slug, "cpu");
+  EXPECT_EQ(xeon("portable").slug, "cpu");
+  TempDir dir;
+  const auto f = testing::fixture_from(testing::tiny_vit_yaml(), "tiny");
+  const auto path = baseline_path(dir.path().string(), epyc("host").slug, f.name);
+  ASSERT_TRUE(update_baseline(path, f, epyc("host"), {result(2, 20)}, "c"));
+  const auto recorded = load_baseline(path).find(2)->provenance;
+  EXPECT_EQ(recorded["cpu_kernels"], "host");
+  EXPECT_EQ(recorded["cpu_isa"], "avx512_core_bf16");
+  EXPECT_EQ(recorded["cpu_features"], "avx512_bf16");
+  EXPECT_EQ(recorded["device"], "AMD EPYC 9B14");
+  // Within a class, the features ATen reads still change kernels: the same bytes under other features are
+  // recorded as such.
+  auto other = epyc("host");
+  other.cpu_features = "avx512_bf16 avx512_fp16";
+  EXPECT_TRUE(update_baseline(path, f, other, {result(2, 20)}, "c"));
+  EXPECT_EQ(load_baseline(path).find(2)->provenance["cpu_features"], "avx512_bf16 avx512_fp16");
+}
+
+// A failure says which of what can change the bytes differs from the recorder's setup; for the portable kernels the
+// CPU is not among them, so another CPU is not named as a cause.
+TEST(BaselineTest, AFailureNamesTheSetupThatDiffersFromTheRecorders) {
+  BaselineProbe recorded;
+  recorded.provenance = probe_provenance(epyc("host"), "fnv1a64:0", "c");
+  auto same_class = epyc("host");
+  same_class.name = "AMD EPYC 9654";
+  same_class.cpu_features = "avx512_bf16 avx512_fp16";
+  same_class.cpu_threads = 2;
+  const auto said = provenance_differences(recorded, same_class);
+  EXPECT_THAT(said, HasSubstr("device AMD EPYC 9B14 -> AMD EPYC 9654"));
+  EXPECT_THAT(said, HasSubstr("cpu_features avx512_bf16 -> avx512_bf16 avx512_fp16"));
+  EXPECT_THAT(said, HasSubstr("cpu_threads 1 -> 2"));
+  EXPECT_THAT(said, Not(HasSubstr("cpu_isa"))) << "the same class";
+  auto other_class = xeon("host");
+  EXPECT_THAT(provenance_differences(recorded, other_class), HasSubstr("cpu_isa avx512_core_bf16 -> avx512_core_amx"));
+
+  recorded.provenance = probe_provenance(epyc("portable"), "fnv1a64:0", "c");
+  EXPECT_EQ(provenance_differences(recorded, xeon("portable")), "") << "another CPU changes no portable byte";
+  // A baseline recorded before the portable kernels (with the recorder's CPU in it) is read as it is.
+  recorded.provenance["cpu_isa"] = "avx512_core_bf16";
+  recorded.provenance["device"] = "AMD EPYC 9B14";
+  EXPECT_EQ(provenance_differences(recorded, xeon("portable")), "");
+  recorded.provenance["torch"] = "2.10.0";
+  EXPECT_EQ(provenance_differences(recorded, xeon("portable")), "torch 2.10.0 -> 2.11.0");
 }
 
 TEST(BaselineTest, CorruptFilesNameTheFileAndTheKey) {

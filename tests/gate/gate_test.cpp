@@ -1,6 +1,7 @@
 // The gate end to end: the memory suite binary, run on a copy of a source tree, against a real recorded baseline.
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/suite.h"
+#include "memgate/measure/device.h"
 #include "fixture_util.h"
 
 #include <gtest/gtest.h>
@@ -16,7 +17,8 @@ namespace fs = std::filesystem;
 
 // The suite under test must not inherit the outer run's settings: its rows would land in the outer run's
 // results file (and its summary), and an outer strict or update mode would change what it asserts.
-const std::string kCleanEnv = "MEMGATE_RESULTS= MEMGATE_STRICT= MEMGATE_UPDATE_BASELINES= ";
+const std::string kCleanEnv = "MEMGATE_RESULTS= MEMGATE_STRICT= MEMGATE_UPDATE_BASELINES= MEMGATE_CPU_KERNELS= "
+                              "ONEDNN_MAX_CPU_ISA= DNNL_MAX_CPU_ISA= ";
 
 // A source tree of two tiny fixtures, with a CPU suite probing each at batch 2.
 class GateTest : public ::testing::Test {
@@ -147,6 +149,57 @@ TEST_F(GateTest, AChangedFixtureFailsUntilTheBaselinesAreUpdated) {
   EXPECT_EQ(testing::read_file(baseline("gate_b")), other_before) << "only the changed fixture's file may change";
   EXPECT_EQ(suite("", &failed), 0);
   EXPECT_TRUE(failed.empty());
+}
+
+// The opt-in host kernels (oneDNN as PyTorch runs it on this CPU) record and check baselines of their own per CPU
+// class, baselines/cpu-<class>/, beside the portable ones; a runner of another class finds none of its class, is
+// told how to record them, and never compares against another class's bytes. Two classes are made on this CPU by
+// capping oneDNN (on x86; elsewhere the class is the machine's).
+TEST_F(GateTest, HostKernelsKeepBaselinesPerCpuClass) {
+  const bool x86 = !describe_device(c10::Device(c10::DeviceType::CPU)).cpu_isa.empty();
+  const std::string recorder = x86 ? "ONEDNN_MAX_CPU_ISA=AVX2 " : "";
+  const std::string host = "MEMGATE_CPU_KERNELS=host ";
+  auto cls = [&](const std::string& cap) {
+    DeviceInfo d;
+    d.cpu_isa = cap;
+    if (!x86) d.cpu_isa = describe_device(c10::Device(c10::DeviceType::CPU)).cpu_isa;
+    set_cpu_kernels(d, CpuKernels::kHost);
+    return d.slug;
+  };
+  const auto recorded_class = cls(x86 ? "avx2" : "");
+  std::string log;
+  ASSERT_EQ(suite(host + recorder + "MEMGATE_UPDATE_BASELINES=1", nullptr, &log), 0) << log;
+  const auto file = tree / ("baselines/" + recorded_class + "/gate_a.json");
+  ASSERT_TRUE(fs::exists(file)) << log;
+  EXPECT_FALSE(fs::exists(tree / "baselines/cpu")) << "the portable baselines are not the host's";
+  const auto recorded = nlohmann::json::parse(testing::read_file(file));
+  const auto& provenance = recorded["probes"][0]["provenance"];
+  EXPECT_EQ(provenance["cpu_kernels"], "host");
+  EXPECT_TRUE(provenance.contains("cpu_isa") && provenance.contains("cpu_features") && provenance.contains("device"))
+      << provenance.dump();
+  EXPECT_EQ(recorded["device"]["slug"], recorded_class);
+
+  std::vector<std::string> failed;
+  EXPECT_EQ(suite(host + recorder + "MEMGATE_STRICT=1", &failed, &log), 0) << log;
+  EXPECT_TRUE(failed.empty()) << log;
+  // The portable kernels have no baselines here: skipped, with the command that records them.
+  EXPECT_EQ(suite("", nullptr, &log), 0) << log;
+  EXPECT_NE(log.find("no baseline"), std::string::npos) << log;
+  if (!x86) return;
+  // A runner of another class: none of its class, so missing (failing in strict mode), with the command that
+  // records them in host mode and the folder to commit, never the AVX2 class's bytes.
+  EXPECT_EQ(suite(host + "ONEDNN_MAX_CPU_ISA=SSE41", nullptr, &log), 0) << log;
+  EXPECT_NE(suite(host + "ONEDNN_MAX_CPU_ISA=SSE41 MEMGATE_STRICT=1", &failed, &log), 0) << log;
+  EXPECT_EQ(failed.size(), 16U) << log;
+  EXPECT_NE(log.find("no baseline " + (tree.path() / "baselines" / cls("sse41") / "gate_a.json").string() +
+                     " for device " + cls("sse41")),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("MEMGATE_CPU_KERNELS=host ctest --preset update-baselines (then commit baselines/" + cls("sse41") +
+                     "/)"),
+            std::string::npos)
+      << log;
+  EXPECT_FALSE(fs::exists(tree.path() / "baselines" / cls("sse41"))) << "judging records nothing";
 }
 
 TEST_F(GateTest, NoBaselinesSkipWithTheCommandAndFailInStrictMode) {

@@ -141,7 +141,32 @@ TEST(CpuIsaTest, IsPartOfTheCpusDescription) {
 #if defined(__x86_64__)
   EXPECT_FALSE(info.cpu_isa.empty());
 #endif
-  EXPECT_EQ(info.slug, "cpu");
+  EXPECT_EQ(info.slug, "cpu") << "the portable kernels by default: one folder for every CPU";
+  EXPECT_EQ(info.cpu_kernels, "portable");
+}
+
+// ATen sends bf16 / fp16 work to oneDNN by these features, which a ONEDNN_MAX_CPU_ISA cap does not reach.
+TEST(CpuIsaTest, ReducedPrecisionFeaturesAreThoseAtenReads) {
+  EXPECT_EQ(reduced_precision_cpu_features("fpu sse4_1 avx2 avx512f avx512_bf16 avx512_vnni"), "avx512_bf16");
+  EXPECT_EQ(reduced_precision_cpu_features("avx512f avx512_fp16 amx_tile amx_int8 amx_bf16 avx512_bf16 avx_ne_convert"),
+            "avx512_bf16 avx512_fp16 avx_ne_convert amx_bf16");
+  EXPECT_EQ(reduced_precision_cpu_features("sse4_1 avx avx2 fma"), "");
+  EXPECT_EQ(reduced_precision_cpu_features("avx512_bf16x"), "") << "whole words only";
+}
+
+TEST(CpuIsaTest, HostKernelsHaveAFolderPerClass) {
+  DeviceInfo d;
+  d.cpu_isa = "avx512_core_amx";
+  set_cpu_kernels(d, CpuKernels::kHost);
+  EXPECT_EQ(d.slug, "cpu-avx512-core-amx");
+  EXPECT_EQ(d.cpu_kernels, "host");
+  set_cpu_kernels(d, CpuKernels::kPortable);
+  EXPECT_EQ(d.slug, "cpu");
+  EXPECT_EQ(d.cpu_kernels, "portable");
+  DeviceInfo arm;  // not x86: no oneDNN class, the machine names it
+  set_cpu_kernels(arm, CpuKernels::kHost);
+  EXPECT_EQ(arm.slug.rfind("cpu-", 0), 0U) << arm.slug;
+  EXPECT_GT(arm.slug.size(), 4U);
 }
 
 }  // namespace

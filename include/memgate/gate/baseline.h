@@ -19,7 +19,7 @@ namespace memgate {
 struct BaselineProbe {
   std::int64_t batch_size = 0;
   Components components;
-  /// device, torch, cuda, cudnn, driver, allocator, cpu_threads, fixture_hash, commit.
+  /// What can change the bytes, and the commit: see probe_provenance.
   nlohmann::json provenance = nlohmann::json::object();
   [[nodiscard]] std::string fixture_hash() const;
 };
@@ -50,10 +50,20 @@ struct Baseline {
 /// "unknown".
 [[nodiscard]] std::string source_commit(const std::string& source_dir);
 
+/// A probe's provenance: what can change its bytes, with the fixture's hash and the commit it was recorded at.
+/// - CPU, portable kernels: torch, cpu_kernels, cpu_threads (the CPU's name and ISA change no byte, so they are not
+///   recorded, and a runner with another CPU rewrites nothing);
+/// - CPU, host kernels: the same, with the CPU's name, its oneDNN ISA class (cpu_isa) and the reduced-precision
+///   features ATen reads (cpu_features);
+/// - CUDA: device, torch, cuda, cudnn, driver, allocator, cuda_module_loading.
+[[nodiscard]] nlohmann::json probe_provenance(const DeviceInfo& device, const std::string& fixture_hash,
+                                              const std::string& commit);
+
 /// Writes the measured probes into `path`: only those probes are replaced, every other entry is kept; the file
 /// is written to a temporary file and renamed, under an exclusive lock (safe when ctest runs in parallel); a
-/// probe whose components and fixture hash did not change is left as it was, so an unchanged file stays byte
-/// for byte the same. Returns whether the file changed.
+/// probe whose components and provenance (but for the commit) did not change is left as it was, commit included,
+/// so an unchanged file stays byte for byte the same, whichever runner recorded it. Returns whether the file
+/// changed.
 bool update_baseline(const std::string& path, const Fixture& fixture, const DeviceInfo& device,
                      const std::vector<ProbeResult>& probes, const std::string& commit);
 

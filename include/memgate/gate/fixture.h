@@ -61,6 +61,12 @@ struct Fixture : Workload {
 /// expected for an unknown key, a missing required key, a wrong type or a value out of range.
 [[nodiscard]] Fixture load_fixture(const std::string& path);
 
+/// Sets the kernels CPU probes of `fixture` run, over its own `training.cpu_kernels`, where a run asks for them
+/// (`--cpu-kernels`, or MEMGATE_CPU_KERNELS for the memory suite): `word` is `portable` or `host`; empty leaves the
+/// fixture's. Its hash stays: the kernels measure the model, they are not part of it. Throws memgate::Error naming
+/// `where` for another word.
+void override_cpu_kernels(Fixture& fixture, std::string_view word, std::string_view where);
+
 /// 64-bit FNV-1a of `text`, as "fnv1a64:<16 hex digits>".
 [[nodiscard]] std::string content_hash(const std::string& text);
 

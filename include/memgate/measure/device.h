@@ -1,6 +1,8 @@
 // Which device a probe runs on, and the description recorded with every measurement.
 #pragma once
 
+#include "memgate/base/enum_names.h"
+
 #include <c10/core/Device.h>
 
 #include <cstdint>
@@ -9,13 +11,28 @@
 
 namespace memgate {
 
+/// Which kernels a probe on the CPU runs, and so whose bytes it measures.
+enum class CpuKernels {
+  /// LibTorch's own kernels (oneDNN and NNPACK off, one intra-op thread): what the model and the training step
+  /// keep, with no scratch chosen for this CPU's vector units or caches. The same bytes on every CPU: `baselines/cpu`.
+  kPortable,
+  /// What PyTorch runs on this CPU (oneDNN's convolutions and matmuls for its ISA class, with their reorders and
+  /// scratchpads): this class's real bytes, kept apart in `baselines/cpu-<isa class>`.
+  kHost,
+};
+
+/// The words of CpuKernels.
+inline constexpr EnumNames<CpuKernels, 2> kCpuKernelsNames{{{CpuKernels::kPortable, "portable"},
+                                                            {CpuKernels::kHost, "host"}}};
+
 /// A device and what it was measured with: the provenance of every baseline.
 struct DeviceInfo {
   /// Where tensors go (`cpu` or `cuda:N`).
   c10::Device device{c10::DeviceType::CPU};
   /// Human name: the CPU model, or the CUDA device's name (`NVIDIA H100 80GB HBM3`).
   std::string name;
-  /// Filesystem-safe name of the baseline folder: `cpu`, `nvidia-h100-80gb-hbm3`.
+  /// Filesystem-safe name of the baseline folder: `cpu` (portable CPU kernels), `cpu-avx512-core-bf16` (the host's
+  /// kernels, per ISA class), `nvidia-h100-80gb-hbm3`.
   std::string slug;
   /// LibTorch's version (`2.11.0`).
   std::string torch_version;
@@ -32,8 +49,13 @@ struct DeviceInfo {
   /// Intra-op threads used on the CPU (probes pin them so bytes repeat).
   int cpu_threads = 0;
   /// The CPU ISA oneDNN dispatches to (`avx512_core_bf16`, `avx2`, ...; empty on a GPU): oneDNN's kernels, and
-  /// the scratch bytes of convolutions and matmuls, differ by it, so CPU bytes are exact for one ISA class.
+  /// the scratch bytes of convolutions and matmuls, differ by it, so the host kernels' bytes hold for one class.
   std::string cpu_isa;
+  /// The CPU features by which ATen itself sends reduced precision to oneDNN (`avx512_bf16 avx512_fp16 amx_bf16
+  /// ...`, those present; a ONEDNN_MAX_CPU_ISA cap does not reach them): the host kernels' bytes follow them too.
+  std::string cpu_features;
+  /// The kernels a CPU probe ran (`portable` or `host`; empty on a GPU): see CpuKernels.
+  std::string cpu_kernels;
   /// CUDA_MODULE_LOADING in force (`LAZY`, as Python's torch sets it), empty on the CPU.
   std::string cuda_module_loading;
 };
@@ -80,6 +102,15 @@ bool prepare_cuda_environment();
 /// in oneDNN's names: sse41, avx, avx2, avx2_vnni, avx512_core, avx512_core_vnni, avx512_core_bf16,
 /// avx512_core_fp16, avx512_core_amx. Empty when the flags name none of them (not x86).
 [[nodiscard]] std::string onednn_cpu_isa(std::string_view flags, std::string_view cap);
+
+/// Sets what `kernels` makes of a CPU description: the kernels' name, and the baseline folder (`cpu` for the
+/// portable kernels, whose bytes hold on every CPU; `cpu-<ISA class>` for the host's, e.g. `cpu-avx512-core-bf16`,
+/// `cpu-aarch64` where the CPU is not x86).
+void set_cpu_kernels(DeviceInfo& info, CpuKernels kernels);
+
+/// The features in /proc/cpuinfo's `flags` by which ATen sends bf16 / fp16 work to oneDNN and its ukernels
+/// (avx512_bf16, avx512_fp16, avx_ne_convert, amx_bf16, amx_fp16), those present, space-separated.
+[[nodiscard]] std::string reduced_precision_cpu_features(std::string_view flags);
 
 /// A CUDA device's total memory in bytes (what describe_device reports, without the versions and the driver
 /// query); 0 on the CPU or where the CUDA runtime is not available.

@@ -10,8 +10,9 @@
 namespace memgate {
 
 /// Registers memgate's Meta kernels (once per process) and makes them follow `target`: the attention kernel the
-/// target would pick and the tensors its kernels allocate.
-void use_meta_kernels_for(EstimateTarget target);
+/// target would pick and the tensors its kernels allocate; for the CPU, those of `cpu_kernels` (LibTorch's own
+/// kernels, or oneDNN's as they run on an AVX-512 CPU with bf16).
+void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels = CpuKernels::kPortable);
 
 /// Registers autocast for Meta tensors (once per process) with the policy of `target`: which ops run in the lower
 /// precision, which in fp32, which promote, as torch's autocast runs them on that device. AutocastScope turns it on

@@ -132,4 +132,10 @@ class PreparedStep {
 /// kernels, and their memory, away from what users run by default.
 void configure_determinism(bool deterministic);
 
+/// Sets the kernels the CPU runs for a workload (PreparedStep does it for each, like configure_determinism):
+/// `kPortable` turns LibTorch's oneDNN (mkldnn) and NNPACK paths off, so convolutions, matmuls and attention run
+/// LibTorch's own kernels, whose tensors do not depend on the CPU's ISA, caches or core count; `kHost` turns them
+/// back on, as PyTorch runs by default.
+void configure_cpu_kernels(CpuKernels kernels);
+
 }  // namespace memgate

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "memgate/base/enum_names.h"
+#include "memgate/measure/device.h"
 #include "memgate/models/autocast.h"
 #include "memgate/models/model.h"
 
@@ -55,6 +56,7 @@ struct TrainingSpec {
   std::int64_t accumulation_steps = 1;     ///< micro-batches per optimizer step
   bool deterministic = false;              ///< deterministic algorithms (torch.use_deterministic_algorithms)
   std::string allocator;            ///< CUDA allocator settings, e.g. expandable_segments:True
+  CpuKernels cpu_kernels = CpuKernels::kPortable;  ///< portable | host: the kernels a CPU probe runs
 };
 
 /// An optimizer that updates parameters as torch.optim's AdamW and SGD do, tensor for tensor: the same state
