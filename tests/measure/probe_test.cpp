@@ -169,6 +169,26 @@ TEST(ProbeTest, OutOfMemoryIsRecordedAndTheNextBatchSizeStillRuns) {
   EXPECT_EQ(profile.probes[1].components.step_peak, small);
 }
 
+// An out-of-memory in the middle of backward leaves the failed graph's pending tasks, with their gradients, in the
+// autograd engine's ready queue; the probe drops them, so the next probe measures as if it had never run. (Before,
+// the next probe's step_peak read 6.5 MB low: they were freed during its step.) Caps between batch 1's peak and
+// batch 6's stop the bf16 ResNet twin at several points of its step, backward included.
+TEST(ProbeTest, AProbeAfterAnOutOfMemoryInBackwardMeasuresAsIfItHadNotRun) {
+  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/resnet_tiny_fewshot_amp_accum.yaml");
+  const auto clean = probe(f, 1).components;
+  const auto six = probe(f, 6).components.step_peak;
+  auto& counter = CountingCpuAllocator::install();
+  int failed = 0;
+  for (const int i : {8, 16, 23}) {
+    counter.set_limit(counter.current_bytes() + clean.step_peak + (six - clean.step_peak) * i / 24);
+    const auto r = run_probe(f, 6, kCpu);
+    counter.set_limit(0);
+    failed += r.oom ? 1 : 0;
+    EXPECT_EQ(probe(f, 1).components, clean) << "after a probe capped at " << i << "/24 of the way";
+  }
+  EXPECT_EQ(failed, 3);
+}
+
 // Out of memory in every form the machine gives it: a batch the machine cannot hold is out of memory at that
 // batch, and the probes before and after it measure as if it had never run.
 TEST(ProbeTest, ABatchTheMachineCannotHoldIsOutOfMemoryAndTheRunGoesOn) {
