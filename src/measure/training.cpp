@@ -69,6 +69,9 @@ class AdamW final : public TrainingOptimizer {
   }
 
   void for_loop_step(const std::vector<std::size_t>& index) {
+    // As adam.py's _single_tensor_adam: `denom` is a loop variable, so each parameter's lives on while the next
+    // one's is computed, and the last until the step returns.
+    torch::Tensor denom;
     for (const auto i : index) {
       auto& p = params_[i];
       const auto& grad = p.grad();
@@ -79,7 +82,7 @@ class AdamW final : public TrainingOptimizer {
       const auto step = steps_[i].item<double>();
       const auto step_size = lr_ / (1.0 - std::pow(kBeta1, step));
       const auto bias_correction2_sqrt = std::sqrt(1.0 - std::pow(kBeta2, step));
-      const auto denom = (exp_avg_sqs_[i].sqrt() / bias_correction2_sqrt).add_(kEps);
+      denom = (exp_avg_sqs_[i].sqrt() / bias_correction2_sqrt).add_(kEps);
       p.addcdiv_(exp_avgs_[i], denom, -step_size);
     }
   }

@@ -1,6 +1,7 @@
 // Device-materialised layers (see nn.h). Initialisation is seeded and in place, on the target device.
 #include "memgate/models/nn.h"
 
+#include <ATen/ScalarOps.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -31,7 +32,16 @@ void LinearImpl::add_lora(std::int64_t rank, double alpha) {
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   auto y = torch::nn::functional::linear(x, weight, bias);
   if (lora_a.defined()) {
-    y = y + torch::nn::functional::linear(torch::nn::functional::linear(x, lora_a), lora_b) * lora_scale;
+    // As PEFT's `result + lora_B(lora_A(x)) * scaling` runs in eager Python: lora_A's output is freed once lora_B has
+    // returned, lora_B's once the product exists, the product once the sum does (one C++ expression would keep all
+    // three through the sum).
+    auto update = torch::nn::functional::linear(torch::nn::functional::linear(x, lora_a), lora_b);
+    // Python's `* scaling` multiplies by a wrapped number, a 0-dim double on the host that MulBackward0 saves (8
+    // bytes a layer on the CPU); LibTorch's mul(Scalar) would save nothing.
+    auto scale = c10::scalar_to_tensor(lora_scale);
+    scale.unsafeGetTensorImpl()->set_wrapped_number(true);
+    update = update * scale;
+    y = y + update;
   }
   return y;
 }

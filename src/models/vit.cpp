@@ -56,10 +56,26 @@ torch::Tensor VitBlockImpl::attention_branch(const torch::Tensor& x) {
   return proj_drop > 0.0 ? torch::dropout(a, proj_drop, is_training()) : a;
 }
 
+namespace {
+
+// As timm's Mlp: each layer's output is freed once the next layer has returned (fc1's after the GELU, the GELU's
+// after fc2), not held to the end of one C++ expression.
+torch::Tensor mlp_branch(VitBlockImpl& block, const torch::Tensor& x) {
+  auto h = block.fc1->forward(x);
+  h = torch::gelu(h);
+  return block.fc2->forward(h);
+}
+
+}  // namespace
+
 torch::Tensor VitBlockImpl::forward(const torch::Tensor& x) {
-  // The branch's output is a temporary: it is freed as soon as the sum exists, not held through the MLP.
+  // As timm's Block, x = x + attn(norm1(x)); x = x + mlp(norm2(x)): a norm's output lives while its branch runs
+  // and is freed before the residual sum; the branch's output is freed once the sum exists. One expression,
+  // `y + fc2(gelu(fc1(norm2(y))))`, held norm2's, fc1's and the GELU's outputs through fc2 and the sum: in a
+  // no-grad forward (eval, or a frozen backbone) the block's peak was two [B, N, C] above timm's.
   auto y = x + attention_branch(x);
-  return y + fc2->forward(torch::gelu(fc1->forward(norm2->forward(y))));
+  auto m = mlp_branch(*this, norm2->forward(y));
+  return y + m;
 }
 
 VisionTransformerImpl::VisionTransformerImpl(const VitOptions& spec_, nn::ParamOptions param) : spec(spec_) {
@@ -91,10 +107,15 @@ VisionTransformerImpl::VisionTransformerImpl(const VitOptions& spec_, nn::ParamO
 torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& images, bool checkpoint_blocks) {
   auto x = patch_embed->forward(images).flatten(2).transpose(1, 2);
   x = torch::cat({cls_token.expand({x.size(0), -1, -1}).to(x.dtype()), x}, 1) + pos_embed.to(x.dtype());
+  // As timm's `x = self.blocks(x)`: nn.Sequential passes each block's output on in a variable of its own, so the
+  // embedded tokens stay alive (forward_features' x) until the last block has returned, then are freed before
+  // the final norm. (In a no-grad forward, or with a frozen backbone, nothing else holds them.)
+  auto tokens = x;
   for (const auto& module : *blocks) {
     auto block = std::dynamic_pointer_cast<VitBlockImpl>(module);
     x = run_block(block, x, checkpoint_blocks);
   }
+  tokens.reset();
   return norm->forward(x);
 }
 

@@ -52,7 +52,10 @@ TEST(TorchScriptTest, TimmVitMeasuresAsTheZoosVit) {
       if (c.name == "eval_peak") continue;
       EXPECT_EQ(a.components.*c.member, b.components.*c.member) << "bs " << bs << " " << c.name;
     }
-    EXPECT_EQ(b.components.eval_peak - a.components.eval_peak, bs * tokens * 3 * width * 4) << "bs " << bs;
+    // The TorchScript interpreter frees each value at its last use; eager timm, which the zoo's ViT follows to the
+    // byte (tools/timm_reference.py), holds a value until the Python call or variable that holds it ends: at the
+    // eval forward's peak that is two [B, N, C] fp32 tensors more.
+    EXPECT_EQ(b.components.eval_peak - a.components.eval_peak, bs * tokens * 2 * width * 4) << "bs " << bs;
   }
 }
 

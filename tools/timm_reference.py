@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""Eager PyTorch reference for memgate's ViT: timm's VisionTransformer measured with memgate's probe protocol.
+
+Builds timm 1.0.31's VisionTransformer (class token, no dropout, SDPA attention) with the given sizes, runs the
+protocol of src/measure/train_step.cpp and probe.cpp on the CPU (one thread, oneDNN off, as memgate's probes run
+LibTorch's own kernels): build, batch, two eval no-grad forwards, warm-up step(s), one measured step (forward,
+backward, torch.optim.AdamW with foreach=False, i.e. memgate's CPU `optimizer_impl: auto`, zero_grad), and reads
+every CPU allocation and free from torch.profiler's allocation events (each carries the allocator's running
+total). Components mean what DESIGN.md's "The measurement protocol" says, in bytes above the allocations that
+existed before the model was built: params, gradients, optimizer_state, activations, forward_peak, eval_peak
+(absolute: parameters and the batch included), step_peak (absolute).
+
+Optional LoRA (`--lora-rank`, `--lora-targets qkv,...`, `--trainable lora`) wraps timm's Linear layers as memgate's
+nn::Linear computes them: y = linear(x, W, b) + linear(linear(x, A), B) * alpha / rank.
+
+Run (timm installed beside the venv's torch, as tools/make_torchscript_models.sh installs it):
+  PYTHONPATH=~/.cache/memgate/torchscript-tools ~/.cache/memgate/venv/bin/python tools/timm_reference.py \
+      --img-size 32 --patch-size 8 --embed-dim 64 --depth 4 --num-heads 4 --num-classes 5 \
+      --trainable head --batch-sizes 2,3
+  (or --config fixtures/models/vit_tiny_full.yaml to take the sizes and training from a fixture;
+   --timeline out.txt writes every allocation and free with the op that made it, to diff against a
+   `memgate profile --snapshot` pickle).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
+
+class LoraLinear(nn.Linear):
+    """nn.Linear plus memgate's LoRA adapter (parameters weight, bias, lora_a, lora_b, as memgate names them)."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float):
+        super().__init__(base.in_features, base.out_features, bias=base.bias is not None)
+        with torch.no_grad():
+            self.weight.copy_(base.weight)
+            if base.bias is not None:
+                self.bias.copy_(base.bias)
+        self.lora_a = nn.Parameter(torch.empty(rank, base.in_features))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
+        nn.init.normal_(self.lora_a, 0.0, base.in_features ** -0.5)
+        self.scale = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        y = y + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
+        return y
+
+
+def import_timm():
+    """timm's VisionTransformer; what importing timm prints (huggingface_hub's warnings) goes to stderr."""
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):
+        from timm.models.vision_transformer import VisionTransformer
+    return VisionTransformer
+
+
+def build_model(a: argparse.Namespace) -> nn.Module:
+    model = import_timm()(img_size=a.img_size, patch_size=a.patch_size, embed_dim=a.embed_dim, depth=a.depth,
+                          num_heads=a.num_heads, mlp_ratio=a.mlp_ratio, num_classes=a.num_classes,
+                          qkv_bias=True, class_token=True, global_pool="token")
+    if a.lora_rank > 0:
+        for block in model.blocks:
+            for target in a.lora_targets:
+                owner, name = {"qkv": (block.attn, "qkv"), "proj": (block.attn, "proj"),
+                               "fc1": (block.mlp, "fc1"), "fc2": (block.mlp, "fc2")}[target]
+                setattr(owner, name, LoraLinear(getattr(owner, name), a.lora_rank, a.lora_alpha))
+    return model
+
+
+def select_trainable(model: nn.Module, trainable: str) -> list[nn.Parameter]:
+    out = []
+    for name, p in model.named_parameters():
+        head = name.startswith("head.")
+        train = {"all": True, "head": head, "lora": head or "lora_" in name}[trainable]
+        p.requires_grad_(train)
+        if train:
+            out.append(p)
+    return out
+
+
+def allocation_events(prof) -> list[tuple[int, int, int, str, str]]:
+    """(time_ns, size, running total, op, phase) of every CPU allocation (+) and free (-), in order."""
+    from torch._C._profiler import _EventType
+
+    events = []
+    order = 0
+
+    def visit(node, op: str, phase: str):
+        nonlocal order
+        kind = node.typed[0]
+        if kind == _EventType.Allocation:
+            f = node.typed[1]
+            if f.device.type == "cpu" and f.alloc_size != 0:
+                events.append((node.start_time_ns, order, f.alloc_size, f.total_allocated, op, phase))
+                order += 1
+            return
+        if kind == _EventType.TorchOp:
+            if node.name.startswith("memgate::"):
+                phase = node.name[len("memgate::"):]
+            else:
+                op = node.name  # the innermost op names the allocation
+        for child in node.children:
+            visit(child, op, phase)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        visit(root, "", "")
+    events.sort(key=lambda e: (e[0], e[1]))
+    # The running totals must chain: then the order is the allocator's.
+    for prev, cur in zip(events, events[1:]):
+        if cur[3] != prev[3] + cur[2]:
+            raise RuntimeError(f"allocation events out of order near t={cur[0]}: {prev} then {cur}")
+    return [(t, size, total, op, phase) for t, _, size, total, op, phase in events]
+
+
+def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None) -> dict:
+    torch.manual_seed(0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=False) as prof:
+        # A marker allocation first, so that the running total before the build is known.
+        marker = torch.empty(1)
+        del marker
+        with record_function("memgate::build"):
+            model = build_model(a)
+        trainable = select_trainable(model, a.trainable)
+        torch.manual_seed(1)
+        with record_function("memgate::batch"):
+            images = torch.randn(batch_size, 3, a.img_size, a.img_size)
+            target = torch.randint(a.num_classes, (batch_size,))
+        model.train()
+        optimizer = torch.optim.AdamW(trainable, lr=a.lr, weight_decay=a.weight_decay, foreach=False)
+        model.eval()
+        for p in range(2):
+            with torch.no_grad(), record_function(f"memgate::eval{p}"):
+                model(images)
+        model.train()
+        for step in range(a.warmup_steps + 1):
+            tag = "measured" if step == a.warmup_steps else f"warmup{step}"
+            with record_function(f"memgate::{tag}:forward"):
+                loss = F.cross_entropy(model(images).float(), target)
+            with record_function(f"memgate::{tag}:backward"):
+                loss.backward()
+                del loss  # memgate's loss dies with its loop iteration, before the optimizer
+            with record_function(f"memgate::{tag}:optimizer"):
+                optimizer.step()
+            with record_function(f"memgate::{tag}:zero_grad"):
+                optimizer.zero_grad()
+
+    events = allocation_events(prof)
+    if timeline_out is not None:
+        for t, size, total, op, phase in events:
+            print(f"{phase}\t{size}\t{total}\t{op}", file=timeline_out)
+
+    def window(prefix: str):
+        """(level before, level after, peak) over the phases whose name starts with prefix."""
+        idx = [i for i, e in enumerate(events) if e[4].startswith(prefix)]
+        if not idx:
+            raise RuntimeError(f"no allocation in phase {prefix}")
+        first, last = idx[0], idx[-1]
+        before = events[first][2] - events[first][1]
+        peak = max([before] + [events[i][2] for i in range(first, last + 1)])
+        return before, events[last][2], peak
+
+    base = events[0][2] - events[0][1]
+    _, built, _ = window("build")
+    _, _, eval_peak = window("eval1")
+    _, before_opt0, _ = window("warmup0:backward")
+    _, after_opt0, _ = window("warmup0:optimizer")
+    before_step, after_fwd, fwd_peak = window("measured:forward")
+    _, after_bwd, _ = window("measured:backward")
+    step_peak = max(window(f"measured:{p}")[2] for p in ("forward", "backward", "optimizer", "zero_grad"))
+    return {
+        "batch_size": batch_size,
+        "params": built - base,
+        "gradients": after_bwd - before_step,
+        "optimizer_state": after_opt0 - before_opt0,
+        "activations": after_fwd - before_step,
+        "forward_peak": fwd_peak - before_step,
+        "eval_peak": eval_peak - base,
+        "step_peak": step_peak - base,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="a memgate fixture YAML (model: {arch: vit, ...}); flags given override it")
+    p.add_argument("--img-size", type=int)
+    p.add_argument("--patch-size", type=int)
+    p.add_argument("--embed-dim", type=int)
+    p.add_argument("--depth", type=int)
+    p.add_argument("--num-heads", type=int)
+    p.add_argument("--num-classes", type=int)
+    p.add_argument("--mlp-ratio", type=float)
+    p.add_argument("--trainable", choices=("all", "head", "lora"))
+    p.add_argument("--lora-rank", type=int)
+    p.add_argument("--lora-alpha", type=float)
+    p.add_argument("--lora-targets", type=lambda s: s.split(","))
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--batch-sizes", default="2")
+    p.add_argument("--timeline", help="write every allocation/free (phase, bytes, running total, op) here")
+    a = p.parse_args(argv)
+
+    defaults = {"img_size": 224, "patch_size": 16, "embed_dim": 768, "depth": 12, "num_heads": 12,
+                "num_classes": 1000, "mlp_ratio": 4.0, "trainable": "all", "lora_rank": 0, "lora_alpha": 1.0,
+                "lora_targets": ["qkv"]}
+    if a.config:
+        import yaml
+
+        with open(a.config) as f:
+            fixture = yaml.safe_load(f)
+        m, t = fixture.get("model", {}), fixture.get("training", {})
+        if m.get("arch") != "vit":
+            p.error(f"{a.config}: arch {m.get('arch')!r}, expected vit")
+        for key in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "num_classes", "mlp_ratio"):
+            if key in m:
+                defaults[key] = m[key]
+        if "lora" in m:
+            defaults.update(lora_rank=m["lora"]["rank"], lora_alpha=m["lora"].get("alpha", m["lora"]["rank"]),
+                            lora_targets=m["lora"].get("targets", ["qkv"]))
+        if isinstance(t.get("trainable"), str):
+            defaults["trainable"] = t["trainable"]
+        if t.get("optimizer", "adamw") != "adamw":
+            p.error("only optimizer adamw is mirrored")
+        a.lr = t.get("lr", a.lr)
+        a.weight_decay = t.get("weight_decay", a.weight_decay)
+    for key, value in defaults.items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    if a.warmup_steps < 1:
+        p.error("--warmup-steps: at least 1 (optimizer_state is read over the first warm-up step)")
+
+    torch.set_num_threads(1)
+    torch.backends.mkldnn.enabled = False
+    import_timm()  # imported before any probe: nothing of the import lands in a timeline
+    timeline = open(a.timeline, "w") if a.timeline else None
+    probes = []
+    for bs in (int(s) for s in a.batch_sizes.split(",")):
+        if timeline:
+            print(f"# batch {bs}", file=timeline)
+        probes.append(run_probe(a, bs, timeline))
+    if timeline:
+        timeline.close()
+    json.dump({"reference": "timm eager", "model": {k: getattr(a, k) for k in defaults}, "probes": probes},
+              sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
