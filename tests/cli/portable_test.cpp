@@ -40,18 +40,12 @@ fixtures:
   - {fixture: unet_tiny_fp16, batch_sizes: [1, 2]}           # fp16 convolutions, GradScaler
 )";
 
-// The flags of this CPU (x86 /proc/cpuinfo), to know which ATen capabilities it can run at all.
+// The flags of this CPU, to know which ATen capabilities it can run at all.
 std::set<std::string> cpu_flags() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    std::set<std::string> flags;
-    for (std::string w; words >> w;) flags.insert(w);
-    return flags;
-  }
-  return {};
+  std::istringstream words(testing::host_cpu_flags());
+  std::set<std::string> flags;
+  for (std::string w; words >> w;) flags.insert(w);
+  return flags;
 }
 
 struct Caps {
@@ -59,6 +53,10 @@ struct Caps {
   std::string aten;    ///< ATEN_CPU_CAPABILITY, or "default"
   int threads;         ///< OMP_NUM_THREADS / MKL_NUM_THREADS of the process
 };
+
+void PrintTo(const Caps& c, std::ostream* os) {
+  *os << "ONEDNN_MAX_CPU_ISA=" << c.onednn << " ATEN_CPU_CAPABILITY=" << c.aten << " OMP_NUM_THREADS=" << c.threads;
+}
 
 std::string caps_name(const ::testing::TestParamInfo<Caps>& info) {
   auto lower = [](std::string s) {

@@ -17,6 +17,17 @@ namespace memgate::testing {
 /// memgate's source tree, whose fixtures and baselines the tests read: $MEMGATE_SOURCE_DIR (CTest sets it), else
 /// the tree the tests were built from (compiled into the test executables only, never into the library), so that
 /// GoogleTest's listing at build time finds the fixtures too.
+/// This CPU's `flags` line of /proc/cpuinfo (empty where there is none): what a test may ask of the host it runs
+/// on, never what it expects the recorder's CPU to have been.
+inline std::string host_cpu_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) return line.substr(line.find(':') + 1);
+  }
+  return {};
+}
+
 inline std::string source_dir() {
   if (const char* dir = std::getenv("MEMGATE_SOURCE_DIR"); dir != nullptr && *dir != '\0') return dir;
   return MEMGATE_TEST_SOURCE_DIR;
