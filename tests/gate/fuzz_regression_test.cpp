@@ -10,6 +10,7 @@
 #include "memgate/report/compare.h"
 #include "memgate/report/html_report.h"
 #include "memgate/report/profile_document.h"
+#include "memgate/report/snapshot_pickle.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -40,6 +41,9 @@ TEST(FuzzRegressionTest, EveryKeptCrasherIsNowAClearErrorOrLoads) {
                      (void)render_report_html(docs, {});
                      (void)render_comparison_html(docs, {}, c);
                    }}},
+      {"snapshot", {"snapshot.pickle", [](const std::string& p) {
+                      (void)load_plain_pickle(p, {.max_values = 1 << 20, .max_depth = 256});
+                    }}},
   };
   int replayed = 0;
   for (const auto& [target, reader] : readers) {
