@@ -1,5 +1,6 @@
 // memgate report, compare and profile --html/--snapshot end to end, and the report rendered in a real browser
 // (headless Chromium): the page loads without script errors, holds its plots, and paints them.
+#include "memgate/report/snapshot_pickle.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -73,6 +74,17 @@ TEST(ReportCliTest, ProfileWritesItsHtmlAndOneSnapshotPerBatchSize) {
   EXPECT_GT(fs::file_size(dir / "step_bs1.pickle"), 1000U);
   EXPECT_GT(fs::file_size(dir / "step_bs2.pickle"), 1000U);
   EXPECT_THAT(out, HasSubstr("open it at https://pytorch.org/memory_viz"));
+  // memgate's own snapshot reads back through the plain-data reader that memgate replay uses: one trace, whose
+  // allocations (each its own segment on the CPU) are all freed or still live in `segments` at the end.
+  const auto snapshot = load_plain_pickle(dir / "step_bs1.pickle");
+  ASSERT_EQ(snapshot["device_traces"].size(), 1U);
+  std::int64_t allocs = 0, frees = 0;
+  for (const auto& e : snapshot["device_traces"][0]) {
+    allocs += e["action"] == "segment_alloc" ? 1 : 0;
+    frees += e["action"] == "segment_free" ? 1 : 0;
+  }
+  EXPECT_GT(allocs, 100);
+  EXPECT_EQ(allocs - frees, static_cast<std::int64_t>(snapshot["segments"].size()));
   // Progress on stderr, one line per probe in a log (not a terminal).
   EXPECT_THAT(out, HasSubstr("[memgate] vit_tiny_lora bs 1: step peak"));
   EXPECT_THAT(out, HasSubstr("[memgate] vit_tiny_lora bs 2: step peak"));
