@@ -232,7 +232,7 @@ void add_cpu_kernels_option(CLI::App& app, std::string& kernels) {
                  "fixture's training.cpu_kernels, portable unless it says otherwise")
       ->envname("MEMGATE_CPU_KERNELS")
       ->type_name("KERNELS")
-      ->check(CLI::IsMember({"portable", "host"}));
+      ->check(CLI::IsMember(memgate::enum_words(memgate::kCpuKernelsNames)));
 }
 
 // A fixture as a run measures it: with the kernels the run asks for (--cpu-kernels).

@@ -5,6 +5,7 @@
 #include "yaml_reader.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -479,14 +480,12 @@ Fixture load_fixture(const std::string& path) {
   return f;
 }
 
-}  // namespace memgate
-
-namespace memgate {
-
 void override_cpu_kernels(Fixture& fixture, std::string_view word, std::string_view where) {
   if (word.empty()) return;
   const auto kernels = parse_enum(kCpuKernelsNames, word);
-  if (!kernels) throw Error(fmt::format("{}: expected portable or host, got '{}'", where, word));
+  if (!kernels) {
+    throw Error(fmt::format("{}: expected {}, got '{}'", where, fmt::join(enum_words(kCpuKernelsNames), " or "), word));
+  }
   fixture.training.cpu_kernels = *kernels;
 }
 

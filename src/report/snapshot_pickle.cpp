@@ -1,7 +1,7 @@
 // A reader of plain-data pickles (Python's pickle module, protocols 2-5, and torch's own Pickler), for memory
 // snapshots: a small stack machine over the opcodes that carry data, refusing every opcode that names code or
 // builds an object. Containers are built as a graph first (a memoized dict can be filled after it is memoized and
-// then referenced), then turned into JSON with limits on size, depth and cycles.
+// then referenced), measured (size, depth, cycles) against the limits, and only then turned into JSON.
 #include "memgate/report/snapshot_pickle.h"
 
 #include "memgate/base/error.h"
@@ -9,10 +9,9 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <map>
-#include <set>
 #include <memory>
 #include <utility>
 #include <variant>
@@ -285,19 +284,26 @@ class ToJson {
 
   // The values the JSON would hold, each memoized container counted at every reference, computed once per node
   // (saturating), so that a file whose references expand exponentially is refused before anything is expanded.
+  // Nesting is checked the same way: a container met again deeper down than where it was first measured nests its
+  // whole height there (memo references can stack chains of containers far deeper than any one path shows).
   std::int64_t expanded_size(const Node& node, int depth = 0) {
     if (depth > limits_.max_depth) fail(fmt::format("containers nested deeper than {}", limits_.max_depth));
-    if (const auto it = sizes_.find(&node); it != sizes_.end()) {
-      if (it->second < 0) fail("a container that contains itself");
-      return it->second;
+    if (const auto it = measured_.find(&node); it != measured_.end()) {
+      if (it->second.size < 0) fail("a container that contains itself");
+      if (depth + it->second.height > limits_.max_depth) {
+        fail(fmt::format("containers nested deeper than {}", limits_.max_depth));
+      }
+      return it->second.size;
     }
     const auto* list = std::get_if<List>(&node.v);
     const auto* dict = std::get_if<Dict>(&node.v);
     if (list == nullptr && dict == nullptr) return 1;
-    sizes_[&node] = -1;  // open: meeting it again below is a cycle
-    std::int64_t total = 1;
+    measured_[&node] = {-1, 0};  // open: meeting it again below is a cycle
+    Measure m{1, 0};
     auto add = [&](const Node& child) {
-      total = std::min(limits_.max_values + 1, total + expanded_size(child, depth + 1));
+      m.size = std::min(limits_.max_values + 1, m.size + expanded_size(child, depth + 1));
+      const auto it = measured_.find(&child);  // a container's height, or none for a scalar
+      m.height = std::max(m.height, 1 + (it != measured_.end() ? it->second.height : 0));
     };
     if (list != nullptr) {
       for (const auto& item : list->items) add(*item);
@@ -307,16 +313,12 @@ class ToJson {
         add(*value);
       }
     }
-    sizes_[&node] = total;
-    return total;
+    measured_[&node] = m;
+    return m.size;
   }
 
-  nlohmann::json convert(const Node& node, int depth) {
-    if (++values_ > limits_.max_values) {
-      fail(fmt::format("more than {} values (memo references repeated to build a value this large?)",
-                       limits_.max_values));
-    }
-    if (depth > limits_.max_depth) fail(fmt::format("containers nested deeper than {}", limits_.max_depth));
+  // The JSON of `node`; expanded_size has refused cycles, depth and size on every path first.
+  nlohmann::json convert(const Node& node) {
     return std::visit(
         [&](const auto& v) -> nlohmann::json {
           using T = std::decay_t<decltype(v)>;
@@ -328,12 +330,10 @@ class ToJson {
             if (!valid_utf8(v)) fail("a string that is not UTF-8");
             return v;
           } else if constexpr (std::is_same_v<T, List>) {
-            Enter enter(this, &node);
             auto out = nlohmann::json::array();
-            for (const auto& item : v.items) out.push_back(convert(*item, depth + 1));
+            for (const auto& item : v.items) out.push_back(convert(*item));
             return out;
           } else if constexpr (std::is_same_v<T, Dict>) {
-            Enter enter(this, &node);
             auto out = nlohmann::json::object();
             for (const auto& [key, value] : v.items) {
               std::string name;
@@ -345,7 +345,7 @@ class ToJson {
               } else {
                 fail("a dict key that is neither a string nor an integer");
               }
-              out[name] = convert(*value, depth + 1);
+              out[name] = convert(*value);
             }
             return out;
           } else {
@@ -356,18 +356,6 @@ class ToJson {
   }
 
  private:
-  // Marks a container as being converted: meeting it again inside itself is a cycle.
-  struct Enter {
-    Enter(ToJson* self, const Node* node) : self_(self), node_(node) {
-      if (!self_->open_.insert(node_).second) self_->fail("a container that contains itself");
-    }
-    ~Enter() { self_->open_.erase(node_); }
-    Enter(const Enter&) = delete;
-    Enter& operator=(const Enter&) = delete;
-    ToJson* self_;
-    const Node* node_;
-  };
-
   // UTF-8's byte patterns (what Python's pickle writes for str): a lead byte and its continuation bytes.
   static bool valid_utf8(const std::string& s) {
     std::size_t i = 0;
@@ -400,9 +388,13 @@ class ToJson {
 
   const std::string& origin_;
   const PickleLimits& limits_;
-  std::int64_t values_ = 0;
-  std::set<const Node*> open_;
-  std::map<const Node*, std::int64_t> sizes_;
+  // A container's expanded size (-1 while it is being measured) and height (how far below it its deepest value
+  // nests: 0 when empty, 1 when it holds scalars only).
+  struct Measure {
+    std::int64_t size;
+    int height;
+  };
+  std::map<const Node*, Measure> measured_;
 };
 
 }  // namespace
@@ -421,7 +413,7 @@ nlohmann::json read_plain_pickle(std::string_view data, const std::string& origi
                             "references repeated to build a value this large?)",
                             origin, limits.max_values));
   }
-  return to_json.convert(*root, 0);
+  return to_json.convert(*root);
 }
 
 nlohmann::json load_plain_pickle(const std::string& path, const PickleLimits& limits) {

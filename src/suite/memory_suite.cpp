@@ -200,10 +200,16 @@ const GpuSpec& gpu_spec(const std::string& id) {
 
 class MeasureTest : public ::testing::TestWithParam<MeasureGroup> {};
 
-// Records the baselines of one fixture (update mode).
-void record(const MeasureCase& c, c10::Device device) {
+// A case's fixture with the CPU kernels the run asks for (MEMGATE_CPU_KERNELS).
+Fixture load_case_fixture(const MeasureCase& c) {
   auto fixture = load_fixture(c.fixture_path);
   override_cpu_kernels(fixture, environment("MEMGATE_CPU_KERNELS"), "MEMGATE_CPU_KERNELS");
+  return fixture;
+}
+
+// Records the baselines of one fixture (update mode).
+void record(const MeasureCase& c, c10::Device device) {
+  const auto fixture = load_case_fixture(c);
   std::vector<ProbeResult> probes;
   for (const auto batch_size : c.batch_sizes) {
     probes.push_back(run_probe(fixture, batch_size, device));
@@ -242,8 +248,7 @@ void write_failure_snapshots(const FixtureVerdicts& judged, std::vector<Componen
 
 // Judges one fixture into `file`.
 void judge(const MeasureCase& c, c10::Device device, VerdictFile& file) {
-  auto fixture = load_fixture(c.fixture_path);
-  override_cpu_kernels(fixture, environment("MEMGATE_CPU_KERNELS"), "MEMGATE_CPU_KERNELS");
+  const auto fixture = load_case_fixture(c);
   std::vector<std::int64_t> budget_sizes;
   for (const auto& b : c.budgets) budget_sizes.push_back(b.batch_size);
   ProbeOptions options;

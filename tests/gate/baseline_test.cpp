@@ -34,22 +34,19 @@ DeviceInfo cpu_info() {
   return d;
 }
 
-// What describe_device says of two x86-64 CPUs of other classes (the recorder's and a runner's).
-DeviceInfo epyc(std::string_view kernels) {
+// What describe_device says of an x86-64 CPU, with the kernels a probe ran.
+DeviceInfo cpu(std::string name, std::string isa, std::string features, std::string_view kernels) {
   auto d = cpu_info();
-  d.name = "AMD EPYC 9B14";
-  d.cpu_isa = "avx512_core_bf16";
-  d.cpu_features = "avx512_bf16";
+  d.name = std::move(name);
+  d.cpu_isa = std::move(isa);
+  d.cpu_features = std::move(features);
   set_cpu_kernels(d, *parse_enum(kCpuKernelsNames, kernels));
   return d;
 }
+// Two CPUs of other classes: the recorder's and a runner's.
+DeviceInfo epyc(std::string_view kernels) { return cpu("AMD EPYC 9B14", "avx512_core_bf16", "avx512_bf16", kernels); }
 DeviceInfo xeon(std::string_view kernels) {
-  auto d = cpu_info();
-  d.name = "Intel(R) Xeon(R) Platinum 8481C";
-  d.cpu_isa = "avx512_core_amx";
-  d.cpu_features = "avx512_bf16 avx512_fp16 amx_bf16";
-  set_cpu_kernels(d, *parse_enum(kCpuKernelsNames, kernels));
-  return d;
+  return cpu("Intel(R) Xeon(R) Platinum 8481C", "avx512_core_amx", "avx512_bf16 avx512_fp16 amx_bf16", kernels);
 }
 
 TEST(BaselineTest, UpdateWritesReadsBackAndKeepsOtherProbes) {

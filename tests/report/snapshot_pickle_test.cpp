@@ -159,11 +159,21 @@ TEST(SnapshotPickleTest, RefusesCyclesExpansionsAndIntegersBeyond64Bits) {
   refused("v = {}\nv['self'] = [v]", "contains itself");
   // 2^40 leaves from 40 memo references: a few hundred bytes that would expand without end.
   refused("v = [0]\nfor _ in range(40): v = [v, v]", "more than");
+  // Nesting past the limit that no single path of the file shows: a 300-deep chain, met again under another
+  // 300-deep chain through a memo reference, nests 600 deep once read.
+  refused("a = [0]\nfor _ in range(300): a = [a]\nb = a\nfor _ in range(300): b = [b]\nv = [a, b]",
+          "nested deeper than 512");
+  refused("sys.setrecursionlimit(10000)\nv = [0]\nfor _ in range(600): v = [v]", "nested deeper than 512");
   refused("v = [2**64]", "beyond 64 bits");
   refused("v = [-2**64]", "beyond 64 bits");
   refused("v = [-2**63 - 1]", "beyond 64 bits");
   refused("v = {1.5: 'a'}", "neither a string nor an integer");
   refused("v = {1, 2}", "opcode");  // a set: not in a snapshot
+  // 400 deep, through the same memo reference twice, is within the limit.
+  python_writes("import pickle, sys\na = [0]\nfor _ in range(200): a = [a]\nb = a\nfor _ in range(199): b = [b]\n"
+                "pickle.dump([a, b], open(sys.argv[1], 'wb'), protocol=4)\n",
+                file);
+  EXPECT_EQ(load_plain_pickle(file), python_reads(file));
   // Snapshots hold unsigned 64-bit values too (2^64 - 1 for "none").
   python_writes("import pickle, sys\npickle.dump([2**63 - 1, -2**63, 2**62, -1, 0, 2**63, 2**64 - 1], "
                 "open(sys.argv[1], 'wb'), protocol=4)\n",
