@@ -1,7 +1,7 @@
 // The counting Meta allocator: a small heap record per block (its size and id) as the DataPtr's context.
 #include "memgate/measure/meta_allocator.h"
 
-#include "memgate/measure/caching_allocator_model.h"
+#include "memgate/allocator/caching_allocator_model.h"
 
 #include "byte_counter.h"
 

@@ -1,6 +1,7 @@
-// The CUDA caching allocator's model: pools, segment sizes, best fit, splitting, merging and empty_cache, each on a
-// sequence whose reserved bytes the policy fixes.
-#include "memgate/measure/caching_allocator_model.h"
+// The CUDA caching allocator's model: pools, streams, segment sizes, best fit, splitting, merging, empty_cache, the
+// settings (roundup_power2_divisions, max_split_size) and a capacity's release-and-retry, each on a sequence whose
+// reserved bytes the policy fixes.
+#include "memgate/allocator/caching_allocator_model.h"
 
 #include <gtest/gtest.h>
 
@@ -138,6 +139,101 @@ TEST(CachingAllocatorModelTest, KeepsItsInvariantsOnALongSequence) {
     m.empty_cache();
     EXPECT_EQ(m.reserved(), 0) << "expandable " << expandable;
   }
+}
+
+TEST(CachingAllocatorModelTest, RoundsToPowerOfTwoDivisions) {
+  AllocatorSettings four;
+  four.roundup_power2_divisions.fill(4);
+  EXPECT_EQ(CachingAllocatorModel::round_size(5 * kMiB + 1, four), 6 * kMiB) << "quarters of [4, 8) MiB";
+  EXPECT_EQ(CachingAllocatorModel::round_size(4 * kMiB, four), 4 * kMiB) << "a power of two stays";
+  EXPECT_EQ(CachingAllocatorModel::round_size(kMiB + 1, four), kMiB + 256 * 1024) << "quarters of [1, 2) MiB";
+  EXPECT_EQ(CachingAllocatorModel::round_size(1000, four), 1024) << "up to 4 x 512 bytes: 512-byte steps";
+  EXPECT_EQ(CachingAllocatorModel::round_size(5 * kMiB + 1), 5 * kMiB + 512) << "the default";
+  CachingAllocatorModel m(four);
+  m.malloc(1, 5 * kMiB + 1);
+  EXPECT_EQ(m.allocated(), 6 * kMiB);
+  EXPECT_EQ(m.requested(), 5 * kMiB + 1);
+}
+
+TEST(CachingAllocatorModelTest, OversizeBlocksAreNotSplitAndServeOnlyNearbyLargeRequests) {
+  CachingAllocatorModel m(AllocatorSettings{.max_split_size = 20 * kMiB});
+  m.malloc(1, 30 * kMiB);
+  m.free(1);
+  m.malloc(2, 6 * kMiB);
+  EXPECT_EQ(m.reserved(), 50 * kMiB) << "the free 30 MiB block is oversize: a 6 MiB request gets a new segment";
+  m.malloc(3, 25 * kMiB);
+  EXPECT_EQ(m.reserved(), 50 * kMiB) << "25 MiB is within 20 MiB of the 30 MiB block: served by it";
+  EXPECT_EQ(m.allocated(), 36 * kMiB) << "6 MiB split from its segment; the oversize block is not split (30)";
+  m.free(3);
+  m.malloc(4, 8 * kMiB);
+  EXPECT_EQ(m.reserved(), 50 * kMiB) << "the 14 MiB rest of the 20 MiB segment holds 8 MiB";
+  m.malloc(5, 52 * kMiB);
+  EXPECT_EQ(m.reserved(), 102 * kMiB) << "no free block holds 52 MiB: a new segment";
+}
+
+TEST(CachingAllocatorModelTest, EachStreamHasItsOwnFreeBlocks) {
+  CachingAllocatorModel m;
+  m.record_segment_events(true);
+  const auto a = m.malloc(1, 5 * kMiB, /*stream=*/0);
+  m.free(1);
+  const auto b = m.malloc(2, 5 * kMiB, /*stream=*/7);
+  EXPECT_EQ(m.reserved(), 40 * kMiB) << "stream 0's free segment does not serve stream 7";
+  ASSERT_TRUE(a && b);
+  EXPECT_NE(*a, *b);
+  const auto c = m.malloc(3, 5 * kMiB, /*stream=*/0);
+  EXPECT_EQ(c, a) << "stream 0 reuses its own";
+  m.free(2);
+  m.free(3);
+  m.clear_segment_events();
+  m.empty_cache();
+  ASSERT_EQ(m.segment_events().size(), 2u);
+  EXPECT_EQ(m.segment_events()[0].stream, 0u) << "in pool order: stream, then size, then address";
+  EXPECT_EQ(m.segment_events()[1].stream, 7u);
+  EXPECT_EQ(m.reserved(), 0);
+}
+
+TEST(CachingAllocatorModelTest, ACapacityFreesCachedBlocksAndRetriesBeforeItFails) {
+  // max_split_size: one oversize cached block is freed first, as release_available_cached_blocks does.
+  CachingAllocatorModel m(AllocatorSettings{.max_split_size = 20 * kMiB});
+  m.set_capacity(60 * kMiB);
+  m.record_segment_events(true);
+  m.malloc(1, 30 * kMiB);
+  m.free(1);
+  m.malloc(2, 6 * kMiB);  // 50 MiB reserved
+  m.clear_segment_events();
+  EXPECT_TRUE(m.malloc(3, 16 * kMiB)) << "66 MiB would not fit: the oversize 30 MiB block goes back first";
+  ASSERT_EQ(m.segment_events().size(), 2u);
+  EXPECT_EQ(m.segment_events()[0].kind, SegmentEvent::Kind::free);
+  EXPECT_EQ(m.segment_events()[0].size, 30 * kMiB);
+  EXPECT_EQ(m.segment_events()[1].kind, SegmentEvent::Kind::alloc);
+  EXPECT_EQ(m.reserved(), 36 * kMiB);
+  EXPECT_EQ(m.alloc_retries(), 0) << "the last resort (free every cached segment) was not needed";
+  // Without max_split_size: every wholly free segment goes, then the retry; and past that, out of memory.
+  CachingAllocatorModel d;
+  d.set_capacity(40 * kMiB);
+  d.malloc(1, 6 * kMiB);
+  d.malloc(2, 6 * kMiB, /*stream=*/1);
+  d.free(2);
+  EXPECT_TRUE(d.malloc(3, 16 * kMiB)) << "56 MiB would not fit: stream 1's free segment is given back";
+  EXPECT_EQ(d.alloc_retries(), 1);
+  EXPECT_EQ(d.reserved(), 36 * kMiB);
+  EXPECT_FALSE(d.malloc(4, 16 * kMiB)) << "52 MiB, and nothing cached is wholly free";
+  EXPECT_EQ(d.ooms(), 1);
+  EXPECT_EQ(d.reserved(), 36 * kMiB);
+  EXPECT_TRUE(d.malloc(5, 8 * kMiB)) << "a request that fits still does after an out of memory";
+}
+
+TEST(CachingAllocatorModelTest, SeededSegmentsAreUsedAsTheirBlocksSay) {
+  CachingAllocatorModel m;
+  m.add_segment(0x1000000, 0, /*small=*/false, {{6 * kMiB, 7, 6 * kMiB}, {14 * kMiB, std::nullopt, 0}});
+  EXPECT_EQ(m.reserved(), 20 * kMiB);
+  EXPECT_EQ(m.allocated(), 6 * kMiB);
+  EXPECT_EQ(m.malloc(1, 4 * kMiB), 0x1000000 + 6 * kMiB) << "the free block after the seeded allocation";
+  m.free(7);
+  m.free(1);
+  EXPECT_EQ(m.largest_free_block(), 20 * kMiB) << "freed, the seeded block merges with its neighbours";
+  EXPECT_TRUE(m.overlaps_segment(0x1000000 + 19 * kMiB, kMiB));
+  EXPECT_FALSE(m.overlaps_segment(0x1000000 + 20 * kMiB, kMiB));
 }
 
 }  // namespace
