@@ -1,11 +1,18 @@
-// Memory snapshot pickles (memgate replay's input): read strictly as plain data, or refused with memgate::Error.
+// Memory snapshot pickles (memgate replay's input): read strictly as plain data and replayed, or refused with
+// memgate::Error.
 #include "fuzz_common.h"
+#include "memgate/report/replay.h"
 #include "memgate/report/snapshot_pickle.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto path = memgate::fuzz::write_input(data, size, "snapshot.pickle");
   return memgate::fuzz::expect_clean([&] {
     // Limits a fuzzer can reach in its input sizes; the reader's defaults are for real snapshots.
-    (void)memgate::load_plain_pickle(path, {.max_values = 1 << 20, .max_depth = 256});
+    const auto data = memgate::load_plain_pickle(path, {.max_values = 1 << 20, .max_depth = 256});
+    // A snapshot it holds is replayed, recorded settings and a what-if under a capacity.
+    const auto report = memgate::replay_snapshot(memgate::read_snapshot(data, path),
+                                                 {{"64 MiB", std::nullopt, std::int64_t{64} << 20}});
+    (void)memgate::replay_to_json(report);
+    (void)memgate::replay_html(report);
   });
 }

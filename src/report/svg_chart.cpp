@@ -25,10 +25,10 @@ std::string num(double v) { return fmt::format("{:.1f}", v); }
 // Maps batch sizes to x: log2 when they span a factor of 4 or more, else linear; a margin on each side.
 class BatchAxis {
  public:
-  BatchAxis(const std::set<std::int64_t>& batches, const Frame& f) : f_(f) {
+  BatchAxis(const std::set<std::int64_t>& batches, const Frame& f, bool linear = false) : f_(f) {
     lo_ = static_cast<double>(batches.empty() ? 1 : *batches.begin());
     hi_ = static_cast<double>(batches.empty() ? 1 : *batches.rbegin());
-    log_ = hi_ / lo_ >= 4.0;
+    log_ = !linear && lo_ > 0 && hi_ / lo_ >= 4.0;
     if (log_) lo_ = std::log2(lo_), hi_ = std::log2(hi_);
   }
   [[nodiscard]] double x(std::int64_t batch) const {
@@ -139,13 +139,20 @@ std::string render_line_chart(const LineChart& chart) {
     }
   }
   const auto ticks = byte_ticks(top * 1.04);
-  const BatchAxis xaxis(batches, f);
+  const BatchAxis xaxis(batches, f, chart.linear_x);
   const auto y = [&](double bytes) { return f.bottom - bytes / ticks.top_bytes * (f.bottom - f.top); };
 
   std::string svg = svg_open("line-chart", chart.width, chart.height, chart.title);
   auto out = std::back_inserter(svg);
   draw_y_axis(svg, f, ticks, chart.y_label);
-  for (const auto b : batches) {
+  std::set<std::int64_t> tick_values = batches;
+  if (chart.linear_x && !batches.empty()) {
+    tick_values.clear();
+    const auto lo = *batches.begin();
+    const auto hi = *batches.rbegin();
+    for (int i = 0; i <= 5; ++i) tick_values.insert(lo + (hi - lo) * i / 5);
+  }
+  for (const auto b : tick_values) {
     fmt::format_to(out, R"(<text class="tick" x="{}" y="{}" text-anchor="middle">{}</text>)", num(xaxis.x(b)),
                    num(f.bottom + 16), b);
   }
@@ -171,6 +178,7 @@ std::string render_line_chart(const LineChart& chart) {
                      s.dashed ? R"( stroke-dasharray="6 4")" : "");
     }
     for (const auto& p : s.points) {
+      if (chart.linear_x && p.title.empty()) continue;  // many points: a marker only where one has something to say
       const auto title = p.title.empty()
                              ? fmt::format("{}, batch {}: {} ({:.0f} bytes)", s.name, p.batch_size,
                                            format_bytes(std::llround(p.bytes)), p.bytes)

@@ -14,6 +14,8 @@
 namespace memgate {
 namespace {
 
+using namespace std::string_literals;
+
 struct BadInput {
   std::string name;                          ///< the test's name
   std::map<std::string, std::string> files;  ///< written into the case's folder first
@@ -242,6 +244,39 @@ std::vector<BadInput> catalogue() {
                "compare {dir}/a.json {dir}/b.json --html {dir}/b.json", 3, {"b.json: is also an input"}});
   c.push_back({"snapshot_onto_profile_config", {{"tiny.yaml", kFixture}},
                "profile --config {dir}/tiny.yaml --device cpu --snapshot {dir}/tiny.yaml", 3, {"is also an input"}});
+  // memgate replay: snapshot pickles that are not what PyTorch writes, and what-if flags.
+  const auto kPickleList = "\x80\x04\x5d\x94\x2e"s;  // pickle.dumps([], protocol=4)
+  const auto kNoTrace =  // {'segments': []}
+      "\x80\x04\x95\x11\x00\x00\x00\x00\x00\x00\x00\x7d\x94\x8c\x08\x73\x65\x67\x6d\x65\x6e\x74\x73\x94\x5d\x94"
+      "\x73\x2e"s;
+  const auto kEmptyTrace =  // {'segments': [], 'device_traces': [[]]}
+      "\x80\x04\x95\x27\x00\x00\x00\x00\x00\x00\x00\x7d\x94\x28\x8c\x08\x73\x65\x67\x6d\x65\x6e\x74\x73\x94\x5d\x94"
+      "\x8c\x0d\x64\x65\x76\x69\x63\x65\x5f\x74\x72\x61\x63\x65\x73\x94\x5d\x94\x5d\x94\x61\x75\x2e"s;
+  const auto kNegativeSize =  // an alloc of -4 bytes
+      "\x80\x04\x95\x5d\x00\x00\x00\x00\x00\x00\x00\x7d\x94\x28\x8c\x08\x73\x65\x67\x6d\x65\x6e\x74\x73\x94\x5d\x94"
+      "\x8c\x0d\x64\x65\x76\x69\x63\x65\x5f\x74\x72\x61\x63\x65\x73\x94\x5d\x94\x5d\x94\x7d\x94\x28\x8c\x06\x61\x63"
+      "\x74\x69\x6f\x6e\x94\x8c\x05\x61\x6c\x6c\x6f\x63\x94\x8c\x04\x61\x64\x64\x72\x94\x4b\x10\x8c\x04\x73\x69\x7a"
+      "\x65\x94\x4a\xfc\xff\xff\xff\x8c\x06\x73\x74\x72\x65\x61\x6d\x94\x4b\x00\x75\x61\x61\x75\x2e"s;
+  const auto replay = [&](std::string name, std::string pickle, std::string args, int code,
+                          std::vector<std::string> says) {
+    c.push_back({"replay_" + std::move(name), {{"s.pickle", std::move(pickle)}}, "replay {dir}/s.pickle" + args, code,
+                 std::move(says)});
+  };
+  replay("not_a_snapshot", kPickleList, "", 3, {"s.pickle: expected a memory snapshot", "list of segments"});
+  replay("no_trace", kNoTrace, "", 3, {"s.pickle: the snapshot has no 'device_traces'", "_record_memory_history"});
+  replay("negative_size", kNegativeSize, "", 3, {"s.pickle: device_traces[0][0].size: expected a size in bytes"});
+  replay("truncated", kEmptyTrace.substr(0, kEmptyTrace.size() - 4), "", 3, {"s.pickle"});
+  replay("a_yaml_file", kFixture, "", 3, {"s.pickle"});
+  replay("no_device_traced", kEmptyTrace, "", 1, {"no device has a trace"});
+  replay("bad_allocator", kEmptyTrace, " --allocator max_split_size_mb:lots", 2,
+         {"--allocator", "max_split_size_mb", "lots"});
+  replay("unknown_allocator_key", kEmptyTrace, " --allocator expandable:True", 2,
+         {"unknown allocator setting 'expandable'"});
+  replay("capacity_and_gpu", kEmptyTrace, " --capacity-mib 100 --gpu h100", 2, {"--gpu", "--capacity-mib"});
+  replay("capacity_zero", kEmptyTrace, " --capacity-mib 0", 2, {"--capacity-mib"});
+  replay("unknown_gpu", kEmptyTrace, " --gpu nope --gpus {dir}", 3, {"nope"});
+  replay("output_onto_input", kEmptyTrace, " --output {dir}/s.pickle", 3, {"s.pickle: is also an input"});
+  c.push_back({"replay_missing_file", {}, "replay {dir}/nothing.pickle", 3, {"nothing.pickle"}});
   c.push_back({"summary_html_onto_results", {{"r.jsonl", kRow + "\n"}},
                "summary --results {dir}/r.jsonl --html {dir}/r.jsonl", 3, {"r.jsonl: is also an input"}});
   return c;

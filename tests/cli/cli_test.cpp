@@ -49,8 +49,8 @@ TEST(CliTest, ExitCodesFollowTheContract) {
   EXPECT_THAT(out, HasSubstr("profile"));
   EXPECT_THAT(out, HasSubstr("exit codes:"));
   EXPECT_EQ(testing::run(cli + " --help", &out), 0) << out;
-  for (const auto& name : {"profile", "estimate", "advise", "check", "summary", "report", "compare", "bench-compare",
-                           "bench-merge", "bench-convert"}) {
+  for (const auto& name : {"profile", "estimate", "advise", "check", "summary", "report", "compare", "replay",
+                           "bench-compare", "bench-merge", "bench-convert"}) {
     EXPECT_THAT(out, HasSubstr(name)) << "memgate --help lists every subcommand";
   }
   const std::vector<std::pair<std::string, std::vector<std::string>>> flags = {
@@ -59,6 +59,7 @@ TEST(CliTest, ExitCodesFollowTheContract) {
       {"estimate", {"--config", "--suite", "--batch-sizes", "--for", "--output", "--html", "--snapshot", "--gpus"}},
       {"report", {"profile.json", "--output", "--gpus", "--title"}},
       {"compare", {"profile.json", "--html", "--gpus", "--threshold-pct"}},
+      {"replay", {"snapshot.pickle", "--allocator", "--capacity-mib", "--gpu", "--output", "--html", "--gpus"}},
       {"check", {"--config", "--suite", "--batch-sizes", "--device", "--baselines", "--strict"}},
       {"summary", {"--results", "--output", "--html"}},
       {"bench-compare", {"old.json", "new.json", "--threshold-pct", "--floor-sigmas", "--no-normalize", "--no-noise-floor"}},
@@ -73,7 +74,7 @@ TEST(CliTest, ExitCodesFollowTheContract) {
 
   EXPECT_EQ(testing::run(cli + " frobnicate", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("unknown subcommand 'frobnicate'; the subcommands are profile, estimate, advise, check, "
-                             "summary, report, compare, bench-compare"));
+                             "summary, report, compare, replay, bench-compare"));
   EXPECT_EQ(testing::run(cli + " --frobnicate", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("'--frobnicate'"));
   EXPECT_EQ(testing::run(cli + " profile --config x.yaml --frobnicate", &out), 2) << out;

@@ -60,6 +60,34 @@ TEST(ReportCliTest, ComparesVariantsSideBySideAndGatesOnAThreshold) {
   EXPECT_THAT(out, HasSubstr("is also an input"));
 }
 
+// A real GPU trace (tests/data/snapshots): exact, its JSON as DESIGN.md gives it, a what-if on a capacity, the plot.
+TEST(ReportCliTest, ReplaysARealGpuTraceAndAsksWhatIf) {
+  testing::TempDir dir;
+  std::string out;
+  const auto trace = testing::source_dir() + "/tests/data/snapshots/decomfl_memory.pickle";
+  ASSERT_EQ(testing::run(fmt::format("{} replay {} --capacity-mib 1750 --allocator expandable_segments:True "
+                                     "--output {} --html {}",
+                                     kCli, trace, dir / "r.json", dir / "r.html"),
+                         &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("EXACT"));
+  EXPECT_THAT(out, HasSubstr("OUT OF MEMORY at event"));
+  const auto j = nlohmann::json::parse(testing::read_file(dir / "r.json"));
+  ASSERT_EQ(j["devices"].size(), 1U);
+  const auto& d = j["devices"][0];
+  EXPECT_EQ(d["exact"], true);
+  EXPECT_EQ(d["first_divergence"], nullptr);
+  EXPECT_EQ(d["recorded"], d["replayed"]);
+  EXPECT_EQ(d["recorded"]["segment_allocs"], 61);
+  ASSERT_EQ(d["what_if"].size(), 3U);
+  EXPECT_EQ(d["what_if"][0]["capacity"], std::int64_t{1750} << 20);
+  EXPECT_EQ(d["what_if"][0]["fits"], false);
+  EXPECT_LT(d["what_if"][1]["replayed"]["peak_reserved"], d["replayed"]["peak_reserved"])
+      << "expandable segments waste less on this trace";
+  EXPECT_EQ(count(testing::read_file(dir / "r.html"), "<svg class=\"memgate-chart"), 1);
+}
+
 TEST(ReportCliTest, ProfileWritesItsHtmlAndOneSnapshotPerBatchSize) {
   testing::TempDir dir;
   std::string out;
@@ -85,6 +113,16 @@ TEST(ReportCliTest, ProfileWritesItsHtmlAndOneSnapshotPerBatchSize) {
   }
   EXPECT_GT(allocs, 100);
   EXPECT_EQ(allocs - frees, static_cast<std::int64_t>(snapshot["segments"].size()));
+  // memgate replay takes it too, and says that a CPU recording is nothing to compare the CUDA model with (exit 1).
+  std::string replayed;
+  ASSERT_EQ(testing::run(fmt::format("{} replay {} --output {}", kCli, dir / "step_bs1.pickle", dir / "r.json"),
+                         &replayed),
+            1)
+      << replayed;
+  EXPECT_THAT(replayed, HasSubstr("recorded by memgate's counting CPU allocator"));
+  const auto replay = nlohmann::json::parse(testing::read_file(dir / "r.json"));
+  EXPECT_EQ(replay["devices"][0]["compared"], false);
+  EXPECT_EQ(replay["devices"][0]["recorded"]["segment_allocs"], allocs);
   // Progress on stderr, one line per probe in a log (not a terminal).
   EXPECT_THAT(out, HasSubstr("[memgate] vit_tiny_lora bs 1: step peak"));
   EXPECT_THAT(out, HasSubstr("[memgate] vit_tiny_lora bs 2: step peak"));

@@ -10,6 +10,7 @@
 #include "memgate/report/compare.h"
 #include "memgate/report/html_report.h"
 #include "memgate/report/profile_document.h"
+#include "memgate/report/replay.h"
 #include "memgate/report/snapshot_pickle.h"
 #include "test_util.h"
 
@@ -42,7 +43,9 @@ TEST(FuzzRegressionTest, EveryKeptCrasherIsNowAClearErrorOrLoads) {
                      (void)render_comparison_html(docs, {}, c);
                    }}},
       {"snapshot", {"snapshot.pickle", [](const std::string& p) {
-                      (void)load_plain_pickle(p, {.max_values = 1 << 20, .max_depth = 256});
+                      const auto data = load_plain_pickle(p, {.max_values = 1 << 20, .max_depth = 256});
+                      const auto report = replay_snapshot(read_snapshot(data, p), {{"64 MiB", {}, 64 << 20}});
+                      (void)replay_html(report);
                     }}},
   };
   int replayed = 0;

@@ -40,6 +40,8 @@ struct LineChart {
   double level_reach = 2.0;
   int width = 760;
   int height = 380;
+  /// A linear x axis with evenly spaced ticks (an event index, a time), for many points: no marker per point.
+  bool linear_x = false;
 };
 
 /// The chart as a <figure> holding an <svg class="memgate-chart line-chart">: a log2 batch-size axis when the batch
