@@ -355,6 +355,9 @@ Run add_estimate(CLI::App& app) {
     std::string target = "cuda";
     ProfileFiles files;
     std::string cpu_kernels;
+    std::vector<std::string> gpu;
+    bool all_gpus = false;
+    std::int64_t effective_batch = 0;
   };
   auto o = std::make_shared<Options>();
   auto* config = app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
@@ -363,9 +366,6 @@ Run add_estimate(CLI::App& app) {
                                "Instead: check a suite's budgets (fixtures/suites/gpu.yaml) from estimates for CUDA")
                     ->type_name("FILE");
   config->excludes(suite);
-  app.parse_complete_callback([config, suite] {
-    if (config->count() == 0 && suite->count() == 0) throw CLI::RequiredError("--config or --suite");
-  });
   app.add_option("--batch-sizes", o->batch_sizes, "Batch sizes to estimate, e.g. 1,8,32 (default: the fixture's)")
       ->type_name("N,N,...")
       ->check(check_value(is_batch_sizes, "positive integers separated by commas (e.g. 1,8,32)"))
@@ -389,11 +389,29 @@ Run add_estimate(CLI::App& app) {
   app.add_option("--gpus", o->files.gpus, "Folder of GPU fixtures for the fits-on table and the budgets")
       ->capture_default_str()
       ->type_name("DIR");
+  auto* gpu = app.add_option("--gpu", o->gpu, "Search the largest batch whose estimated step fits this GPU fixture "
+                                              "(repeat it)")
+                  ->type_name("ID")
+                  ->excludes(suite);
+  auto* all = app.add_flag("--all-gpus", o->all_gpus, "Search the largest batch for every GPU fixture")->excludes(suite);
+  gpu->excludes(all);
+  auto* effective = app.add_option("--effective-batch", o->effective_batch,
+                                   "With --gpu/--all-gpus: also the micro-batch and accumulation steps that reach it")
+                        ->type_name("N")
+                        ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  app.parse_complete_callback([config, suite, gpu, all, effective] {
+    if (config->count() == 0 && suite->count() == 0) throw CLI::RequiredError("--config or --suite");
+    if (effective->count() > 0 && gpu->count() == 0 && all->count() == 0) {
+      throw CLI::ValidationError("--effective-batch", "needs --gpu or --all-gpus");
+    }
+  });
   app.footer(footer(
       "Estimates each component without a GPU and without computing: the fixture's whole protocol (build, eval\n"
       "forward, warm-up, measured step) runs on LibTorch's Meta device, where tensors have shapes but no storage,\n"
-      "and a counting allocator sees every request. An estimate is never a baseline. With --suite, checks each of\n"
-      "the suite's budgets from an estimate for CUDA at its batch size, and exits 1 when one does not fit."));
+      "and a counting allocator sees every request. An estimate is never a baseline. With --gpu or --all-gpus, also\n"
+      "searches the largest batch whose estimated step (reserved) fits each GPU's usable bytes (batch 1, 2, 4, ...\n"
+      "then a binary search; --effective-batch N adds the micro-batch and accumulation steps). With --suite, checks\n"
+      "each of the suite's budgets from an estimate for CUDA at its batch size, and exits 1 when one does not fit."));
   return [o] {
     if (!o->suite.empty()) return check_estimated_budgets(o->suite, o->files.gpus);
     o->files.refuse_onto(o->config);
@@ -402,11 +420,29 @@ Run add_estimate(CLI::App& app) {
     const auto target = o->target == "cpu" ? memgate::EstimateTarget::kCpu : memgate::EstimateTarget::kCuda;
     memgate::ProbeOptions options;
     if (!o->files.snapshot.empty()) options.snapshot = memgate::SnapshotOptions{};
+    std::vector<memgate::AdviceTarget> targets;  // the GPUs to search a batch for, checked before any work
+    if (o->all_gpus || !o->gpu.empty()) {
+      const auto gpus = memgate::load_gpus(o->files.gpus.empty() ? memgate::gpus_dir(memgate::project_dir())
+                                                                 : o->files.gpus);
+      if (o->all_gpus) {
+        for (const auto& g : gpus) targets.push_back(memgate::target_of(g));
+      } else {
+        for (const auto& id : o->gpu) targets.push_back(memgate::target_of(memgate::find_gpu(gpus, id)));
+      }
+    }
     auto profile = memgate::estimate_profile(fixture, batch_sizes, target, options);
     profile.fixture_hash = fixture.hash;
     auto json = memgate::profile_to_json(profile);
     json["estimated"] = true;
+    std::optional<memgate::EstimatedFits> fits;
+    const std::optional<std::int64_t> accumulate_to =
+        o->effective_batch > 0 ? std::optional<std::int64_t>(o->effective_batch) : std::nullopt;
+    if (!targets.empty()) {
+      fits = memgate::largest_batches_by_estimate(fixture, targets, accumulate_to);
+      json["largest_batch_by_estimate"] = memgate::estimated_fits_to_json(*fits);
+    }
     write_profile(profile, json, o->files, o->config, "the estimated allocations");
+    if (fits) fmt::print("{}", memgate::format_estimated_fits(*fits, accumulate_to));
     return kOk;
   };
 }

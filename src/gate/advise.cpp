@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -536,6 +538,78 @@ int power_of_two_then_binary_search_trials(const std::function<bool(std::int64_t
   }
   if (found != nullptr) *found = lo;
   return trials;
+}
+
+EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::vector<AdviceTarget>& targets,
+                                          std::optional<std::int64_t> effective_batch, std::int64_t max_batch) {
+  if (targets.empty()) throw Error(workload.source + ": the search needs a GPU (--gpu or --all-gpus)");
+  if (effective_batch && *effective_batch < 1) throw Error("--effective-batch: expected a batch of 1 or more");
+  const auto start = std::chrono::steady_clock::now();
+  EstimatedFits out;
+  std::map<std::int64_t, std::int64_t> required;  // batch -> step_peak_reserved, each estimated once
+  const auto required_at = [&](std::int64_t batch) {
+    if (const auto it = required.find(batch); it != required.end()) return it->second;
+    const auto probe = estimate_probe(workload, batch, EstimateTarget::kCuda);
+    ++out.estimates;
+    return required[batch] = probe.components.step_peak_reserved;
+  };
+  for (const auto& target : targets) {
+    EstimatedFit fit{.target = target};
+    (void)power_of_two_then_binary_search_trials(
+        [&](std::int64_t b) { return required_at(b) <= target.usable_bytes; }, max_batch, &fit.largest);
+    fit.required_bytes = required_at(std::max<std::int64_t>(fit.largest, 1));
+    if (fit.largest < max_batch) fit.next_required_bytes = required_at(fit.largest + 1);
+    if (effective_batch && fit.largest > 0) {
+      for (auto d = std::min(fit.largest, *effective_batch); d >= 1; --d) {
+        if (*effective_batch % d == 0) {
+          fit.micro_batch = d;
+          fit.accumulation_steps = *effective_batch / d;
+          break;
+        }
+      }
+    }
+    out.fits.push_back(fit);
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::int64_t> effective_batch) {
+  std::string out =
+      "\nLargest batch by estimate (the step on the Meta device through the CUDA caching allocator's model; an "
+      "estimate, not a measurement: the allocator's model replays real GPU traces exactly, the requests of CUDA "
+      "kernels (cuBLAS/cuDNN workspaces) are not yet held against a GPU):\n";
+  auto o = std::back_inserter(out);
+  fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}{}\n", "gpu", "usable", "largest", "its step needs",
+                 "the next needs", effective_batch ? fmt::format("   for a batch of {}", *effective_batch) : "");
+  for (const auto& f : fits.fits) {
+    fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}", f.target.id, format_mib(f.target.usable_bytes),
+                   f.largest > 0 ? std::to_string(f.largest) : std::string("none"), format_mib(f.required_bytes),
+                   f.next_required_bytes > 0 ? format_mib(f.next_required_bytes) : std::string("-"));
+    if (effective_batch) {
+      fmt::format_to(o, "   {}", f.micro_batch > 0 ? fmt::format("{} x {} step{}", f.micro_batch, f.accumulation_steps,
+                                                                   f.accumulation_steps == 1 ? "" : "s")
+                                                    : std::string("does not fit"));
+    }
+    fmt::format_to(o, "\n");
+  }
+  fmt::format_to(o, "  searched with {} estimates in {:.1f} s\n", fits.estimates, fits.seconds);
+  return out;
+}
+
+nlohmann::json estimated_fits_to_json(const EstimatedFits& fits) {
+  auto list = nlohmann::json::array();
+  for (const auto& f : fits.fits) {
+    nlohmann::json entry = {{"gpu", f.target.id}, {"usable_bytes", f.target.usable_bytes},
+                            {"largest_batch", f.largest}, {"step_peak_reserved", f.required_bytes},
+                            {"next_step_peak_reserved", f.next_required_bytes}, {"estimated", true}};
+    if (f.micro_batch > 0) {
+      entry["micro_batch"] = f.micro_batch;
+      entry["accumulation_steps"] = f.accumulation_steps;
+    }
+    list.push_back(std::move(entry));
+  }
+  return list;
 }
 
 }  // namespace memgate

@@ -115,6 +115,11 @@ TraceEvent::Action action_of(std::string_view name) {
   return it == kActions.end() ? A::other : it->second;
 }
 
+std::string text_at(const json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get_ref<const std::string&>() : std::string();
+}
+
 // The first frame of the program rather than of torch or C++: "file:line function".
 std::string where_of(const json& frames) {
   if (!frames.is_array()) return {};
@@ -122,7 +127,7 @@ std::string where_of(const json& frames) {
   int rank = 0;  // 3: the program's Python, 2: any Python, 1: any frame
   for (const auto& f : frames) {
     if (!f.is_object()) continue;
-    const auto file = f.value("filename", std::string());
+    const auto file = text_at(f, "filename");
     const bool python = file.ends_with(".py");
     const bool library = file.find("/torch/") != std::string::npos || file.find("site-packages") != std::string::npos ||
                          file.find("dist-packages") != std::string::npos;
@@ -134,9 +139,10 @@ std::string where_of(const json& frames) {
     }
   }
   if (chosen == nullptr) return {};
-  const auto file = chosen->value("filename", std::string());
-  const auto line = chosen->contains("line") && (*chosen)["line"].is_number() ? (*chosen)["line"].get<std::int64_t>() : 0;
-  const auto name = chosen->value("name", std::string());
+  const auto file = text_at(*chosen, "filename");
+  const auto line_it = chosen->find("line");
+  const auto line = line_it != chosen->end() && line_it->is_number_integer() ? line_it->get<std::int64_t>() : 0;
+  const auto name = text_at(*chosen, "name");
   const auto slash = file.find_last_of("/\\");
   return fmt::format("{}:{} {}", slash == std::string::npos ? file : file.substr(slash + 1), line, name);
 }

@@ -276,6 +276,10 @@ std::vector<BadInput> catalogue() {
   replay("capacity_zero", kEmptyTrace, " --capacity-mib 0", 2, {"--capacity-mib"});
   replay("unknown_gpu", kEmptyTrace, " --gpu nope --gpus {dir}", 3, {"nope"});
   replay("output_onto_input", kEmptyTrace, " --output {dir}/s.pickle", 3, {"s.pickle: is also an input"});
+  c.push_back({"estimate_effective_batch_without_gpu", {{"tiny.yaml", kFixture}},
+               "estimate --config {dir}/tiny.yaml --effective-batch 64", 2, {"--effective-batch", "--gpu"}});
+  c.push_back({"estimate_unknown_gpu", {{"tiny.yml", kFixture}},
+               "estimate --config {dir}/tiny.yml --gpu nope --gpus {dir}", 3, {"nope"}});
   c.push_back({"replay_missing_file", {}, "replay {dir}/nothing.pickle", 3, {"nothing.pickle"}});
   c.push_back({"summary_html_onto_results", {{"r.jsonl", kRow + "\n"}},
                "summary --results {dir}/r.jsonl --html {dir}/r.jsonl", 3, {"r.jsonl: is also an input"}});

@@ -56,7 +56,8 @@ TEST(CliTest, ExitCodesFollowTheContract) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> flags = {
       {"profile", {"--config", "--batch-sizes", "--device", "--output", "--gpus", "--cpu-memory-limit-mib", "--html",
                    "--snapshot", "--snapshot-cpp-stacks"}},
-      {"estimate", {"--config", "--suite", "--batch-sizes", "--for", "--output", "--html", "--snapshot", "--gpus"}},
+      {"estimate", {"--config", "--suite", "--batch-sizes", "--for", "--output", "--html", "--snapshot", "--gpus",
+                    "--gpu", "--all-gpus", "--effective-batch"}},
       {"report", {"profile.json", "--output", "--gpus", "--title"}},
       {"compare", {"profile.json", "--html", "--gpus", "--threshold-pct"}},
       {"replay", {"snapshot.pickle", "--allocator", "--capacity-mib", "--gpu", "--output", "--html", "--gpus"}},

@@ -169,6 +169,41 @@ TEST(ReportCliTest, EstimateWritesTheProfileJsonMarkedAsAnEstimate) {
 }
 
 // Budgets of full-size fixtures on a machine without a GPU: the GPU suite's, each from an estimate for CUDA.
+// The largest batch per GPU from estimates: each answer is the boundary the plain estimate draws, batch by batch
+// (its step fits the GPU's usable bytes, the next one's does not), and the micro-batch times the accumulation steps
+// is the effective batch.
+TEST(ReportCliTest, EstimateSearchesTheLargestBatchForEachGpu) {
+  testing::TempDir dir;
+  std::string out;
+  const auto fixture = testing::source_dir() + "/fixtures/models/retfound_large_lora.yaml";
+  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {} --gpu rtx_3070_8gb --gpu h100_80gb --effective-batch 256 "
+                                     "--output {}",
+                                     kCli, fixture, dir / "e.json"),
+                         &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("Largest batch by estimate"));
+  const auto fits = nlohmann::json::parse(testing::read_file(dir / "e.json"))["largest_batch_by_estimate"];
+  ASSERT_EQ(fits.size(), 2U);
+  EXPECT_LT(fits[0]["largest_batch"], fits[1]["largest_batch"]) << "the larger GPU takes the larger batch";
+  for (const auto& f : fits) {
+    const auto largest = f["largest_batch"].get<std::int64_t>();
+    ASSERT_GT(largest, 1) << f;
+    EXPECT_LE(f["step_peak_reserved"], f["usable_bytes"]) << f;
+    EXPECT_GT(f["next_step_peak_reserved"], f["usable_bytes"]) << f;
+    EXPECT_EQ(f["micro_batch"].get<std::int64_t>() * f["accumulation_steps"].get<std::int64_t>(), 256) << f;
+    EXPECT_LE(f["micro_batch"], largest) << f;
+    ASSERT_EQ(testing::run(fmt::format("{} estimate --config {} --batch-sizes {},{} --output {}", kCli, fixture, largest,
+                                       largest + 1, dir / "b.json"),
+                           &out),
+              0)
+        << out;
+    const auto probes = nlohmann::json::parse(testing::read_file(dir / "b.json"))["probes"];
+    EXPECT_EQ(probes[0]["components"]["step_peak_reserved"], f["step_peak_reserved"]) << f;
+    EXPECT_EQ(probes[1]["components"]["step_peak_reserved"], f["next_step_peak_reserved"]) << f;
+  }
+}
+
 TEST(ReportCliTest, EstimateChecksASuitesBudgetsWithoutAGpu) {
   std::string out;
   const auto root = testing::source_dir() + "/fixtures";

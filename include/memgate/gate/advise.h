@@ -128,6 +128,32 @@ struct AdviseOptions {
 /// The advice as a table for a terminal.
 [[nodiscard]] std::string format_advice(const Advice& advice);
 
+/// The largest batch whose estimated training step fits a target (memgate estimate --gpu / --all-gpus).
+struct EstimatedFit {
+  AdviceTarget target;
+  std::int64_t largest = 0;              ///< 0: not even batch 1 fits
+  std::int64_t required_bytes = 0;       ///< step_peak_reserved at `largest` (at 1 when nothing fits)
+  std::int64_t next_required_bytes = 0;  ///< at largest + 1, which does not fit (0 where the search stopped at its cap)
+  std::int64_t micro_batch = 0;          ///< with an effective batch: its largest divisor that fits ...
+  std::int64_t accumulation_steps = 0;   ///< ... and the steps that accumulate to it
+};
+struct EstimatedFits {
+  std::vector<EstimatedFit> fits;
+  std::int64_t estimates = 0;  ///< batch sizes estimated, each once for all targets
+  double seconds = 0.0;
+};
+/// Searches each target's largest batch from estimates for CUDA (estimate_probe on the Meta device: the probe
+/// protocol's requests through the caching allocator's model): batch 1, 2, 4, ... until the step's reserved peak
+/// passes the target's usable bytes, then a binary search. With `effective_batch`, also the micro-batch (its largest
+/// divisor that fits) and the accumulation steps that reach it. No GPU is used.
+[[nodiscard]] EstimatedFits largest_batches_by_estimate(const Workload& workload,
+                                                        const std::vector<AdviceTarget>& targets,
+                                                        std::optional<std::int64_t> effective_batch = {},
+                                                        std::int64_t max_batch = std::int64_t{1} << 16);
+/// The search's answer as text for a terminal, and as JSON (estimate --output: "largest_batch_by_estimate").
+[[nodiscard]] std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::int64_t> effective_batch);
+[[nodiscard]] nlohmann::json estimated_fits_to_json(const EstimatedFits& fits);
+
 /// How many trials the usual search takes to find the same boundary: batch 1, 2, 4, ... until one fails, then a
 /// binary search between the last two (Lightning's BatchSizeFinder in `binsearch` mode). `fits(b)` answers a trial.
 [[nodiscard]] int power_of_two_then_binary_search_trials(const std::function<bool(std::int64_t)>& fits,
