@@ -649,7 +649,6 @@ class DeviceReplayer {
       series.push_back({static_cast<std::int64_t>(i), reserved, active});
     }
     out.recorded_series = thin(series);
-    recorded_reserved_after_ = {};
   }
 
   // The recorded settings, compared: segment events in order (size, address), each request's address, reserved
@@ -669,7 +668,6 @@ class DeviceReplayer {
     std::int64_t recorded_reserved = out.initial_reserved;
     std::int64_t peak_active = model.requested();
     std::int64_t peak_reserved_seen = model.reserved();
-    std::int64_t peak_event = -1;
     Fragmentation at_peak = fragmentation_of(model, -1, origins);
     std::vector<ReplayPoint> series{{-1, model.reserved(), model.requested()}};
 
@@ -722,7 +720,6 @@ class DeviceReplayer {
       peak_active = std::max(peak_active, model.requested());
       if (model.reserved() > peak_reserved_seen) {
         peak_reserved_seen = model.reserved();
-        peak_event = at;
         at_peak = fragmentation_of(model, at, origins);
       }
       series.push_back({at, model.reserved(), model.requested()});
@@ -760,7 +757,7 @@ class DeviceReplayer {
           compare_events(at, model.segment_events(), pending);
           pending.clear();
           unused_allocs.clear();
-          if (address && *address != e.addr && comparable_) {
+          if (address && *address != e.addr) {
             diverge(at, fmt::format("the block at {:#x}", e.addr), fmt::format("the block at {:#x}", *address));
           } else if (address) {
             ++out.addresses_compared;
@@ -813,7 +810,6 @@ class DeviceReplayer {
     out.replayed.peak_allocated = peak_active;
     out.replayed_series = thin(series);
     out.fragmentation = at_peak;
-    (void)peak_event;
   }
 
   template <typename Diverge>
@@ -968,7 +964,6 @@ class DeviceReplayer {
   const std::vector<TraceEvent>& events_;
   InitialState initial_;
   bool comparable_ = true;
-  std::vector<std::int64_t> recorded_reserved_after_;
 };
 
 }  // namespace
