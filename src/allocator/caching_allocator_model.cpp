@@ -13,9 +13,6 @@
 namespace memgate {
 namespace {
 
-constexpr std::int64_t kMinBlockSize = 512;
-constexpr std::int64_t kSmallSize = 1 << 20;        // largest "small" request
-constexpr std::int64_t kSmallBuffer = 2 << 20;      // small pool segments
 constexpr std::int64_t kLargeBuffer = 20 << 20;     // large pool segments for requests below kMinLargeAlloc
 constexpr std::int64_t kMinLargeAlloc = 10 << 20;
 constexpr std::int64_t kRoundLarge = 2 << 20;

@@ -18,9 +18,9 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::int64_t kSmallSize = 1 << 20;
-constexpr std::int64_t kSmallBuffer = 2 << 20;
-constexpr std::int64_t kMinBlockSize = 512;
+constexpr std::int64_t kSmallSize = CachingAllocatorModel::kSmallSize;
+constexpr std::int64_t kSmallBuffer = CachingAllocatorModel::kSmallBuffer;
+constexpr std::int64_t kMinBlockSize = CachingAllocatorModel::kMinBlockSize;
 constexpr std::size_t kMaxSeriesPoints = 1500;
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -523,20 +523,65 @@ Fragmentation fragmentation_of(const CachingAllocatorModel& model, std::int64_t 
   return f;
 }
 
-void seed(CachingAllocatorModel& model, const InitialState& initial,
-          std::unordered_map<std::uint64_t, std::uint64_t>& id_of, std::uint64_t& next_id) {
-  for (const auto& s : initial.segments) {
-    auto blocks = s.blocks;
-    for (auto& b : blocks) {
-      if (!b.id) continue;
-      const auto address = *b.id;  // reconstruct() names allocated blocks by their address
-      const auto id = next_id++;
-      id_of[address] = id;
-      b.id = id;
+// A model started from the state the trace began in; its blocks named by the recorded address they stand for.
+struct Replica {
+  CachingAllocatorModel model;
+  std::unordered_map<std::uint64_t, std::uint64_t> id_of;  // recorded address -> the model's id
+  std::uint64_t next_id = 1;
+
+  Replica(const AllocatorSettings& settings, const InitialState& initial) : model(settings) {
+    model.record_segment_events(true);
+    for (const auto& s : initial.segments) {
+      auto blocks = s.blocks;
+      for (auto& b : blocks) {
+        if (!b.id) continue;
+        const auto address = *b.id;  // reconstruct() names allocated blocks by their address
+        const auto id = next_id++;
+        id_of[address] = id;
+        b.id = id;
+      }
+      model.add_segment(s.address, s.stream, s.small, blocks);
     }
-    model.add_segment(s.address, s.stream, s.small, blocks);
+    model.reset_peak();
   }
-}
+};
+
+// What a replay keeps as it goes: the peak of the live requests, the state at the peak of reserved bytes, the
+// request that made each segment, and the plot.
+class Timeline {
+ public:
+  explicit Timeline(const CachingAllocatorModel& model)
+      : peak_active_(model.requested()), peak_reserved_(model.reserved()),
+        fragmentation_(fragmentation_of(model, -1, origins_)), series_{{-1, model.reserved(), model.requested()}} {}
+
+  /// The segments among `events` were made by the request of `size` at event `at`.
+  void made(const std::vector<SegmentEvent>& events, std::int64_t at, std::int64_t size, const std::string& where) {
+    for (const auto& s : events) {
+      if (s.kind == SegmentEvent::Kind::alloc || s.kind == SegmentEvent::Kind::map) {
+        origins_[s.address] = {at, size, where};
+      }
+    }
+  }
+  /// The model's state after event `at`.
+  void note(const CachingAllocatorModel& model, std::int64_t at) {
+    peak_active_ = std::max(peak_active_, model.requested());
+    if (model.reserved() > peak_reserved_) {
+      peak_reserved_ = model.reserved();
+      fragmentation_ = fragmentation_of(model, at, origins_);
+    }
+    series_.push_back({at, model.reserved(), model.requested()});
+  }
+  [[nodiscard]] std::int64_t peak_active() const { return peak_active_; }
+  [[nodiscard]] const Fragmentation& fragmentation() const { return fragmentation_; }
+  [[nodiscard]] std::vector<ReplayPoint> series() const { return thin(series_); }
+
+ private:
+  std::unordered_map<std::uint64_t, SegmentOrigin> origins_;  // declared first: the constructor reads it
+  std::int64_t peak_active_;
+  std::int64_t peak_reserved_;
+  Fragmentation fragmentation_;
+  std::vector<ReplayPoint> series_;
+};
 
 class DeviceReplayer {
  public:
@@ -655,21 +700,14 @@ class DeviceReplayer {
   // bytes after every request, and the final state.
   void compare(DeviceReplay& out) {
     using A = TraceEvent::Action;
-    CachingAllocatorModel model(snap_.settings);
-    model.record_segment_events(true);
-    std::unordered_map<std::uint64_t, std::uint64_t> id_of;
-    std::uint64_t next_id = 1;
-    seed(model, initial_, id_of, next_id);
-    model.reset_peak();
-    std::unordered_map<std::uint64_t, SegmentOrigin> origins;
+    Replica replica(snap_.settings, initial_);
+    auto& model = replica.model;
+    auto& id_of = replica.id_of;
+    Timeline timeline(model);
 
     std::vector<std::size_t> pending;  // recorded segment events since the last request
     std::deque<std::size_t> unused_allocs;
     std::int64_t recorded_reserved = out.initial_reserved;
-    std::int64_t peak_active = model.requested();
-    std::int64_t peak_reserved_seen = model.reserved();
-    Fragmentation at_peak = fragmentation_of(model, -1, origins);
-    std::vector<ReplayPoint> series{{-1, model.reserved(), model.requested()}};
 
     const auto diverge = [&](std::int64_t at, std::string expected, std::string replayed) {
       if (out.first_divergence || !comparable_) return;
@@ -716,14 +754,6 @@ class DeviceReplayer {
       pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(k));
       model.clear_segment_events();
     };
-    const auto note_state = [&](std::int64_t at) {
-      peak_active = std::max(peak_active, model.requested());
-      if (model.reserved() > peak_reserved_seen) {
-        peak_reserved_seen = model.reserved();
-        at_peak = fragmentation_of(model, at, origins);
-      }
-      series.push_back({at, model.reserved(), model.requested()});
-    };
 
     for (std::size_t i = 0; i < events_.size(); ++i) {
       const auto& e = events_[i];
@@ -743,17 +773,13 @@ class DeviceReplayer {
         case A::alloc: {
           external_release(at);
           model.clear_segment_events();
-          const auto id = next_id++;
+          const auto id = replica.next_id++;
           if (id_of.contains(e.addr)) {
             diverge(at, fmt::format("an alloc at {:#x}", e.addr), "that address is still allocated in the replay");
           }
           id_of[e.addr] = id;
           const auto address = model.malloc(id, e.size, e.stream);
-          for (const auto& s : model.segment_events()) {
-            if (s.kind == SegmentEvent::Kind::alloc || s.kind == SegmentEvent::Kind::map) {
-              origins[s.address] = {at, e.size, e.where};
-            }
-          }
+          timeline.made(model.segment_events(), at, e.size, e.where);
           compare_events(at, model.segment_events(), pending);
           pending.clear();
           unused_allocs.clear();
@@ -796,20 +822,20 @@ class DeviceReplayer {
         diverge(at, fmt::format("reserved {} ({})", recorded_reserved, format_bytes(recorded_reserved)),
                 fmt::format("reserved {} ({})", model.reserved(), format_bytes(model.reserved())));
       }
-      note_state(at);
+      timeline.note(model, at);
     }
     const auto end = static_cast<std::int64_t>(events_.size());
     external_release(end);
     if (!pending.empty()) compare_events(end, {}, pending);
-    note_state(end - 1);
+    timeline.note(model, end - 1);
     compare_final_state(model, out, diverge);
 
     out.replayed.peak_reserved = model.peak_reserved();
     out.replayed.segment_allocs = model.segment_allocs();
     out.replayed.segment_frees = model.segment_frees();
-    out.replayed.peak_allocated = peak_active;
-    out.replayed_series = thin(series);
-    out.fragmentation = at_peak;
+    out.replayed.peak_allocated = timeline.peak_active();
+    out.replayed_series = timeline.series();
+    out.fragmentation = timeline.fragmentation();
   }
 
   template <typename Diverge>
@@ -850,12 +876,9 @@ class DeviceReplayer {
     using A = TraceEvent::Action;
     WhatIfResult r;
     r.settings = settings;
-    CachingAllocatorModel model(settings);
-    model.record_segment_events(true);
-    std::unordered_map<std::uint64_t, std::uint64_t> id_of;
-    std::uint64_t next_id = 1;
-    seed(model, initial_, id_of, next_id);
-    model.reset_peak();
+    Replica replica(settings, initial_);
+    auto& model = replica.model;
+    auto& id_of = replica.id_of;
     model.set_capacity(capacity);
     // New segments get the addresses CUDA gave the recording, segment size by segment size in the order it gave
     // them, where the model holds nothing there: ties between equal free blocks go by address, as they did.
@@ -874,18 +897,11 @@ class DeviceReplayer {
       }
       return std::nullopt;
     });
-    std::unordered_map<std::uint64_t, SegmentOrigin> origins;
-    std::int64_t peak_active = model.requested();
-    std::int64_t peak_reserved_seen = model.reserved();
-    r.fragmentation = fragmentation_of(model, -1, origins);
-    std::vector<ReplayPoint> series{{-1, model.reserved(), model.requested()}};
+    Timeline timeline(model);
     bool releasing = false;  // inside a run of recorded segment frees no request explains
-    const auto count = [&](std::int64_t at, const std::string& where, std::int64_t size) {
-      for (const auto& s : model.segment_events()) {
-        if (at >= 0 && (s.kind == SegmentEvent::Kind::alloc || s.kind == SegmentEvent::Kind::map)) {
-          origins[s.address] = {at, size, where};
-        }
-      }
+    // The segments a request made, and the model's log cleared for the next event.
+    const auto made = [&](std::int64_t at, const std::string& where, std::int64_t size) {
+      timeline.made(model.segment_events(), at, size, where);
       model.clear_segment_events();
     };
     for (std::size_t i = 0; i < events_.size(); ++i) {
@@ -894,17 +910,17 @@ class DeviceReplayer {
       if (e.action == A::segment_free || e.action == A::segment_unmap) {
         if (!releasing) {
           model.empty_cache();  // the program's empty_cache(), where the recording has one
-          count(-1, {}, 0);
+          model.clear_segment_events();
           releasing = true;
         }
         continue;
       }
       if (e.action != A::segment_alloc && e.action != A::segment_map) releasing = false;
       if (e.action == A::alloc) {
-        const auto id = next_id++;
+        const auto id = replica.next_id++;
         id_of[e.addr] = id;
         const auto address = model.malloc(id, e.size, e.stream);
-        count(at, e.where, e.size);
+        made(at, e.where, e.size);
         if (!address) {
           ++r.ooms;
           id_of.erase(e.addr);
@@ -918,12 +934,12 @@ class DeviceReplayer {
           model.free(it->second);
           id_of.erase(it);
         }
-        count(at, {}, 0);
+        model.clear_segment_events();
       } else if (e.action == A::oom) {
         // The request that failed on the real GPU: would it fit here? The program did not go on with it.
-        const auto id = next_id++;
+        const auto id = replica.next_id++;
         const auto address = model.malloc(id, e.size, e.stream);
-        count(at, "the request that ran out of memory", e.size);
+        made(at, "the request that ran out of memory", e.size);
         if (!address) {
           ++r.ooms;
           if (r.first_oom_event < 0) {
@@ -936,20 +952,16 @@ class DeviceReplayer {
       } else {
         continue;
       }
-      peak_active = std::max(peak_active, model.requested());
-      if (model.reserved() > peak_reserved_seen) {
-        peak_reserved_seen = model.reserved();
-        r.fragmentation = fragmentation_of(model, at, origins);
-      }
-      series.push_back({at, model.reserved(), model.requested()});
+      timeline.note(model, at);
     }
     r.totals.peak_reserved = model.peak_reserved();
-    r.totals.peak_allocated = peak_active;
+    r.totals.peak_allocated = timeline.peak_active();
+    r.fragmentation = timeline.fragmentation();
     r.totals.segment_allocs = model.segment_allocs();
     r.totals.segment_frees = model.segment_frees();
     r.fits = r.ooms == 0;
     r.retries = model.alloc_retries();
-    r.series = thin(series);
+    r.series = timeline.series();
     return r;
   }
 

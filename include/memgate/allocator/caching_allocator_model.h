@@ -158,6 +158,11 @@ class CachingAllocatorModel {
   /// Every segment, by address.
   [[nodiscard]] std::vector<SegmentView> segment_views() const;
 
+  /// The allocator's sizes: every block a multiple of kMinBlockSize; requests up to kSmallSize from the small pool,
+  /// whose segments are kSmallBuffer.
+  static constexpr std::int64_t kMinBlockSize = 512;
+  static constexpr std::int64_t kSmallSize = 1 << 20;
+  static constexpr std::int64_t kSmallBuffer = 2 << 20;
   /// The allocation size rules: the rounded request, and the segment a new request of that size gets.
   [[nodiscard]] static std::int64_t round_size(std::int64_t bytes, const AllocatorSettings& settings = {});
   [[nodiscard]] static std::int64_t segment_size(std::int64_t rounded);
