@@ -54,7 +54,7 @@ constexpr const char* kExitCodes = R"(exit codes:
   0  ok
   1  the gate or a comparison failed (summary: a regression; bench-compare: slower or grew; compare: grew beyond
      --threshold-pct; estimate --suite: a budget does not fit by estimate; profile: no batch size could be
-     measured)
+     measured; replay: a replay of the recorded settings is not exact)
   2  usage error (unknown subcommand or flag, missing flag, bad value)
   3  any other error (an unreadable or malformed file, a missing fixture, no such device))";
 
