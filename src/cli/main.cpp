@@ -155,6 +155,20 @@ std::vector<memgate::GpuSpec> gpu_specs(const std::string& dir) {
   return memgate::load_gpus(dir);
 }
 
+// The GPUs a command targets: with `all` every fixture of `dir` (the project's when ""), else each of `ids` (an id
+// without a fixture is an error naming it); none when neither is given.
+std::vector<memgate::AdviceTarget> gpu_targets(const std::string& dir, const std::vector<std::string>& ids, bool all) {
+  std::vector<memgate::AdviceTarget> targets;
+  if (!all && ids.empty()) return targets;
+  const auto gpus = memgate::load_gpus(dir.empty() ? memgate::gpus_dir(memgate::project_dir()) : dir);
+  if (all) {
+    for (const auto& g : gpus) targets.push_back(memgate::target_of(g));
+  } else {
+    for (const auto& id : ids) targets.push_back(memgate::target_of(memgate::find_gpu(gpus, id)));
+  }
+  return targets;
+}
+
 std::vector<memgate::GpuLine> gpu_lines(const std::string& dir) {
   std::vector<memgate::GpuLine> lines;
   for (const auto& g : gpu_specs(dir)) {
@@ -420,16 +434,8 @@ Run add_estimate(CLI::App& app) {
     const auto target = o->target == "cpu" ? memgate::EstimateTarget::kCpu : memgate::EstimateTarget::kCuda;
     memgate::ProbeOptions options;
     if (!o->files.snapshot.empty()) options.snapshot = memgate::SnapshotOptions{};
-    std::vector<memgate::AdviceTarget> targets;  // the GPUs to search a batch for, checked before any work
-    if (o->all_gpus || !o->gpu.empty()) {
-      const auto gpus = memgate::load_gpus(o->files.gpus.empty() ? memgate::gpus_dir(memgate::project_dir())
-                                                                 : o->files.gpus);
-      if (o->all_gpus) {
-        for (const auto& g : gpus) targets.push_back(memgate::target_of(g));
-      } else {
-        for (const auto& id : o->gpu) targets.push_back(memgate::target_of(memgate::find_gpu(gpus, id)));
-      }
-    }
+    // The GPUs to search a batch for, checked before any work.
+    const auto targets = gpu_targets(o->files.gpus, o->gpu, o->all_gpus);
     auto profile = memgate::estimate_profile(fixture, batch_sizes, target, options);
     profile.fixture_hash = fixture.hash;
     auto json = memgate::profile_to_json(profile);
@@ -498,15 +504,7 @@ Run add_advise(CLI::App& app) {
     refuse_output_onto_input(o->output, {o->config});
     const auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
     const auto device = memgate::resolve_device(o->device);
-    std::vector<memgate::AdviceTarget> targets;
-    if (o->all_gpus || !o->gpu.empty()) {
-      const auto gpus = memgate::load_gpus(o->gpus.empty() ? memgate::gpus_dir(memgate::project_dir()) : o->gpus);
-      if (o->all_gpus) {
-        for (const auto& g : gpus) targets.push_back(memgate::target_of(g));
-      } else {
-        for (const auto& id : o->gpu) targets.push_back(memgate::target_of(memgate::find_gpu(gpus, id)));
-      }
-    }
+    auto targets = gpu_targets(o->gpus, o->gpu, o->all_gpus);
     if (o->capacity_mib > 0) {
       targets.push_back({"capacity", fmt::format("{} MiB", o->capacity_mib), o->capacity_mib << 20});
     }
@@ -903,8 +901,7 @@ Run add_replay(CLI::App& app) {
       capacity_bytes = o->capacity_mib << 20;
       capacity_label = fmt::format("{} MiB", o->capacity_mib);
     } else if (gpu->count() > 0) {
-      const auto gpus = memgate::load_gpus(o->gpus.empty() ? memgate::gpus_dir(memgate::project_dir()) : o->gpus);
-      const auto target = memgate::target_of(memgate::find_gpu(gpus, o->gpu));
+      const auto target = gpu_targets(o->gpus, {o->gpu}, false).front();
       capacity_bytes = target.usable_bytes;
       capacity_label = fmt::format("{} ({} usable)", o->gpu, memgate::format_bytes(target.usable_bytes));
     }
