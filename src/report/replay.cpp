@@ -650,14 +650,13 @@ class DeviceReplayer {
   void record(DeviceReplay& out) {
     using A = TraceEvent::Action;
     std::int64_t reserved = out.initial_reserved;
-    std::int64_t active = 0;
-    for (const auto& s : initial_.segments) {
-      for (const auto& b : s.blocks) active += b.id ? b.requested : 0;
-    }
-    std::unordered_map<std::uint64_t, std::int64_t> live_requested;
+    std::int64_t active = 0;  // the live requests' bytes
+    std::unordered_map<std::uint64_t, std::int64_t> live_requested;  // by recorded address
     for (const auto& s : initial_.segments) {
       for (const auto& b : s.blocks) {
-        if (b.id) live_requested[*b.id] = b.requested;
+        if (!b.id) continue;
+        live_requested[*b.id] = b.requested;
+        active += b.requested;
       }
     }
     out.recorded.peak_reserved = reserved;
