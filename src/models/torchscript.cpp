@@ -56,6 +56,17 @@ void collect_tensors(const c10::IValue& value, std::vector<torch::Tensor>& out) 
   }
 }
 
+// Replaces every parameter and buffer of `module` and its submodules with a copy on `device` (Module::to cannot
+// go from the CPU to Meta: it keeps each tensor object and swaps its data, which needs one tensor type).
+void move_tensors(torch::jit::Module& module, torch::Device device) {
+  for (auto m : module.modules()) {
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+      m.setattr(p.name, p.value.detach().to(device).requires_grad_(p.value.requires_grad()));
+    }
+    for (const auto& b : m.named_buffers(/*recurse=*/false)) m.setattr(b.name, b.value.to(device));
+  }
+}
+
 class TorchScriptModel final : public Model {
  public:
   TorchScriptModel(const TorchScriptOptions& spec, torch::Device device) : spec_(spec), device_(device) {
@@ -65,7 +76,14 @@ class TorchScriptModel final : public Model {
     try {
       // Without the source-range debug records: host bytes about the Python source that would otherwise stay
       // allocated beside the parameters (26 KB for a tiny ViT) and are no part of training.
-      module = torch::jit::load(spec.path, device, /*load_debug_files=*/false);
+      //
+      // For the Meta device the module is read onto the CPU and only its parameters and buffers move to Meta:
+      // a traced module keeps tensor constants in its graph (the sizes and scalars it divided by, as 0-dim
+      // tensors), which must keep their values (the loader compares them, and `int(size * c)` reads them). On a
+      // real device they go with the module, as `torch.jit.load(map_location=...)` puts them.
+      module = torch::jit::load(spec.path, device.is_meta() ? torch::Device(torch::kCPU) : device,
+                                /*load_debug_files=*/false);
+      if (device.is_meta()) move_tensors(module, device);
     } catch (const std::exception& e) {
       throw Error(spec.path + ": cannot load a TorchScript module (saved with torch.jit.save from "
                   "torch.jit.script or torch.jit.trace?): " + first_line(e.what()));

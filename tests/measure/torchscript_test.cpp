@@ -4,6 +4,7 @@
 #include "memgate/base/error.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
+#include "memgate/measure/estimate.h"
 #include "memgate/measure/probe.h"
 #include "fixture_util.h"
 
@@ -77,6 +78,26 @@ std::string scripted_vit_yaml(const std::string& model_extra, const std::string&
 }
 
 const std::string kImages = "  inputs:\n    - {shape: [B, 3, 40, 40], dtype: float32}\n";
+
+// torch.jit.trace keeps the Python numbers a model computes with as tensor constants of its graph (the width an
+// RMSNorm divides by, the 2 of a view into pairs, as 0-dim tensors). Loaded straight onto the Meta device they lose
+// their values and the load fails (the loader compares constants); an estimate reads the module onto the CPU and
+// moves only its parameters and buffers, so a traced model estimates as it measures, also at a batch size it was
+// not traced at.
+TEST(TorchScriptTest, ATracedModelEstimatesOnMetaAsItMeasuresOnTheCpu) {
+  const auto traced = repo_fixture("ts_token_lm_traced");
+  for (const std::int64_t bs : {2, 4}) {
+    const auto measured = run_probe(traced, bs, kCpu);
+    const auto estimated = estimate_probe(traced, bs, EstimateTarget::kCpu);
+    ASSERT_FALSE(measured.oom || estimated.oom) << measured.error << estimated.error;
+    for (const auto& c : kComponentTable) {
+      EXPECT_EQ(estimated.components.*c.member, measured.components.*c.member) << "bs " << bs << " " << c.name;
+    }
+    const auto cuda = estimate_probe(traced, bs, EstimateTarget::kCuda);
+    ASSERT_FALSE(cuda.oom) << cuda.error;
+    EXPECT_GE(cuda.components.step_peak, measured.components.step_peak) << "512-byte blocks hold at least as much";
+  }
+}
 
 TEST(TorchScriptTest, PatternsSelectTheModulesOwnParametersExactly) {
   const auto f = testing::fixture_from(
