@@ -51,14 +51,16 @@ class CpuBackend final : public MemoryBackend {
   CountingCpuAllocator& counter_;
 };
 
-// The Meta device: nothing computed, every request counted (estimates). Reserved comes from the caching
-// allocator's model when an estimate for CUDA runs it, else it is what is allocated.
+// The Meta device: nothing computed, every request counted (estimates). Allocated and reserved come from the
+// caching allocator's model when an estimate for CUDA runs it (blocks as CUDA counts them), else both are what the
+// requests asked for.
 class MetaBackend final : public MemoryBackend {
  public:
   MetaBackend() : counter_(CountingMetaAllocator::install()) {}
   void synchronize() override {}
   MemorySnapshot snapshot() override {
-    return {counter_.current_bytes(), counter_.reserved_bytes(), counter_.peak_bytes(), counter_.peak_reserved_bytes()};
+    return {counter_.allocated_bytes(), counter_.reserved_bytes(), counter_.peak_allocated_bytes(),
+            counter_.peak_reserved_bytes()};
   }
   void reset_peak() override { counter_.reset_peak(); }
   void empty_cache() override { counter_.empty_cache(); }

@@ -104,6 +104,16 @@ std::int64_t CountingMetaAllocator::peak_reserved_bytes() const {
   return g_model ? g_model->peak_reserved() : peak_bytes();
 }
 
+std::int64_t CountingMetaAllocator::allocated_bytes() const {
+  const std::lock_guard lock(g_model_mutex);
+  return g_model ? g_model->allocated() : current_bytes();
+}
+
+std::int64_t CountingMetaAllocator::peak_allocated_bytes() const {
+  const std::lock_guard lock(g_model_mutex);
+  return g_model ? g_model->peak_allocated() : peak_bytes();
+}
+
 void CountingMetaAllocator::empty_cache() {
   const std::lock_guard lock(g_model_mutex);
   if (g_model) g_model->empty_cache();
