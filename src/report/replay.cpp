@@ -551,7 +551,7 @@ struct Replica {
 class Timeline {
  public:
   explicit Timeline(const CachingAllocatorModel& model)
-      : peak_active_(model.requested()), peak_reserved_(model.reserved()),
+      : peak_active_(model.requested()), peak_blocks_(model.allocated()), peak_reserved_(model.reserved()),
         fragmentation_(fragmentation_of(model, -1, origins_)), series_{{-1, model.reserved(), model.requested()}} {}
 
   /// The segments among `events` were made by the request of `size` at event `at`.
@@ -565,6 +565,7 @@ class Timeline {
   /// The model's state after event `at`.
   void note(const CachingAllocatorModel& model, std::int64_t at) {
     peak_active_ = std::max(peak_active_, model.requested());
+    peak_blocks_ = std::max(peak_blocks_, model.allocated());
     if (model.reserved() > peak_reserved_) {
       peak_reserved_ = model.reserved();
       fragmentation_ = fragmentation_of(model, at, origins_);
@@ -572,12 +573,14 @@ class Timeline {
     series_.push_back({at, model.reserved(), model.requested()});
   }
   [[nodiscard]] std::int64_t peak_active() const { return peak_active_; }
+  [[nodiscard]] std::int64_t peak_blocks() const { return peak_blocks_; }
   [[nodiscard]] const Fragmentation& fragmentation() const { return fragmentation_; }
   [[nodiscard]] std::vector<ReplayPoint> series() const { return thin(series_); }
 
  private:
   std::unordered_map<std::uint64_t, SegmentOrigin> origins_;  // declared first: the constructor reads it
   std::int64_t peak_active_;
+  std::int64_t peak_blocks_;
   std::int64_t peak_reserved_;
   Fragmentation fragmentation_;
   std::vector<ReplayPoint> series_;
@@ -833,6 +836,7 @@ class DeviceReplayer {
     out.replayed.segment_allocs = model.segment_allocs();
     out.replayed.segment_frees = model.segment_frees();
     out.replayed.peak_allocated = timeline.peak_active();
+    out.replayed.peak_allocated_blocks = timeline.peak_blocks();
     out.replayed_series = timeline.series();
     out.fragmentation = timeline.fragmentation();
   }
@@ -955,6 +959,7 @@ class DeviceReplayer {
     }
     r.totals.peak_reserved = model.peak_reserved();
     r.totals.peak_allocated = timeline.peak_active();
+    r.totals.peak_allocated_blocks = timeline.peak_blocks();
     r.fragmentation = timeline.fragmentation();
     r.totals.segment_allocs = model.segment_allocs();
     r.totals.segment_frees = model.segment_frees();
@@ -998,8 +1003,10 @@ ReplayReport replay_snapshot(const Snapshot& snapshot, const std::vector<WhatIfS
 namespace {
 
 json totals_json(const ReplayTotals& t) {
-  return {{"peak_reserved", t.peak_reserved}, {"peak_allocated", t.peak_allocated},
-          {"segment_allocs", t.segment_allocs}, {"segment_frees", t.segment_frees}};
+  json out = {{"peak_reserved", t.peak_reserved}, {"peak_allocated", t.peak_allocated},
+              {"segment_allocs", t.segment_allocs}, {"segment_frees", t.segment_frees}};
+  if (t.peak_allocated_blocks) out["peak_allocated_blocks"] = *t.peak_allocated_blocks;
+  return out;
 }
 
 json fragmentation_json(const Fragmentation& f) {
@@ -1070,6 +1077,10 @@ std::string replay_summary(const ReplayReport& report) {
     for (const auto& [name, t] : {std::pair{"recorded", d.recorded}, std::pair{"replayed", d.replayed}}) {
       fmt::format_to(o, "    {:<10} {:>14} {:>14} {:>10} {:>10}\n", name, format_bytes(t.peak_reserved),
                      format_bytes(t.peak_allocated), t.segment_allocs, t.segment_frees);
+    }
+    if (d.replayed.peak_allocated_blocks) {
+      fmt::format_to(o, "    peak allocated in whole blocks (torch.cuda.max_memory_allocated()): {}{}\n",
+                     format_bytes(*d.replayed.peak_allocated_blocks), d.exact ? "" : ", as replayed");
     }
     for (const auto& n : d.not_followed) fmt::format_to(o, "    not followed: {}\n", n);
     if (d.exact) {

@@ -195,12 +195,15 @@ TEST(SnapshotPickleTest, NotAPickleSaysSo) {
   EXPECT_THROW((void)load_plain_pickle("/no/such/snapshot.pickle"), Error);
 }
 
-// Real snapshots recorded on GPUs, where a folder of them is given (MEMGATE_REAL_SNAPSHOTS): each reads exactly as
-// Python's pickle reads it. Without the folder the test reads the synthetic snapshots above only.
+// Real snapshots recorded on GPUs: the ones committed with their licences (tests/data/snapshots/NOTICE.md), and
+// those of a folder MEMGATE_REAL_SNAPSHOTS names: each reads exactly as Python's pickle reads it.
 TEST(SnapshotPickleTest, RealSnapshotsReadAsPythonReadsThem) {
-  const char* folder = std::getenv("MEMGATE_REAL_SNAPSHOTS");
-  int read = 0;
-  if (folder != nullptr && *folder != '\0') {
+  std::vector<fs::path> folders{fs::path(MEMGATE_TEST_SOURCE_DIR) / "tests" / "data" / "snapshots"};
+  if (const char* folder = std::getenv("MEMGATE_REAL_SNAPSHOTS"); folder != nullptr && *folder != '\0') {
+    folders.emplace_back(folder);
+  }
+  for (const auto& folder : folders) {
+    int read = 0;
     for (const auto& entry : fs::directory_iterator(folder)) {
       const auto ext = entry.path().extension();
       if (ext != ".pickle" && ext != ".pkl") continue;
@@ -208,8 +211,8 @@ TEST(SnapshotPickleTest, RealSnapshotsReadAsPythonReadsThem) {
       ++read;
     }
     EXPECT_GT(read, 0) << folder;
+    std::cout << "[ SNAPSHOT ] " << folder.string() << ": " << read << " real snapshots read\n";
   }
-  std::cout << "[ SNAPSHOT ] real snapshots read: " << read << "\n";
 }
 
 }  // namespace

@@ -68,6 +68,10 @@ struct Snapshot {
 struct ReplayTotals {
   std::int64_t peak_reserved = 0;
   std::int64_t peak_allocated = 0;  ///< the live requests' bytes (memory_viz's "active" memory)
+  /// The peak of the allocated blocks' bytes, as CUDA's allocated_bytes (torch.cuda.max_memory_allocated()) counts
+  /// them: whole blocks, a block the allocator did not split counted with its unsplit rest. A trace records requests,
+  /// not blocks, so only a replay has it (set on the replayed side; when the replay is exact, it is the recording's).
+  std::optional<std::int64_t> peak_allocated_blocks;
   std::int64_t segment_allocs = 0;  ///< segment_alloc, or segment_map with expandable segments
   std::int64_t segment_frees = 0;   ///< segment_free, or segment_unmap
 };
