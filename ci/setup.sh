@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything memgate needs on a fresh Debian machine (and is cheap to rerun when all is there):
-# the Debian -dev packages (GoogleTest, Google Benchmark, yaml-cpp, nlohmann/json, fmt, CLI11, ninja) and LibTorch from
+# the Debian -dev packages (GoogleTest, Google Benchmark, yaml-cpp, nlohmann/json, fmt, CLI11, gloo's headers, ninja) and LibTorch from
 # the pinned torch wheel, in a virtual environment kept outside the repository.
 #
 #   ci/setup.sh            # install what is missing
@@ -11,7 +11,7 @@ set -euo pipefail
 
 torch_version="${MEMGATE_TORCH_VERSION:-2.11.0}"
 venv="${MEMGATE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/memgate/venv}"
-debs=(cmake ninja-build g++ python3-venv libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev nlohmann-json3-dev
+debs=(cmake ninja-build g++ python3-venv libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev nlohmann-json3-dev libgloo-dev
       libfmt-dev libcli11-dev chromium-headless-shell)
 
 log() { printf '[memgate setup] %s\n' "$*" >&2; }

@@ -54,6 +54,18 @@ find_package(GTest CONFIG QUIET)
 if(NOT GTest_FOUND)
   memgate_missing("GoogleTest" "Install it: apt-get install libgtest-dev libgmock-dev")
 endif()
+# gloo's headers: LibTorch ships ProcessGroupGloo (its gloo is linked into libtorch_cpu) but not the gloo headers
+# ProcessGroupGloo.hpp includes. Debian's are of another gloo commit; they only declare the types ProcessGroupGloo
+# holds behind pointers, so the wheel's own layout and code are what run (tests/distributed proves it with real
+# collectives). Nothing links Debian's libgloo.
+find_path(MEMGATE_GLOO_INCLUDE_DIR gloo/config.h)
+if(NOT MEMGATE_GLOO_INCLUDE_DIR)
+  memgate_missing("gloo's headers (for LibTorch's ProcessGroupGloo)" "Install them: apt-get install libgloo-dev")
+endif()
+add_library(memgate_c10d_gloo INTERFACE)
+add_library(memgate::c10d_gloo ALIAS memgate_c10d_gloo)
+target_include_directories(memgate_c10d_gloo SYSTEM INTERFACE "$<BUILD_INTERFACE:${MEMGATE_GLOO_INCLUDE_DIR}>")
+target_compile_definitions(memgate_c10d_gloo INTERFACE USE_C10D_GLOO)
 if(MEMGATE_BUILD_BENCHMARKS)
   find_package(benchmark CONFIG QUIET)
   if(NOT benchmark_FOUND)
