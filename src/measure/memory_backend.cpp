@@ -59,8 +59,7 @@ class MetaBackend final : public MemoryBackend {
   MetaBackend() : counter_(CountingMetaAllocator::install()) {}
   void synchronize() override {}
   MemorySnapshot snapshot() override {
-    return {counter_.allocated_bytes(), counter_.reserved_bytes(), counter_.peak_allocated_bytes(),
-            counter_.peak_reserved_bytes()};
+    return counter_.counts();
   }
   void reset_peak() override { counter_.reset_peak(); }
   void empty_cache() override { counter_.empty_cache(); }

@@ -94,24 +94,10 @@ void CountingMetaAllocator::model_expandable_segments(bool on) {
   if (g_model) g_model = std::make_unique<CachingAllocatorModel>(on);
 }
 
-std::int64_t CountingMetaAllocator::reserved_bytes() const {
+MemorySnapshot CountingMetaAllocator::counts() const {
   const std::lock_guard lock(g_model_mutex);
-  return g_model ? g_model->reserved() : current_bytes();
-}
-
-std::int64_t CountingMetaAllocator::peak_reserved_bytes() const {
-  const std::lock_guard lock(g_model_mutex);
-  return g_model ? g_model->peak_reserved() : peak_bytes();
-}
-
-std::int64_t CountingMetaAllocator::allocated_bytes() const {
-  const std::lock_guard lock(g_model_mutex);
-  return g_model ? g_model->allocated() : current_bytes();
-}
-
-std::int64_t CountingMetaAllocator::peak_allocated_bytes() const {
-  const std::lock_guard lock(g_model_mutex);
-  return g_model ? g_model->peak_allocated() : peak_bytes();
+  if (!g_model) return {current_bytes(), current_bytes(), peak_bytes(), peak_bytes()};
+  return {g_model->allocated(), g_model->reserved(), g_model->peak_allocated(), g_model->peak_reserved()};
 }
 
 void CountingMetaAllocator::empty_cache() {

@@ -63,16 +63,16 @@ TEST(CountingMetaAllocatorTest, WithTheCachingAllocatorsModelCountsWholeBlocks) 
     const auto before = meta.current_bytes();
     const auto embedding = torch::empty({10000, 768}, torch::TensorOptions().device(torch::kMeta));
     EXPECT_EQ(meta.current_bytes() - before, 30720000) << "the requests";
-    EXPECT_EQ(meta.allocated_bytes(), 31457280) << "the block";
-    EXPECT_EQ(meta.reserved_bytes(), 31457280);
+    EXPECT_EQ(meta.counts().allocated, 31457280) << "the block";
+    EXPECT_EQ(meta.counts().reserved, 31457280);
     const auto small = torch::empty({3}, torch::TensorOptions().device(torch::kMeta));
-    EXPECT_EQ(meta.allocated_bytes(), 31457280 + 512) << "a small block is split down to its 512 bytes";
+    EXPECT_EQ(meta.counts().allocated, 31457280 + 512) << "a small block is split down to its 512 bytes";
   }
-  EXPECT_EQ(meta.allocated_bytes(), 0);
-  EXPECT_EQ(meta.peak_allocated_bytes(), 31457280 + 512);
+  EXPECT_EQ(meta.counts().allocated, 0);
+  EXPECT_EQ(meta.counts().peak_allocated, 31457280 + 512);
   meta.model_caching_allocator(false);
   meta.set_granularity(0);
-  EXPECT_EQ(meta.allocated_bytes(), meta.current_bytes()) << "without the model: the requests";
+  EXPECT_EQ(meta.counts().allocated, meta.current_bytes()) << "without the model: the requests";
 }
 
 

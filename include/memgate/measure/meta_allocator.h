@@ -2,6 +2,8 @@
 // run on Meta computes nothing, and this allocator counts what each of its tensors asks for.
 #pragma once
 
+#include "memgate/measure/memory_backend.h"
+
 #include <c10/core/Allocator.h>
 
 #include <cstddef>
@@ -38,19 +40,16 @@ class CountingMetaAllocator final : public c10::Allocator {
   /// up to the CUDA caching allocator's 512-byte blocks (a zero-byte request takes none).
   void set_granularity(std::int64_t bytes);
   /// Replays every request through a model of the CUDA caching allocator (CachingAllocatorModel, started empty),
-  /// so that reserved_bytes() says what a GPU's allocator would hold; off: reserved is what is allocated.
+  /// so that counts() says what a GPU's allocator would hold; off: reserved is what is allocated.
   void model_caching_allocator(bool on);
   /// With the model on, starts it afresh with expandable segments or without (the allocator settings a probe
   /// applies before it allocates anything).
   void model_expandable_segments(bool on);
-  [[nodiscard]] std::int64_t reserved_bytes() const;
-  [[nodiscard]] std::int64_t peak_reserved_bytes() const;
-  /// What the device's allocator counts as allocated: with the model on, the sizes of the blocks it hands out, as
-  /// CUDA's allocated_bytes counts them (a block that is not split, because what would remain is too small to
-  /// stand alone, is counted whole: a 30,720,000-byte request in a 2 MiB-rounded segment counts 31,457,280); off,
-  /// current_bytes().
-  [[nodiscard]] std::int64_t allocated_bytes() const;
-  [[nodiscard]] std::int64_t peak_allocated_bytes() const;
+  /// What the device's allocator would say, read at once: with the model on, allocated counts the blocks it hands
+  /// out, as CUDA's allocated_bytes does (a block that is not split, because what would remain is too small to stand
+  /// alone, is counted whole: a 30,720,000-byte request in a 2 MiB-rounded segment counts 31,457,280), and reserved
+  /// its segments; off, both are current_bytes() and their peak peak_bytes().
+  [[nodiscard]] MemorySnapshot counts() const;
   /// The model's empty_cache (nothing without the model).
   void empty_cache();
 
