@@ -94,7 +94,8 @@ class TokenLM(nn.Module):
         weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         x = x + self.out((weights @ v).transpose(1, 2).reshape(b, t, -1))
         h = self.rms(x, self.norm2)
-        x = x + self.w2(self.w1(h) * torch.sigmoid(self.w1(h)) * self.w3(h))
+        gate = self.w1(h)
+        x = x + self.w2(gate * torch.sigmoid(gate) * self.w3(h))
         return self.head(x)
 
 
@@ -115,19 +116,25 @@ def main():
                             depth=4, num_heads=4, num_classes=5)
     resnet = NarrowResNet([2, 2, 2, 2], width=8, num_classes=5)
     lm = TokenLM().train()
-    traced_lm = torch.jit.trace(lm, (torch.randint(0, 64, (2, 16)),), check_trace=False)
-    for folder, name, model, saved in ((args.out, "vit_tiny_timm", vit, None),
-                                       (args.out, "resnet18_w8_torchvision", resnet, None),
-                                       (args.example_out, "small_cnn", small_cnn(), None),
-                                       (args.out, "token_lm_traced", lm, traced_lm)):
+    script = torch.jit.script
+    modules = {"vit_tiny_timm": (args.out, vit, script),
+               "resnet18_w8_torchvision": (args.out, resnet, script),
+               "small_cnn": (args.example_out, small_cnn(), script),
+               "token_lm_traced": (args.out, lm,
+                                   lambda m: torch.jit.trace(m, (torch.randint(0, 64, (2, 16)),), check_trace=False))}
+    unknown = sorted(set(args.only) - modules.keys())
+    if unknown:
+        parser.error(f"--only {', '.join(unknown)}: not one of {', '.join(modules)}")
+    for name, (folder, model, export) in modules.items():
         if args.only and name not in args.only:
             continue
-        scripted = saved if saved is not None else torch.jit.script(model.train())
+        scripted = export(model.train())
         path = folder / f"{name}.pt"
         torch.jit.save(scripted, str(path))
         params = sum(p.numel() for p in model.parameters())
         print(f"{path}: {params} parameters, {path.stat().st_size} bytes "
               f"(torch {torch.__version__}, timm {timm.__version__}, torchvision {torchvision.__version__})")
+
 
 if __name__ == "__main__":
     main()
