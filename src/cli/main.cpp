@@ -8,6 +8,7 @@
 #include "memgate/gate/advise.h"
 #include "memgate/gate/budget.h"
 #include "memgate/gate/fixture.h"
+#include "memgate/gate/rank.h"
 #include "memgate/gate/report.h"
 #include "memgate/gate/suite.h"
 #include "memgate/gate/summary.h"
@@ -945,6 +946,7 @@ const Subcommand kSubcommands[] = {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (memgate::is_rank_command(argc, argv)) return memgate::rank_main(argc, argv);
   CLI::App app{"memgate: memory regression tests for deep-learning training on LibTorch", "memgate"};
   app.set_version_flag("--version", std::string("memgate ") + MEMGATE_VERSION);
   app.require_subcommand(1);

@@ -370,6 +370,25 @@ TrainableSpec parse_trainable(MapReader& r) {
   return t;
 }
 
+// `training.distributed`: strategy and world size, and the strategy's own keys (DESIGN.md; PyTorch's defaults).
+DistributedSpec read_distributed(MapReader& r) {
+  DistributedSpec d;
+  const auto strategy = r.get_string("strategy", std::nullopt, {"ddp", "fsdp"});
+  d.strategy = *parse_enum(kDistributedStrategyNames, strategy);
+  d.world_size = r.get_int("world_size", std::nullopt, 1, 4096);
+  if (d.strategy == DistributedStrategy::kDdp) {
+    if (r.has("bucket_cap_mb")) d.bucket_cap_mb = r.get_double("bucket_cap_mb", std::nullopt, 1e-6, 1e6);
+    d.gradient_as_bucket_view = r.get_bool("gradient_as_bucket_view", false);
+  } else {
+    for (const auto* key : {"bucket_cap_mb", "gradient_as_bucket_view"}) {
+      if (r.has(key)) r.fail(key, "no DDP key with strategy fsdp", "a value");
+    }
+    r.fail("strategy", "ddp (FSDP's per-rank probes are not built yet)", "'fsdp'");
+  }
+  r.finish();
+  return d;
+}
+
 TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
   TrainingSpec t;
   t.optimizer = r.get_enum("optimizer", std::optional(t.optimizer), kOptimizerNames);
@@ -386,6 +405,10 @@ TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
   if (!t.deterministic) r.leave_out_of_hash("deterministic");  // added later: off, fixtures keep their hash
   t.allocator = r.get_string("allocator", std::string());
   t.cpu_kernels = r.get_enum("cpu_kernels", std::optional(t.cpu_kernels), kCpuKernelsNames);
+  if (r.has("distributed")) {
+    auto distributed = r.child("distributed");
+    t.distributed = read_distributed(distributed);
+  }
   // Which kernels measure it, not what the model is: the baseline folder tells them apart.
   r.leave_out_of_hash("cpu_kernels");
   if (model.arch == Arch::kTorchScript) {

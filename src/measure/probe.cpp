@@ -181,8 +181,10 @@ PreparedStep::PreparedStep(const Workload& workload, std::int64_t batch_size, c1
   backend_->synchronize();
   base_ = backend_->snapshot();
   if (observer != nullptr) observer->base_read(base_);
-  step_ = std::make_unique<TrainingStep>(workload, batch_size, device, options.seed, observer);
-  step_->warm_up(options.warmup_steps, observer);
+  step_ = std::make_unique<TrainingStep>(workload, batch_size, device, options.seed, observer, options.rank_group);
+  // DDP rebuilds its buckets at the second iteration's forward: a rank's steady state starts at the third.
+  const int warmup = step_->data_parallel() != nullptr ? std::max(options.warmup_steps, 2) : options.warmup_steps;
+  step_->warm_up(warmup, observer);
 }
 
 ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, c10::Device device,
@@ -236,6 +238,9 @@ void drop_failed_backward(c10::Device device) {
 ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                       const ProbeOptions& options) {
   require_batch_size(workload, batch_size);
+  if (workload.training.distributed.enabled() && options.rank_group == nullptr) {
+    return run_distributed_probe(workload, batch_size, device, options);
+  }
   ThreadScope threads(device, options.cpu_threads);
   ProbeResult result;
   result.batch_size = batch_size;
@@ -258,6 +263,10 @@ ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::De
     result.components = observer.components();
     result.library_workspace_bytes = prepared.library_workspace_bytes();
     result.outside_allocator_bytes = prepared.backend().outside_allocator_bytes();
+    if (const auto* ddp = prepared.step().data_parallel()) {
+      result.comm_buffer_bytes = ddp->bucket_bytes();
+      result.comm_buffers = ddp->bucket_count();
+    }
     if (history) {
       result.snapshot = history->finish();
       history.reset();

@@ -31,13 +31,19 @@ void require_batch_size(const Workload& workload, std::int64_t batch_size) {
 }
 
 TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c10::Device device,
-                           std::uint64_t seed, StepObserver* observer)
+                           std::uint64_t seed, StepObserver* observer, const RankGroup* group)
     : training_(workload.training), batch_size_(batch_size), device_(device) {
   require_batch_size(workload, batch_size);
   model_ = build_model(workload.model, device, seed);
   model_->set_gradient_checkpointing(training_.gradient_checkpointing);
   if (observer != nullptr) observer->model_built();
   auto trainable = select_trainable(*model_, training_.trainable);
+  if (group != nullptr) {
+    if (training_.distributed.strategy != DistributedStrategy::kDdp) {
+      throw Error(workload.source + ": only strategy ddp trains over a process group");
+    }
+    ddp_ = std::make_unique<DataParallel>(model_->module(), trainable, training_.distributed, *group);
+  }
   torch::manual_seed(seed + 1);
   batch_ = model_->make_batch(batch_size);
   model_->module().train();
@@ -54,7 +60,9 @@ void TrainingStep::warm_up(int steps, StepObserver* observer) {
     torch::NoGradGuard no_grad;
     AutocastScope autocast(device_.type(), training_.precision);
     if (observer != nullptr) observer->eval_begin(pass);
+    if (ddp_) ddp_->pre_forward(/*sync=*/true);
     (void)model_->forward(batch_);
+    if (ddp_) ddp_->post_forward(/*sync=*/true);
     if (observer != nullptr) observer->eval_end(pass);
   }
   model_->module().train();
@@ -64,7 +72,11 @@ void TrainingStep::warm_up(int steps, StepObserver* observer) {
 void TrainingStep::run(StepObserver* observer) {
   for (std::int64_t i = 0; i < training_.accumulation_steps; ++i) {
     if (observer != nullptr) observer->forward_begin(i);
+    // DDP reduces gradients in the last micro-batch's backward only (the others run inside no_sync()).
+    const bool sync = i + 1 == training_.accumulation_steps;
+    if (ddp_) ddp_->pre_forward(sync);
     auto loss = micro_batch_loss(*model_, batch_, training_, device_.type());
+    if (ddp_) ddp_->post_forward(sync);
     if (observer != nullptr) observer->forward_end(i);
     if (scaler_) loss = scaler_->scale(loss);
     loss.backward();

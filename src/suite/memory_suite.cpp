@@ -22,6 +22,7 @@
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/budget.h"
 #include "memgate/gate/fixture.h"
+#include "memgate/gate/rank.h"
 #include "memgate/gate/suite.h"
 #include "memgate/gate/verdict.h"
 #include "memgate/measure/device.h"
@@ -418,6 +419,8 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
 }  // namespace memgate
 
 int main(int argc, char** argv) {
+  // A rank of a distributed fixture's probe: this executable, so that the project's architectures are there.
+  if (memgate::is_rank_command(argc, argv)) return memgate::rank_main(argc, argv);
   bool list = false;
   std::string verdict_binary;
   std::string verdicts = "memgate-verdicts";

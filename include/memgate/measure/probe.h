@@ -6,6 +6,7 @@
 
 #include "memgate/base/components.h"
 #include "memgate/measure/device.h"
+#include "memgate/measure/distributed.h"
 #include "memgate/measure/memory_backend.h"
 #include "memgate/measure/memory_snapshot.h"
 #include "memgate/measure/train_step.h"
@@ -38,6 +39,12 @@ struct ProbeResult {
   /// With ProbeOptions::snapshot: the allocator's history over the whole probe (build, eval forwards, warm-up,
   /// measured step; up to the out-of-memory when there was one), as memory_viz's pickle.
   std::string snapshot;
+  /// A distributed probe's ranks, each with its own components (`components` holds the largest over them); empty
+  /// on one device.
+  std::vector<RankComponents> ranks;
+  /// What the strategy's communication keeps between steps (DDP's buckets), the largest over ranks; 0 on one device.
+  std::int64_t comm_buffer_bytes = 0;
+  std::int64_t comm_buffers = 0;  ///< how many buffers those are
 };
 
 /// Whether an error from a step is the device running out of memory in any of its forms: the caching allocator's
@@ -68,12 +75,26 @@ struct ProbeOptions {
   /// Told each part of the protocol as it starts ("building the model", "eval forward", "warm-up step: forward",
   /// "measured step: backward", ...): progress for long probes.
   std::function<void(std::string_view phase)> on_phase;
+  /// Set in a rank's process of a distributed probe: the step trains through this group (DDP) and the probe
+  /// measures this rank. Unset, a distributed workload's probe starts its ranks (run_distributed_probe).
+  const RankGroup* rank_group = nullptr;
 };
 
 /// Measures one workload at one batch size. An out-of-memory is returned as `oom`, not thrown; bad input throws
 /// memgate::Error. Everything the probe allocated is freed (and the cache emptied) before it returns.
 [[nodiscard]] ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                                     const ProbeOptions& options = {});
+
+/// A distributed workload's probe: starts one process per rank (MEMGATE_RANK_EXECUTABLE, else this program, run as
+/// `<program> --memgate-rank --fixture <workload.source> ...`, which must call rank_main(): the memgate CLI and the
+/// memory suites do), which meet through a c10d::FileStore in a folder of the probe's own and each measure their own
+/// components with the probe's protocol; gathers them into `ranks`, and the largest of each into `components`. A
+/// rank that fails stops the others and is an error naming it, with what it printed. run_probe() calls it.
+[[nodiscard]] ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                                                const ProbeOptions& options = {});
+
+/// What a rank's process leaves for run_distributed_probe: its result as one JSON object.
+[[nodiscard]] std::string rank_result_text(int rank, const ProbeResult& result);
 
 /// run_probe() with the device's allocator capped at `cap_bytes` (CUDA: the caching allocator's memory fraction of
 /// the device; CPU: the counting allocator's limit, above what the process holds already): a step that needs more

@@ -2,6 +2,7 @@
 // time: the same model, batch, autocast, micro-batches and optimizer calls, with hooks between its parts.
 #pragma once
 
+#include "memgate/measure/distributed.h"
 #include "memgate/measure/memory_backend.h"
 #include "memgate/measure/training.h"
 #include "memgate/models/zoo.h"
@@ -58,8 +59,11 @@ class TrainingStep {
   /// Builds the model on `device` (seeded), turns gradient checkpointing on where the training asks, freezes
   /// what does not train, makes one batch of `batch_size` (seed + 1) and the optimizer. Calls
   /// `observer->model_built()` right after the model is built. Throws memgate::Error for a batch size below 1.
+  /// With `group` (one rank of a distributed workload), the model trains as DistributedDataParallel over the group
+  /// (built after the trainable parameters are chosen, before the optimizer, as a training script does); every
+  /// micro-batch but the last runs inside no_sync(), as gradient accumulation with DDP does.
   TrainingStep(const Workload& workload, std::int64_t batch_size, c10::Device device, std::uint64_t seed = 0,
-               StepObserver* observer = nullptr);
+               StepObserver* observer = nullptr, const RankGroup* group = nullptr);
   ~TrainingStep();
   TrainingStep(const TrainingStep&) = delete;
   TrainingStep& operator=(const TrainingStep&) = delete;
@@ -77,6 +81,8 @@ class TrainingStep {
   [[nodiscard]] Model& model() { return *model_; }
   [[nodiscard]] TrainingOptimizer& optimizer() { return *optimizer_; }
   [[nodiscard]] const Batch& batch() const { return batch_; }
+  /// The DistributedDataParallel wrapper of a rank's step; null on one device.
+  [[nodiscard]] const DataParallel* data_parallel() const { return ddp_.get(); }
   /// Samples one step trains on: batch size x accumulation steps.
   [[nodiscard]] std::int64_t samples_per_step() const { return batch_size_ * training_.accumulation_steps; }
 
@@ -85,6 +91,7 @@ class TrainingStep {
   std::int64_t batch_size_;
   c10::Device device_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<DataParallel> ddp_;
   Batch batch_;
   std::unique_ptr<TrainingOptimizer> optimizer_;
   std::optional<GradScaler> scaler_;  ///< fp16 only, as fp16 training runs

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,36 @@ inline constexpr EnumNames<OptimizerImpl, 4> kOptimizerImplNames{{{OptimizerImpl
 /// `impl`, with kAuto resolved to PyTorch's default on `device` (torch.optim's _default_to_fused_or_foreach).
 [[nodiscard]] OptimizerImpl resolve_optimizer_impl(OptimizerImpl impl, c10::Device device);
 
+/// How training is spread over ranks (one process each, on its own GPU or on the CPU).
+enum class DistributedStrategy {
+  kNone,  ///< one device
+  kDdp,   ///< torch.nn.parallel.DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets
+  kFsdp,  ///< FSDP2's fully_shard: parameters, gradients and optimizer state sharded over the ranks
+};
+
+/// The words of DistributedStrategy (`none` is not written in fixtures: no `distributed` block).
+inline constexpr EnumNames<DistributedStrategy, 3> kDistributedStrategyNames{
+    {{DistributedStrategy::kNone, "none"}, {DistributedStrategy::kDdp, "ddp"}, {DistributedStrategy::kFsdp, "fsdp"}}};
+
+/// A fixture's `training.distributed` block (DESIGN.md); the defaults are PyTorch's.
+struct DistributedSpec {
+  DistributedStrategy strategy = DistributedStrategy::kNone;
+  std::int64_t world_size = 1;  ///< ranks, one process each
+  /// ddp: DistributedDataParallel's bucket_cap_mb. Unset is PyTorch's default (bucket_cap_mb=None): 25 MiB buckets
+  /// after a first bucket of 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES); a value given caps the first bucket too.
+  std::optional<double> bucket_cap_mb;
+  bool gradient_as_bucket_view = false;  ///< ddp: gradients are views into the buckets (no second copy)
+  [[nodiscard]] bool enabled() const { return strategy != DistributedStrategy::kNone; }
+  /// The Reducer's bucket_bytes_cap: int(bucket_cap_mb * 1024 * 1024), 25 MiB unset.
+  [[nodiscard]] std::int64_t bucket_bytes_cap() const {
+    return static_cast<std::int64_t>(bucket_cap_mb.value_or(25.0) * 1024.0 * 1024.0);
+  }
+  /// The Reducer's first_bucket_bytes_cap: 1 MiB unless bucket_cap_mb is given, as DistributedDataParallel has it.
+  [[nodiscard]] std::int64_t first_bucket_bytes_cap() const {
+    return bucket_cap_mb ? bucket_bytes_cap() : std::int64_t{1} << 20;
+  }
+};
+
 /// How a model trains.
 struct TrainingSpec {
   Optimizer optimizer = Optimizer::kAdamW;  ///< adamw | sgd
@@ -57,6 +88,7 @@ struct TrainingSpec {
   bool deterministic = false;              ///< deterministic algorithms (torch.use_deterministic_algorithms)
   std::string allocator;            ///< CUDA allocator settings, e.g. expandable_segments:True
   CpuKernels cpu_kernels = CpuKernels::kPortable;  ///< portable | host: the kernels a CPU probe runs
+  DistributedSpec distributed;      ///< ranks and strategy; none: one device
 };
 
 /// An optimizer that updates parameters as torch.optim's AdamW and SGD do, tensor for tensor: the same state

@@ -1,0 +1,21 @@
+// The process of one rank of a distributed probe (measure/probe.h, run_distributed_probe): the memgate CLI and every
+// memory-suite executable run it when started as `<program> --memgate-rank ...`, so that a project's own registered
+// architectures are there in each rank.
+#pragma once
+
+namespace memgate {
+
+/// Whether this process was started as a rank of a distributed probe (its first argument is --memgate-rank).
+[[nodiscard]] bool is_rank_command(int argc, char** argv);
+
+/// Runs the rank: loads the fixture, joins the other ranks through the c10d::FileStore it is given, measures its own
+/// components with the probe's protocol and writes them to its output file. Returns the process's exit code: 0
+/// when it measured (an out-of-memory is a result), 2 for bad arguments, 3 for any other error (printed to stderr).
+///
+///   int main(int argc, char** argv) {
+///     if (memgate::is_rank_command(argc, argv)) return memgate::rank_main(argc, argv);
+///     ...
+///   }
+int rank_main(int argc, char** argv);
+
+}  // namespace memgate

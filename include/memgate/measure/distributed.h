@@ -1,0 +1,86 @@
+// Training over several ranks, one process each (a fixture's `training.distributed`): the c10d process group a rank
+// joins, DistributedDataParallel as PyTorch drives LibTorch's c10d::Reducer, and the distributed probe that starts
+// the ranks and gathers what each measured.
+#pragma once
+
+#include "memgate/base/components.h"
+#include "memgate/measure/training.h"
+
+#include <c10/core/Device.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/nn/module.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Reducer;
+}  // namespace c10d
+
+namespace memgate {
+
+/// This process's place among the ranks of a distributed run.
+struct RankGroup {
+  int rank = 0;
+  int world_size = 1;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+};
+
+/// Joins the `world_size` ranks that meet through the c10d::FileStore at `store_path`, over LibTorch's own
+/// ProcessGroupGloo (the backend PyTorch uses on CPUs) as the group's CPU backend. Blocks until every rank has
+/// joined; a rank missing after `timeout` is an error, and so is a collective that waits longer.
+[[nodiscard]] RankGroup join_gloo_group(const std::string& store_path, int rank, int world_size,
+                                        std::chrono::seconds timeout);
+
+/// One rank's components in a distributed probe.
+struct RankComponents {
+  int rank = 0;
+  Components components;
+  /// What the strategy's communication keeps between steps, inside the allocator: DDP's gradient buckets.
+  std::int64_t comm_buffer_bytes = 0;
+  /// How many buffers those are (DDP: buckets after the first iteration's rebuild).
+  std::int64_t comm_buffers = 0;
+  friend bool operator==(const RankComponents&, const RankComponents&) = default;
+};
+
+/// The largest value of each component over `ranks`: what a distributed probe's `components` hold.
+[[nodiscard]] Components max_over_ranks(const std::vector<RankComponents>& ranks);
+
+/// torch.nn.parallel.DistributedDataParallel over a module, in C++: what its constructor and forward do, with the
+/// same c10d calls. The constructor checks the parameters' shapes across ranks and broadcasts parameters and buffers
+/// from rank 0 (c10d::broadcast_coalesced, 250 MiB buckets), then builds LibTorch's c10d::Reducer over the
+/// parameters that train with the bucket assignment DDP passes it (compute_bucket_assignment_by_size: one bucket for
+/// the first iteration, since no unused parameters are searched for; reversed), `bucket_cap_mb` and its first-bucket
+/// cap, and `gradient_as_bucket_view`. The Reducer hooks each parameter's gradient accumulator, copies gradients
+/// into its buckets, all-reduces each full bucket over the group and averages; after the first backward it rebuilds
+/// its buckets in the order gradients arrived, at the next forward.
+class DataParallel {
+ public:
+  DataParallel(torch::nn::Module& module, std::vector<torch::Tensor> trainable, const DistributedSpec& spec,
+               RankGroup group);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  /// DistributedDataParallel._pre_forward: with gradients enabled and `sync` (not inside no_sync()),
+  /// prepare_for_forward; with gradients enabled, rebuild the buckets once (before the forward's peak, as DDP
+  /// does); broadcast the module's buffers from rank 0 while parameters are in sync.
+  void pre_forward(bool sync);
+  /// DistributedDataParallel._post_forward: with gradients enabled and `sync`, prepare_for_backward (no unused
+  /// parameters are searched for).
+  void post_forward(bool sync);
+  /// Bytes of the Reducer's buckets (each bucket's flat gradient tensor) and how many there are.
+  [[nodiscard]] std::int64_t bucket_bytes() const;
+  [[nodiscard]] std::int64_t bucket_count() const;
+
+ private:
+  torch::nn::Module& module_;
+  RankGroup group_;
+  std::unique_ptr<c10d::Reducer> reducer_;
+  bool require_forward_param_sync_ = true;
+};
+
+}  // namespace memgate

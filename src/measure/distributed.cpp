@@ -1,0 +1,297 @@
+// Ranks of a distributed run: the c10d process group, DistributedDataParallel through LibTorch's c10d::Reducer, and
+// the distributed probe, which starts one process per rank and gathers what each measured.
+#include "memgate/measure/distributed.h"
+
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/measure/probe.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace memgate {
+
+RankGroup join_gloo_group(const std::string& store_path, int rank, int world_size, std::chrono::seconds timeout) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw Error(fmt::format("rank {} of {}: expected 0 <= rank < world size", rank, world_size));
+  }
+  auto store = c10::make_intrusive<c10d::FileStore>(store_path, world_size);
+  store->setTimeout(timeout);
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size,
+                                                          c10d::ProcessGroupGloo::Options::create_default(timeout));
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  return {rank, world_size, std::move(group)};
+}
+
+Components max_over_ranks(const std::vector<RankComponents>& ranks) {
+  Components out;
+  for (const auto& info : kComponentTable) {
+    std::int64_t most = 0;
+    for (const auto& r : ranks) most = std::max(most, r.components.*info.member);
+    out.*info.member = most;
+  }
+  return out;
+}
+
+namespace {
+
+// DistributedDataParallel's broadcast_bucket_size.
+constexpr std::size_t kBroadcastBucketBytes = std::size_t{250} << 20;
+
+std::vector<torch::Tensor> detached(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(t.detach());
+  return out;
+}
+
+}  // namespace
+
+DataParallel::DataParallel(torch::nn::Module& module, std::vector<torch::Tensor> trainable, const DistributedSpec& spec,
+                           RankGroup group)
+    : module_(module), group_(std::move(group)) {
+  // _verify_param_shape_across_processes, then _sync_module_states: every parameter, then every buffer.
+  c10d::verify_params_across_processes(group_.group, trainable, std::nullopt);
+  auto states = detached(module_.parameters());
+  for (const auto& b : module_.buffers()) states.push_back(b.detach());
+  if (!states.empty()) c10d::broadcast_coalesced(group_.group, states, kBroadcastBucketBytes, 0);
+  // _ddp_init_helper: without unused-parameter search the first iteration has one bucket (sys.maxsize); the
+  // Reducer takes the buckets reversed.
+  const std::vector<bool> expect_sparse(trainable.size(), false);
+  auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
+      trainable, {static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max())}, expect_sparse);
+  (void)limits;
+  std::reverse(buckets.begin(), buckets.end());
+  reducer_ = std::make_unique<c10d::Reducer>(
+      std::move(trainable), std::move(buckets), group_.group, expect_sparse, spec.bucket_bytes_cap(),
+      /*find_unused_parameters=*/false, spec.gradient_as_bucket_view,
+      /*param_names=*/std::unordered_map<std::size_t, std::string>{}, spec.first_bucket_bytes_cap(),
+      /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
+      /*bucket_bytes_cap_list=*/std::vector<std::int64_t>{});
+}
+
+DataParallel::~DataParallel() = default;
+
+void DataParallel::pre_forward(bool sync) {
+  const bool grad = torch::GradMode::is_enabled();
+  if (grad && sync) reducer_->prepare_for_forward();
+  if (grad) (void)reducer_->rebuild_buckets();
+  const auto buffers = module_.buffers();
+  if (require_forward_param_sync_ && !buffers.empty()) {
+    torch::NoGradGuard no_grad;
+    c10d::broadcast_coalesced(group_.group, detached(buffers), kBroadcastBucketBytes, 0);
+  }
+}
+
+void DataParallel::post_forward(bool sync) {
+  if (torch::GradMode::is_enabled() && sync) {
+    require_forward_param_sync_ = true;
+    reducer_->prepare_for_backward({});
+  } else {
+    require_forward_param_sync_ = false;
+  }
+}
+
+std::int64_t DataParallel::bucket_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& bucket : reducer_->get_grad_buckets(/*return_zero_tensors=*/false)) {
+    bytes += static_cast<std::int64_t>(bucket.getBuffer().nbytes());
+  }
+  return bytes;
+}
+
+std::int64_t DataParallel::bucket_count() const {
+  return static_cast<std::int64_t>(reducer_->get_grad_buckets(/*return_zero_tensors=*/false).size());
+}
+
+// ---- The distributed probe: one process per rank ----
+
+namespace {
+
+std::string rank_executable() {
+  if (const char* exe = std::getenv("MEMGATE_RANK_EXECUTABLE"); exe != nullptr && *exe != '\0') return exe;
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("cannot find this program to start ranks from (/proc/self/exe): set MEMGATE_RANK_EXECUTABLE");
+  return self.string();
+}
+
+// A folder of its own for one distributed probe: the store, each rank's result and log.
+std::filesystem::path make_run_dir() {
+  static std::atomic<int> counter{0};
+  const auto dir = std::filesystem::temp_directory_path() /
+                   fmt::format("memgate-ranks-{}-{}", ::getpid(), counter.fetch_add(1));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw Error(fmt::format("cannot start rank process {}: {}", argv[0], std::strerror(rc)));
+  return pid;
+}
+
+std::string tail_of(const std::string& path, std::size_t chars = 4000) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  auto text = s.str();
+  if (text.size() > chars) text = "..." + text.substr(text.size() - chars);
+  return text;
+}
+
+Components components_from(const nlohmann::json& j) {
+  Components c;
+  for (const auto& info : kComponentTable) c.*info.member = j.at(std::string(info.name)).get<std::int64_t>();
+  return c;
+}
+
+}  // namespace
+
+std::string rank_result_text(int rank, const ProbeResult& r) {
+  nlohmann::json components = nlohmann::json::object();
+  for (const auto& info : kComponentTable) components[std::string(info.name)] = r.components.*info.member;
+  return nlohmann::json{{"rank", rank},
+          {"batch_size", r.batch_size},
+          {"oom", r.oom},
+          {"error", r.error},
+          {"components", components},
+          {"comm_buffer_bytes", r.comm_buffer_bytes},
+          {"comm_buffers", r.comm_buffers},
+          {"seconds", r.seconds},
+          {"step_seconds", r.step_seconds}}.dump();
+}
+
+ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                                  const ProbeOptions& options) {
+  require_batch_size(workload, batch_size);
+  const auto& spec = workload.training.distributed;
+  if (!device.is_cpu()) {
+    throw Error(fmt::format("{}: a distributed probe runs on the CPU (Gloo) for now; on {} estimate it with "
+                            "`memgate estimate --world-size {}`", workload.source, device.str(), spec.world_size));
+  }
+  if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
+    throw Error(fmt::format("{}: a distributed probe starts each rank from the fixture's file, and '{}' is not one",
+                            workload.name, workload.source));
+  }
+  const auto exe = rank_executable();
+  const auto dir = make_run_dir();
+  struct Cleanup {
+    std::filesystem::path dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  const auto start = std::chrono::steady_clock::now();
+  const int world = static_cast<int>(spec.world_size);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const std::vector<std::string> argv{
+        exe, "--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size),
+        "--rank", std::to_string(r), "--world-size", std::to_string(world), "--store", (dir / "store").string(),
+        "--output", (dir / fmt::format("rank{}.json", r)).string(),
+        "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
+        "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
+        "--seed", std::to_string(options.seed)};
+    pids.push_back(spawn(argv, (dir / fmt::format("rank{}.log", r)).string()));
+  }
+  // Each rank's end; the first that fails stops the others (they would wait on it in a collective).
+  std::string failure;
+  for (std::size_t left = pids.size(); left > 0; --left) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0 && errno == EINTR) {
+      ++left;
+      continue;
+    }
+    const auto at = std::find(pids.begin(), pids.end(), pid);
+    if (at == pids.end()) {
+      ++left;
+      continue;
+    }
+    const auto rank = static_cast<int>(at - pids.begin());
+    *at = -1;
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && failure.empty()) {
+      failure = fmt::format("rank {} of {} {}:\n{}", rank, world,
+                            WIFEXITED(status) ? fmt::format("exited with status {}", WEXITSTATUS(status))
+                                              : fmt::format("was killed by signal {}", WTERMSIG(status)),
+                            tail_of((dir / fmt::format("rank{}.log", rank)).string()));
+      for (const auto other : pids) {
+        if (other > 0) ::kill(other, SIGTERM);
+      }
+    }
+  }
+  if (!failure.empty()) throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, failure));
+  ProbeResult result;
+  result.batch_size = batch_size;
+  for (int r = 0; r < world; ++r) {
+    const auto path = (dir / fmt::format("rank{}.json", r)).string();
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_text_file(path, "a rank's result file"));
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{}: rank {} left no result ({})", workload.source, r, e.what()));
+    }
+    if (j.at("oom").get<bool>()) {
+      result.oom = true;
+      if (result.error.empty()) result.error = fmt::format("rank {}: {}", r, j.at("error").get<std::string>());
+      continue;
+    }
+    RankComponents rc{.rank = r,
+                      .components = components_from(j.at("components")),
+                      .comm_buffer_bytes = j.at("comm_buffer_bytes").get<std::int64_t>(),
+                      .comm_buffers = j.at("comm_buffers").get<std::int64_t>()};
+    result.step_seconds = std::max(result.step_seconds, j.at("step_seconds").get<double>());
+    result.ranks.push_back(rc);
+  }
+  if (result.oom) {
+    result.ranks.clear();
+  } else {
+    result.components = max_over_ranks(result.ranks);
+    for (const auto& r : result.ranks) {
+      result.comm_buffer_bytes = std::max(result.comm_buffer_bytes, r.comm_buffer_bytes);
+      result.comm_buffers = std::max(result.comm_buffers, r.comm_buffers);
+    }
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace memgate
