@@ -373,10 +373,15 @@ Run add_estimate(CLI::App& app) {
     std::vector<std::string> gpu;
     bool all_gpus = false;
     std::int64_t effective_batch = 0;
+    std::int64_t world_size = 0;
   };
   auto o = std::make_shared<Options>();
   auto* config = app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
                      ->type_name("FILE");
+  app.add_option("--world-size", o->world_size,
+                 "A distributed fixture over this many ranks instead of its world_size: each rank estimated")
+      ->type_name("N")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{4096}));
   auto* suite = app.add_option("--suite", o->suite,
                                "Instead: check a suite's budgets (fixtures/suites/gpu.yaml) from estimates for CUDA")
                     ->type_name("FILE");
@@ -430,7 +435,14 @@ Run add_estimate(CLI::App& app) {
   return [o] {
     if (!o->suite.empty()) return check_estimated_budgets(o->suite, o->files.gpus);
     o->files.refuse_onto(o->config);
-    const auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
+    auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
+    if (o->world_size > 0) {
+      if (!fixture.training.distributed.enabled()) {
+        throw memgate::Error(fmt::format("--world-size {}: {} trains on one device (no training.distributed block)",
+                                         o->world_size, o->config));
+      }
+      fixture.training.distributed.world_size = o->world_size;
+    }
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto target = o->target == "cpu" ? memgate::EstimateTarget::kCpu : memgate::EstimateTarget::kCuda;
     memgate::ProbeOptions options;

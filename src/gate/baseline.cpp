@@ -142,7 +142,7 @@ Baseline load_baseline(const std::string& path, const std::string& expected_fixt
   if (!probes.is_array()) corrupt(path, "probes", "a list");
   for (std::size_t i = 0; i < probes.size(); ++i) {
     const auto where = "probes[" + std::to_string(i) + "]";
-    reject_unknown_keys(probes[i], path, where, {"batch_size", "components", "provenance"});
+    reject_unknown_keys(probes[i], path, where, {"batch_size", "components", "ranks", "provenance"});
     BaselineProbe p;
     p.batch_size = need_int(probes[i], path, where, "batch_size", 1);
     for (const auto& earlier : b.probes) {
@@ -159,6 +159,28 @@ Baseline load_baseline(const std::string& path, const std::string& expected_fixt
     for (const auto& info : kComponentTable) {
       p.components.*info.member = need_int(components, path, where + ".components", std::string(info.name), 0);
     }
+    if (probes[i].contains("ranks")) {
+      const auto& ranks = probes[i].at("ranks");
+      if (!ranks.is_array() || ranks.empty()) corrupt(path, where + ".ranks", "a non-empty list of ranks");
+      for (std::size_t k = 0; k < ranks.size(); ++k) {
+        const auto at = where + ".ranks[" + std::to_string(k) + "]";
+        const auto& entry = ranks.at(k);
+        reject_unknown_keys(entry, path, at, {"rank", "components", "comm_buffer_bytes", "comm_buffers"});
+        RankComponents r;
+        r.rank = static_cast<int>(need_int(entry, path, at, "rank", 0));
+        if (r.rank != static_cast<int>(k)) corrupt(path, at + ".rank", "ranks in order from 0, got " + std::to_string(r.rank));
+        const auto& rc = need(entry, path, at, "components");
+        for (const auto& [key, value] : rc.items()) {
+          if (find_component(key) == nullptr) corrupt(path, at + ".components." + key, "a component of memgate (params, gradients, ...)");
+        }
+        for (const auto& info : kComponentTable) {
+          r.components.*info.member = need_int(rc, path, at + ".components", std::string(info.name), 0);
+        }
+        r.comm_buffer_bytes = need_int(entry, path, at, "comm_buffer_bytes", 0);
+        r.comm_buffers = need_int(entry, path, at, "comm_buffers", 0);
+        p.ranks.push_back(r);
+      }
+    }
     p.provenance = need(probes[i], path, where, "provenance");
     if (!p.provenance.is_object()) corrupt(path, where + ".provenance", "an object");
     b.probes.push_back(std::move(p));
@@ -169,8 +191,19 @@ Baseline load_baseline(const std::string& path, const std::string& expected_fixt
 nlohmann::json baseline_to_json(const Baseline& b) {
   nlohmann::json probes = nlohmann::json::array();
   for (const auto& p : b.probes) {
-    probes.push_back(
-        {{"batch_size", p.batch_size}, {"components", components_to_json(p.components)}, {"provenance", p.provenance}});
+    nlohmann::json probe = {
+        {"batch_size", p.batch_size}, {"components", components_to_json(p.components)}, {"provenance", p.provenance}};
+    if (!p.ranks.empty()) {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (const auto& r : p.ranks) {
+        ranks.push_back({{"rank", r.rank},
+                         {"components", components_to_json(r.components)},
+                         {"comm_buffer_bytes", r.comm_buffer_bytes},
+                         {"comm_buffers", r.comm_buffers}});
+      }
+      probe["ranks"] = ranks;
+    }
+    probes.push_back(probe);
   }
   return {{"schema", kSchema},
           {"fixture", b.fixture},
@@ -247,13 +280,14 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
     BaselineProbe fresh;
     fresh.batch_size = probe.batch_size;
     fresh.components = probe.components;
+    fresh.ranks = probe.ranks;
     fresh.provenance = probe_provenance(device, fixture.hash, commit);
     auto it = std::find_if(b.probes.begin(), b.probes.end(),
                            [&](const BaselineProbe& p) { return p.batch_size == probe.batch_size; });
     if (it == b.probes.end()) {
       b.probes.push_back(std::move(fresh));
       changed = true;
-    } else if (it->components != fresh.components || without_commit(it->provenance) != without_commit(fresh.provenance)) {
+    } else if (it->components != fresh.components || it->ranks != fresh.ranks || without_commit(it->provenance) != without_commit(fresh.provenance)) {
       // New bytes, or the same bytes from a setup that could have changed them (versions, kernels, fixture): the
       // record says so. The same bytes from another commit, or another CPU under portable kernels, change nothing.
       *it = std::move(fresh);
@@ -267,6 +301,24 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
   if (existed && read_file(path) == text) return false;
   write_file_atomically(path, text);
   return true;
+}
+
+std::string rank_component_name(int rank, std::string_view component) {
+  return "rank" + std::to_string(rank) + "_" + std::string(component);
+}
+
+std::optional<std::pair<int, std::string>> parse_rank_component(std::string_view name) {
+  if (!name.starts_with("rank")) return std::nullopt;
+  const auto underscore = name.find('_');
+  if (underscore == std::string_view::npos || underscore == 4) return std::nullopt;
+  int rank = 0;
+  for (const char c : name.substr(4, underscore - 4)) {
+    if (c < '0' || c > '9' || rank > 100000) return std::nullopt;
+    rank = rank * 10 + (c - '0');
+  }
+  const auto component = name.substr(underscore + 1);
+  if (find_component(component) == nullptr) return std::nullopt;
+  return std::pair<int, std::string>{rank, std::string(component)};
 }
 
 double Comparison::percent() const {

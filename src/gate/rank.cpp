@@ -33,7 +33,10 @@ std::int64_t to_int(const std::map<std::string, std::string>& args, const std::s
 
 }  // namespace
 
-bool is_rank_command(int argc, char** argv) { return argc > 1 && std::string(argv[1]) == "--memgate-rank"; }
+bool is_rank_command(int argc, char** argv) {
+  declare_rank_host();
+  return argc > 1 && std::string(argv[1]) == "--memgate-rank";
+}
 
 int rank_main(int argc, char** argv) {
   std::map<std::string, std::string> args;
@@ -65,7 +68,10 @@ int rank_main(int argc, char** argv) {
     if (args.contains("seed")) options.seed = static_cast<std::uint64_t>(to_int(args, "seed"));
     const auto group = join_gloo_group(args["store"], rank, world, kRankTimeout);
     options.rank_group = &group;
-    const auto result = run_probe(fixture, batch_size, c10::Device(c10::DeviceType::CPU), options);
+    const auto cap = args.contains("cap-bytes") ? to_int(args, "cap-bytes") : 0;
+    const c10::Device cpu(c10::DeviceType::CPU);
+    const auto result = cap > 0 ? run_probe_capped(fixture, batch_size, cpu, cap, options)
+                                : run_probe(fixture, batch_size, cpu, options);
     write_file_atomically(args["output"], rank_result_text(rank, result));
     return 0;
   } catch (const std::invalid_argument& e) {

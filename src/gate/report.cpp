@@ -48,6 +48,18 @@ nlohmann::json profile_to_json(const Profile& profile) {
       probe["step_seconds"] = p.step_seconds;
       probe["library_workspace_bytes"] = p.library_workspace_bytes;
       probe["outside_allocator_bytes"] = p.outside_allocator_bytes;
+      if (!p.ranks.empty()) {
+        // A distributed probe: `components` is the largest over ranks; each rank's own, and its buffers.
+        probe["comm_buffer_bytes"] = p.comm_buffer_bytes;
+        nlohmann::json ranks = nlohmann::json::array();
+        for (const auto& r : p.ranks) {
+          ranks.push_back({{"rank", r.rank},
+                           {"components", components_to_json(r.components)},
+                           {"comm_buffer_bytes", r.comm_buffer_bytes},
+                           {"comm_buffers", r.comm_buffers}});
+        }
+        probe["ranks"] = ranks;
+      }
     }
     probe["probe_seconds"] = p.seconds;
     probes.push_back(probe);
@@ -95,6 +107,17 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
       fmt::format_to(out, "{:>{}}", p.oom ? std::string("-") : fmt::format("{:.3f} s", p.step_seconds), kColWidth);
     }
     fmt::format_to(out, "\n");
+  }
+
+  // A distributed probe: each rank's peak and communication buffers (the table holds the largest over ranks).
+  for (const auto& p : profile.probes) {
+    if (p.ranks.empty()) continue;
+    fmt::format_to(out, "\nbs {}, per rank (the table holds the largest over ranks):\n", p.batch_size);
+    for (const auto& r : p.ranks) {
+      fmt::format_to(out, "  rank {}: step_peak {}, gradients {}, comm buffers {} ({} buffers)\n", r.rank,
+                     format_cell(r.components.step_peak), format_cell(r.components.gradients),
+                     format_cell(r.comm_buffer_bytes), r.comm_buffers);
+    }
   }
 
   bool any_oom = false;

@@ -161,6 +161,14 @@ Summary summarize_results(const std::string& path) {
       if (!r.baseline || !r.measured) continue;
       auto& [bc, bn] = base_probes[r.batch_size];
       auto& [mc, mn] = run_probes[r.batch_size];
+      // A distributed fixture's rank components chart as the largest over ranks, as its probe's components are.
+      if (const auto ranked = parse_rank_component(r.component)) {
+        const auto& name = ranked->second;
+        bc.set(name, std::max(bc.get(name), *r.baseline));
+        mc.set(name, std::max(mc.get(name), *r.measured));
+        if (ranked->first == 0) ++bn, ++mn;
+        continue;
+      }
       bc.set(r.component, *r.baseline), ++bn;
       mc.set(r.component, *r.measured), ++mn;
     }

@@ -1,8 +1,12 @@
 // The gate's policy: status and message of a component against its baseline.
 #include "memgate/gate/verdict.h"
 
+#include "memgate/base/error.h"
+
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <climits>
 #include <filesystem>
 #include <optional>
 
@@ -44,7 +48,21 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
                     : fmt::format("{} has no batch size {}: {}", baseline_file, probe.batch_size, how);
     return v;
   }
-  v.baseline = recorded->components.get(component);
+  // A rank's component (rank1_gradients) against that rank's record.
+  const auto ranked = parse_rank_component(component);
+  const RankComponents* recorded_rank = nullptr;
+  if (ranked) {
+    for (const auto& r : recorded->ranks) {
+      if (r.rank == ranked->first) recorded_rank = &r;
+    }
+    if (recorded_rank == nullptr && recorded->fixture_hash() == fixture.hash) {
+      v.status = Status::kMissing;
+      v.message = fmt::format("{} (batch {}) has no rank {}: {}", baseline_file, probe.batch_size, ranked->first, how);
+      return v;
+    }
+  }
+  const std::string name = ranked ? ranked->second : std::string(component);
+  v.baseline = recorded_rank != nullptr ? recorded_rank->components.get(name) : recorded->components.get(component);
   const auto differences = provenance_differences(*recorded, device);
   const auto provenance =
       differences.empty() ? std::string() : "\n  recorded with another setup than this run: " + differences;
@@ -62,8 +80,19 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
     return v;
   }
   const auto tolerance = effective_tolerance(fixture, cuda);
-  const auto cmp = compare_component(fixture.name, probe.batch_size, component, *v.baseline,
-                                     probe.components.get(component), tolerance);
+  const RankComponents* measured_rank = nullptr;
+  if (ranked) {
+    for (const auto& r : probe.ranks) {
+      if (r.rank == ranked->first) measured_rank = &r;
+    }
+    if (measured_rank == nullptr) {
+      throw Error(fmt::format("{} at batch {}: rank {} measured nothing ({} ranks ran)", fixture.name,
+                              probe.batch_size, ranked->first, probe.ranks.size()));
+    }
+  }
+  const auto cmp = compare_component(
+      fixture.name, probe.batch_size, ranked ? fmt::format("rank {}'s {}", ranked->first, name) : name, *v.baseline,
+      measured_rank != nullptr ? measured_rank->components.get(name) : probe.components.get(component), tolerance);
   v.measured = cmp.measured;
   v.allowed = cmp.allowed;
   switch (cmp.verdict) {
@@ -72,6 +101,18 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
     case Verdict::kStale: v.status = Status::kStale; break;
   }
   v.message = cmp.message() + provenance;
+  if (ranked) {
+    // The imbalance between ranks: what each measured of this component.
+    std::int64_t low = INT64_MAX, high = 0;
+    std::string each;
+    for (const auto& r : probe.ranks) {
+      const auto bytes = r.components.get(name);
+      low = std::min(low, bytes);
+      high = std::max(high, bytes);
+      each += fmt::format("{}rank {} {}", each.empty() ? "" : ", ", r.rank, bytes);
+    }
+    v.message += fmt::format("\n  every rank: {} (imbalance {} bytes)", each, high - low);
+  }
   if (v.status != Status::kOk && baseline->tolerance != tolerance) {
     v.message += fmt::format(
         "\n  the baseline was recorded with another tolerance (relative {}, absolute {} bytes; reserved {} / {} "
@@ -129,9 +170,14 @@ FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64
     // A missing or changed baseline is judged without a probe: the verdict needs no numbers.
     const bool judged = recorded != nullptr && recorded->fixture_hash() == fixture.hash;
     const ProbeResult probe = judged ? measure(batch_size) : unmeasured;
-    for (const auto& info : kComponentTable) {
-      out.components.push_back(
-          evaluate_component(fixture, probe, info.name, baseline ? &*baseline : nullptr, out.baseline_file, out.device));
+    // A distributed fixture is gated rank by rank: each rank's components against that rank's record.
+    const auto ranks = fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0;
+    for (std::int64_t r = 0; r < std::max<std::int64_t>(ranks, 1); ++r) {
+      for (const auto& info : kComponentTable) {
+        const auto name = ranks > 0 ? rank_component_name(static_cast<int>(r), info.name) : std::string(info.name);
+        out.components.push_back(
+            evaluate_component(fixture, probe, name, baseline ? &*baseline : nullptr, out.baseline_file, out.device));
+      }
     }
   }
   for (const auto batch_size : extra_batch_sizes) (void)measure(batch_size);

@@ -48,6 +48,58 @@ RankGroup join_gloo_group(const std::string& store_path, int rank, int world_siz
   return {rank, world_size, std::move(group)};
 }
 
+namespace {
+
+// A collective of the Meta device's process group: done as soon as it is issued, its outputs (the tensors it was
+// given, in place) in its future, as Gloo's and NCCL's works hold them for the Reducer.
+class DoneWork final : public c10d::Work {
+ public:
+  explicit DoneWork(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {}
+  bool isCompleted() override { return true; }
+  bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    future->markCompleted(c10::IValue(tensors_));
+    return future;
+  }
+
+ private:
+  std::vector<at::Tensor> tensors_;
+};
+
+using CollectiveResult = std::tuple<std::vector<at::Tensor>, c10::intrusive_ptr<c10d::Work>>;
+
+CollectiveResult meta_allreduce(at::TensorList tensors, const c10::intrusive_ptr<c10d::ProcessGroup>& /*group*/,
+                                const c10::intrusive_ptr<c10d::ReduceOp>& /*op*/,
+                                const std::optional<at::Tensor>& /*sparse_indices*/, bool /*async_op*/,
+                                std::int64_t /*timeout*/) {
+  std::vector<at::Tensor> out(tensors.begin(), tensors.end());
+  return {out, c10::make_intrusive<DoneWork>(out)};
+}
+
+CollectiveResult meta_broadcast(at::TensorList tensors, const c10::intrusive_ptr<c10d::ProcessGroup>& /*group*/,
+                                std::int64_t /*root_rank*/, std::int64_t /*root_tensor*/, bool /*async_op*/,
+                                std::int64_t /*timeout*/) {
+  std::vector<at::Tensor> out(tensors.begin(), tensors.end());
+  return {out, c10::make_intrusive<DoneWork>(out)};
+}
+
+}  // namespace
+
+// In-place collectives on Meta tensors: their outputs are their inputs, shapes and all (PyTorch registers these in
+// Python, torch/distributed/_meta_registrations.py; LibTorch alone has none).
+TORCH_LIBRARY_IMPL(c10d, Meta, m) {
+  m.impl("allreduce_", meta_allreduce);
+  m.impl("broadcast_", meta_broadcast);
+}
+
+RankGroup meta_process_group(int rank, int world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw Error(fmt::format("rank {} of {}: expected 0 <= rank < world size", rank, world_size));
+  }
+  return {rank, world_size, c10::make_intrusive<c10d::ProcessGroup>(rank, world_size)};
+}
+
 Components max_over_ranks(const std::vector<RankComponents>& ranks) {
   Components out;
   for (const auto& info : kComponentTable) {
@@ -74,9 +126,13 @@ std::vector<torch::Tensor> detached(const std::vector<torch::Tensor>& tensors) {
 
 DataParallel::DataParallel(torch::nn::Module& module, std::vector<torch::Tensor> trainable, const DistributedSpec& spec,
                            RankGroup group)
-    : module_(module), group_(std::move(group)) {
+    : module_(module), group_(std::move(group)), params_(trainable), spec_(spec) {
   // _verify_param_shape_across_processes, then _sync_module_states: every parameter, then every buffer.
-  c10d::verify_params_across_processes(group_.group, trainable, std::nullopt);
+  // (The shape check all-gathers and reads the shapes back on the CPU: not on the Meta device, where every rank is
+  // this one.)
+  if (trainable.empty() || !trainable.front().is_meta()) {
+    c10d::verify_params_across_processes(group_.group, trainable, std::nullopt);
+  }
   auto states = detached(module_.parameters());
   for (const auto& b : module_.buffers()) states.push_back(b.detach());
   if (!states.empty()) c10d::broadcast_coalesced(group_.group, states, kBroadcastBucketBytes, 0);
@@ -87,6 +143,18 @@ DataParallel::DataParallel(torch::nn::Module& module, std::vector<torch::Tensor>
       trainable, {static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max())}, expect_sparse);
   (void)limits;
   std::reverse(buckets.begin(), buckets.end());
+  if (!params_.empty() && params_.front().is_meta()) {
+    // The Reducer's rebuild reads the rebuilt bucket indices back from the device after broadcasting them, which a
+    // Meta tensor cannot do: on Meta the rebuild is done here, from the same arrival order, by the same functions.
+    arrival_ = std::make_shared<std::vector<std::int64_t>>();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto arrival = arrival_;
+      params_[i].register_hook([arrival, i](const torch::Tensor&) {
+        arrival->push_back(static_cast<std::int64_t>(i));
+        return torch::Tensor();
+      });
+    }
+  }
   reducer_ = std::make_unique<c10d::Reducer>(
       std::move(trainable), std::move(buckets), group_.group, expect_sparse, spec.bucket_bytes_cap(),
       /*find_unused_parameters=*/false, spec.gradient_as_bucket_view,
@@ -100,12 +168,39 @@ DataParallel::~DataParallel() = default;
 void DataParallel::pre_forward(bool sync) {
   const bool grad = torch::GradMode::is_enabled();
   if (grad && sync) reducer_->prepare_for_forward();
-  if (grad) (void)reducer_->rebuild_buckets();
+  if (grad) {
+    if (arrival_) rebuild_buckets_on_meta();
+    else (void)reducer_->rebuild_buckets();
+  }
   const auto buffers = module_.buffers();
   if (require_forward_param_sync_ && !buffers.empty()) {
     torch::NoGradGuard no_grad;
     c10d::broadcast_coalesced(group_.group, detached(buffers), kBroadcastBucketBytes, 0);
   }
+}
+
+// Reducer::rebuild_buckets without its broadcast of the indices: the parameters in the order their gradients
+// arrived in the first backward, assigned to buckets of the first-bucket cap, then the cap.
+void DataParallel::rebuild_buckets_on_meta() {
+  if (rebuilt_ || arrival_->empty()) return;
+  std::vector<torch::Tensor> ordered;
+  std::vector<std::int64_t> indices;
+  std::vector<bool> seen(params_.size(), false);
+  for (const auto i : *arrival_) {
+    if (seen[static_cast<std::size_t>(i)]) continue;
+    seen[static_cast<std::size_t>(i)] = true;
+    ordered.push_back(params_[static_cast<std::size_t>(i)]);
+    indices.push_back(i);
+  }
+  const std::vector<bool> expect_sparse(ordered.size(), false);
+  auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
+      ordered,
+      {static_cast<std::size_t>(spec_.first_bucket_bytes_cap()), static_cast<std::size_t>(spec_.bucket_bytes_cap())},
+      expect_sparse, indices);
+  (void)limits;
+  reducer_->initialize_buckets(std::move(buckets));
+  rebuilt_ = true;
+  arrival_->clear();
 }
 
 void DataParallel::post_forward(bool sync) {
@@ -133,13 +228,31 @@ std::int64_t DataParallel::bucket_count() const {
 
 namespace {
 
+bool& rank_host() {
+  static bool host = false;
+  return host;
+}
+
+// The program each rank runs: MEMGATE_RANK_EXECUTABLE; else this program when its main() runs ranks (the memgate
+// CLI, a memory suite); else the memgate CLI beside it (bin/memgate of an install or a build tree: tests/ and bin/).
 std::string rank_executable() {
   if (const char* exe = std::getenv("MEMGATE_RANK_EXECUTABLE"); exe != nullptr && *exe != '\0') return exe;
   std::error_code ec;
-  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) throw Error("cannot find this program to start ranks from (/proc/self/exe): set MEMGATE_RANK_EXECUTABLE");
-  return self.string();
+  if (rank_host()) return self.string();
+  for (const auto& candidate : {self.parent_path() / "memgate", self.parent_path().parent_path() / "bin" / "memgate"}) {
+    if (std::filesystem::is_regular_file(candidate, ec)) return candidate.string();
+  }
+  throw Error(self.string() + " does not run ranks and no memgate program is beside it: set MEMGATE_RANK_EXECUTABLE "
+              "to memgate's path (or call memgate::rank_main from main(), as memgate_add_memory_suite's programs do)");
 }
+
+}  // namespace
+
+void declare_rank_host() { rank_host() = true; }
+
+namespace {
 
 // A folder of its own for one distributed probe: the store, each rank's result and log.
 std::filesystem::path make_run_dir() {
@@ -201,6 +314,29 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
                                   const ProbeOptions& options) {
   require_batch_size(workload, batch_size);
   const auto& spec = workload.training.distributed;
+  const int world = static_cast<int>(spec.world_size);
+  if (device.is_meta()) {
+    // An estimate: each rank in turn, in this process, over the Meta device's process group.
+    ProbeResult result;
+    result.batch_size = batch_size;
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < world; ++r) {
+      const auto group = meta_process_group(r, world);
+      auto rank_options = options;
+      rank_options.rank_group = &group;
+      auto one = run_probe(workload, batch_size, device, rank_options);
+      if (one.oom) return one;
+      result.step_seconds = std::max(result.step_seconds, one.step_seconds);
+      result.ranks.push_back({r, one.components, one.comm_buffer_bytes, one.comm_buffers});
+    }
+    result.components = max_over_ranks(result.ranks);
+    for (const auto& r : result.ranks) {
+      result.comm_buffer_bytes = std::max(result.comm_buffer_bytes, r.comm_buffer_bytes);
+      result.comm_buffers = std::max(result.comm_buffers, r.comm_buffers);
+    }
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return result;
+  }
   if (!device.is_cpu()) {
     throw Error(fmt::format("{}: a distributed probe runs on the CPU (Gloo) for now; on {} estimate it with "
                             "`memgate estimate --world-size {}`", workload.source, device.str(), spec.world_size));
@@ -219,7 +355,6 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     }
   } cleanup{dir};
   const auto start = std::chrono::steady_clock::now();
-  const int world = static_cast<int>(spec.world_size);
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     const std::vector<std::string> argv{
@@ -228,7 +363,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
         "--output", (dir / fmt::format("rank{}.json", r)).string(),
         "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
         "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
-        "--seed", std::to_string(options.seed)};
+        "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(options.rank_cap_bytes)};
     pids.push_back(spawn(argv, (dir / fmt::format("rank{}.log", r)).string()));
   }
   // Each rank's end; the first that fails stops the others (they would wait on it in a collective).

@@ -52,6 +52,8 @@ struct MeasureCase {
   std::vector<std::int64_t> batch_sizes;
   std::vector<BudgetCase> budgets;
   bool on_gpu = false;  ///< the suite's device is cuda
+  /// A distributed fixture's ranks (its components are gated per rank), 0 for one device.
+  std::int64_t world_size = 0;
   [[nodiscard]] bool gpu() const { return on_gpu; }
   [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
 };
@@ -65,6 +67,7 @@ struct MeasureGroup {
   std::string name;  ///< `<suite>_suite` on the CPU (cpu_suite), or the fixture's name on a GPU
   std::vector<MeasureCase> fixtures;
   bool on_gpu = false;
+  std::int64_t world_size = 0;  ///< a distributed fixture's measuring test starts this many rank processes
   [[nodiscard]] bool gpu() const { return on_gpu; }
   [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
   [[nodiscard]] std::string test_name() const { return prefix() + "/MeasureTest.Probes/" + name; }
@@ -156,6 +159,17 @@ const std::vector<Suite>& suites() {
   return loaded;
 }
 
+// A distributed fixture's world size, 0 for one device (or a fixture that does not load: its measuring test says
+// why).
+std::int64_t distributed_world_size(const std::string& fixture_path) {
+  try {
+    const auto fixture = load_fixture(fixture_path);
+    return fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 // The measuring tests of the CPU suites (gpu = false: one per suite) or the GPU suites (one per fixture). Two
 // measuring tests of one name (a fixture in two GPU suites, two CPU suites of one stem) are an error.
 std::vector<MeasureGroup> measure_groups(bool gpu) {
@@ -165,14 +179,28 @@ std::vector<MeasureGroup> measure_groups(bool gpu) {
     if (on_gpu != gpu) continue;
     std::vector<MeasureCase> cases;
     for (auto& f : suite_fixtures(suite)) {
+      const auto world_size = distributed_world_size(f.path);
       cases.push_back({suite.name, std::move(f.name), std::move(f.path), std::move(f.batch_sizes),
-                       std::move(f.budgets), on_gpu});
+                       std::move(f.budgets), on_gpu, world_size});
     }
     if (!gpu) {
-      if (!cases.empty()) out.push_back({suite.name, suite.name + "_suite", std::move(cases), false});
+      // A distributed fixture measures in a test of its own, which starts its ranks (CTest PROCESSORS).
+      std::vector<MeasureCase> together;
+      for (auto& c : cases) {
+        if (c.world_size > 0) {
+          const auto ranks = c.world_size;
+          out.push_back({suite.name, c.fixture, {std::move(c)}, false, ranks});
+        } else {
+          together.push_back(std::move(c));
+        }
+      }
+      if (!together.empty()) out.push_back({suite.name, suite.name + "_suite", std::move(together), false});
       continue;
     }
-    for (auto& c : cases) out.push_back({suite.name, c.fixture, {std::move(c)}, true});
+    for (auto& c : cases) {
+      const auto ranks = c.world_size;
+      out.push_back({suite.name, c.fixture, {std::move(c)}, true, ranks});
+    }
   }
   for (std::size_t i = 0; i < out.size(); ++i) {
     for (std::size_t j = 0; j < i; ++j) {
@@ -355,6 +383,14 @@ TEST(SuiteTest, LoadsEverySuite) {
 // `--memgate_ctest_list`: the CTest registration of every test. Measuring tests (label `measure`) set up one CTest
 // fixture each and hold the GPU; the component tests (run by `verdict_binary`) require it, so that `ctest -R` on
 // one of them measures first, and a measuring test that fails marks them not run.
+// The resources a measuring test holds: a GPU (N for a distributed fixture: one per rank), or on the CPU one
+// processor per rank, so that ctest -j does not run more rank processes than there are cores.
+std::string resources(const MeasureGroup& g) {
+  if (g.gpu()) return g.world_size > 0 ? fmt::format(" RESOURCE_GROUPS {}", fmt::format("{},gpus:1", g.world_size))
+                                       : std::string(" RESOURCE_GROUPS gpus:1");
+  return g.world_size > 0 ? fmt::format(" PROCESSORS {}", g.world_size) : std::string();
+}
+
 void print_ctest_registration(const std::string& binary, const std::string& verdict_binary,
                               const std::string& verdicts) {
   auto quote = [](const std::string& s) { return "[==[" + s + "]==]"; };
@@ -376,8 +412,7 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
       for (const auto& c : g.fixtures) fixtures += ";" + c.fixture;
       std::cout << "set_tests_properties(" << quote(g.test_name()) << " PROPERTIES LABELS "
                 << quote(std::string(gpu ? "gpu" : "cpu") + ";memory;measure" + fixtures) << " FIXTURES_SETUP " << quote(g.ctest_fixture())
-                << skip << " ENVIRONMENT " << environment << (g.gpu() ? " RESOURCE_GROUPS gpus:1" : "")
-                << " TIMEOUT 3600)\n";
+                << skip << " ENVIRONMENT " << environment << resources(g) << " TIMEOUT 3600)\n";
       for (const auto& c : g.fixtures) {
         const auto file = quote("--memgate_verdicts=" + verdict_path(verdicts, c));
         auto add_verdict = [&](const std::string& test, std::int64_t batch_size, const std::string& what,
@@ -389,11 +424,17 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
                     << " TIMEOUT 60)\n";
         };
         for (const auto batch_size : c.batch_sizes) {
-          for (const auto& info : kComponentTable) {
-            const auto name = fmt::format("{}_bs{}_{}", c.fixture, batch_size, info.name);
-            add_verdict(c.prefix() + "/ComponentTest.StaysWithinBaseline/" + name, batch_size,
-                        "--memgate_component=" + std::string(info.name),
-                        std::string(gpu ? "gpu" : "cpu") + ";memory;" + c.fixture + ";" + std::string(info.name));
+          // A distributed fixture's components per rank: <fixture>_bs<N>_rank<R>_<component>.
+          for (std::int64_t r = 0; r < std::max<std::int64_t>(c.world_size, 1); ++r) {
+            for (const auto& info : kComponentTable) {
+              const auto component = c.world_size > 0 ? rank_component_name(static_cast<int>(r), info.name)
+                                                      : std::string(info.name);
+              const auto name = fmt::format("{}_bs{}_{}", c.fixture, batch_size, component);
+              add_verdict(c.prefix() + "/ComponentTest.StaysWithinBaseline/" + name, batch_size,
+                          "--memgate_component=" + component,
+                          std::string(gpu ? "gpu" : "cpu") + ";memory;" + c.fixture + ";" + std::string(info.name) +
+                              (c.world_size > 0 ? ";distributed;rank" + std::to_string(r) : ""));
+            }
           }
         }
         for (const auto& b : c.budgets) {

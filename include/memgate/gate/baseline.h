@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace memgate {
@@ -19,6 +20,8 @@ namespace memgate {
 struct BaselineProbe {
   std::int64_t batch_size = 0;
   Components components;
+  /// A distributed fixture's ranks, each with its own components (and communication buffers); empty otherwise.
+  std::vector<RankComponents> ranks;
   /// What can change the bytes, and the commit: see probe_provenance.
   nlohmann::json provenance = nlohmann::json::object();
   [[nodiscard]] std::string fixture_hash() const;
@@ -89,6 +92,11 @@ struct Comparison {
   /// and what to do.
   [[nodiscard]] std::string message() const;
 };
+
+/// The name of one rank's component in verdicts and test names: `rank1_gradients`.
+[[nodiscard]] std::string rank_component_name(int rank, std::string_view component);
+/// The rank and component of such a name, or nullopt for a plain component name.
+[[nodiscard]] std::optional<std::pair<int, std::string>> parse_rank_component(std::string_view name);
 
 /// measured vs baseline with the fixture's tolerance (the reserved tolerance for step_peak_reserved).
 [[nodiscard]] Comparison compare_component(const std::string& fixture, std::int64_t batch_size,

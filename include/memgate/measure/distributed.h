@@ -35,6 +35,14 @@ struct RankGroup {
 [[nodiscard]] RankGroup join_gloo_group(const std::string& store_path, int rank, int world_size,
                                         std::chrono::seconds timeout);
 
+/// Rank `rank` of `world_size` on the Meta device (an estimate): a process group of no other process, whose
+/// collectives (all-reduce, broadcast) are done as they are issued, their outputs in place with their shapes.
+[[nodiscard]] RankGroup meta_process_group(int rank, int world_size);
+
+/// Says that this program's main() runs a rank when started with --memgate-rank (gate/rank.h's is_rank_command
+/// calls it): distributed probes then start their ranks from this program, with its registered architectures.
+void declare_rank_host();
+
 /// One rank's components in a distributed probe.
 struct RankComponents {
   int rank = 0;
@@ -77,10 +85,17 @@ class DataParallel {
   [[nodiscard]] std::int64_t bucket_count() const;
 
  private:
+  void rebuild_buckets_on_meta();
+
   torch::nn::Module& module_;
   RankGroup group_;
+  std::vector<torch::Tensor> params_;
+  DistributedSpec spec_;
   std::unique_ptr<c10d::Reducer> reducer_;
   bool require_forward_param_sync_ = true;
+  bool rebuilt_ = false;
+  /// On the Meta device: the order in which the first backward's gradients arrived (parameter indices).
+  std::shared_ptr<std::vector<std::int64_t>> arrival_;
 };
 
 }  // namespace memgate

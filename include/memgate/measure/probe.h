@@ -78,6 +78,9 @@ struct ProbeOptions {
   /// Set in a rank's process of a distributed probe: the step trains through this group (DDP) and the probe
   /// measures this rank. Unset, a distributed workload's probe starts its ranks (run_distributed_probe).
   const RankGroup* rank_group = nullptr;
+  /// A distributed probe under run_probe_capped on the CPU: each rank's allocator is capped at this many bytes
+  /// above what its process holds (0: no cap). Set by run_probe_capped, passed to the rank processes.
+  std::int64_t rank_cap_bytes = 0;
 };
 
 /// Measures one workload at one batch size. An out-of-memory is returned as `oom`, not thrown; bad input throws
