@@ -3,6 +3,7 @@
 // update path; the mutated model is measured and judged as the same fixture (a code change under an unchanged
 // YAML file). Each mutation must fail exactly the components it grows, pass (stale, with a notice) the ones it
 // shrinks, and leave the others ok.
+#include "memgate/base/files.h"
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
@@ -31,6 +32,9 @@ struct Mutation {
   std::function<void(Fixture&, std::int64_t& batch_size)> apply;
   std::set<std::string> grows;   ///< components that must fail (regression)
   std::set<std::string> shrinks; ///< components that must pass with a stale notice
+  /// A distributed fixture's ranks reload it from its file: such a mutation edits the file's text instead, and the
+  /// component names are each rank's (rank0_gradients, ...).
+  std::function<std::string(std::string)> edit_yaml;
 };
 
 void PrintTo(const Mutation& m, std::ostream* os) { *os << m.name; }
@@ -70,6 +74,16 @@ std::vector<Mutation> mutations() {
          f.training.accumulation_steps = 1;
        },
        {"activations", "forward_peak", "eval_peak", "step_peak", "step_peak_reserved"}, {}},
+      // DDP's gradients as their own tensors again, beside the buckets: a second copy of every gradient on every
+      // rank (measured by 2 rank processes over Gloo).
+      {"ddp_gradients_not_bucket_views", "vit_tiny_ddp", 2, [](Fixture&, std::int64_t&) {},
+       {"rank0_gradients", "rank1_gradients"}, {},
+       [](std::string yaml) {
+         const std::string from = "gradient_as_bucket_view: true";
+         const auto at = yaml.find(from);
+         if (at != std::string::npos) yaml.replace(at, from.size(), "gradient_as_bucket_view: false");
+         return yaml;
+       }},
   };
 }
 
@@ -87,13 +101,26 @@ TEST_P(MutationTest, FailsExactlyWhereMemoryGrew) {
 
   auto mutated = fixture;
   auto batch_size = m.batch_size;
+  if (m.edit_yaml) {
+    const auto yaml = read_text_file(fixture.source, "a fixture");
+    const auto edited = m.edit_yaml(yaml);
+    ASSERT_NE(edited, yaml) << m.name << ": the edit changed nothing";
+    const auto file = dir / (m.fixture + ".yaml");
+    write_file_atomically(file, edited);
+    mutated = load_fixture(file);
+  }
   m.apply(mutated, batch_size);
   auto probe = run_probe(mutated, batch_size, cpu);
   ASSERT_FALSE(probe.oom) << probe.error;
   probe.batch_size = m.batch_size;  // judged against the unmutated batch's baseline
 
+  std::vector<std::string> components;
+  const auto ranks = fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0;
   for (const auto& c : kComponentTable) {
-    const std::string component(c.name);
+    if (ranks == 0) components.emplace_back(c.name);
+    for (std::int64_t r = 0; r < ranks; ++r) components.push_back(rank_component_name(static_cast<int>(r), c.name));
+  }
+  for (const auto& component : components) {
     const auto v = evaluate_component(fixture, probe, component, &baseline, path, info);
     const auto expected = m.grows.contains(component)     ? Status::kRegression
                           : m.shrinks.contains(component) ? Status::kStale
