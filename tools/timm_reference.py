@@ -119,7 +119,10 @@ def allocation_events(prof) -> list[tuple[int, int, int, str, str]]:
     return [(t, size, total, op, phase) for t, _, size, total, op, phase in events]
 
 
-def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None) -> dict:
+def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=None, extra=None) -> dict:
+    """The probe; `wrap(model)` (e.g. DistributedDataParallel) is applied after the trainable parameters are chosen,
+    outside the build's window, as memgate's TrainingStep does; `extra(model)` adds entries to the result after the
+    measurement."""
     torch.manual_seed(0)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=False) as prof:
@@ -129,6 +132,9 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None) -> dict
         with record_function("memgate::build"):
             model = build_model(a)
         trainable = select_trainable(model, a.trainable)
+        if wrap is not None:
+            with record_function("memgate::wrap"):
+                model = wrap(model)
         torch.manual_seed(1)
         with record_function("memgate::batch"):
             images = torch.randn(batch_size, 3, a.img_size, a.img_size)
@@ -174,8 +180,13 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None) -> dict
     _, after_opt0, _ = window("warmup0:optimizer")
     before_step, after_fwd, fwd_peak = window("measured:forward")
     _, after_bwd, _ = window("measured:backward")
-    step_peak = max(window(f"measured:{p}")[2] for p in ("forward", "backward", "optimizer", "zero_grad"))
+    # (zero_grad frees nothing where the gradients are views into DDP's buckets)
+    phases = [p for p in ("forward", "backward", "optimizer", "zero_grad")
+              if any(e[4] == f"measured:{p}" for e in events)]
+    step_peak = max(window(f"measured:{p}")[2] for p in phases)
+    result = extra(model) if extra is not None else {}
     return {
+        **result,
         "batch_size": batch_size,
         "params": built - base,
         "gradients": after_bwd - before_step,
@@ -187,7 +198,8 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None) -> dict
     }
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with the model's sizes and training taken from --config where flags do not give them."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", help="a memgate fixture YAML (model: {arch: vit, ...}); flags given override it")
     p.add_argument("--img-size", type=int)
@@ -236,6 +248,17 @@ def main(argv=None) -> int:
             setattr(a, key, value)
     if a.warmup_steps < 1:
         p.error("--warmup-steps: at least 1 (optimizer_state is read over the first warm-up step)")
+    a.model_keys = list(defaults)
+    return a
+
+
+def parse_args_from_config(config: str, warmup_steps: int = 1) -> argparse.Namespace:
+    """The arguments for a fixture's model and training, as --config reads them."""
+    return parse_args(["--config", config, "--warmup-steps", str(warmup_steps)])
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
 
     torch.set_num_threads(1)
     torch.backends.mkldnn.enabled = False
@@ -248,7 +271,7 @@ def main(argv=None) -> int:
         probes.append(run_probe(a, bs, timeline))
     if timeline:
         timeline.close()
-    json.dump({"reference": "timm eager", "model": {k: getattr(a, k) for k in defaults}, "probes": probes},
+    json.dump({"reference": "timm eager", "model": {k: getattr(a, k) for k in a.model_keys}, "probes": probes},
               sys.stdout, indent=2)
     print()
     return 0

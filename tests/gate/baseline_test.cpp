@@ -152,6 +152,47 @@ TEST(BaselineTest, AFailureNamesTheSetupThatDiffersFromTheRecorders) {
   EXPECT_EQ(provenance_differences(recorded, xeon("portable")), "torch 2.10.0 -> 2.11.0");
 }
 
+// A distributed fixture's baseline keeps each rank's components and buckets; each rank's component is judged
+// against that rank's record, and a failure lists every rank's bytes (the imbalance).
+TEST(BaselineTest, RanksAreRecordedAndJudgedOneByOne) {
+  TempDir dir;
+  const auto f = testing::fixture_from(testing::tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 2}\n"), "tiny_ddp");
+  const auto path = baseline_path(dir.path().string(), "cpu", f.name);
+  auto recorded = result(2, 20);
+  recorded.ranks = {{0, result(2, 20).components, 4096, 3}, {1, result(2, 20).components, 4096, 3}};
+  ASSERT_TRUE(update_baseline(path, f, cpu_info(), {recorded}, "abc"));
+  const auto b = load_baseline(path);
+  ASSERT_EQ(b.find(2)->ranks.size(), 2U);
+  EXPECT_EQ(b.find(2)->ranks, recorded.ranks);
+  EXPECT_FALSE(update_baseline(path, f, cpu_info(), {recorded}, "def")) << "the same bytes change nothing";
+
+  auto grown = recorded;
+  grown.ranks[1].components.gradients += 100000;
+  grown.components = max_over_ranks(grown.ranks);
+  const auto rank0 = evaluate_component(f, grown, rank_component_name(0, "gradients"), &b, path, cpu_info());
+  const auto rank1 = evaluate_component(f, grown, rank_component_name(1, "gradients"), &b, path, cpu_info());
+  EXPECT_EQ(rank0.status, Status::kOk) << rank0.message;
+  EXPECT_EQ(rank1.status, Status::kRegression) << rank1.message;
+  EXPECT_THAT(rank1.message, HasSubstr("rank 1's gradients grew"));
+  EXPECT_THAT(rank1.message, HasSubstr("imbalance 100000 bytes"));
+  EXPECT_EQ(rank_component_name(1, "gradients"), "rank1_gradients");
+  EXPECT_EQ(parse_rank_component("rank12_step_peak"), (std::pair<int, std::string>{12, "step_peak"}));
+  EXPECT_FALSE(parse_rank_component("gradients"));
+  EXPECT_FALSE(parse_rank_component("rank1_weights"));
+  EXPECT_FALSE(parse_rank_component("rankx_params"));
+
+  // A rank out of order is corrupt, named by its key.
+  auto text = testing::read_file(path);
+  text.replace(text.find("\"rank\": 1"), 9, "\"rank\": 5");
+  testing::write_file(path, text);
+  try {
+    (void)load_baseline(path);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("probes[0].ranks[1].rank"));
+  }
+}
+
 TEST(BaselineTest, CorruptFilesNameTheFileAndTheKey) {
   TempDir dir;
   const auto path = dir / "broken.json";

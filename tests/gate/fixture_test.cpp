@@ -60,6 +60,37 @@ TEST(FixtureTest, HashFollowsTheModelNotTheBatchSizesOrFormatting) {
   EXPECT_THAT(load_error(tiny_vit_yaml("", "  proj_drop: 1.0\n")), HasSubstr("model.proj_drop"));
 }
 
+TEST(FixtureTest, DistributedTrainingReadsPyTorchsDefaultsAndNamesBadKeys) {
+  const auto plain = testing::fixture_from(tiny_vit_yaml());
+  EXPECT_FALSE(plain.training.distributed.enabled());
+  const auto ddp = testing::fixture_from(tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 4}\n"));
+  const auto& d = ddp.training.distributed;
+  EXPECT_EQ(d.strategy, DistributedStrategy::kDdp);
+  EXPECT_EQ(d.world_size, 4);
+  EXPECT_FALSE(d.gradient_as_bucket_view);
+  EXPECT_EQ(d.bucket_bytes_cap(), 25 << 20) << "DistributedDataParallel's default bucket_cap_mb";
+  EXPECT_EQ(d.first_bucket_bytes_cap(), 1 << 20) << "dist._DEFAULT_FIRST_BUCKET_BYTES when bucket_cap_mb is unset";
+  EXPECT_NE(ddp.hash, plain.hash) << "training over ranks is another workload";
+  const auto capped = testing::fixture_from(
+      tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 2, bucket_cap_mb: 0.5, gradient_as_bucket_view: true}\n"));
+  EXPECT_EQ(capped.training.distributed.bucket_bytes_cap(), 512 << 10);
+  EXPECT_EQ(capped.training.distributed.first_bucket_bytes_cap(), 512 << 10) << "a given cap caps the first bucket too";
+  EXPECT_TRUE(capped.training.distributed.gradient_as_bucket_view);
+
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {world_size: 2}\n")), HasSubstr("training.distributed.strategy"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: zero3, world_size: 2}\n")),
+              HasSubstr("training.distributed.strategy"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: ddp}\n")), HasSubstr("training.distributed.world_size"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 0}\n")),
+              HasSubstr("training.distributed.world_size"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 2, bucket_cap_mb: 0}\n")),
+              HasSubstr("training.distributed.bucket_cap_mb"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 2, buckets: 3}\n")),
+              HasSubstr("training.distributed.buckets"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2}\n")),
+              HasSubstr("FSDP's per-rank probes are not built yet"));
+}
+
 TEST(FixtureTest, UnknownKeyNamesKeyAndLine) {
   auto yaml = tiny_vit_yaml("  optimiser_typo: sgd\n");
   const auto message = load_error(yaml);

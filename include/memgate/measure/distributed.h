@@ -59,7 +59,8 @@ struct RankComponents {
 
 /// torch.nn.parallel.DistributedDataParallel over a module, in C++: what its constructor and forward do, with the
 /// same c10d calls. The constructor checks the parameters' shapes across ranks and broadcasts parameters and buffers
-/// from rank 0 (c10d::broadcast_coalesced, 250 MiB buckets), then builds LibTorch's c10d::Reducer over the
+/// from rank 0 (each in place, where DDP coalesces them into 250 MiB buffers: see broadcast_in_place in
+/// distributed.cpp), then builds LibTorch's c10d::Reducer over the
 /// parameters that train with the bucket assignment DDP passes it (compute_bucket_assignment_by_size: one bucket for
 /// the first iteration, since no unused parameters are searched for; reversed), `bucket_cap_mb` and its first-bucket
 /// cap, and `gradient_as_bucket_view`. The Reducer hooks each parameter's gradient accumulator, copies gradients

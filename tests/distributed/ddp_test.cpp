@@ -1,0 +1,106 @@
+// DistributedDataParallel per rank: real rank processes over Gloo through LibTorch's c10d::Reducer, against what DDP
+// must keep, and the Meta device's estimate against the measurement, rank by rank, at 2 and 4 ranks.
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/measure/estimate.h"
+#include "memgate/measure/probe.h"
+#include "fixture_util.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace memgate {
+namespace {
+
+using ::testing::HasSubstr;
+
+const c10::Device kCpu(c10::DeviceType::CPU);
+
+// The CPU suite's DDP twin with `world_size` ranks, written beside the test (its ranks load it from there).
+Fixture ddp_twin(const testing::TempDir& dir, std::int64_t world_size) {
+  auto yaml = read_text_file(testing::source_dir() + "/fixtures/models/vit_tiny_ddp.yaml", "a fixture");
+  const std::string from = "world_size: 2";
+  yaml.replace(yaml.find(from), from.size(), "world_size: " + std::to_string(world_size));
+  const auto path = dir / "vit_tiny_ddp.yaml";
+  write_file_atomically(path, yaml);
+  return load_fixture(path);
+}
+
+double error_pct(std::int64_t estimate, std::int64_t measured) {
+  return measured == 0 ? (estimate == 0 ? 0.0 : 100.0)
+                       : 100.0 * std::abs(static_cast<double>(estimate - measured)) / static_cast<double>(measured);
+}
+
+TEST(DdpTest, EachRankKeepsAReplicaAndBucketsHoldingEveryGradient) {
+  testing::TempDir dir;
+  const auto fixture = ddp_twin(dir, 2);
+  const auto probe = run_probe(fixture, 2, kCpu);
+  ASSERT_FALSE(probe.oom) << probe.error;
+  ASSERT_EQ(probe.ranks.size(), 2U);
+  const auto trainable_bytes = workload_param_counts(fixture).trainable * 4;  // fp32
+  for (const auto& r : probe.ranks) {
+    EXPECT_EQ(r.components.params, trainable_bytes) << "rank " << r.rank << ": a whole replica";
+    EXPECT_EQ(r.comm_buffer_bytes, trainable_bytes) << "rank " << r.rank << ": buckets hold every gradient";
+    EXPECT_GT(r.comm_buffers, 1) << "rank " << r.rank << ": rebuilt into 0.25 MB buckets after the first iteration";
+    EXPECT_EQ(r.components.gradients, 0) << "rank " << r.rank << ": gradients are views into the buckets";
+    EXPECT_EQ(r.components, probe.ranks.front().components) << "DDP's ranks run the same program";
+  }
+  EXPECT_EQ(probe.components, max_over_ranks(probe.ranks));
+  EXPECT_EQ(probe.comm_buffer_bytes, trainable_bytes);
+  // A step keeps the buckets: the step's peak holds a replica, its buckets and AdamW's two moments at least.
+  EXPECT_GT(probe.components.step_peak, 4 * trainable_bytes);
+}
+
+class DdpEstimateTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DdpEstimateTest, EqualsEachRanksMeasurement) {
+  testing::TempDir dir;
+  const auto fixture = ddp_twin(dir, GetParam());
+  for (const std::int64_t batch : {1, 2}) {
+    const auto measured = run_probe(fixture, batch, kCpu);
+    const auto estimated = estimate_probe(fixture, batch, EstimateTarget::kCpu);
+    ASSERT_FALSE(measured.oom || estimated.oom);
+    ASSERT_EQ(measured.ranks.size(), static_cast<std::size_t>(GetParam()));
+    ASSERT_EQ(estimated.ranks.size(), measured.ranks.size());
+    for (std::size_t r = 0; r < measured.ranks.size(); ++r) {
+      const auto& m = measured.ranks[r];
+      const auto& e = estimated.ranks[r];
+      const auto at = fmt::format("rank {} at batch {}", r, batch);
+      EXPECT_EQ(e.components.params, m.components.params) << at;
+      EXPECT_EQ(e.components.gradients, m.components.gradients) << at;
+      EXPECT_EQ(e.components.optimizer_state, m.components.optimizer_state) << at;
+      EXPECT_EQ(e.comm_buffer_bytes, m.comm_buffer_bytes) << at;
+      EXPECT_EQ(e.comm_buffers, m.comm_buffers) << at << ": the same rebuilt buckets";
+      for (const auto* peak : {"activations", "forward_peak", "eval_peak", "step_peak"}) {
+        EXPECT_LE(error_pct(e.components.get(peak), m.components.get(peak)), 1.0)
+            << at << ": " << peak << " " << e.components.get(peak) << " vs " << m.components.get(peak);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DdpEstimateTest, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& p) { return "world" + std::to_string(p.param); });
+
+TEST(DdpTest, ARankThatFailsIsNamedWithWhatItPrinted) {
+  testing::TempDir dir;
+  const auto fixture = ddp_twin(dir, 2);
+  ::setenv("MEMGATE_RANK_EXECUTABLE", "/bin/false", 1);
+  try {
+    (void)run_probe(fixture, 1, kCpu);
+    ADD_FAILURE() << "a probe whose ranks fail must not return";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("vit_tiny_ddp.yaml at batch 1"));
+    EXPECT_THAT(e.what(), HasSubstr("of 2 exited with status 1"));
+  }
+  ::unsetenv("MEMGATE_RANK_EXECUTABLE");
+}
+
+}  // namespace
+}  // namespace memgate

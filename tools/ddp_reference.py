@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""PyTorch's own DistributedDataParallel on CPU ranks (Gloo), measured per rank with memgate's probe protocol.
+
+The reference for memgate's DDP probes (src/measure/distributed.cpp): timm's VisionTransformer (what memgate's ViT
+equals byte for byte, tools/timm_reference.py) wrapped in torch.nn.parallel.DistributedDataParallel over N
+processes that meet through a FileStore, each measured as tools/timm_reference.py measures one device (one thread,
+oneDNN off, torch.profiler's allocation events), with two warm-up steps (DDP rebuilds its buckets at the second
+iteration's forward: the measured step is the third, as in memgate). Prints one JSON object per rank and batch
+size, with DDP's bucket bytes and count.
+
+Run (timm installed beside the venv's torch, as tools/make_torchscript_models.sh installs it):
+  PYTHONPATH=~/.cache/memgate/torchscript-tools ~/.cache/memgate/venv/bin/python tools/ddp_reference.py \\
+      --config fixtures/models/vit_tiny_ddp.yaml --world-size 2 --batch-sizes 1,2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timm_reference  # noqa: E402
+
+
+def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, ddp: dict, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    torch.backends.mkldnn.enabled = False
+    timm_reference.import_timm()
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+    def wrap(model):
+        return torch.nn.parallel.DistributedDataParallel(model, **ddp)
+
+    def extra(model):
+        buckets = model.reducer._get_zeros_like_grad_buckets()
+        return {"rank": rank, "comm_buffers": len(buckets),
+                "comm_buffer_bytes": sum(b.buffer().numel() * b.buffer().element_size() for b in buckets)}
+
+    results = [timm_reference.run_probe(a, bs, wrap=wrap, extra=extra) for bs in a.batch_size_list]
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="a memgate ViT fixture with training.distributed (strategy ddp)")
+    p.add_argument("--world-size", type=int, help="ranks (default: the fixture's world_size)")
+    p.add_argument("--batch-sizes", default="1,2")
+    p.add_argument("--warmup-steps", type=int, default=2)
+    a = p.parse_args(argv)
+    import yaml
+
+    with open(a.config) as f:
+        fixture = yaml.safe_load(f)
+    d = fixture.get("training", {}).get("distributed", {})
+    if d.get("strategy") != "ddp":
+        p.error(f"{a.config}: training.distributed.strategy must be ddp")
+    world = a.world_size or d["world_size"]
+    ddp = {"gradient_as_bucket_view": bool(d.get("gradient_as_bucket_view", False))}
+    if "bucket_cap_mb" in d:
+        ddp["bucket_cap_mb"] = d["bucket_cap_mb"]
+    # The model's sizes and training from the fixture, as timm_reference.py reads them.
+    ref = timm_reference.parse_args_from_config(a.config, a.warmup_steps)
+    ref.batch_size_list = [int(s) for s in a.batch_sizes.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(rank_main, args=(world, os.path.join(tmp, "store"), ref, ddp, tmp), nprocs=world, join=True)
+        ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]
+    json.dump({"reference": "torch DistributedDataParallel (Gloo), timm eager", "world_size": world, "ddp": ddp,
+               "ranks": ranks}, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
