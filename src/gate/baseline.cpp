@@ -193,16 +193,7 @@ nlohmann::json baseline_to_json(const Baseline& b) {
   for (const auto& p : b.probes) {
     nlohmann::json probe = {
         {"batch_size", p.batch_size}, {"components", components_to_json(p.components)}, {"provenance", p.provenance}};
-    if (!p.ranks.empty()) {
-      nlohmann::json ranks = nlohmann::json::array();
-      for (const auto& r : p.ranks) {
-        ranks.push_back({{"rank", r.rank},
-                         {"components", components_to_json(r.components)},
-                         {"comm_buffer_bytes", r.comm_buffer_bytes},
-                         {"comm_buffers", r.comm_buffers}});
-      }
-      probe["ranks"] = ranks;
-    }
+    if (!p.ranks.empty()) probe["ranks"] = ranks_to_json(p.ranks);
     probes.push_back(probe);
   }
   return {{"schema", kSchema},

@@ -36,6 +36,17 @@ nlohmann::json components_to_json(const Components& components) {
   return j;
 }
 
+nlohmann::json ranks_to_json(const std::vector<RankComponents>& ranks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& r : ranks) {
+    out.push_back({{"rank", r.rank},
+                   {"components", components_to_json(r.components)},
+                   {"comm_buffer_bytes", r.comm_buffer_bytes},
+                   {"comm_buffers", r.comm_buffers}});
+  }
+  return out;
+}
+
 nlohmann::json profile_to_json(const Profile& profile) {
   nlohmann::json probes = nlohmann::json::array();
   for (const auto& p : profile.probes) {
@@ -51,14 +62,7 @@ nlohmann::json profile_to_json(const Profile& profile) {
       if (!p.ranks.empty()) {
         // A distributed probe: `components` is the largest over ranks; each rank's own, and its buffers.
         probe["comm_buffer_bytes"] = p.comm_buffer_bytes;
-        nlohmann::json ranks = nlohmann::json::array();
-        for (const auto& r : p.ranks) {
-          ranks.push_back({{"rank", r.rank},
-                           {"components", components_to_json(r.components)},
-                           {"comm_buffer_bytes", r.comm_buffer_bytes},
-                           {"comm_buffers", r.comm_buffers}});
-        }
-        probe["ranks"] = ranks;
+        probe["ranks"] = ranks_to_json(p.ranks);
       }
     }
     probe["probe_seconds"] = p.seconds;

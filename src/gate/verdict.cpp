@@ -50,16 +50,11 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
   }
   // A rank's component (rank1_gradients) against that rank's record.
   const auto ranked = parse_rank_component(component);
-  const RankComponents* recorded_rank = nullptr;
-  if (ranked) {
-    for (const auto& r : recorded->ranks) {
-      if (r.rank == ranked->first) recorded_rank = &r;
-    }
-    if (recorded_rank == nullptr && recorded->fixture_hash() == fixture.hash) {
-      v.status = Status::kMissing;
-      v.message = fmt::format("{} (batch {}) has no rank {}: {}", baseline_file, probe.batch_size, ranked->first, how);
-      return v;
-    }
+  const RankComponents* recorded_rank = ranked ? find_rank(recorded->ranks, ranked->first) : nullptr;
+  if (ranked && recorded_rank == nullptr && recorded->fixture_hash() == fixture.hash) {
+    v.status = Status::kMissing;
+    v.message = fmt::format("{} (batch {}) has no rank {}: {}", baseline_file, probe.batch_size, ranked->first, how);
+    return v;
   }
   const std::string name = ranked ? ranked->second : std::string(component);
   v.baseline = recorded_rank != nullptr ? recorded_rank->components.get(name) : recorded->components.get(component);
@@ -80,15 +75,10 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
     return v;
   }
   const auto tolerance = effective_tolerance(fixture, cuda);
-  const RankComponents* measured_rank = nullptr;
-  if (ranked) {
-    for (const auto& r : probe.ranks) {
-      if (r.rank == ranked->first) measured_rank = &r;
-    }
-    if (measured_rank == nullptr) {
-      throw Error(fmt::format("{} at batch {}: rank {} measured nothing ({} ranks ran)", fixture.name,
-                              probe.batch_size, ranked->first, probe.ranks.size()));
-    }
+  const RankComponents* measured_rank = ranked ? find_rank(probe.ranks, ranked->first) : nullptr;
+  if (ranked && measured_rank == nullptr) {
+    throw Error(fmt::format("{} at batch {}: rank {} measured nothing ({} ranks ran)", fixture.name,
+                            probe.batch_size, ranked->first, probe.ranks.size()));
   }
   const auto cmp = compare_component(
       fixture.name, probe.batch_size, ranked ? fmt::format("rank {}'s {}", ranked->first, name) : name, *v.baseline,

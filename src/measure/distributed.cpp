@@ -104,6 +104,11 @@ RankGroup meta_process_group(int rank, int world_size) {
   return {rank, world_size, c10::make_intrusive<c10d::ProcessGroup>(rank, world_size)};
 }
 
+const RankComponents* find_rank(const std::vector<RankComponents>& ranks, int rank) {
+  const auto it = std::find_if(ranks.begin(), ranks.end(), [rank](const RankComponents& r) { return r.rank == rank; });
+  return it == ranks.end() ? nullptr : &*it;
+}
+
 Components max_over_ranks(const std::vector<RankComponents>& ranks) {
   Components out;
   for (const auto& info : kComponentTable) {
@@ -159,11 +164,10 @@ DataParallel::DataParallel(torch::nn::Module& module, std::vector<torch::Tensor>
   if (!params_.empty() && params_.front().is_meta()) {
     // The Reducer's rebuild reads the rebuilt bucket indices back from the device after broadcasting them, which a
     // Meta tensor cannot do: on Meta the rebuild is done here, from the same arrival order, by the same functions.
-    arrival_ = std::make_shared<std::vector<std::int64_t>>();
+    arrival_ = std::make_shared<ArrivalLog>();
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto arrival = arrival_;
-      params_[i].register_hook([arrival, i](const torch::Tensor&) {
-        arrival->push_back(static_cast<std::int64_t>(i));
+      params_[i].register_hook([arrival = arrival_, i](const torch::Tensor&) {
+        if (arrival->recording) arrival->order.push_back(static_cast<std::int64_t>(i));
         return torch::Tensor();
       });
     }
@@ -195,11 +199,11 @@ void DataParallel::pre_forward(bool sync) {
 // Reducer::rebuild_buckets without its broadcast of the indices: the parameters in the order their gradients
 // arrived in the first backward, assigned to buckets of the first-bucket cap, then the cap.
 void DataParallel::rebuild_buckets_on_meta() {
-  if (rebuilt_ || arrival_->empty()) return;
+  if (!arrival_->recording || arrival_->order.empty()) return;
   std::vector<torch::Tensor> ordered;
   std::vector<std::int64_t> indices;
   std::vector<bool> seen(params_.size(), false);
-  for (const auto i : *arrival_) {
+  for (const auto i : arrival_->order) {
     if (seen[static_cast<std::size_t>(i)]) continue;
     seen[static_cast<std::size_t>(i)] = true;
     ordered.push_back(params_[static_cast<std::size_t>(i)]);
@@ -212,8 +216,8 @@ void DataParallel::rebuild_buckets_on_meta() {
       expect_sparse, indices);
   (void)limits;
   reducer_->initialize_buckets(std::move(buckets));
-  rebuilt_ = true;
-  arrival_->clear();
+  arrival_->recording = false;
+  arrival_->order.clear();
 }
 
 void DataParallel::post_forward(bool sync) {
@@ -238,6 +242,19 @@ std::int64_t DataParallel::bucket_count() const {
 }
 
 // ---- The distributed probe: one process per rank ----
+
+namespace {
+
+// A distributed probe's own figures from its ranks': the largest of each.
+void fold_ranks(ProbeResult& result) {
+  result.components = max_over_ranks(result.ranks);
+  for (const auto& r : result.ranks) {
+    result.comm_buffer_bytes = std::max(result.comm_buffer_bytes, r.comm_buffer_bytes);
+    result.comm_buffers = std::max(result.comm_buffers, r.comm_buffers);
+  }
+}
+
+}  // namespace
 
 namespace {
 
@@ -342,11 +359,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
       result.step_seconds = std::max(result.step_seconds, one.step_seconds);
       result.ranks.push_back({r, one.components, one.comm_buffer_bytes, one.comm_buffers});
     }
-    result.components = max_over_ranks(result.ranks);
-    for (const auto& r : result.ranks) {
-      result.comm_buffer_bytes = std::max(result.comm_buffer_bytes, r.comm_buffer_bytes);
-      result.comm_buffers = std::max(result.comm_buffers, r.comm_buffers);
-    }
+    fold_ranks(result);
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return result;
   }
@@ -429,15 +442,8 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     result.step_seconds = std::max(result.step_seconds, j.at("step_seconds").get<double>());
     result.ranks.push_back(rc);
   }
-  if (result.oom) {
-    result.ranks.clear();
-  } else {
-    result.components = max_over_ranks(result.ranks);
-    for (const auto& r : result.ranks) {
-      result.comm_buffer_bytes = std::max(result.comm_buffer_bytes, r.comm_buffer_bytes);
-      result.comm_buffers = std::max(result.comm_buffers, r.comm_buffers);
-    }
-  }
+  if (result.oom) result.ranks.clear();
+  else fold_ranks(result);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

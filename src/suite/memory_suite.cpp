@@ -386,7 +386,7 @@ TEST(SuiteTest, LoadsEverySuite) {
 // The resources a measuring test holds: a GPU (N for a distributed fixture: one per rank), or on the CPU one
 // processor per rank, so that ctest -j does not run more rank processes than there are cores.
 std::string resources(const MeasureGroup& g) {
-  if (g.gpu()) return g.world_size > 0 ? fmt::format(" RESOURCE_GROUPS {}", fmt::format("{},gpus:1", g.world_size))
+  if (g.gpu()) return g.world_size > 0 ? fmt::format(" RESOURCE_GROUPS {},gpus:1", g.world_size)
                                        : std::string(" RESOURCE_GROUPS gpus:1");
   return g.world_size > 0 ? fmt::format(" PROCESSORS {}", g.world_size) : std::string();
 }

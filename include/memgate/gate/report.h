@@ -14,6 +14,9 @@ namespace memgate {
 
 /// Every component by name, in the table's order.
 [[nodiscard]] nlohmann::json components_to_json(const Components& components);
+/// A distributed probe's ranks as JSON: [{"rank", "components", "comm_buffer_bytes", "comm_buffers"}, ...] (profile
+/// JSON and baselines alike).
+[[nodiscard]] nlohmann::json ranks_to_json(const std::vector<RankComponents>& ranks);
 /// The profile's JSON: device, model (parameter counts), one entry per probe with its components.
 [[nodiscard]] nlohmann::json profile_to_json(const Profile& profile);
 /// The device description's JSON (name, slug and versions).

@@ -54,6 +54,9 @@ struct RankComponents {
   friend bool operator==(const RankComponents&, const RankComponents&) = default;
 };
 
+/// Rank `rank` among `ranks`, or nullptr.
+[[nodiscard]] const RankComponents* find_rank(const std::vector<RankComponents>& ranks, int rank);
+
 /// The largest value of each component over `ranks`: what a distributed probe's `components` hold.
 [[nodiscard]] Components max_over_ranks(const std::vector<RankComponents>& ranks);
 
@@ -94,9 +97,13 @@ class DataParallel {
   DistributedSpec spec_;
   std::unique_ptr<c10d::Reducer> reducer_;
   bool require_forward_param_sync_ = true;
-  bool rebuilt_ = false;
-  /// On the Meta device: the order in which the first backward's gradients arrived (parameter indices).
-  std::shared_ptr<std::vector<std::int64_t>> arrival_;
+  /// On the Meta device: the order in which the first backward's gradients arrived (parameter indices), recorded
+  /// by hooks on the parameters until the buckets are rebuilt from it.
+  struct ArrivalLog {
+    bool recording = true;
+    std::vector<std::int64_t> order;
+  };
+  std::shared_ptr<ArrivalLog> arrival_;
 };
 
 }  // namespace memgate
