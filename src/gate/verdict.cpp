@@ -57,7 +57,9 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
     return v;
   }
   const std::string name = ranked ? ranked->second : std::string(component);
-  v.baseline = recorded_rank != nullptr ? recorded_rank->components.get(name) : recorded->components.get(component);
+  // (A rank the record lacks has no baseline: its fixture changed, e.g. its world size, and says so below.)
+  if (recorded_rank != nullptr) v.baseline = recorded_rank->components.get(name);
+  else if (!ranked) v.baseline = recorded->components.get(component);
   const auto differences = provenance_differences(*recorded, device);
   const auto provenance =
       differences.empty() ? std::string() : "\n  recorded with another setup than this run: " + differences;

@@ -181,6 +181,16 @@ TEST(BaselineTest, RanksAreRecordedAndJudgedOneByOne) {
   EXPECT_FALSE(parse_rank_component("rank1_weights"));
   EXPECT_FALSE(parse_rank_component("rankx_params"));
 
+  // More ranks than were recorded: the fixture changed (its world size is part of its hash), and says so.
+  const auto wider = testing::fixture_from(testing::tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 4}\n"),
+                                           "tiny_ddp");
+  auto four = recorded;
+  four.ranks.push_back({2, result(2, 20).components, 4096, 3});
+  four.ranks.push_back({3, result(2, 20).components, 4096, 3});
+  const auto rank3 = evaluate_component(wider, four, rank_component_name(3, "gradients"), &b, path, cpu_info());
+  EXPECT_EQ(rank3.status, Status::kChanged) << rank3.message;
+  EXPECT_THAT(rank3.message, HasSubstr("the model changed"));
+
   // A rank out of order is corrupt, named by its key.
   auto text = testing::read_file(path);
   text.replace(text.find("\"rank\": 1"), 9, "\"rank\": 5");
