@@ -75,4 +75,14 @@ torch::Tensor checkpoint(BlockFn fn, const torch::Tensor& x) {
   return CheckpointFunction::apply(x, anchor, holder)[0];
 }
 
+namespace {
+thread_local BlockHook* t_block_hook = nullptr;
+}  // namespace
+
+BlockHook* block_hook() { return t_block_hook; }
+
+BlockHookScope::BlockHookScope(BlockHook* hook) : previous_(t_block_hook) { t_block_hook = hook; }
+
+BlockHookScope::~BlockHookScope() { t_block_hook = previous_; }
+
 }  // namespace memgate

@@ -1,6 +1,7 @@
 // Gradient checkpointing of a block, as torch.utils.checkpoint does it: how every model runs its repeated blocks.
 #pragma once
 
+#include <torch/nn/module.h>
 #include <torch/types.h>
 
 #include <functional>
@@ -16,11 +17,40 @@ using BlockFn = std::function<torch::Tensor(const torch::Tensor&)>;
 ///   x = memgate::checkpoint([&](const torch::Tensor& t) { return block->forward(t); }, x);
 [[nodiscard]] torch::Tensor checkpoint(BlockFn fn, const torch::Tensor& x);
 
-/// `block->forward(x)`, through `checkpoint` when `checkpointed`.
+/// What runs each repeated block of a model (through run_block) on this thread while installed: a wrapper such as
+/// FSDP's units (measure/distributed.h), which acts before and after a block's forward. `forward` runs the block
+/// (checkpointed where the model asks).
+class BlockHook {
+ public:
+  virtual ~BlockHook() = default;
+  [[nodiscard]] virtual torch::Tensor run(const torch::nn::Module& block, const torch::Tensor& x,
+                                          const BlockFn& forward) = 0;
+};
+
+/// The hook installed on this thread, or nullptr.
+[[nodiscard]] BlockHook* block_hook();
+
+/// Installs `hook` on this thread for its lifetime (nullptr: none), restoring the previous one after.
+class BlockHookScope {
+ public:
+  explicit BlockHookScope(BlockHook* hook);
+  ~BlockHookScope();
+  BlockHookScope(const BlockHookScope&) = delete;
+  BlockHookScope& operator=(const BlockHookScope&) = delete;
+
+ private:
+  BlockHook* previous_;
+};
+
+/// `block->forward(x)`, through `checkpoint` when `checkpointed`, and through the thread's BlockHook if any.
 template <typename Block>
 [[nodiscard]] torch::Tensor run_block(Block block, const torch::Tensor& x, bool checkpointed) {
-  if (!checkpointed) return block->forward(x);
-  return checkpoint([block](const torch::Tensor& t) mutable { return block->forward(t); }, x);
+  BlockFn forward = [block, checkpointed](const torch::Tensor& t) mutable -> torch::Tensor {
+    if (!checkpointed) return block->forward(t);
+    return checkpoint([block](const torch::Tensor& u) mutable { return block->forward(u); }, t);
+  };
+  if (auto* hook = block_hook()) return hook->run(*block, x, forward);
+  return forward(x);
 }
 
 }  // namespace memgate
