@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <limits>
 #include <string_view>
@@ -379,11 +380,33 @@ DistributedSpec read_distributed(MapReader& r) {
   if (d.strategy == DistributedStrategy::kDdp) {
     if (r.has("bucket_cap_mb")) d.bucket_cap_mb = r.get_double("bucket_cap_mb", std::nullopt, 1e-6, 1e6);
     d.gradient_as_bucket_view = r.get_bool("gradient_as_bucket_view", false);
+    for (const auto* key : {"units", "reshard_after_forward", "backward_prefetch"}) {
+      if (r.has(key)) r.fail(key, "no FSDP key with strategy ddp", "a value");
+    }
   } else {
     for (const auto* key : {"bucket_cap_mb", "gradient_as_bucket_view"}) {
       if (r.has(key)) r.fail(key, "no DDP key with strategy fsdp", "a value");
     }
-    r.fail("strategy", "ddp (FSDP's per-rank probes are not built yet)", "'fsdp'");
+    d.units = r.get_string("units", std::string("blocks"), {"blocks", "root"});
+    // FSDP2's reshard_after_forward: a bool, or the world size to reshard to after forward (1: none; the world
+    // size: the whole group, as true). Resharding to a part of the group needs a second process group per rank.
+    const auto reshard = r.has("reshard_after_forward") ? r.get_string("reshard_after_forward", std::nullopt) : "";
+    const std::string expected = fmt::format("true, false, 1 or the world size {}", d.world_size);
+    if (reshard.empty()) {
+      // FSDP2's default: the blocks reshard, the root does not.
+    } else if (reshard == "true" || reshard == "false") {
+      d.reshard_after_forward = reshard == "true";
+    } else {
+      std::int64_t n = 0;
+      const auto [end, ec] = std::from_chars(reshard.data(), reshard.data() + reshard.size(), n);
+      if (ec != std::errc() || end != reshard.data() + reshard.size() || (n != 1 && n != d.world_size)) {
+        r.fail("reshard_after_forward",
+               expected + " (an integer between them reshards to a subgroup, which memgate does not build yet)",
+               "'" + reshard + "'");
+      }
+      d.reshard_after_forward = n != 1;
+    }
+    d.backward_prefetch = r.get_int("backward_prefetch", 1, 1, 64);
   }
   r.finish();
   return d;

@@ -4,6 +4,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
+#include "memgate/measure/meta_kernels.h"
 #include "memgate/measure/probe.h"
 
 #include <fmt/format.h>
@@ -68,6 +69,7 @@ class DoneWork final : public c10d::Work {
 };
 
 using CollectiveResult = std::tuple<std::vector<at::Tensor>, c10::intrusive_ptr<c10d::Work>>;
+using CollectiveResult1 = std::tuple<at::Tensor, c10::intrusive_ptr<c10d::Work>>;
 
 CollectiveResult meta_allreduce(at::TensorList tensors, const c10::intrusive_ptr<c10d::ProcessGroup>& /*group*/,
                                 const c10::intrusive_ptr<c10d::ReduceOp>& /*op*/,
@@ -84,6 +86,22 @@ CollectiveResult meta_broadcast(at::TensorList tensors, const c10::intrusive_ptr
   return {out, c10::make_intrusive<DoneWork>(out)};
 }
 
+// For the CPU, Gloo's all-gather as it runs: into a flat output of its own (AsyncAllgatherWork's flatOutputTensor,
+// the size of the output), copied out into the output, and freed before the work completes. NCCL gathers in place.
+CollectiveResult1 meta_allgather_base(at::Tensor& output, at::Tensor& /*input*/,
+                                      const c10::intrusive_ptr<c10d::ProcessGroup>& /*group*/, bool /*async_op*/,
+                                      std::int64_t /*timeout*/) {
+  if (meta_kernels_target() == EstimateTarget::kCpu) (void)at::empty_like(output);
+  return {output, c10::make_intrusive<DoneWork>(std::vector<at::Tensor>{output})};
+}
+
+CollectiveResult1 meta_reduce_scatter_base(at::Tensor& output, at::Tensor& /*input*/,
+                                           const c10::intrusive_ptr<c10d::ProcessGroup>& /*group*/,
+                                           const c10::intrusive_ptr<c10d::ReduceOp>& /*op*/, bool /*async_op*/,
+                                           std::int64_t /*timeout*/) {
+  return {output, c10::make_intrusive<DoneWork>(std::vector<at::Tensor>{output})};
+}
+
 }  // namespace
 
 // In-place collectives on Meta tensors: their outputs are their inputs, shapes and all (PyTorch registers these in
@@ -94,6 +112,8 @@ CollectiveResult meta_broadcast(at::TensorList tensors, const c10::intrusive_ptr
 TORCH_LIBRARY_IMPL(c10d, Meta, m) {
   m.impl("allreduce_", meta_allreduce);
   m.impl("broadcast_", meta_broadcast);
+  m.impl("_allgather_base_", meta_allgather_base);
+  m.impl("_reduce_scatter_base_", meta_reduce_scatter_base);
 }
 #pragma GCC diagnostic pop
 
@@ -419,9 +439,27 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
       }
     }
   }
-  if (!failure.empty()) throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, failure));
   ProbeResult result;
   result.batch_size = batch_size;
+  if (!failure.empty()) {
+    // A rank that ran out of memory leaves the collective its peers wait in: they fail with a closed connection.
+    // Ranks differ (FSDP's shards do), so one may run out alone: the probe ran out of memory, as that rank did.
+    for (int r = 0; r < world; ++r) {
+      try {
+        const auto j = nlohmann::json::parse(
+            read_text_file((dir / fmt::format("rank{}.json", r)).string(), "a rank's result file"));
+        if (j.at("oom").get<bool>()) {
+          result.oom = true;
+          result.error = fmt::format("rank {}: {}", r, j.at("error").get<std::string>());
+          result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          return result;
+        }
+      } catch (const std::exception&) {
+        // No result from this rank: not the one that ran out of memory.
+      }
+    }
+    throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, failure));
+  }
   for (int r = 0; r < world; ++r) {
     const auto path = (dir / fmt::format("rank{}.json", r)).string();
     nlohmann::json j;

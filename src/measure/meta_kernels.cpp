@@ -601,6 +601,8 @@ at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar
 
 }  // namespace
 
+EstimateTarget meta_kernels_target() { return g_target.load(); }
+
 void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
   g_target.store(target);
   g_cpu_kernels.store(cpu_kernels);

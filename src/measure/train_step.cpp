@@ -36,13 +36,22 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
   require_batch_size(workload, batch_size);
   model_ = build_model(workload.model, device, seed);
   model_->set_gradient_checkpointing(training_.gradient_checkpointing);
-  if (observer != nullptr) observer->model_built();
+  const bool sharded = group != nullptr && training_.distributed.strategy == DistributedStrategy::kFsdp;
+  // A rank of FSDP keeps its shards, not the model it was built from: its parameters are read once sharded.
+  if (observer != nullptr && !sharded) observer->model_built();
   auto trainable = select_trainable(*model_, training_.trainable);
   if (group != nullptr) {
-    if (training_.distributed.strategy != DistributedStrategy::kDdp) {
-      throw Error(workload.source + ": only strategy ddp trains over a process group");
+    switch (training_.distributed.strategy) {
+      case DistributedStrategy::kDdp:
+        ddp_ = std::make_unique<DataParallel>(model_->module(), trainable, training_.distributed, *group);
+        break;
+      case DistributedStrategy::kFsdp:
+        fsdp_ = std::make_unique<FullyShard>(*model_, training_.distributed, *group);
+        trainable = fsdp_->trainable_shards();
+        if (observer != nullptr) observer->model_built();
+        break;
+      default: throw Error(workload.source + ": training.distributed names no strategy to train over ranks with");
     }
-    ddp_ = std::make_unique<DataParallel>(model_->module(), trainable, training_.distributed, *group);
   }
   torch::manual_seed(seed + 1);
   batch_ = model_->make_batch(batch_size);
@@ -61,7 +70,12 @@ void TrainingStep::warm_up(int steps, StepObserver* observer) {
     AutocastScope autocast(device_.type(), training_.precision);
     if (observer != nullptr) observer->eval_begin(pass);
     if (ddp_) ddp_->pre_forward(/*sync=*/true);
-    (void)model_->forward(batch_);
+    if (fsdp_) {
+      FullyShard::ForwardScope root(*fsdp_);
+      (void)root.finish(model_->forward(batch_));
+    } else {
+      (void)model_->forward(batch_);
+    }
     if (ddp_) ddp_->post_forward(/*sync=*/true);
     if (observer != nullptr) observer->eval_end(pass);
   }
@@ -75,11 +89,19 @@ void TrainingStep::run(StepObserver* observer) {
     // DDP reduces gradients in the last micro-batch's backward only (the others run inside no_sync()).
     const bool sync = i + 1 == training_.accumulation_steps;
     if (ddp_) ddp_->pre_forward(sync);
-    auto loss = micro_batch_loss(*model_, batch_, training_, device_.type());
+    torch::Tensor loss;
+    if (fsdp_) {
+      // FSDP2 reduce-scatters every micro-batch's gradients (no set_requires_gradient_sync(False)).
+      FullyShard::ForwardScope root(*fsdp_);
+      loss = root.finish(micro_batch_loss(*model_, batch_, training_, device_.type()));
+    } else {
+      loss = micro_batch_loss(*model_, batch_, training_, device_.type());
+    }
     if (ddp_) ddp_->post_forward(sync);
     if (observer != nullptr) observer->forward_end(i);
     if (scaler_) loss = scaler_->scale(loss);
     loss.backward();
+    if (fsdp_) fsdp_->finish_backward();
   }
   if (observer != nullptr) observer->backward_done();
   if (scaler_) {

@@ -9,6 +9,7 @@
 namespace memgate {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::tiny_vit_yaml;
@@ -87,8 +88,34 @@ TEST(FixtureTest, DistributedTrainingReadsPyTorchsDefaultsAndNamesBadKeys) {
               HasSubstr("training.distributed.bucket_cap_mb"));
   EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 2, buckets: 3}\n")),
               HasSubstr("training.distributed.buckets"));
-  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2}\n")),
-              HasSubstr("FSDP's per-rank probes are not built yet"));
+
+  const auto fsdp = testing::fixture_from(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 4}\n"));
+  const auto& f = fsdp.training.distributed;
+  EXPECT_EQ(f.strategy, DistributedStrategy::kFsdp);
+  EXPECT_EQ(f.units, "blocks");
+  EXPECT_FALSE(f.reshard_after_forward.has_value()) << "fully_shard's None: the blocks reshard, the root does not";
+  EXPECT_EQ(f.backward_prefetch, 1);
+  const auto reshard = [](const std::string& value) {
+    return testing::fixture_from(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 4, reshard_after_forward: " +
+                                               value + "}\n"))
+        .training.distributed.reshard_after_forward;
+  };
+  EXPECT_EQ(reshard("true"), std::optional<bool>(true));
+  EXPECT_EQ(reshard("false"), std::optional<bool>(false));
+  EXPECT_EQ(reshard("4"), std::optional<bool>(true)) << "the world size: the whole group, as true";
+  EXPECT_EQ(reshard("1"), std::optional<bool>(false)) << "1: no reshard, as false";
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 4, reshard_after_forward: 2}\n")),
+              AllOf(HasSubstr("training.distributed.reshard_after_forward"), HasSubstr("true, false, 1 or the world size 4")));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2, reshard_after_forward: yes}\n")),
+              HasSubstr("training.distributed.reshard_after_forward"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2, units: layers}\n")),
+              AllOf(HasSubstr("training.distributed.units"), HasSubstr("blocks")));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2, backward_prefetch: 0}\n")),
+              HasSubstr("training.distributed.backward_prefetch"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2, bucket_cap_mb: 25}\n")),
+              HasSubstr("no DDP key with strategy fsdp"));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 2, units: blocks}\n")),
+              HasSubstr("no FSDP key with strategy ddp"));
 }
 
 TEST(FixtureTest, UnknownKeyNamesKeyAndLine) {

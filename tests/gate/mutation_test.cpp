@@ -84,6 +84,16 @@ std::vector<Mutation> mutations() {
          if (at != std::string::npos) yaml.replace(at, from.size(), "gradient_as_bucket_view: false");
          return yaml;
        }},
+      // FSDP prefetching two units in backward instead of one (set_modules_to_backward_prefetch): one more block's
+      // all-gather buffer at the backward's peak, on every rank.
+      {"fsdp_prefetch_two_units", "vit_tiny_fsdp", 2, [](Fixture&, std::int64_t&) {},
+       {"rank0_step_peak", "rank0_step_peak_reserved", "rank1_step_peak", "rank1_step_peak_reserved"}, {},
+       [](std::string yaml) {
+         const std::string from = "    units: blocks\n";
+         const auto at = yaml.find(from);
+         if (at != std::string::npos) yaml.insert(at + from.size(), "    backward_prefetch: 2\n");
+         return yaml;
+       }},
   };
 }
 

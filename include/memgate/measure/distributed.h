@@ -5,6 +5,8 @@
 
 #include "memgate/base/components.h"
 #include "memgate/measure/training.h"
+#include "memgate/models/checkpoint.h"
+#include "memgate/models/model.h"
 
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -104,6 +106,82 @@ class DataParallel {
     std::vector<std::int64_t> order;
   };
   std::shared_ptr<ArrivalLog> arrival_;
+};
+
+/// FSDP2's fully_shard over a model, in C++: what torch/distributed/fsdp/_fully_shard does to memory, with the same
+/// c10d collectives (FSDP2 is Python only). Each unit (each block, then the root with the rest; or the root alone)
+/// keeps, per parameter, a dim-0 shard padded to ceil(dim0 / N) rows, equal on every rank (a rank past the last row
+/// holds an empty view of its padding); the model's full parameters keep their tensors but no storage.
+///
+/// Forward: a unit's pre-forward copies its shards into its rank's slice of one all-gather buffer of N x the unit's
+/// padded shards, all-gathers (`_allgather_base`), and copies each parameter out into its own padded unsharded
+/// storage; the buffer is freed at the next unit's copy-out (the last one at the root's post-forward). A unit's
+/// post-forward frees its unsharded parameters when `reshard_after_forward` says so (unset: the blocks', not the
+/// root's) and hooks its outputs.
+/// Backward: the hook all-gathers the unit again if it was resharded and prefetches the next `backward_prefetch`
+/// units in reverse forward order (their all-gather buffers wait for their own pre-backward's copy-out). A unit's
+/// post-backward (when the gradient of its forward input is computed; the root's at the end of backward) frees its
+/// unsharded parameters, copies their gradients into one reduce-scatter input of the unsharded padded size
+/// (`_chunk_cat`), frees them, reduce-scatters into an output of the padded shard size whose views are the sharded
+/// gradients (added to them under gradient accumulation), and keeps the input until the next unit's reduce-scatter.
+/// The optimizer steps the shards. Installed as the thread's BlockHook while a forward runs (ForwardScope).
+class FullyShard final : public BlockHook {
+ public:
+  FullyShard(Model& model, const DistributedSpec& spec, RankGroup group);
+  ~FullyShard() override;
+  FullyShard(const FullyShard&) = delete;
+  FullyShard& operator=(const FullyShard&) = delete;
+
+  /// The shards of the parameters that train, in module order: what the optimizer steps.
+  [[nodiscard]] std::vector<torch::Tensor> trainable_shards() const;
+  /// Bytes of every padded shard this rank keeps, and how many units there are.
+  [[nodiscard]] std::int64_t sharded_bytes() const;
+  [[nodiscard]] std::int64_t unit_count() const;
+
+  /// The model's forward, wrapped as the root's: its pre-forward before, the blocks' hooks during, its post-forward
+  /// after (hooking `output`, the loss: the root's backward starts at it).
+  class ForwardScope {
+   public:
+    explicit ForwardScope(FullyShard& fsdp);
+    ~ForwardScope();
+    ForwardScope(const ForwardScope&) = delete;
+    ForwardScope& operator=(const ForwardScope&) = delete;
+    /// The root's post-forward on the forward's output; returns it.
+    torch::Tensor finish(torch::Tensor output);
+
+   private:
+    FullyShard& fsdp_;
+    BlockHookScope hook_;
+    bool finished_ = false;
+  };
+
+  /// The root's post-backward callback: the post-backward of every unit whose forward input took no gradient (the
+  /// root's), then the last reduce-scatter input freed. Call after backward returns.
+  void finish_backward();
+
+  torch::Tensor run(const torch::nn::Module& block, const torch::Tensor& x, const BlockFn& forward) override;
+
+  struct Unit;
+
+ private:
+  void pre_forward(Unit& unit);
+  void post_forward(Unit& unit, const torch::Tensor& output);
+  void pre_backward(Unit& unit);
+  void post_backward(Unit& unit);
+  void post_backward_if_pending(Unit& unit);
+  void unshard(Unit& unit);
+  void wait_for_unshard(Unit& unit, bool forward);
+  void reshard(Unit& unit);
+
+  RankGroup group_;
+  DistributedSpec spec_;
+  bool gloo_ = true;  ///< collectives as ProcessGroupGloo runs them (the CPU), else as NCCL does
+  std::vector<std::unique_ptr<Unit>> units_;  ///< the blocks in order, then the root
+  /// The last forward all-gather buffer, freed at the next forward copy-out (FSDP2's comm_ctx.all_gather_state).
+  torch::Tensor forward_all_gather_;
+  /// The last reduce-scatter input, freed at the next reduce-scatter (FSDP2's comm_ctx.reduce_scatter_state).
+  torch::Tensor reduce_scatter_input_;
+  std::vector<Unit*> post_forward_order_;
 };
 
 }  // namespace memgate

@@ -14,6 +14,9 @@ namespace memgate {
 /// kernels, or oneDNN's as they run on an AVX-512 CPU with bf16).
 void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels = CpuKernels::kPortable);
 
+/// The target use_meta_kernels_for set last (the CPU until it is called).
+[[nodiscard]] EstimateTarget meta_kernels_target();
+
 /// Registers autocast for Meta tensors (once per process) with the policy of `target`: which ops run in the lower
 /// precision, which in fp32, which promote, as torch's autocast runs them on that device. AutocastScope turns it on
 /// for the Meta device. use_meta_kernels_for calls it.

@@ -61,7 +61,9 @@ class TrainingStep {
   /// `observer->model_built()` right after the model is built. Throws memgate::Error for a batch size below 1.
   /// With `group` (one rank of a distributed workload), the model trains as DistributedDataParallel over the group
   /// (built after the trainable parameters are chosen, before the optimizer, as a training script does); every
-  /// micro-batch but the last runs inside no_sync(), as gradient accumulation with DDP does.
+  /// micro-batch but the last runs inside no_sync(), as gradient accumulation with DDP does. With strategy fsdp it
+  /// trains as FSDP2's fully_shard (FullyShard): `observer->model_built()` then comes after sharding, and the
+  /// optimizer steps the shards.
   TrainingStep(const Workload& workload, std::int64_t batch_size, c10::Device device, std::uint64_t seed = 0,
                StepObserver* observer = nullptr, const RankGroup* group = nullptr);
   ~TrainingStep();
@@ -83,6 +85,8 @@ class TrainingStep {
   [[nodiscard]] const Batch& batch() const { return batch_; }
   /// The DistributedDataParallel wrapper of a rank's step; null on one device.
   [[nodiscard]] const DataParallel* data_parallel() const { return ddp_.get(); }
+  /// The fully_shard wrapper of a rank's step; null unless the strategy is fsdp.
+  [[nodiscard]] const FullyShard* fully_shard() const { return fsdp_.get(); }
   /// Samples one step trains on: batch size x accumulation steps.
   [[nodiscard]] std::int64_t samples_per_step() const { return batch_size_ * training_.accumulation_steps; }
 
@@ -92,6 +96,7 @@ class TrainingStep {
   c10::Device device_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<FullyShard> fsdp_;
   Batch batch_;
   std::unique_ptr<TrainingOptimizer> optimizer_;
   std::optional<GradScaler> scaler_;  ///< fp16 only, as fp16 training runs

@@ -63,6 +63,17 @@ struct DistributedSpec {
   /// after a first bucket of 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES); a value given caps the first bucket too.
   std::optional<double> bucket_cap_mb;
   bool gradient_as_bucket_view = false;  ///< ddp: gradients are views into the buckets (no second copy)
+  /// fsdp: the modules fully_shard wraps: `blocks` (each repeated block, then the root with the rest) or `root`
+  /// (the whole model one unit).
+  std::string units = "blocks";
+  /// fsdp: free a unit's unsharded parameters after its forward (all-gathering them again in backward). Unset is
+  /// FSDP2's default (None): every block but not the root, whose parameters backward needs at once; true or false
+  /// is given to every unit, the root too, as fully_shard(reshard_after_forward=...) on each does. A fixture's
+  /// integer 1 reads as false and its world size as true (FSDP2's meaning).
+  std::optional<bool> reshard_after_forward;
+  /// fsdp: units all-gathered ahead in backward (FSDP2: 1, the next unit in reverse forward order; more through
+  /// set_modules_to_backward_prefetch).
+  std::int64_t backward_prefetch = 1;
   [[nodiscard]] bool enabled() const { return strategy != DistributedStrategy::kNone; }
   /// The Reducer's bucket_bytes_cap: int(bucket_cap_mb * 1024 * 1024), 25 MiB unset.
   [[nodiscard]] std::int64_t bucket_bytes_cap() const {

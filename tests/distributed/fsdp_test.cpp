@@ -1,0 +1,150 @@
+// FSDP2 per rank: real rank processes over Gloo, each keeping padded dim-0 shards of the parameters, their gradients
+// and their AdamW state, against the model's own parameter shapes; reshard_after_forward and the prefetch where the
+// memory goes; and the Meta device's estimate against the measurement, rank by rank, at 2 and 4 ranks.
+#include "memgate/base/files.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/measure/estimate.h"
+#include "memgate/measure/probe.h"
+#include "memgate/models/zoo.h"
+#include "fixture_util.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+
+namespace memgate {
+namespace {
+
+const c10::Device kCpu(c10::DeviceType::CPU);
+
+// The CPU suite's FSDP twin with `world_size` ranks and `extra` keys under `distributed`, written beside the test.
+Fixture fsdp_twin(const testing::TempDir& dir, std::int64_t world_size, const std::string& extra = "") {
+  auto yaml = read_text_file(testing::source_dir() + "/fixtures/models/vit_tiny_fsdp.yaml", "a fixture");
+  const std::string from = "world_size: 2";
+  yaml.replace(yaml.find(from), from.size(), "world_size: " + std::to_string(world_size));
+  const std::string units = "    units: blocks\n";
+  if (!extra.empty()) yaml.insert(yaml.find(units) + units.size(), extra);
+  const auto path = dir / "vit_tiny_fsdp.yaml";
+  write_file_atomically(path, yaml);
+  return load_fixture(path);
+}
+
+// What sharding keeps of the model's parameters on `rank` of `world`, from their shapes (torch.chunk on dim 0).
+struct Shards {
+  std::int64_t padded_bytes = 0;    ///< each parameter's shard padded to the first chunk's rows
+  std::int64_t unpadded_bytes = 0;  ///< the rows this rank owns
+  std::int64_t count = 0;           ///< parameters
+  std::int64_t block_unsharded_bytes = 0;  ///< the blocks' padded unsharded parameters (N x the padded shards)
+};
+
+Shards shards_of(const Fixture& fixture, std::int64_t rank, std::int64_t world) {
+  const auto model = build_model(fixture.model, c10::Device(c10::DeviceType::Meta));
+  Shards s;
+  for (const auto& named : model->module().named_parameters()) {
+    const auto& p = named.value();
+    const auto rows = p.size(0);
+    const auto rest = p.numel() / rows;
+    const auto chunk = (rows + world - 1) / world;
+    const auto own = std::clamp(rows - rank * chunk, std::int64_t{0}, chunk);
+    s.padded_bytes += chunk * rest * 4;
+    s.unpadded_bytes += own * rest * 4;
+    s.count += 1;
+    if (named.key().starts_with("blocks.")) s.block_unsharded_bytes += world * chunk * rest * 4;
+  }
+  return s;
+}
+
+double error_pct(std::int64_t estimate, std::int64_t measured) {
+  return measured == 0 ? (estimate == 0 ? 0.0 : 100.0)
+                       : 100.0 * std::abs(static_cast<double>(estimate - measured)) / static_cast<double>(measured);
+}
+
+TEST(FsdpTest, EachRankKeepsPaddedShardsOfParametersGradientsAndOptimizerState) {
+  testing::TempDir dir;
+  const auto fixture = fsdp_twin(dir, 2);
+  const auto probe = run_probe(fixture, 2, kCpu);
+  ASSERT_FALSE(probe.oom) << probe.error;
+  ASSERT_EQ(probe.ranks.size(), 2U);
+  const auto full_bytes = workload_param_counts(fixture).trainable * 4;  // fp32
+  for (const auto& r : probe.ranks) {
+    const auto s = shards_of(fixture, r.rank, 2);
+    const auto at = fmt::format("rank {}", r.rank);
+    EXPECT_EQ(r.components.params, s.padded_bytes) << at << ": padded dim-0 shards, equal on every rank";
+    EXPECT_EQ(r.components.gradients, s.padded_bytes) << at << ": views into the reduce-scatter outputs";
+    // AdamW's two moments of the rows the rank owns (not the padding), and a step count per parameter.
+    EXPECT_EQ(r.components.optimizer_state, 2 * s.unpadded_bytes + 4 * s.count) << at;
+    EXPECT_LT(r.components.params, full_bytes) << at << ": a shard, not a replica";
+    EXPECT_EQ(r.comm_buffer_bytes, 0) << at << ": FSDP keeps no communication buffer between steps";
+  }
+  // cls_token and pos_embed have one row: rank 0 owns it, rank 1 an empty view of its padding.
+  EXPECT_GT(probe.ranks[0].components.optimizer_state, probe.ranks[1].components.optimizer_state);
+  EXPECT_EQ(probe.components, max_over_ranks(probe.ranks));
+  // All the ranks' shards together: the model, plus the padding of the rows that do not divide by 2.
+  EXPECT_GE(probe.ranks[0].components.params + probe.ranks[1].components.params, full_bytes);
+}
+
+TEST(FsdpTest, WithoutReshardAfterForwardEveryBlockStaysGatheredUntilBackward) {
+  testing::TempDir dir;
+  const auto resharded = run_probe(fsdp_twin(dir, 2), 1, kCpu);
+  const auto kept = run_probe(fsdp_twin(dir, 2, "    reshard_after_forward: false\n"), 1, kCpu);
+  const auto all = run_probe(fsdp_twin(dir, 2, "    reshard_after_forward: true\n"), 1, kCpu);
+  ASSERT_FALSE(resharded.oom || kept.oom || all.oom);
+  const auto fixture = fsdp_twin(dir, 2);
+  const auto s = shards_of(fixture, 0, 2);
+  for (std::size_t r = 0; r < 2; ++r) {
+    // The forward keeps every block's padded unsharded parameters instead of freeing each after its forward.
+    EXPECT_EQ(kept.ranks[r].components.activations - resharded.ranks[r].components.activations,
+              s.block_unsharded_bytes) << "rank " << r;
+    // true reshards the root too (its parameters are all-gathered again when backward starts): less held after
+    // forward than FSDP2's default, which keeps the root gathered.
+    EXPECT_LT(all.ranks[r].components.activations, resharded.ranks[r].components.activations) << "rank " << r;
+    EXPECT_EQ(kept.ranks[r].components.params, resharded.ranks[r].components.params);
+  }
+}
+
+struct EstimateCase {
+  int world;
+  std::string extra;
+  std::string name;
+};
+
+void PrintTo(const EstimateCase& c, std::ostream* os) { *os << c.name; }
+
+class FsdpEstimateTest : public ::testing::TestWithParam<EstimateCase> {};
+
+TEST_P(FsdpEstimateTest, EqualsEachRanksMeasurement) {
+  testing::TempDir dir;
+  const auto fixture = fsdp_twin(dir, GetParam().world, GetParam().extra);
+  for (const std::int64_t batch : {1, 2}) {
+    const auto measured = run_probe(fixture, batch, kCpu);
+    const auto estimated = estimate_probe(fixture, batch, EstimateTarget::kCpu);
+    ASSERT_FALSE(measured.oom || estimated.oom);
+    ASSERT_EQ(measured.ranks.size(), static_cast<std::size_t>(GetParam().world));
+    ASSERT_EQ(estimated.ranks.size(), measured.ranks.size());
+    for (std::size_t r = 0; r < measured.ranks.size(); ++r) {
+      const auto& m = measured.ranks[r].components;
+      const auto& e = estimated.ranks[r].components;
+      const auto at = fmt::format("rank {} at batch {}", r, batch);
+      EXPECT_EQ(e.params, m.params) << at;
+      EXPECT_EQ(e.gradients, m.gradients) << at;
+      EXPECT_EQ(e.optimizer_state, m.optimizer_state) << at;
+      for (const auto* peak : {"activations", "forward_peak", "eval_peak", "step_peak"}) {
+        EXPECT_LE(error_pct(e.get(peak), m.get(peak)), 1.0)
+            << at << ": " << peak << " " << e.get(peak) << " vs " << m.get(peak);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, FsdpEstimateTest,
+    ::testing::Values(EstimateCase{2, "", "world2"}, EstimateCase{4, "", "world4"},
+                      EstimateCase{2, "    reshard_after_forward: false\n", "world2_kept_gathered"},
+                      EstimateCase{4, "    backward_prefetch: 2\n", "world4_prefetch2"}),
+    [](const ::testing::TestParamInfo<EstimateCase>& p) { return p.param.name; });
+
+}  // namespace
+}  // namespace memgate
