@@ -119,10 +119,13 @@ def allocation_events(prof) -> list[tuple[int, int, int, str, str]]:
     return [(t, size, total, op, phase) for t, _, size, total, op, phase in events]
 
 
-def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=None, extra=None) -> dict:
-    """The probe; `wrap(model)` (e.g. DistributedDataParallel) is applied after the trainable parameters are chosen,
-    outside the build's window, as memgate's TrainingStep does; `extra(model)` adds entries to the result after the
-    measurement."""
+def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=None, extra=None,
+              params_after_wrap: bool = False) -> dict:
+    """The probe; `wrap(model)` (e.g. DistributedDataParallel, fully_shard) is applied after the trainable parameters
+    are chosen, outside the build's window, as memgate's TrainingStep does, and the optimizer takes the wrapped
+    model's trainable parameters (fully_shard replaces them with sharded DTensors); `extra(model)` adds entries to
+    the result after the measurement. With `params_after_wrap`, params is the level after the wrap (FSDP's shards,
+    the full parameters freed) instead of after the build."""
     torch.manual_seed(0)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=False) as prof:
@@ -135,6 +138,8 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=No
         if wrap is not None:
             with record_function("memgate::wrap"):
                 model = wrap(model)
+                # The same parameters under DDP; fully_shard's shards, the full ones freed here as this list drops them
+                trainable = [p for p in model.parameters() if p.requires_grad]
         torch.manual_seed(1)
         with record_function("memgate::batch"):
             images = torch.randn(batch_size, 3, a.img_size, a.img_size)
@@ -174,7 +179,7 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=No
         return before, events[last][2], peak
 
     base = events[0][2] - events[0][1]
-    _, built, _ = window("build")
+    _, built, _ = window("wrap" if params_after_wrap else "build")
     _, _, eval_peak = window("eval1")
     _, before_opt0, _ = window("warmup0:backward")
     _, after_opt0, _ = window("warmup0:optimizer")

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""PyTorch's own FSDP2 (fully_shard) on CPU ranks (Gloo), measured per rank with memgate's probe protocol.
+
+The reference for memgate's FSDP probes: timm's VisionTransformer (what memgate's ViT equals byte for byte,
+tools/timm_reference.py) sharded with torch.distributed.fsdp.fully_shard over N processes that meet through a
+FileStore, each measured as tools/timm_reference.py measures one device (one thread, oneDNN off, torch.profiler's
+allocation events), with one warm-up step. Each block is a unit, then the root (patch embedding, tokens, final
+norm, head), all with the fixture's reshard_after_forward and no mixed precision; AdamW steps the sharded
+parameters (DTensors). params is the level after fully_shard (each rank's padded dim-0 shards, the full parameters
+freed). Prints one JSON object per rank and batch size, with the rank's padded shard bytes. A fixture without
+reshard_after_forward leaves fully_shard's default (None: the blocks reshard after forward, the root keeps its
+parameters gathered from forward to backward); with true or false every unit gets it, the root too.
+
+Gloo on the CPU has every collective FSDP2 uses, with temporaries of its own: all_gather_into_tensor allocates a
+flat output of the unit's size on Gloo's worker thread, reduce_scatter_tensor clones the whole input and all-reduces
+the clone (ReduceOp.AVG divides there), then copies this rank's chunk out. What a collective's Work holds is freed
+by whichever thread lets go of it last; freed on Gloo's worker thread, after the collective ran, it is a free that
+torch.profiler does not see (the CPU allocator counts a free only on a thread that profiles), so the running total
+keeps the bytes, at random, on some ranks. Hence one Gloo worker thread per rank and a fence after every all-gather
+and reduce-scatter (fenced()): the Work dies on the rank's own thread, and the numbers are the same from run to run.
+
+--backward-prefetch K (the fixture's training.distributed.backward_prefetch, else 1: FSDP2's implicit prefetch of
+the next unit) with K > 1 sets each block to prefetch the K blocks before it in backward order, and the root the
+last K blocks (set_modules_to_backward_prefetch).
+
+Run (timm installed beside the venv's torch, as tools/make_torchscript_models.sh installs it):
+  PYTHONPATH=~/.cache/memgate/torchscript-tools ~/.cache/memgate/venv/bin/python tools/fsdp_reference.py \\
+      --config fixtures/models/vit_tiny_fsdp.yaml --world-size 2 --batch-sizes 1,2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timm_reference  # noqa: E402
+
+
+FENCE = None  # a rank's one-element tensor for fenced()
+
+
+def gloo_one_worker(store, rank: int, size: int, timeout):
+    """ProcessGroupGloo with one worker thread (init_process_group gives it two and takes no options for gloo)."""
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._threads = 1
+    opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+    return dist.ProcessGroupGloo(store, rank, size, opts)
+
+
+def fenced(start, group) -> None:
+    """Runs a collective to the end on this thread: waits for it, then for a one-element all-reduce (the fence), which
+    the one worker takes only after it has let go of the collective before; so what the collective's Work holds (for
+    Gloo's reduce-scatter, a copy of the whole input) is freed here, where torch.profiler sees it."""
+    work = start()
+    work.wait()
+    dist.all_reduce(FENCE, group=group)
+    del work
+
+
+def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, fsdp: dict, out_dir: str) -> None:
+    global FENCE
+    torch.set_num_threads(1)
+    torch.backends.mkldnn.enabled = False
+    timm_reference.import_timm()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
+
+    class FencedAllGather(DefaultAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            assert not async_op, "FSDP2 all-gathers synchronously on the CPU"
+            fenced(lambda: dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=True),
+                   group)
+
+    class FencedReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            assert not async_op, "FSDP2 reduce-scatters synchronously"
+            fenced(lambda: dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=True),
+                   group)
+
+    dist.Backend.register_backend("gloo_one_worker", gloo_one_worker, devices=["cpu"])
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo_one_worker", store=store, rank=rank, world_size=world)
+    # Before the probes: nothing of these lands in their windows.
+    mesh = init_device_mesh("cpu", (world,))
+    FENCE = torch.zeros(1)
+    reshard, prefetch = fsdp["reshard_after_forward"], fsdp["backward_prefetch"]
+
+    def wrap(model):
+        blocks = list(model.blocks)
+        for unit in blocks + [model]:
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+            unit.set_custom_all_gather(FencedAllGather())
+            unit.set_custom_reduce_scatter(FencedReduceScatter())
+        if prefetch > 1:
+            for i, block in enumerate(blocks):
+                block.set_modules_to_backward_prefetch(blocks[max(i - prefetch, 0):i][::-1])
+            model.set_modules_to_backward_prefetch(blocks[-prefetch:][::-1])
+        return model
+
+    def extra(model):
+        groups = [s._fsdp_param_group for s in map(_get_module_fsdp_state, model.modules())
+                  if s is not None and s._fsdp_param_group is not None]
+        return {"rank": rank, "units": len(groups),
+                "sharded_param_bytes": sum(p._sharded_param_data.numel() * p._sharded_param_data.element_size()
+                                           for g in groups for p in g.fsdp_params)}
+
+    results = [timm_reference.run_probe(a, bs, wrap=wrap, extra=extra, params_after_wrap=True)
+               for bs in a.batch_size_list]
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def reshard_arg(value) -> bool | int:
+    """true, false or an int (the group size to reshard to after forward), as fully_shard takes it."""
+    if isinstance(value, (bool, int)):
+        return value
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return int(value)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="a memgate ViT fixture with training.distributed (strategy fsdp)")
+    p.add_argument("--world-size", type=int, help="ranks (default: the fixture's world_size)")
+    p.add_argument("--batch-sizes", default="1,2")
+    p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--reshard-after-forward", type=reshard_arg,
+                   help="true|false|int (default: the fixture's reshard_after_forward, else fully_shard's None)")
+    p.add_argument("--backward-prefetch", type=int,
+                   help="blocks each unit prefetches in backward (default: the fixture's backward_prefetch, else 1)")
+    a = p.parse_args(argv)
+    import yaml
+
+    with open(a.config) as f:
+        fixture = yaml.safe_load(f)
+    d = fixture.get("training", {}).get("distributed", {})
+    if d.get("strategy") != "fsdp":
+        p.error(f"{a.config}: training.distributed.strategy must be fsdp")
+    if d.get("units", "blocks") != "blocks":
+        p.error(f"{a.config}: only units: blocks is mirrored")
+    world = a.world_size or d["world_size"]
+    fsdp = {"units": "blocks",
+            "reshard_after_forward": (a.reshard_after_forward if a.reshard_after_forward is not None
+                                      else reshard_arg(d["reshard_after_forward"]) if "reshard_after_forward" in d
+                                      else None),
+            "backward_prefetch": a.backward_prefetch if a.backward_prefetch is not None
+            else int(d.get("backward_prefetch", 1))}
+    if fsdp["backward_prefetch"] < 1:
+        p.error("--backward-prefetch: at least 1")
+    # The model's sizes and training from the fixture, as timm_reference.py reads them.
+    ref = timm_reference.parse_args_from_config(a.config, a.warmup_steps)
+    ref.batch_size_list = [int(s) for s in a.batch_sizes.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(rank_main, args=(world, os.path.join(tmp, "store"), ref, fsdp, tmp), nprocs=world, join=True)
+        ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]
+    json.dump({"reference": "torch fully_shard (FSDP2, Gloo), timm eager", "world_size": world, "fsdp": fsdp,
+               "ranks": ranks}, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
