@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <ostream>
 #include <string>
 
@@ -104,6 +105,90 @@ TEST(FsdpTest, WithoutReshardAfterForwardEveryBlockStaysGatheredUntilBackward) {
     EXPECT_EQ(kept.ranks[r].components.params, resharded.ranks[r].components.params);
   }
 }
+
+// The bounds PyTorch holds FSDP2 to (test/distributed/_composable/fsdp/test_fully_shard_memory.py,
+// test_fully_shard_training_memory, without CPU offload or optimizer in backward), on its model: a Transformer of 3
+// blocks of 768 (vocabulary 32, no weight tying), every block then the root wrapped with reshard_after_forward
+// true or false, one sequence of 4 tokens, Adam without foreach, 2 ranks. Its bounds count from before the model was
+// built, in its first iteration; a probe reads the steady state, where the optimizer's state is there before the
+// step begins, so the forward's peak is params + forward_peak and the backward's is step_peak - optimizer_state.
+class FsdpBoundsTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FsdpBoundsTest, PeaksStayWithinTheBoundsPyTorchAsserts) {
+  const bool reshard = GetParam();
+  testing::TempDir dir;
+  const auto path = dir / "transformer_fsdp.yaml";
+  write_file_atomically(path, fmt::format(R"(model:
+  arch: gpt
+  vocab_size: 32
+  seq_len: 4
+  n_layer: 3
+  n_embd: 768
+  n_head: 12
+  mlp: gelu
+  norm: layernorm
+  position: learned
+  bias: true
+  tied_embeddings: false
+training:
+  optimizer: adamw
+  optimizer_impl: for_loop
+  trainable: all
+  distributed:
+    strategy: fsdp
+    world_size: 2
+    reshard_after_forward: {}
+batch_sizes: [1]
+)", reshard));
+  const auto fixture = load_fixture(path);
+  // PyTorch's bounds are NCCL's on a GPU, whose all-gather works in place: the estimate for CUDA. On the CPU,
+  // Gloo's all-gather has a flat output of its own (the unit's unsharded size) during the collective: the
+  // measurement is held to the bounds with one more block.
+  const auto estimated = estimate_probe(fixture, 1, EstimateTarget::kCuda);
+  const auto measured = run_probe(fixture, 1, kCpu);
+  ASSERT_FALSE(estimated.oom || measured.oom) << estimated.error << measured.error;
+  // The test's numels, from the model's parameters.
+  const auto model = build_model(fixture.model, c10::Device(c10::DeviceType::Meta));
+  std::int64_t unsharded = 0, max_block = 0, non_block = 0;
+  std::map<std::string, std::int64_t> blocks;
+  for (const auto& named : model->module().named_parameters()) {
+    unsharded += named.value().numel();
+    if (named.key().starts_with("h.")) blocks[named.key().substr(0, named.key().find('.', 2))] += named.value().numel();
+    else non_block += named.value().numel();
+  }
+  for (const auto& [name, numel] : blocks) max_block = std::max(max_block, numel);
+  ASSERT_EQ(blocks.size(), 3U);
+  const double sharded = static_cast<double>((unsharded + 1) / 2);
+  const double mb = 1e6;
+  const double buffer = 16 * mb;  // the test's allowance for activations and fragmentation
+  const auto bytes = [](double numel) { return numel * 4.0; };
+  const double forward_bound =
+      reshard ? bytes(3.0 * static_cast<double>(max_block) + static_cast<double>(non_block) + sharded) + buffer
+              : bytes(sharded + static_cast<double>(unsharded) + static_cast<double>(max_block)) + buffer;
+  const double backward_bound =
+      reshard ? bytes(4.0 * static_cast<double>(max_block) + static_cast<double>(non_block) + 2.0 * sharded) + buffer
+              : bytes(sharded + static_cast<double>(unsharded) + 1.5 * static_cast<double>(max_block)) + buffer;
+  for (const auto* probe : {&estimated, &measured}) {
+    const bool gloo = probe == &measured;
+    const double gloo_flat_output = gloo ? bytes(static_cast<double>(max_block)) : 0.0;
+    ASSERT_EQ(probe->ranks.size(), 2U);
+    for (const auto& r : probe->ranks) {
+      const auto& c = r.components;
+      const auto at = fmt::format("{} rank {}", gloo ? "measured (Gloo)" : "estimated for CUDA", r.rank);
+      const auto forward = static_cast<double>(c.params + c.forward_peak);
+      const auto backward = static_cast<double>(c.step_peak - c.optimizer_state);
+      EXPECT_LE(forward, forward_bound + gloo_flat_output) << at << ": forward " << forward / mb << " MB, bound "
+                                                           << (forward_bound + gloo_flat_output) / mb;
+      EXPECT_LE(backward, backward_bound + gloo_flat_output) << at << ": backward " << backward / mb << " MB, bound "
+                                                             << (backward_bound + gloo_flat_output) / mb;
+      // The optimizer step: 1x sharded parameters and gradients, 2x sharded state (+ the buffer).
+      EXPECT_LE(static_cast<double>(c.params + c.gradients + c.optimizer_state), bytes(4.0 * sharded) + buffer) << at;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ReshardAfterForward, FsdpBoundsTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "true" : "false"; });
 
 struct EstimateCase {
   int world;
