@@ -353,8 +353,11 @@ ExitCode check_estimated_budgets(const std::string& suite_path, const std::strin
     const auto probe = memgate::estimate_probe(fixture, budget.batch_size, memgate::EstimateTarget::kCuda);
     const auto check = memgate::check_budget(probe.components.step_peak_reserved, gpu);
     over += check.fits() ? 0 : 1;
+    // A distributed fixture's budget holds each rank on a GPU of its own: its components are the largest rank's.
+    const auto& d = fixture.training.distributed;
+    const auto on = d.enabled() ? fmt::format("{} x {}, per rank", d.world_size, gpu.name) : gpu.name;
     fmt::print("  {:<32} bs {:<4} on {:<34} needs {:>11} of {:>11}  {}\n", budget.fixture, budget.batch_size,
-               gpu.name, memgate::format_bytes(check.required), memgate::format_bytes(check.available),
+               on, memgate::format_bytes(check.required), memgate::format_bytes(check.available),
                check.fits() ? "fits [estimate]" : "DOES NOT FIT [estimate]");
   }
   fmt::print("{} of {} budgets fit, by estimate; a GPU runner's memory suite measures them\n",
@@ -648,14 +651,16 @@ Run add_check(CLI::App& app) {
 
 Run add_summary(CLI::App& app) {
   struct Options {
-    std::string results;
+    std::vector<std::string> results;
     std::string output;
     std::string html;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--results", o->results, "The memory suite's results (build/<preset>/memgate-results.jsonl)")
+  app.add_option("--results", o->results,
+                 "The memory suite's results (build/<preset>/memgate-results.jsonl); several: one report of a suite "
+                 "split across runners")
       ->required()
-      ->type_name("FILE");
+      ->type_name("FILE ...");
   app.add_option("--output", o->output, "Also write the Markdown to this file")->type_name("FILE");
   app.add_option("--html", o->html,
                  "Also write, per changed fixture, its baseline against this run as HTML plots (memgate compare's "
@@ -666,8 +671,8 @@ Run add_summary(CLI::App& app) {
       "measured, difference); appends it to $GITHUB_STEP_SUMMARY when that is set. Exits 1 when any component\n"
       "regressed, changed or ran out of memory."));
   return [o] {
-    refuse_output_onto_input(o->output, {o->results});
-    refuse_output_onto_input(o->html, {o->results});
+    refuse_output_onto_input(o->output, o->results);
+    refuse_output_onto_input(o->html, o->results);
     auto summary = memgate::summarize_results(o->results);
     if (!o->html.empty()) {
       memgate::write_file_atomically(

@@ -312,6 +312,14 @@ TEST_P(MeasureTest, Probes) {
     }
     GTEST_SKIP() << reason;
   }
+  if (g.gpu() && g.world_size > 0) {
+    const auto reason = fmt::format("{} ranks: per-rank probes on GPUs (NCCL, one GPU per rank) are not built yet; "
+                                    "its budgets are checked by estimate (memgate estimate --suite)", g.world_size);
+    for (const auto& c : g.fixtures) {
+      write_verdict_file(verdict_path(dir, c), {.suite = c.suite, .fixture = c.fixture, .skipped = reason});
+    }
+    GTEST_SKIP() << reason;
+  }
   const auto device = g.gpu() ? gpu_for_test() : c10::Device(c10::DeviceType::CPU);
   for (const auto& c : g.fixtures) {
     if (update_mode()) {
@@ -349,6 +357,9 @@ TEST_P(BudgetTest, HoldsUnderAllocatorCap) {
   const auto& b = GetParam();
   const auto& target = gpu_spec(b.gpu);
   if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: allocator caps are confirmed on a GPU runner";
+  if (distributed_world_size(GetParam().fixture_path) > 0) {
+    GTEST_SKIP() << "per-rank probes on GPUs (NCCL) are not built yet: memgate estimate --suite checks this budget";
+  }
   const auto device = gpu_for_test();
   const auto fixture = load_fixture(b.fixture_path);
   const auto info = describe_device(device);
@@ -383,11 +394,12 @@ TEST(SuiteTest, LoadsEverySuite) {
 // `--memgate_ctest_list`: the CTest registration of every test. Measuring tests (label `measure`) set up one CTest
 // fixture each and hold the GPU; the component tests (run by `verdict_binary`) require it, so that `ctest -R` on
 // one of them measures first, and a measuring test that fails marks them not run.
-// The resources a measuring test holds: a GPU (N for a distributed fixture: one per rank), or on the CPU one
-// processor per rank, so that ctest -j does not run more rank processes than there are cores.
+// The resources a measuring test holds: a GPU, or on the CPU one processor per rank, so that ctest -j does not run
+// more rank processes than there are cores. A distributed fixture on GPUs will hold N GPUs (RESOURCE_GROUPS N,gpus:1)
+// once its ranks measure there; while it is skipped it holds none, so a runner with fewer GPUs than ranks (CTest
+// would not run the test: "insufficient resources") still passes its suite.
 std::string resources(const MeasureGroup& g) {
-  if (g.gpu()) return g.world_size > 0 ? fmt::format(" RESOURCE_GROUPS {},gpus:1", g.world_size)
-                                       : std::string(" RESOURCE_GROUPS gpus:1");
+  if (g.gpu()) return g.world_size > 0 ? std::string() : std::string(" RESOURCE_GROUPS gpus:1");
   return g.world_size > 0 ? fmt::format(" PROCESSORS {}", g.world_size) : std::string();
 }
 

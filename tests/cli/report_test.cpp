@@ -212,7 +212,11 @@ TEST(ReportCliTest, EstimateChecksASuitesBudgetsWithoutAGpu) {
   const auto root = testing::source_dir() + "/fixtures";
   ASSERT_EQ(testing::run(fmt::format("{} estimate --suite {}/suites/gpu.yaml", kCli, root), &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("lisa_7b_bf16"));
-  EXPECT_THAT(out, HasSubstr("5 of 5 budgets fit, by estimate"));
+  EXPECT_THAT(out, HasSubstr("7 of 7 budgets fit, by estimate"));
+  // The distributed fixtures' budgets hold each rank on a GPU of its own.
+  EXPECT_THAT(out, HasSubstr("llama_7b_fsdp"));
+  EXPECT_THAT(out, HasSubstr("8 x NVIDIA A100-SXM4 (40 GB), per rank"));
+  EXPECT_THAT(out, HasSubstr("4 x NVIDIA GeForce RTX 4090 (24 GB), per rank"));
   EXPECT_THAT(out, Not(HasSubstr("DOES NOT FIT")));
   // A budget no estimate can meet fails the check (exit 1) and says which.
   testing::TempDir dir;
