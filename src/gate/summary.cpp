@@ -6,6 +6,7 @@
 #include "memgate/gate/verdict.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -100,21 +101,29 @@ std::string table_row(const Row& r, bool with_fixture) {
 
 }  // namespace
 
-Summary summarize_results(const std::string& path) {
-  if (std::filesystem::is_directory(path)) throw Error(path + ": is a directory, expected a results file (JSON lines)");
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot read (run the tests with MEMGATE_RESULTS set; the test presets set it)");
-  // device / fixture -> (batch, component) -> row; the last row of a test wins (re-runs append).
+Summary summarize_results(const std::string& path) { return summarize_results(std::vector<std::string>{path}); }
+
+Summary summarize_results(const std::vector<std::string>& paths) {
+  // device / fixture -> (batch, component) -> row; the last row of a test wins (re-runs append; a later file wins).
   std::map<std::string, std::map<std::pair<std::int64_t, std::string>, Row>> rows;
-  std::string line;
-  int number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.empty()) continue;
-    auto r = parse_row(line, where(path, number));
-    rows[r.device + " / " + r.fixture][{r.batch_size, r.component}] = std::move(r);
+  for (const auto& path : paths) {
+    if (std::filesystem::is_directory(path)) {
+      throw Error(path + ": is a directory, expected a results file (JSON lines)");
+    }
+    std::ifstream in(path);
+    if (!in) throw Error(path + ": cannot read (run the tests with MEMGATE_RESULTS set; the test presets set it)");
+    std::string line;
+    int number = 0;
+    while (std::getline(in, line)) {
+      ++number;
+      if (line.empty()) continue;
+      auto r = parse_row(line, where(path, number));
+      rows[r.device + " / " + r.fixture][{r.batch_size, r.component}] = std::move(r);
+    }
   }
-  if (rows.empty()) throw Error(path + ": no results (did the memory suite run?)");
+  if (rows.empty()) {
+    throw Error(fmt::format("{}: no results (did the memory suite run?)", fmt::join(paths, ", ")));
+  }
 
   std::map<Status, int> counts;
   std::vector<const Row*> changed;  // every row that is not ok, or whose bytes moved within the tolerance

@@ -73,6 +73,21 @@ TEST(SummaryTest, ComparesEachChangedFixturesBaselineWithThisRun) {
   EXPECT_EQ(html.find("vit_tiny"), std::string::npos);
 }
 
+// A GPU suite split across runners: each runner's results file, one report; a regression on any runner fails it.
+TEST(SummaryTest, ResultsOfSeveralRunnersMakeOneReport) {
+  testing::TempDir dir;
+  testing::write_file(dir / "runner1.jsonl", row("retfound_large_lora", 32, "params", "ok", 1000, 1000));
+  testing::write_file(dir / "runner2.jsonl", row("lisa_7b_bf16", 2, "activations", "regression", 100, 200) +
+                                                 row("lisa_7b_bf16", 2, "params", "ok", 10, 10));
+  const auto s = summarize_results(std::vector<std::string>{dir / "runner1.jsonl", dir / "runner2.jsonl"});
+  EXPECT_TRUE(s.failed) << "runner 2's regression";
+  EXPECT_THAT(s.markdown, HasSubstr("of 3 components in 2 fixtures"));
+  EXPECT_THAT(s.markdown, HasSubstr("| cpu / lisa_7b_bf16 | 2 | activations"));
+  const auto one = summarize_results(std::vector<std::string>{dir / "runner1.jsonl"});
+  EXPECT_FALSE(one.failed);
+  EXPECT_THROW((void)summarize_results(std::vector<std::string>{dir / "runner1.jsonl", dir / "missing.jsonl"}), Error);
+}
+
 TEST(SummaryTest, AllEqualSaysSo) {
   testing::TempDir dir;
   testing::write_file(dir / "r.jsonl", row("a", 1, "params", "ok", 10, 10));

@@ -20,5 +20,8 @@ struct Summary {
 /// a component x batch-size table of baseline, measured and difference. Throws memgate::Error for a file that
 /// cannot be read or a line that is not JSON (naming the file and the line).
 [[nodiscard]] Summary summarize_results(const std::string& path);
+/// The results of several runs at once (a GPU suite split across runners, one results file each), as one file
+/// of their lines in this order.
+[[nodiscard]] Summary summarize_results(const std::vector<std::string>& paths);
 
 }  // namespace memgate
