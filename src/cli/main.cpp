@@ -252,6 +252,16 @@ void add_cpu_kernels_option(CLI::App& app, std::string& kernels) {
 }
 
 // A fixture as a run measures it: with the kernels the run asks for (--cpu-kernels).
+// --world-size N (estimate, advise): a distributed fixture over N ranks instead of its world_size; 0 leaves it.
+void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const std::string& config) {
+  if (world_size <= 0) return;
+  if (!fixture.training.distributed.enabled()) {
+    throw memgate::Error(fmt::format("--world-size {}: {} trains on one device (no training.distributed block)",
+                                     world_size, config));
+  }
+  fixture.training.distributed.world_size = world_size;
+}
+
 memgate::Fixture load_fixture_for_run(const std::string& path, const std::string& cpu_kernels) {
   auto fixture = memgate::load_fixture(path);
   memgate::override_cpu_kernels(fixture, cpu_kernels, "--cpu-kernels");
@@ -439,13 +449,7 @@ Run add_estimate(CLI::App& app) {
     if (!o->suite.empty()) return check_estimated_budgets(o->suite, o->files.gpus);
     o->files.refuse_onto(o->config);
     auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
-    if (o->world_size > 0) {
-      if (!fixture.training.distributed.enabled()) {
-        throw memgate::Error(fmt::format("--world-size {}: {} trains on one device (no training.distributed block)",
-                                         o->world_size, o->config));
-      }
-      fixture.training.distributed.world_size = o->world_size;
-    }
+    set_world_size(fixture, o->world_size, o->config);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto target = o->target == "cpu" ? memgate::EstimateTarget::kCpu : memgate::EstimateTarget::kCuda;
     memgate::ProbeOptions options;
@@ -481,6 +485,7 @@ Run add_advise(CLI::App& app) {
     std::string output;
     std::string gpus = default_gpus_dir();
     std::string cpu_kernels;
+    std::int64_t world_size = 0;
   };
   auto o = std::make_shared<Options>();
   app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")->required()->type_name("FILE");
@@ -503,6 +508,11 @@ Run add_advise(CLI::App& app) {
   add_cpu_kernels_option(app, o->cpu_kernels);
   app.add_flag("--from-estimates", o->from_estimates,
                "Pick each probe from estimates (memgate estimate) scaled by the measured peaks, not from a line");
+  app.add_option("--world-size", o->world_size,
+                 "A distributed fixture over this many ranks instead of its world_size: the largest micro-batch "
+                 "each rank fits")
+      ->type_name("N")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{4096}));
   app.add_option("--output", o->output, "Also write the advice as JSON to this file")->type_name("FILE");
   app.add_option("--gpus", o->gpus, "Folder of GPU fixtures")->capture_default_str()->type_name("DIR");
   app.parse_complete_callback([gpu, all, capacity] {
@@ -518,7 +528,8 @@ Run add_advise(CLI::App& app) {
       "- outside_allocator_bytes."));
   return [o] {
     refuse_output_onto_input(o->output, {o->config});
-    const auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
+    auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
+    set_world_size(fixture, o->world_size, o->config);
     const auto device = memgate::resolve_device(o->device);
     auto targets = gpu_targets(o->gpus, o->gpu, o->all_gpus);
     if (o->capacity_mib > 0) {

@@ -315,6 +315,7 @@ Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets
   Advice advice;
   advice.device = describe_probe_device(device, workload);
   advice.fixture = workload.name;
+  if (workload.training.distributed.enabled()) advice.world_size = workload.training.distributed.world_size;
   advice.from_estimates = options.from_estimates;
   const auto shared = shared_probes(workload, device, workload.training.accumulation_steps);
   // Estimates of the workload as it is and with accumulation, when asked for (each computed on first use).
@@ -464,12 +465,18 @@ nlohmann::json advice_to_json(const Advice& advice) {
           {"model", {{"name", advice.fixture}}},
           {"total_probes", advice.total_probes},
           {"from_estimates", advice.from_estimates},
+          {"world_size", advice.world_size},
           {"targets", targets}};
 }
 
 std::string format_advice(const Advice& advice) {
-  std::string out = fmt::format("memgate advise: {} on {} ({})\n\n", advice.fixture, advice.device.name,
+  std::string out = fmt::format("memgate advise: {} on {} ({})\n", advice.fixture, advice.device.name,
                                 advice.device.device.str());
+  if (advice.world_size > 0) {
+    out += fmt::format("{} ranks: each batch is one rank's micro-batch, each rank on a target of its own\n",
+                       advice.world_size);
+  }
+  out += "\n";
   out += fmt::format("{:<34} {:>12} {:>8} {:>10} {:>7}  {}\n", "target", "usable", "batch", "predicted", "probes",
                      "peak = fixed + per sample x batch");
   for (const auto& t : advice.targets) {

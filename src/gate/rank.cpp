@@ -58,10 +58,12 @@ int rank_main(int argc, char** argv) {
     const auto batch_size = to_int(args, "batch-size");
     auto fixture = load_fixture(args["fixture"]);
     override_cpu_kernels(fixture, args["cpu-kernels"], "--cpu-kernels");
-    if (fixture.training.distributed.world_size != world) {
-      throw Error(fmt::format("{}: world_size is {}, the probe started {} ranks", fixture.source,
-                              fixture.training.distributed.world_size, world));
+    if (!fixture.training.distributed.enabled()) {
+      throw Error(fmt::format("{}: trains on one device (no training.distributed block), yet a rank of {} was started",
+                              fixture.source, world));
     }
+    // The probe's world size: the fixture's, or what `--world-size` set for the run (estimate, advise).
+    fixture.training.distributed.world_size = world;
     ProbeOptions options;
     if (args.contains("warmup-steps")) options.warmup_steps = static_cast<int>(to_int(args, "warmup-steps"));
     if (args.contains("cpu-threads")) options.cpu_threads = static_cast<int>(to_int(args, "cpu-threads"));

@@ -9,6 +9,7 @@
 #include "fixture_util.h"
 #include "test_util.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -126,6 +127,28 @@ TEST(ProfileCliTest, SameProbeInTwoProcessesGivesIdenticalBytes) {
 // Each probe's bytes are independent of what the process measured before it (cuBLAS / cuBLASLt workspaces on
 // CUDA live per handle and stream and outlive empty_cache): probing batch sizes in the orders A,B and B,A gives
 // identical bytes per probe, each order in a fresh process as `memgate profile` runs.
+
+// --world-size N: the largest micro-batch each of N ranks fits (their rank processes run the fixture over N). FSDP
+// shards the model states over more ranks at 4 than at 2, so each rank fits at least as large a batch.
+TEST(AdviseCliTest, WorldSizeAdvisesEachRanksMicroBatch) {
+  testing::TempDir dir;
+  const std::string cli = MEMGATE_CLI;
+  const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_fsdp.yaml";
+  std::string out;
+  std::map<int, nlohmann::json> advice;
+  for (const int world : {2, 4}) {
+    const auto json = dir / fmt::format("advice{}.json", world);
+    ASSERT_EQ(testing::run(fmt::format("{} advise --config {} --device cpu --capacity-mib 6 --world-size {} --output {}",
+                                       cli, fixture, world, json), &out), 0) << out;
+    EXPECT_THAT(out, HasSubstr(fmt::format("{} ranks: each batch is one rank's micro-batch", world)));
+    advice[world] = nlohmann::json::parse(testing::read_file(json));
+    EXPECT_EQ(advice[world]["world_size"], world);
+  }
+  EXPECT_GT(advice[4]["targets"][0]["batch_size"].get<int>(), advice[2]["targets"][0]["batch_size"].get<int>());
+  const auto plain = testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
+  EXPECT_EQ(testing::run(cli + " advise --config " + plain + " --device cpu --capacity-mib 6 --world-size 2", &out), 3);
+  EXPECT_THAT(out, HasSubstr("trains on one device"));
+}
 
 TEST(AdviseCliTest, AdvisesForACapacityAndWritesJson) {
   testing::TempDir dir;

@@ -90,6 +90,8 @@ struct Advice {
   std::vector<TargetAdvice> targets;
   int total_probes = 0;  ///< every probe run, shared ones counted once
   bool from_estimates = false;  ///< probes picked from estimates (AdviseOptions::from_estimates)
+  /// A distributed fixture's ranks (0 on one device): every batch is a micro-batch per rank, each rank on a target.
+  std::int64_t world_size = 0;
 };
 
 struct AdviseOptions {
