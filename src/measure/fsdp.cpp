@@ -159,15 +159,6 @@ std::vector<torch::Tensor> FullyShard::trainable_shards() const {
   return out;
 }
 
-std::int64_t FullyShard::sharded_bytes() const {
-  std::int64_t bytes = 0;
-  for (const auto& unit : units_) {
-    for (const auto& p : unit->params) bytes += static_cast<std::int64_t>(p.padded.nbytes());
-  }
-  return bytes;
-}
-
-std::int64_t FullyShard::unit_count() const { return static_cast<std::int64_t>(units_.size()); }
 
 // FSDPParamGroup.unshard: the shards copied into this rank's slice of one buffer, all-gathered into the rest.
 void FullyShard::unshard(Unit& unit) {

@@ -134,9 +134,6 @@ class FullyShard final : public BlockHook {
 
   /// The shards of the parameters that train, in module order: what the optimizer steps.
   [[nodiscard]] std::vector<torch::Tensor> trainable_shards() const;
-  /// Bytes of every padded shard this rank keeps, and how many units there are.
-  [[nodiscard]] std::int64_t sharded_bytes() const;
-  [[nodiscard]] std::int64_t unit_count() const;
 
   /// The model's forward, wrapped as the root's: its pre-forward before, the blocks' hooks during, its post-forward
   /// after (hooking `output`, the loss: the root's backward starts at it).
