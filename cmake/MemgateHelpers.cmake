@@ -36,8 +36,9 @@ endfunction()
 # A unit-test executable linked to the layer it tests and GoogleTest, its tests registered with CTest under one
 # label (cpu, or gpu for the CUDA tests: gtest_discover_tests keeps one label per property value). It reuses the
 # precompiled LibTorch headers only when it links LibTorch. GPU: each test claims one GPU (CTest resource groups).
+# PROCESSORS n: each test claims n cores (tests that start rank processes), so ctest -j does not oversubscribe.
 function(memgate_add_test name)
-  cmake_parse_arguments(ARG "GPU" "LABEL" "SOURCES;LINK" ${ARGN})
+  cmake_parse_arguments(ARG "GPU" "LABEL;PROCESSORS" "SOURCES;LINK" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
   target_compile_definitions(${name} PRIVATE MEMGATE_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
@@ -49,10 +50,15 @@ function(memgate_add_test name)
   if(ARG_GPU)
     set(gpu_resources RESOURCE_GROUPS gpus:1)
   endif()
+  set(processors "")
+  if(ARG_PROCESSORS)
+    set(processors PROCESSORS ${ARG_PROCESSORS})
+  endif()
   include(GoogleTest)
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
-    PROPERTIES LABELS "${ARG_LABEL}" ENVIRONMENT "MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}" ${gpu_resources})
+    PROPERTIES LABELS "${ARG_LABEL}" ENVIRONMENT "MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}" ${gpu_resources}
+               ${processors})
 endfunction()
 
 # memgate_add_bench(<name> SOURCES <files...>)
