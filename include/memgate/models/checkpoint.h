@@ -45,7 +45,8 @@ class BlockHookScope {
 /// `block->forward(x)`, through `checkpoint` when `checkpointed`, and through the thread's BlockHook if any.
 template <typename Block>
 [[nodiscard]] torch::Tensor run_block(Block block, const torch::Tensor& x, bool checkpointed) {
-  BlockFn forward = [block, checkpointed](const torch::Tensor& t) mutable -> torch::Tensor {
+  // A plain lambda: a std::function (a heap allocation per block and step) only when a hook takes it.
+  auto forward = [block, checkpointed](const torch::Tensor& t) mutable -> torch::Tensor {
     if (!checkpointed) return block->forward(t);
     return checkpoint([block](const torch::Tensor& u) mutable { return block->forward(u); }, t);
   };
