@@ -23,7 +23,6 @@ struct FullyShard::Unit {
     torch::Tensor shard;   ///< the unpadded rows of `padded`, a leaf: what the optimizer steps (sharded_param)
     std::int64_t padded_numel = 0;  ///< elements of `padded`
   };
-  std::string name;
   const torch::nn::Module* module = nullptr;  ///< a block's module; null for the root
   bool root = false;
   std::vector<Param> params;
@@ -100,9 +99,9 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, RankGroup grou
     const auto modules = module.named_modules();
     for (const auto& prefix : model.block_prefixes()) {
       auto unit = std::make_unique<Unit>();
-      unit->name = prefix.substr(0, prefix.size() - 1);
-      const auto* found = modules.find(unit->name);
-      if (found == nullptr) throw Error(fmt::format("fully_shard: the model has no block module '{}'", unit->name));
+      const auto name = prefix.substr(0, prefix.size() - 1);
+      const auto* found = modules.find(name);
+      if (found == nullptr) throw Error(fmt::format("fully_shard: the model has no block module '{}'", name));
       unit->module = found->get();
       for (std::size_t i = 0; i < named.size(); ++i) {
         if (!taken[i] && named[i].key().starts_with(prefix)) {
@@ -114,19 +113,19 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, RankGroup grou
     }
   }
   auto root = std::make_unique<Unit>();
-  root->name = "root";
   root->root = true;
   for (std::size_t i = 0; i < named.size(); ++i) {
     if (!taken[i]) root->params.emplace_back().full = named[i].value();
   }
   units_.push_back(std::move(root));
 
-  // FSDPParam._init_sharded_param: torch.chunk's rows of dim 0, this rank's copied into zeros of the first chunk's
-  // size; then the full parameter is let go (here: its storage freed), unit by unit as fully_shard goes.
   // Gloo on the CPU, and an estimate for the CPU; NCCL on GPUs.
   const auto device = units_.back()->params.empty() ? c10::Device(c10::DeviceType::CPU)
                                                     : units_.back()->params.front().full.device();
   gloo_ = device.is_cpu() || (device.is_meta() && meta_kernels_target() == EstimateTarget::kCpu);
+
+  // FSDPParam._init_sharded_param: torch.chunk's rows of dim 0, this rank's copied into zeros of the first chunk's
+  // size; then the full parameter is let go (here: its storage freed), unit by unit as fully_shard goes.
   torch::NoGradGuard no_grad;
   const auto world = static_cast<std::int64_t>(group_.world_size);
   const auto rank = static_cast<std::int64_t>(group_.rank);
@@ -158,7 +157,6 @@ std::vector<torch::Tensor> FullyShard::trainable_shards() const {
   }
   return out;
 }
-
 
 // FSDPParamGroup.unshard: the shards copied into this rank's slice of one buffer, all-gathered into the rest.
 void FullyShard::unshard(Unit& unit) {
@@ -242,12 +240,7 @@ void FullyShard::pre_backward(Unit& unit) {
     if (unit.post_forward_indices.empty()) return;
     const auto current = unit.post_forward_indices.back();
     unit.post_forward_indices.pop_back();
-    if (current == 0) return;
-    auto& target = *post_forward_order_[current - 1];
-    const auto state = target.state;
-    target.state = Unit::State::kPreBackward;
-    unshard(target);
-    target.state = state;
+    if (current > 0) unshard(*post_forward_order_[current - 1]);
     return;
   }
   const auto blocks = static_cast<std::int64_t>(units_.size()) - 1;
