@@ -274,10 +274,6 @@ void fold_ranks(ProbeResult& result) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 bool& rank_host() {
   static bool host = false;
   return host;
@@ -336,6 +332,15 @@ std::string tail_of(const std::string& path, std::size_t chars = 4000) {
   auto text = s.str();
   if (text.size() > chars) text = "..." + text.substr(text.size() - chars);
   return text;
+}
+
+// What rank `rank` wrote into `dir` (rank_result_text); throws for a rank that left none.
+nlohmann::json read_rank_result(const std::filesystem::path& dir, int rank) {
+  return nlohmann::json::parse(read_text_file((dir / fmt::format("rank{}.json", rank)).string(), "a rank's result file"));
+}
+
+std::string rank_oom_error(int rank, const nlohmann::json& j) {
+  return fmt::format("rank {}: {}", rank, j.at("error").get<std::string>());
 }
 
 Components components_from(const nlohmann::json& j) {
@@ -446,11 +451,10 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     // Ranks differ (FSDP's shards do), so one may run out alone: the probe ran out of memory, as that rank did.
     for (int r = 0; r < world; ++r) {
       try {
-        const auto j = nlohmann::json::parse(
-            read_text_file((dir / fmt::format("rank{}.json", r)).string(), "a rank's result file"));
+        const auto j = read_rank_result(dir, r);
         if (j.at("oom").get<bool>()) {
           result.oom = true;
-          result.error = fmt::format("rank {}: {}", r, j.at("error").get<std::string>());
+          result.error = rank_oom_error(r, j);
           result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           return result;
         }
@@ -461,16 +465,15 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, failure));
   }
   for (int r = 0; r < world; ++r) {
-    const auto path = (dir / fmt::format("rank{}.json", r)).string();
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(read_text_file(path, "a rank's result file"));
+      j = read_rank_result(dir, r);
     } catch (const std::exception& e) {
       throw Error(fmt::format("{}: rank {} left no result ({})", workload.source, r, e.what()));
     }
     if (j.at("oom").get<bool>()) {
       result.oom = true;
-      if (result.error.empty()) result.error = fmt::format("rank {}: {}", r, j.at("error").get<std::string>());
+      if (result.error.empty()) result.error = rank_oom_error(r, j);
       continue;
     }
     RankComponents rc{.rank = r,
