@@ -3,6 +3,8 @@
 
 #include "memgate/base/process.h"
 
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +28,12 @@ inline std::string host_cpu_flags() {
     if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) return line.substr(line.find(':') + 1);
   }
   return {};
+}
+
+/// |estimate - measured| as a percentage of measured (0 when both are 0, 100 when only measured is).
+inline double error_pct(std::int64_t estimate, std::int64_t measured) {
+  return measured == 0 ? (estimate == 0 ? 0.0 : 100.0)
+                       : 100.0 * std::abs(static_cast<double>(estimate - measured)) / static_cast<double>(measured);
 }
 
 inline std::string source_dir() {

@@ -32,11 +32,6 @@ Fixture ddp_twin(const testing::TempDir& dir, std::int64_t world_size) {
   return load_fixture(path);
 }
 
-double error_pct(std::int64_t estimate, std::int64_t measured) {
-  return measured == 0 ? (estimate == 0 ? 0.0 : 100.0)
-                       : 100.0 * std::abs(static_cast<double>(estimate - measured)) / static_cast<double>(measured);
-}
-
 TEST(DdpTest, EachRankKeepsAReplicaAndBucketsHoldingEveryGradient) {
   testing::TempDir dir;
   const auto fixture = ddp_twin(dir, 2);
@@ -78,7 +73,7 @@ TEST_P(DdpEstimateTest, EqualsEachRanksMeasurement) {
       EXPECT_EQ(e.comm_buffer_bytes, m.comm_buffer_bytes) << at;
       EXPECT_EQ(e.comm_buffers, m.comm_buffers) << at << ": the same rebuilt buckets";
       for (const auto* peak : {"activations", "forward_peak", "eval_peak", "step_peak"}) {
-        EXPECT_LE(error_pct(e.components.get(peak), m.components.get(peak)), 1.0)
+        EXPECT_LE(testing::error_pct(e.components.get(peak), m.components.get(peak)), 1.0)
             << at << ": " << peak << " " << e.components.get(peak) << " vs " << m.components.get(peak);
       }
     }

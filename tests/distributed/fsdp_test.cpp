@@ -58,11 +58,6 @@ Shards shards_of(const Fixture& fixture, std::int64_t rank, std::int64_t world) 
   return s;
 }
 
-double error_pct(std::int64_t estimate, std::int64_t measured) {
-  return measured == 0 ? (estimate == 0 ? 0.0 : 100.0)
-                       : 100.0 * std::abs(static_cast<double>(estimate - measured)) / static_cast<double>(measured);
-}
-
 TEST(FsdpTest, EachRankKeepsPaddedShardsOfParametersGradientsAndOptimizerState) {
   testing::TempDir dir;
   const auto fixture = fsdp_twin(dir, 2);
@@ -217,7 +212,7 @@ TEST_P(FsdpEstimateTest, EqualsEachRanksMeasurement) {
       EXPECT_EQ(e.gradients, m.gradients) << at;
       EXPECT_EQ(e.optimizer_state, m.optimizer_state) << at;
       for (const auto* peak : {"activations", "forward_peak", "eval_peak", "step_peak"}) {
-        EXPECT_LE(error_pct(e.get(peak), m.get(peak)), 1.0)
+        EXPECT_LE(testing::error_pct(e.get(peak), m.get(peak)), 1.0)
             << at << ": " << peak << " " << e.get(peak) << " vs " << m.get(peak);
       }
     }

@@ -91,10 +91,7 @@ std::vector<SuiteFixture> cpu_suite() {
   return out;
 }
 
-double error_pct(std::int64_t estimate, std::int64_t measured) {
-  return measured == 0 ? (estimate == 0 ? 0.0 : 100.0) : 100.0 * std::abs(static_cast<double>(estimate - measured)) /
-                                                             static_cast<double>(measured);
-}
+using testing::error_pct;
 
 class EstimateAccuracyTest : public ::testing::TestWithParam<SuiteFixture> {};
 
