@@ -18,11 +18,9 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timm_reference  # noqa: E402
@@ -56,23 +54,12 @@ def main(argv=None) -> int:
     p.add_argument("--batch-sizes", default="1,2")
     p.add_argument("--warmup-steps", type=int, default=2)
     a = p.parse_args(argv)
-    import yaml
-
-    with open(a.config) as f:
-        fixture = yaml.safe_load(f)
-    d = fixture.get("training", {}).get("distributed", {})
-    if d.get("strategy") != "ddp":
-        p.error(f"{a.config}: training.distributed.strategy must be ddp")
+    d = timm_reference.distributed_block(a.config, "ddp", p.error)
     world = a.world_size or d["world_size"]
     ddp = {"gradient_as_bucket_view": bool(d.get("gradient_as_bucket_view", False))}
     if "bucket_cap_mb" in d:
         ddp["bucket_cap_mb"] = d["bucket_cap_mb"]
-    # The model's sizes and training from the fixture, as timm_reference.py reads them.
-    ref = timm_reference.parse_args_from_config(a.config, a.warmup_steps)
-    ref.batch_size_list = [int(s) for s in a.batch_sizes.split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(rank_main, args=(world, os.path.join(tmp, "store"), ref, ddp, tmp), nprocs=world, join=True)
-        ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]
+    ranks = timm_reference.run_ranks(rank_main, world, a.config, a.warmup_steps, a.batch_sizes, ddp)
     json.dump({"reference": "torch DistributedDataParallel (Gloo), timm eager", "world_size": world, "ddp": ddp,
                "ranks": ranks}, sys.stdout, indent=1)
     print()

@@ -33,11 +33,9 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timm_reference  # noqa: E402
@@ -141,13 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--backward-prefetch", type=int,
                    help="blocks each unit prefetches in backward (default: the fixture's backward_prefetch, else 1)")
     a = p.parse_args(argv)
-    import yaml
-
-    with open(a.config) as f:
-        fixture = yaml.safe_load(f)
-    d = fixture.get("training", {}).get("distributed", {})
-    if d.get("strategy") != "fsdp":
-        p.error(f"{a.config}: training.distributed.strategy must be fsdp")
+    d = timm_reference.distributed_block(a.config, "fsdp", p.error)
     if d.get("units", "blocks") != "blocks":
         p.error(f"{a.config}: only units: blocks is mirrored")
     world = a.world_size or d["world_size"]
@@ -159,12 +151,7 @@ def main(argv=None) -> int:
             else int(d.get("backward_prefetch", 1))}
     if fsdp["backward_prefetch"] < 1:
         p.error("--backward-prefetch: at least 1")
-    # The model's sizes and training from the fixture, as timm_reference.py reads them.
-    ref = timm_reference.parse_args_from_config(a.config, a.warmup_steps)
-    ref.batch_size_list = [int(s) for s in a.batch_sizes.split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(rank_main, args=(world, os.path.join(tmp, "store"), ref, fsdp, tmp), nprocs=world, join=True)
-        ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]
+    ranks = timm_reference.run_ranks(rank_main, world, a.config, a.warmup_steps, a.batch_sizes, fsdp)
     json.dump({"reference": "torch fully_shard (FSDP2, Gloo), timm eager", "world_size": world, "fsdp": fsdp,
                "ranks": ranks}, sys.stdout, indent=1)
     print()

@@ -262,6 +262,37 @@ def parse_args_from_config(config: str, warmup_steps: int = 1) -> argparse.Names
     return parse_args(["--config", config, "--warmup-steps", str(warmup_steps)])
 
 
+def distributed_block(config: str, strategy: str, error) -> dict:
+    """The fixture's training.distributed block; error(message) (argparse's) unless its strategy is `strategy`."""
+    import yaml
+
+    with open(config) as f:
+        d = yaml.safe_load(f).get("training", {}).get("distributed", {})
+    if d.get("strategy") != strategy:
+        error(f"{config}: training.distributed.strategy must be {strategy}")
+    return d
+
+
+def run_ranks(rank_main, world: int, config: str, warmup_steps: int, batch_sizes: str, options: dict) -> list:
+    """Starts `world` processes (torch.multiprocessing) of rank_main(rank, world, store_path, ref, options, out_dir),
+    which meet through a FileStore and each write rank<R>.json; returns each rank's list of probes. `ref` is the
+    fixture's model and training as parse_args_from_config reads them, with the batch sizes to probe."""
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    ref = parse_args_from_config(config, warmup_steps)
+    ref.batch_size_list = [int(s) for s in batch_sizes.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(rank_main, args=(world, os.path.join(tmp, "store"), ref, options, tmp), nprocs=world, join=True)
+        ranks = []
+        for r in range(world):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                ranks.append(json.load(f))
+    return ranks
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
 
