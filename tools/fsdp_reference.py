@@ -5,7 +5,9 @@ The reference for memgate's FSDP probes: timm's VisionTransformer (what memgate'
 tools/timm_reference.py) sharded with torch.distributed.fsdp.fully_shard over N processes that meet through a
 FileStore, each measured as tools/timm_reference.py measures one device (one thread, oneDNN off, torch.profiler's
 allocation events), with one warm-up step. Each block is a unit, then the root (patch embedding, tokens, final
-norm, head), all with the fixture's reshard_after_forward and no mixed precision; AdamW steps the sharded
+norm, head), all with the fixture's reshard_after_forward and, where training.precision is bf16, FSDP2's
+MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=<training.distributed.reduce_dtype, else None>) in place of
+autocast (as memgate and torchtitan train under FSDP; --precision and --reduce-dtype override); AdamW steps the sharded
 parameters (DTensors). params is the level after fully_shard (each rank's padded dim-0 shards, the full parameters
 freed). Prints one JSON object per rank and batch size, with the rank's padded shard bytes. A fixture without
 reshard_after_forward leaves fully_shard's default (None: the blocks reshard after forward, the root keeps its
@@ -69,7 +71,7 @@ def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, fsd
     torch.backends.mkldnn.enabled = False
     timm_reference.import_timm()
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
     from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
 
@@ -92,11 +94,14 @@ def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, fsd
     mesh = init_device_mesh("cpu", (world,))
     FENCE = torch.zeros(1)
     reshard, prefetch = fsdp["reshard_after_forward"], fsdp["backward_prefetch"]
+    dtypes = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    mp_policy = MixedPrecisionPolicy(param_dtype=None if fsdp["param_dtype"] == "fp32" else dtypes[fsdp["param_dtype"]],
+                                     reduce_dtype=dtypes[fsdp["reduce_dtype"]])
 
     def wrap(model):
         blocks = list(model.blocks)
         for unit in blocks + [model]:
-            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
             unit.set_custom_all_gather(FencedAllGather())
             unit.set_custom_reduce_scatter(FencedReduceScatter())
         if prefetch > 1:
@@ -138,6 +143,10 @@ def main(argv=None) -> int:
                    help="true|false|int (default: the fixture's reshard_after_forward, else fully_shard's None)")
     p.add_argument("--backward-prefetch", type=int,
                    help="blocks each unit prefetches in backward (default: the fixture's backward_prefetch, else 1)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                   help="MixedPrecisionPolicy.param_dtype (default: the fixture's training.precision; fp32: none)")
+    p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
+                   help="MixedPrecisionPolicy.reduce_dtype (default: the fixture's reduce_dtype, else None)")
     a = p.parse_args(argv)
     d = timm_reference.distributed_block(a.config, "fsdp", p.error)
     if d.get("units", "blocks") != "blocks":
@@ -148,7 +157,11 @@ def main(argv=None) -> int:
                                       else reshard_arg(d["reshard_after_forward"]) if "reshard_after_forward" in d
                                       else None),
             "backward_prefetch": a.backward_prefetch if a.backward_prefetch is not None
-            else int(d.get("backward_prefetch", 1))}
+            else int(d.get("backward_prefetch", 1)),
+            "param_dtype": a.precision or timm_reference.training_block(a.config).get("precision", "fp32"),
+            "reduce_dtype": a.reduce_dtype or d.get("reduce_dtype")}
+    if fsdp["param_dtype"] == "fp16":
+        p.error("fp16 trains with a gradient scaler, which this reference does not mirror: use bf16")
     if fsdp["backward_prefetch"] < 1:
         p.error("--backward-prefetch: at least 1")
     ranks = timm_reference.run_ranks(rank_main, world, a.config, a.warmup_steps, a.batch_sizes, fsdp)

@@ -262,12 +262,17 @@ def parse_args_from_config(config: str, warmup_steps: int = 1) -> argparse.Names
     return parse_args(["--config", config, "--warmup-steps", str(warmup_steps)])
 
 
-def distributed_block(config: str, strategy: str, error) -> dict:
-    """The fixture's training.distributed block; error(message) (argparse's) unless its strategy is `strategy`."""
+def training_block(config: str) -> dict:
+    """The fixture's training block."""
     import yaml
 
     with open(config) as f:
-        d = yaml.safe_load(f).get("training", {}).get("distributed", {})
+        return yaml.safe_load(f).get("training", {})
+
+
+def distributed_block(config: str, strategy: str, error) -> dict:
+    """The fixture's training.distributed block; error(message) (argparse's) unless its strategy is `strategy`."""
+    d = training_block(config).get("distributed", {})
     if d.get("strategy") != strategy:
         error(f"{config}: training.distributed.strategy must be {strategy}")
     return d

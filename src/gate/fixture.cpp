@@ -380,7 +380,7 @@ DistributedSpec read_distributed(MapReader& r) {
   if (d.strategy == DistributedStrategy::kDdp) {
     if (r.has("bucket_cap_mb")) d.bucket_cap_mb = r.get_double("bucket_cap_mb", std::nullopt, 1e-6, 1e6);
     d.gradient_as_bucket_view = r.get_bool("gradient_as_bucket_view", false);
-    for (const auto* key : {"units", "reshard_after_forward", "backward_prefetch"}) {
+    for (const auto* key : {"units", "reshard_after_forward", "backward_prefetch", "reduce_dtype"}) {
       if (r.has(key)) r.fail(key, "no FSDP key with strategy ddp", "a value");
     }
   } else {
@@ -407,6 +407,7 @@ DistributedSpec read_distributed(MapReader& r) {
       d.reshard_after_forward = n != 1;
     }
     d.backward_prefetch = r.get_int("backward_prefetch", 1, 1, 64);
+    if (r.has("reduce_dtype")) d.reduce_dtype = r.get_enum("reduce_dtype", std::optional<Precision>(), kPrecisionNames);
   }
   r.finish();
   return d;

@@ -3,6 +3,7 @@
 #include "memgate/base/error.h"
 #include "memgate/measure/distributed.h"
 #include "memgate/measure/meta_kernels.h"
+#include "memgate/models/autocast.h"
 
 #include <fmt/format.h>
 #include <torch/autograd.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 #include <thread>
 
@@ -87,8 +89,31 @@ struct PostBackwardFunction : torch::autograd::Function<PostBackwardFunction> {
 
 }  // namespace
 
-FullyShard::FullyShard(Model& model, const DistributedSpec& spec, RankGroup group)
+namespace {
+
+// _cast_fp_tensor: a floating tensor in another dtype is cast; anything else is left as it is.
+torch::Tensor cast_fp(const torch::Tensor& x, std::optional<torch::ScalarType> dtype) {
+  if (!dtype || !x.defined() || !x.is_floating_point() || x.scalar_type() == *dtype) return x;
+  return x.to(*dtype);
+}
+
+// The parameter's tensor made a `dtype` one of the same sizes and strides, with an empty storage of the same
+// allocator (the unsharded parameter of FSDP2's param_dtype, which the module then holds).
+// (Built directly: Tensor::set_ would allocate the storage its sizes need.)
+void set_unsharded_dtype(const torch::Tensor& param, torch::ScalarType dtype) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, param.storage().allocator(), /*resizable=*/true);
+  auto data = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::computeDispatchKey(dtype, param.layout(), param.device())),
+      caffe2::TypeMeta::fromScalarType(dtype));
+  data.unsafeGetTensorImpl()->set_sizes_and_strides(param.sizes(), param.strides());
+  param.set_data(data);
+}
+
+}  // namespace
+
+FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision precision, RankGroup group)
     : group_(std::move(group)), spec_(spec) {
+  if (precision != Precision::kFp32) param_dtype_ = dtype_of(precision);
   if (group_.world_size != spec.world_size) {
     throw Error(fmt::format("fully_shard over {} ranks in a group of {}", spec.world_size, group_.world_size));
   }
@@ -142,11 +167,23 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, RankGroup grou
       p.shard = p.padded.narrow(0, 0, length).detach().requires_grad_(p.full.requires_grad());
       p.padded_numel = p.padded.numel();
     }
-    for (auto& p : unit->params) free_storage(p.full);
+    for (auto& p : unit->params) {
+      free_storage(p.full);
+      // FSDPParam.init_dtype_attrs: a param_dtype equal to the parameter's is none.
+      if (param_dtype_ && p.full.is_floating_point() && p.full.scalar_type() != *param_dtype_) {
+        set_unsharded_dtype(p.full, *param_dtype_);
+      }
+    }
   }
 }
 
 FullyShard::~FullyShard() = default;
+
+Batch FullyShard::cast_forward_inputs(const Batch& batch) const {
+  Batch out{.inputs = {}, .target = batch.target};
+  for (const auto& x : batch.inputs) out.inputs.push_back(cast_fp(x, param_dtype_));
+  return out;
+}
 
 std::vector<torch::Tensor> FullyShard::trainable_shards() const {
   std::vector<torch::Tensor> out;
@@ -163,14 +200,24 @@ void FullyShard::unshard(Unit& unit) {
   if (unit.all_gather.defined() || unit.unsharded || unit.params.empty()) return;
   torch::NoGradGuard no_grad;
   const auto numel = unit.shard_numel();
-  auto output = torch::empty({numel * group_.world_size}, unit.params.front().padded.options());
-  auto input = output.narrow(0, numel * group_.rank, numel);
   std::vector<std::int64_t> sizes;
   std::vector<torch::Tensor> shards;
   for (const auto& p : unit.params) {
     sizes.push_back(p.padded_numel);
     shards.push_back(p.padded.view(-1));
   }
+  // The all-gather's dtype is the unsharded parameters'. Under mixed precision the shards are first cast into one
+  // flat buffer of it (_get_param_all_gather_inputs' foreach copy), which lives until the all-gather has run.
+  const auto dtype = unit.params.front().full.scalar_type();
+  torch::Tensor cast_in;
+  if (dtype != unit.params.front().padded.scalar_type()) {
+    cast_in = torch::empty({numel}, unit.params.front().padded.options().dtype(dtype));
+    auto splits = cast_in.split_with_sizes(sizes);
+    at::_foreach_copy_(splits, shards);
+    shards = std::move(splits);
+  }
+  auto output = torch::empty({numel * group_.world_size}, unit.params.front().padded.options().dtype(dtype));
+  auto input = output.narrow(0, numel * group_.rank, numel);
   auto slices = input.split_with_sizes(sizes);
   at::_foreach_copy_(slices, shards);
   wait_and_release(group_.group->_allgather_base(output, input));
@@ -269,10 +316,21 @@ void FullyShard::post_backward(Unit& unit) {
   const auto world = static_cast<std::int64_t>(group_.world_size);
   std::int64_t numel = 0;
   for (const auto* p : with_grad) numel += p->padded_numel * world;
-  auto input = torch::empty({numel}, grads.front().options());
+  // foreach_reduce: the input in the reduce dtype (the gradients' unless the policy names one), _chunk_cat casting.
+  const auto reduce_dtype = spec_.reduce_dtype ? dtype_of(*spec_.reduce_dtype) : grads.front().scalar_type();
+  auto input = torch::empty({numel}, grads.front().options().dtype(reduce_dtype));
   auto rows = input.view({world, -1});
   at::_chunk_cat_out(rows, grads, 0, world);
   grads.clear();
+  // _get_gradient_divide_factors: fp16 risks overflow, so its sum is divided by about sqrt(N) before and the rest
+  // after (in place); fp32 and bf16 are averaged by the collective.
+  double pre = 1.0, post = 1.0;
+  if (reduce_dtype == torch::kHalf && world > 1) {
+    const auto factor = static_cast<double>(world);
+    while (std::fmod(factor, pre) == 0.0 && factor / pre > pre) pre *= 2.0;
+    post = factor / pre;
+  }
+  if (pre != 1.0) input.div_(pre);
   auto output = torch::empty({numel / world}, input.options());
   if (gloo_) {
     // ProcessGroupGloo::_reduce_scatter_base as it is: the input cloned, the clone all-reduced (summed: Gloo drops
@@ -284,8 +342,13 @@ void FullyShard::post_backward(Unit& unit) {
     output.copy_(buffer.chunk(world)[group_.rank]);
   } else {
     c10d::ReduceScatterOptions options;
-    options.reduceOp = c10d::ReduceOp::AVG;
+    options.reduceOp = reduce_dtype == torch::kHalf || world == 1 ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
     wait_and_release(group_.group->_reduce_scatter_base(output, input, options));
+  }
+  if (post != 1.0) output.div_(post);
+  // Back to the shards' dtype (_to_dtype_if_needed(reduce_output, orig_dtype)): a new output, the reduced one freed.
+  if (output.scalar_type() != with_grad.front()->shard.scalar_type()) {
+    output = output.to(with_grad.front()->shard.scalar_type());
   }
   std::int64_t offset = 0;
   for (auto* p : with_grad) {
@@ -318,10 +381,11 @@ torch::Tensor FullyShard::run(const torch::nn::Module& block, const torch::Tenso
   const auto found = std::find_if(units_.begin(), units_.end(), [&block](const auto& u) { return u->module == &block; });
   if (found == units_.end()) return forward(x);
   auto& unit = **found;
+  // FSDPState._pre_forward: the inputs cast (cast_forward_inputs), then the unit unsharded.
+  auto input = cast_fp(x, param_dtype_);
   pre_forward(unit);
-  auto input = x;
-  if (torch::GradMode::is_enabled() && x.requires_grad()) {
-    input = PostBackwardFunction::apply(x, c10::make_intrusive<PostBackwardHolder>([this, &unit] {
+  if (torch::GradMode::is_enabled() && input.requires_grad()) {
+    input = PostBackwardFunction::apply(input, c10::make_intrusive<PostBackwardHolder>([this, &unit] {
       post_backward(unit);
     }));
   }

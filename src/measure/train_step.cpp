@@ -11,11 +11,11 @@ namespace {
 
 // The loss one micro-batch back-propagates: the task's loss under the training's autocast, divided by the
 // accumulation steps when there are several.
-torch::Tensor micro_batch_loss(Model& model, const Batch& batch, const TrainingSpec& training,
+torch::Tensor micro_batch_loss(Model& model, const Batch& batch, const TrainingSpec& training, Precision autocast_in,
                                torch::DeviceType device_type) {
   torch::Tensor loss;
   {
-    AutocastScope autocast(device_type, training.precision);
+    AutocastScope autocast(device_type, autocast_in);
     loss = model.loss(batch);
   }
   if (training.accumulation_steps > 1) loss = loss / static_cast<double>(training.accumulation_steps);
@@ -32,7 +32,7 @@ void require_batch_size(const Workload& workload, std::int64_t batch_size) {
 
 TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c10::Device device,
                            std::uint64_t seed, StepObserver* observer, const RankGroup* group)
-    : training_(workload.training), batch_size_(batch_size), device_(device) {
+    : training_(workload.training), autocast_(workload.training.precision), batch_size_(batch_size), device_(device) {
   require_batch_size(workload, batch_size);
   model_ = build_model(workload.model, device, seed);
   model_->set_gradient_checkpointing(training_.gradient_checkpointing);
@@ -46,7 +46,9 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
         ddp_ = std::make_unique<DataParallel>(model_->module(), trainable, training_.distributed, *group);
         break;
       case DistributedStrategy::kFsdp:
-        fsdp_ = std::make_unique<FullyShard>(*model_, training_.distributed, *group);
+        // FSDP's mixed precision is its own policy (param_dtype), in place of autocast, as torchtitan trains.
+        fsdp_ = std::make_unique<FullyShard>(*model_, training_.distributed, training_.precision, *group);
+        autocast_ = Precision::kFp32;
         trainable = fsdp_->trainable_shards();
         if (observer != nullptr) observer->model_built();
         break;
@@ -67,12 +69,13 @@ void TrainingStep::warm_up(int steps, StepObserver* observer) {
   model_->module().eval();
   for (int pass = 0; pass < 2; ++pass) {
     torch::NoGradGuard no_grad;
-    AutocastScope autocast(device_.type(), training_.precision);
+    AutocastScope autocast(device_.type(), autocast_);
     if (observer != nullptr) observer->eval_begin(pass);
     if (ddp_) ddp_->pre_forward(/*sync=*/true);
     if (fsdp_) {
+      const auto inputs = fsdp_->cast_forward_inputs(batch_);
       FullyShard::ForwardScope root(*fsdp_);
-      (void)root.finish(model_->forward(batch_));
+      (void)root.finish(model_->forward(inputs));
     } else {
       (void)model_->forward(batch_);
     }
@@ -92,10 +95,12 @@ void TrainingStep::run(StepObserver* observer) {
     torch::Tensor loss;
     if (fsdp_) {
       // FSDP2 reduce-scatters every micro-batch's gradients (no set_requires_gradient_sync(False)).
+      // The root's inputs cast before its pre-forward; they live as long as the forward (and the graph) keeps them.
+      const auto inputs = fsdp_->cast_forward_inputs(batch_);
       FullyShard::ForwardScope root(*fsdp_);
-      loss = root.finish(micro_batch_loss(*model_, batch_, training_, device_.type()));
+      loss = root.finish(micro_batch_loss(*model_, inputs, training_, autocast_, device_.type()));
     } else {
-      loss = micro_batch_loss(*model_, batch_, training_, device_.type());
+      loss = micro_batch_loss(*model_, batch_, training_, autocast_, device_.type());
     }
     if (ddp_) ddp_->post_forward(sync);
     if (observer != nullptr) observer->forward_end(i);

@@ -21,13 +21,17 @@ namespace {
 
 const c10::Device kCpu(c10::DeviceType::CPU);
 
-// The CPU suite's FSDP twin with `world_size` ranks and `extra` keys under `distributed`, written beside the test.
-Fixture fsdp_twin(const testing::TempDir& dir, std::int64_t world_size, const std::string& extra = "") {
+// The CPU suite's FSDP twin with `world_size` ranks, `extra` keys under `distributed` and `training_extra` under
+// `training`, written beside the test.
+Fixture fsdp_twin(const testing::TempDir& dir, std::int64_t world_size, const std::string& extra = "",
+                  const std::string& training_extra = "") {
   auto yaml = read_text_file(testing::source_dir() + "/fixtures/models/vit_tiny_fsdp.yaml", "a fixture");
   const std::string from = "world_size: 2";
   yaml.replace(yaml.find(from), from.size(), "world_size: " + std::to_string(world_size));
   const std::string units = "    units: blocks\n";
   if (!extra.empty()) yaml.insert(yaml.find(units) + units.size(), extra);
+  const std::string trainable = "  trainable: all\n";
+  if (!training_extra.empty()) yaml.insert(yaml.find(trainable) + trainable.size(), training_extra);
   const auto path = dir / "vit_tiny_fsdp.yaml";
   write_file_atomically(path, yaml);
   return load_fixture(path);
@@ -98,6 +102,37 @@ TEST(FsdpTest, WithoutReshardAfterForwardEveryBlockStaysGatheredUntilBackward) {
     // forward than FSDP2's default, which keeps the root gathered.
     EXPECT_LT(all.ranks[r].components.activations, resharded.ranks[r].components.activations) << "rank " << r;
     EXPECT_EQ(kept.ranks[r].components.params, resharded.ranks[r].components.params);
+  }
+}
+
+// FSDP2's MixedPrecisionPolicy from training.precision: the shards, their gradients and the optimizer's state stay
+// fp32, while what is gathered is bf16: a forward that keeps every block gathered holds half the bytes it holds in
+// fp32. Reduce-scattering in fp32 (reduce_dtype) changes what backward holds, not what the step keeps.
+TEST(FsdpTest, MixedPrecisionGathersInTheParamDtypeAndKeepsTheShardsInFp32) {
+  testing::TempDir dir;
+  const std::string kept = "    reshard_after_forward: false\n";
+  const auto fp32 = run_probe(fsdp_twin(dir, 2), 2, kCpu);
+  const auto bf16 = run_probe(fsdp_twin(dir, 2, "", "  precision: bf16\n"), 2, kCpu);
+  const auto bf16_fp32_reduce = run_probe(fsdp_twin(dir, 2, "    reduce_dtype: fp32\n", "  precision: bf16\n"), 2, kCpu);
+  const auto fp32_kept = run_probe(fsdp_twin(dir, 2, kept), 2, kCpu);
+  const auto bf16_kept = run_probe(fsdp_twin(dir, 2, kept, "  precision: bf16\n"), 2, kCpu);
+  for (const auto* p : {&fp32, &bf16, &bf16_fp32_reduce, &fp32_kept, &bf16_kept}) ASSERT_FALSE(p->oom) << p->error;
+  const auto s = shards_of(fsdp_twin(dir, 2), 0, 2);
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto at = fmt::format("rank {}", r);
+    for (const auto* p : {&bf16, &bf16_fp32_reduce}) {
+      EXPECT_EQ(p->ranks[r].components.params, fp32.ranks[r].components.params) << at << ": fp32 shards";
+      EXPECT_EQ(p->ranks[r].components.gradients, fp32.ranks[r].components.gradients) << at << ": fp32 sharded grads";
+      EXPECT_EQ(p->ranks[r].components.optimizer_state, fp32.ranks[r].components.optimizer_state) << at;
+      EXPECT_LT(p->ranks[r].components.activations, fp32.ranks[r].components.activations) << at;
+    }
+    // Every block's unsharded parameters, held from its forward to its backward: bf16, half of fp32's.
+    EXPECT_EQ(fp32_kept.ranks[r].components.activations - fp32.ranks[r].components.activations,
+              s.block_unsharded_bytes) << at;
+    EXPECT_EQ(bf16_kept.ranks[r].components.activations - bf16.ranks[r].components.activations,
+              s.block_unsharded_bytes / 2) << at;
+    // The reduce-scatter input in fp32 instead of bf16: backward holds more.
+    EXPECT_GT(bf16_fp32_reduce.ranks[r].components.step_peak, bf16.ranks[r].components.step_peak) << at;
   }
 }
 
@@ -189,6 +224,7 @@ struct EstimateCase {
   int world;
   std::string extra;
   std::string name;
+  std::string training_extra;
 };
 
 void PrintTo(const EstimateCase& c, std::ostream* os) { *os << c.name; }
@@ -197,7 +233,7 @@ class FsdpEstimateTest : public ::testing::TestWithParam<EstimateCase> {};
 
 TEST_P(FsdpEstimateTest, EqualsEachRanksMeasurement) {
   testing::TempDir dir;
-  const auto fixture = fsdp_twin(dir, GetParam().world, GetParam().extra);
+  const auto fixture = fsdp_twin(dir, GetParam().world, GetParam().extra, GetParam().training_extra);
   for (const std::int64_t batch : {1, 2}) {
     const auto measured = run_probe(fixture, batch, kCpu);
     const auto estimated = estimate_probe(fixture, batch, EstimateTarget::kCpu);
@@ -223,7 +259,9 @@ INSTANTIATE_TEST_SUITE_P(
     Ranks, FsdpEstimateTest,
     ::testing::Values(EstimateCase{2, "", "world2"}, EstimateCase{4, "", "world4"},
                       EstimateCase{2, "    reshard_after_forward: false\n", "world2_kept_gathered"},
-                      EstimateCase{4, "    backward_prefetch: 2\n", "world4_prefetch2"}),
+                      EstimateCase{4, "    backward_prefetch: 2\n", "world4_prefetch2"},
+                      EstimateCase{2, "", "world2_bf16", "  precision: bf16\n"},
+                      EstimateCase{4, "    reduce_dtype: fp32\n", "world4_bf16_reduce_fp32", "  precision: bf16\n"}),
     [](const ::testing::TestParamInfo<EstimateCase>& p) { return p.param.name; });
 
 }  // namespace

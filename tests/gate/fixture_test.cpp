@@ -116,6 +116,14 @@ TEST(FixtureTest, DistributedTrainingReadsPyTorchsDefaultsAndNamesBadKeys) {
               HasSubstr("no DDP key with strategy fsdp"));
   EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 2, units: blocks}\n")),
               HasSubstr("no FSDP key with strategy ddp"));
+  EXPECT_FALSE(f.reduce_dtype.has_value()) << "MixedPrecisionPolicy's None: the gradients' dtype";
+  EXPECT_EQ(testing::fixture_from(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2, reduce_dtype: fp32}\n"))
+                .training.distributed.reduce_dtype,
+            std::optional(Precision::kFp32));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2, reduce_dtype: float8}\n")),
+              AllOf(HasSubstr("training.distributed.reduce_dtype"), HasSubstr("bf16")));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 2, reduce_dtype: fp32}\n")),
+              HasSubstr("no FSDP key with strategy ddp"));
 }
 
 TEST(FixtureTest, UnknownKeyNamesKeyAndLine) {

@@ -125,15 +125,26 @@ class DataParallel {
 /// (`_chunk_cat`), frees them, reduce-scatters into an output of the padded shard size whose views are the sharded
 /// gradients (added to them under gradient accumulation), and keeps the input until the next unit's reduce-scatter.
 /// The optimizer steps the shards. Installed as the thread's BlockHook while a forward runs (ForwardScope).
+///
+/// Mixed precision is FSDP2's MixedPrecisionPolicy(param_dtype=<precision>, reduce_dtype=spec.reduce_dtype) in
+/// place of autocast: the shards (and so the optimizer) stay in their dtype; a unit's shards are cast into one
+/// copy-in buffer of the param dtype before the all-gather, which gathers and unshards in that dtype; each unit's
+/// floating forward inputs are cast to it; gradients come in it, are reduce-scattered in the reduce dtype (unset:
+/// theirs) and cast back to the shards' dtype.
 class FullyShard final : public BlockHook {
  public:
-  FullyShard(Model& model, const DistributedSpec& spec, RankGroup group);
+  /// `precision`: the policy's param_dtype (fp32: no mixed precision).
+  FullyShard(Model& model, const DistributedSpec& spec, Precision precision, RankGroup group);
   ~FullyShard() override;
   FullyShard(const FullyShard&) = delete;
   FullyShard& operator=(const FullyShard&) = delete;
 
   /// The shards of the parameters that train, in module order: what the optimizer steps.
   [[nodiscard]] std::vector<torch::Tensor> trainable_shards() const;
+
+  /// The root's forward inputs as its pre-forward casts them (cast_forward_inputs): floating tensors to the param
+  /// dtype, the rest as they are. The target is not an input of the module and stays.
+  [[nodiscard]] Batch cast_forward_inputs(const Batch& batch) const;
 
   /// The model's forward, wrapped as the root's: its pre-forward before, the blocks' hooks during, its post-forward
   /// after (hooking `output`, the loss: the root's backward starts at it).
@@ -172,6 +183,7 @@ class FullyShard final : public BlockHook {
 
   RankGroup group_;
   DistributedSpec spec_;
+  std::optional<torch::ScalarType> param_dtype_;  ///< MixedPrecisionPolicy.param_dtype; unset: none
   bool gloo_ = true;  ///< collectives as ProcessGroupGloo runs them (the CPU), else as NCCL does
   std::vector<std::unique_ptr<Unit>> units_;  ///< the blocks in order, then the root
   /// The last forward all-gather buffer, freed at the next forward copy-out (FSDP2's comm_ctx.all_gather_state).

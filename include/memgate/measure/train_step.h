@@ -92,6 +92,7 @@ class TrainingStep {
 
  private:
   TrainingSpec training_;
+  Precision autocast_;  ///< the precision autocast runs in: the training's, fp32 under FSDP's mixed precision
   std::int64_t batch_size_;
   c10::Device device_;
   std::unique_ptr<Model> model_;

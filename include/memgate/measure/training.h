@@ -74,6 +74,9 @@ struct DistributedSpec {
   /// fsdp: units all-gathered ahead in backward (FSDP2: 1, the next unit in reverse forward order; more through
   /// set_modules_to_backward_prefetch).
   std::int64_t backward_prefetch = 1;
+  /// fsdp: MixedPrecisionPolicy.reduce_dtype, the dtype gradients are reduce-scattered in. Unset is PyTorch's None:
+  /// the gradients' own dtype (the training's precision, which is the policy's param_dtype under FSDP).
+  std::optional<Precision> reduce_dtype;
   [[nodiscard]] bool enabled() const { return strategy != DistributedStrategy::kNone; }
   /// The Reducer's bucket_bytes_cap: int(bucket_cap_mb * 1024 * 1024), 25 MiB unset.
   [[nodiscard]] std::int64_t bucket_bytes_cap() const {
