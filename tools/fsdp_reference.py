@@ -11,7 +11,8 @@ autocast (as memgate and torchtitan train under FSDP; --precision and --reduce-d
 parameters (DTensors). params is the level after fully_shard (each rank's padded dim-0 shards, the full parameters
 freed). Prints one JSON object per rank and batch size, with the rank's padded shard bytes. A fixture without
 reshard_after_forward leaves fully_shard's default (None: the blocks reshard after forward, the root keeps its
-parameters gathered from forward to backward); with true or false every unit gets it, the root too.
+parameters gathered from forward to backward); with true, false or an integer (the size of the group of ranks to
+reshard to: FSDP2 builds the post-forward DeviceMesh) every unit gets it, the root too.
 
 Gloo on the CPU has every collective FSDP2 uses, with temporaries of its own: all_gather_into_tensor allocates a
 flat output of the unit's size on Gloo's worker thread, reduce_scatter_tensor clones the whole input and all-reduces

@@ -259,6 +259,12 @@ void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const st
     throw memgate::Error(fmt::format("--world-size {}: {} trains on one device (no training.distributed block)",
                                      world_size, config));
   }
+  const auto group = fixture.training.distributed.reshard_after_forward_group;
+  if (group > 0 && world_size % group != 0) {
+    throw memgate::Error(fmt::format("--world-size {}: {} reshards after forward to groups of {} ranks "
+                                     "(training.distributed.reshard_after_forward), which {} ranks do not divide into",
+                                     world_size, config, group, world_size));
+  }
   fixture.training.distributed.world_size = world_size;
 }
 

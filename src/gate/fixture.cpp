@@ -388,10 +388,9 @@ DistributedSpec read_distributed(MapReader& r) {
       if (r.has(key)) r.fail(key, "no DDP key with strategy fsdp", "a value");
     }
     d.units = r.get_string("units", std::string("blocks"), {"blocks", "root"});
-    // FSDP2's reshard_after_forward: a bool, or the world size to reshard to after forward (1: none; the world
-    // size: the whole group, as true). Resharding to a part of the group needs a second process group per rank.
+    // FSDP2's reshard_after_forward: a bool, or the size of the group of ranks to reshard to after forward (1:
+    // none; the world size: the whole group, as true; a divisor between: FSDP2's post-forward mesh).
     const auto reshard = r.has("reshard_after_forward") ? r.get_string("reshard_after_forward", std::nullopt) : "";
-    const std::string expected = fmt::format("true, false, 1 or the world size {}", d.world_size);
     if (reshard.empty()) {
       // FSDP2's default: the blocks reshard, the root does not.
     } else if (reshard == "true" || reshard == "false") {
@@ -399,12 +398,13 @@ DistributedSpec read_distributed(MapReader& r) {
     } else {
       std::int64_t n = 0;
       const auto [end, ec] = std::from_chars(reshard.data(), reshard.data() + reshard.size(), n);
-      if (ec != std::errc() || end != reshard.data() + reshard.size() || (n != 1 && n != d.world_size)) {
+      if (ec != std::errc() || end != reshard.data() + reshard.size() || n < 1 || d.world_size % n != 0) {
         r.fail("reshard_after_forward",
-               expected + " (an integer between them reshards to a subgroup, which memgate does not build yet)",
+               fmt::format("true, false or an integer that divides the world size {} (the ranks to reshard to)",
+                           d.world_size),
                "'" + reshard + "'");
       }
-      d.reshard_after_forward = n != 1;
+      d.reshard_after_forward_group = n;
     }
     d.backward_prefetch = r.get_int("backward_prefetch", 1, 1, 64);
     if (r.has("reduce_dtype")) d.reduce_dtype = r.get_enum("reduce_dtype", std::optional<Precision>(), kPrecisionNames);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
@@ -46,7 +47,24 @@ RankGroup join_gloo_group(const std::string& store_path, int rank, int world_siz
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
   group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-  return {rank, world_size, std::move(group)};
+  return {rank, world_size, std::move(group), std::move(store), timeout};
+}
+
+RankGroup consecutive_subgroup(const RankGroup& group, int size) {
+  if (size < 1 || group.world_size % size != 0) {
+    throw Error(fmt::format("a group of {} consecutive ranks out of {}: expected a divisor of the world size", size,
+                            group.world_size));
+  }
+  const int first = group.rank / size * size;
+  if (!group.store) return meta_process_group(group.rank - first, size);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("ranks_{}_to_{}", first, first + size - 1),
+                                                      group.store);
+  auto sub = c10::make_intrusive<c10d::ProcessGroup>(store, group.rank - first, size);
+  auto options = c10d::ProcessGroupGloo::Options::create_default(group.timeout);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, group.rank - first, size, options);
+  sub->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  sub->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  return {group.rank - first, size, std::move(sub), std::move(store), group.timeout};
 }
 
 namespace {

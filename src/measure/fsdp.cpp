@@ -24,18 +24,19 @@ struct FullyShard::Unit {
     torch::Tensor padded;  ///< this rank's shard, padded to ceil(dim0 / N) rows (FSDPParam._sharded_param_data)
     torch::Tensor shard;   ///< the unpadded rows of `padded`, a leaf: what the optimizer steps (sharded_param)
     std::int64_t padded_numel = 0;  ///< elements of `padded`
+    /// After forward with a partial reshard: this rank's part of the padded unsharded data among its post-forward
+    /// group (FSDPParam._sharded_post_forward_param_data), all-gathered from that group in backward.
+    torch::Tensor post_forward;
   };
   const torch::nn::Module* module = nullptr;  ///< a block's module; null for the root
   bool root = false;
   std::vector<Param> params;
   State state = State::kIdle;
   bool unsharded = false;
+  bool post_forward_sharded = false;  ///< holds `post_forward` parts (ShardedState.SHARDED_POST_FORWARD)
   torch::Tensor all_gather;  ///< an all-gather issued and not yet copied out (a prefetch)
+  std::int64_t all_gather_ranks = 0;  ///< the ranks `all_gather` was gathered from
   std::vector<std::size_t> post_forward_indices;
-  [[nodiscard]] std::int64_t shard_numel() const {
-    return std::accumulate(params.begin(), params.end(), std::int64_t{0},
-                           [](std::int64_t n, const Param& p) { return n + p.padded_numel; });
-  }
 };
 
 namespace {
@@ -144,6 +145,12 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision prec
   }
   units_.push_back(std::move(root));
 
+  // An integer reshard_after_forward between 1 and N: FSDP2's post-forward mesh, groups of consecutive ranks.
+  const auto partial = spec.reshard_group(/*root=*/false);
+  if (partial > 1 && partial < group_.world_size) {
+    post_forward_group_ = consecutive_subgroup(group_, static_cast<int>(partial));
+  }
+
   // Gloo on the CPU, and an estimate for the CPU; NCCL on GPUs.
   const auto device = units_.back()->params.empty() ? c10::Device(c10::DeviceType::CPU)
                                                     : units_.back()->params.front().full.device();
@@ -195,33 +202,36 @@ std::vector<torch::Tensor> FullyShard::trainable_shards() const {
   return out;
 }
 
-// FSDPParamGroup.unshard: the shards copied into this rank's slice of one buffer, all-gathered into the rest.
+// FSDPParamGroup.unshard: the shards copied into this rank's slice of one buffer, all-gathered into the rest; after
+// a partial reshard, the post-forward parts from the post-forward group instead.
 void FullyShard::unshard(Unit& unit) {
   if (unit.all_gather.defined() || unit.unsharded || unit.params.empty()) return;
   torch::NoGradGuard no_grad;
-  const auto numel = unit.shard_numel();
+  const RankGroup& group = unit.post_forward_sharded ? *post_forward_group_ : group_;
   std::vector<std::int64_t> sizes;
-  std::vector<torch::Tensor> shards;
+  std::vector<torch::Tensor> inputs;
   for (const auto& p : unit.params) {
-    sizes.push_back(p.padded_numel);
-    shards.push_back(p.padded.view(-1));
+    inputs.push_back(unit.post_forward_sharded ? p.post_forward : p.padded.view(-1));
+    sizes.push_back(inputs.back().numel());
   }
-  // The all-gather's dtype is the unsharded parameters'. Under mixed precision the shards are first cast into one
-  // flat buffer of it (_get_param_all_gather_inputs' foreach copy), which lives until the all-gather has run.
+  const auto numel = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+  // The all-gather's dtype is the unsharded parameters'. Under mixed precision the inputs are first copied (cast)
+  // into one flat buffer of it (_get_param_all_gather_inputs' foreach copy), which lives until the all-gather ran.
   const auto dtype = unit.params.front().full.scalar_type();
-  torch::Tensor cast_in;
+  torch::Tensor copy_in;
   if (dtype != unit.params.front().padded.scalar_type()) {
-    cast_in = torch::empty({numel}, unit.params.front().padded.options().dtype(dtype));
-    auto splits = cast_in.split_with_sizes(sizes);
-    at::_foreach_copy_(splits, shards);
-    shards = std::move(splits);
+    copy_in = torch::empty({numel}, unit.params.front().padded.options().dtype(dtype));
+    auto splits = copy_in.split_with_sizes(sizes);
+    at::_foreach_copy_(splits, inputs);
+    inputs = std::move(splits);
   }
-  auto output = torch::empty({numel * group_.world_size}, unit.params.front().padded.options().dtype(dtype));
-  auto input = output.narrow(0, numel * group_.rank, numel);
+  auto output = torch::empty({numel * group.world_size}, unit.params.front().padded.options().dtype(dtype));
+  auto input = output.narrow(0, numel * group.rank, numel);
   auto slices = input.split_with_sizes(sizes);
-  at::_foreach_copy_(slices, shards);
-  wait_and_release(group_.group->_allgather_base(output, input));
+  at::_foreach_copy_(slices, inputs);
+  wait_and_release(group.group->_allgather_base(output, input));
   unit.all_gather = std::move(output);
+  unit.all_gather_ranks = group.world_size;
 }
 
 // FSDPParamGroup.wait_for_unshard: each parameter's padded unsharded storage allocated and copied out of the
@@ -231,19 +241,25 @@ void FullyShard::wait_for_unshard(Unit& unit, bool forward) {
   torch::NoGradGuard no_grad;
   if (forward) forward_all_gather_ = torch::Tensor();
   const auto world = static_cast<std::int64_t>(group_.world_size);
+  const auto ranks = unit.all_gather_ranks;  // N, or the post-forward group's size
   std::vector<std::int64_t> sizes;
   std::vector<torch::Tensor> outs;
   for (const auto& p : unit.params) {
-    alloc_storage(p.full, static_cast<std::size_t>(p.padded_numel * world) * p.full.element_size());
+    const auto numel = p.padded_numel * world;
+    alloc_storage(p.full, static_cast<std::size_t>(numel) * p.full.element_size());
     // A tensor of its own over the storage: the copy leaves the parameter's version counter alone, as FSDP2's
     // _unsafe_preserve_version_counter does.
     auto out = torch::empty({0}, p.full.options().requires_grad(false));
-    out.set_(p.full.storage(), 0, {world, p.padded_numel}, {p.padded_numel, 1});
+    out.set_(p.full.storage(), 0, {ranks, numel / ranks}, {numel / ranks, 1});
     outs.push_back(out);
-    sizes.push_back(p.padded_numel);
+    sizes.push_back(numel / ranks);
   }
-  at::split_with_sizes_copy_out(outs, unit.all_gather.view({world, -1}), sizes, 1);
+  at::split_with_sizes_copy_out(outs, unit.all_gather.view({ranks, -1}), sizes, 1);
   unit.unsharded = true;
+  if (unit.post_forward_sharded) {  // FSDPParam.to_unsharded: the post-forward parts freed after the copy-out
+    for (auto& p : unit.params) p.post_forward = torch::Tensor();
+    unit.post_forward_sharded = false;
+  }
   if (forward) forward_all_gather_ = unit.all_gather;
   unit.all_gather = torch::Tensor();
 }
@@ -254,6 +270,25 @@ void FullyShard::reshard(Unit& unit) {
   unit.unsharded = false;
 }
 
+// FSDPParam.to_sharded_post_forward, parameter by parameter: this rank's part (1/k among its post-forward group of
+// k) of the padded unsharded data cloned, then the unsharded storage freed.
+void FullyShard::reshard_to_post_forward_group(Unit& unit) {
+  if (!unit.unsharded) return;
+  torch::NoGradGuard no_grad;
+  const auto k = static_cast<std::int64_t>(post_forward_group_->world_size);
+  const auto world = static_cast<std::int64_t>(group_.world_size);
+  for (auto& p : unit.params) {
+    const auto numel = p.padded_numel * world;
+    auto flat = torch::empty({0}, p.full.options().requires_grad(false));
+    flat.set_(p.full.storage(), 0, {numel}, {1});
+    p.post_forward = flat.narrow(0, numel / k * post_forward_group_->rank, numel / k).clone();
+    flat = torch::Tensor();
+    free_storage(p.full);
+  }
+  unit.unsharded = false;
+  unit.post_forward_sharded = true;
+}
+
 void FullyShard::pre_forward(Unit& unit) {
   unit.state = Unit::State::kForward;
   unshard(unit);
@@ -261,7 +296,9 @@ void FullyShard::pre_forward(Unit& unit) {
 }
 
 void FullyShard::post_forward(Unit& unit, const torch::Tensor& output) {
-  if (spec_.reshard_after_forward.value_or(!unit.root)) reshard(unit);
+  const auto reshard_to = spec_.reshard_group(unit.root);
+  if (reshard_to == group_.world_size) reshard(unit);
+  else if (reshard_to > 0) reshard_to_post_forward_group(unit);
   unit.post_forward_indices.push_back(post_forward_order_.size());
   post_forward_order_.push_back(&unit);
   unit.state = Unit::State::kIdle;

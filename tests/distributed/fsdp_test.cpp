@@ -105,6 +105,26 @@ TEST(FsdpTest, WithoutReshardAfterForwardEveryBlockStaysGatheredUntilBackward) {
   }
 }
 
+// An integer reshard_after_forward k between 1 and N: after its forward each unit (the root too, given the value)
+// keeps this rank's 1/k of its padded unsharded parameters, cloned, instead of nothing (true) or all of them (false),
+// and all-gathers them back in backward from its group of k ranks.
+TEST(FsdpTest, ReshardingToAGroupOfTwoKeepsHalfTheUnshardedParametersUntilBackward) {
+  testing::TempDir dir;
+  const auto full = run_probe(fsdp_twin(dir, 4, "    reshard_after_forward: true\n"), 1, kCpu);
+  const auto pairs = run_probe(fsdp_twin(dir, 4, "    reshard_after_forward: 2\n"), 1, kCpu);
+  const auto kept = run_probe(fsdp_twin(dir, 4, "    reshard_after_forward: false\n"), 1, kCpu);
+  ASSERT_FALSE(full.oom || pairs.oom || kept.oom);
+  ASSERT_EQ(pairs.ranks.size(), 4U);
+  const auto unsharded = 4 * shards_of(fsdp_twin(dir, 4), 0, 4).padded_bytes;  // every unit, padded
+  for (std::size_t r = 0; r < 4; ++r) {
+    const auto at = fmt::format("rank {}", r);
+    EXPECT_EQ(pairs.ranks[r].components.activations - full.ranks[r].components.activations, unsharded / 2) << at;
+    EXPECT_EQ(kept.ranks[r].components.activations - full.ranks[r].components.activations, unsharded) << at;
+    EXPECT_EQ(pairs.ranks[r].components.params, full.ranks[r].components.params) << at;
+    EXPECT_EQ(pairs.ranks[r].components.gradients, full.ranks[r].components.gradients) << at;
+  }
+}
+
 // FSDP2's MixedPrecisionPolicy from training.precision: the shards, their gradients and the optimizer's state stay
 // fp32, while what is gathered is bf16: a forward that keeps every block gathered holds half the bytes it holds in
 // fp32. Reduce-scattering in fp32 (reduce_dtype) changes what backward holds, not what the step keeps.
@@ -261,7 +281,9 @@ INSTANTIATE_TEST_SUITE_P(
                       EstimateCase{2, "    reshard_after_forward: false\n", "world2_kept_gathered"},
                       EstimateCase{4, "    backward_prefetch: 2\n", "world4_prefetch2"},
                       EstimateCase{2, "", "world2_bf16", "  precision: bf16\n"},
-                      EstimateCase{4, "    reduce_dtype: fp32\n", "world4_bf16_reduce_fp32", "  precision: bf16\n"}),
+                      EstimateCase{4, "    reduce_dtype: fp32\n", "world4_bf16_reduce_fp32", "  precision: bf16\n"},
+                      EstimateCase{4, "    reshard_after_forward: 2\n", "world4_reshard_to_2"},
+                      EstimateCase{4, "    reshard_after_forward: 2\n", "world4_reshard_to_2_bf16", "  precision: bf16\n"}),
     [](const ::testing::TestParamInfo<EstimateCase>& p) { return p.param.name; });
 
 }  // namespace

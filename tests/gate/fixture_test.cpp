@@ -98,14 +98,24 @@ TEST(FixtureTest, DistributedTrainingReadsPyTorchsDefaultsAndNamesBadKeys) {
   const auto reshard = [](const std::string& value) {
     return testing::fixture_from(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 4, reshard_after_forward: " +
                                                value + "}\n"))
-        .training.distributed.reshard_after_forward;
+        .training.distributed;
   };
-  EXPECT_EQ(reshard("true"), std::optional<bool>(true));
-  EXPECT_EQ(reshard("false"), std::optional<bool>(false));
-  EXPECT_EQ(reshard("4"), std::optional<bool>(true)) << "the world size: the whole group, as true";
-  EXPECT_EQ(reshard("1"), std::optional<bool>(false)) << "1: no reshard, as false";
-  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 4, reshard_after_forward: 2}\n")),
-              AllOf(HasSubstr("training.distributed.reshard_after_forward"), HasSubstr("true, false, 1 or the world size 4")));
+  EXPECT_EQ(reshard("true").reshard_after_forward, std::optional<bool>(true));
+  EXPECT_EQ(reshard("false").reshard_after_forward, std::optional<bool>(false));
+  // The group a unit reshards to (0: none), for a block and for the root.
+  EXPECT_EQ(f.reshard_group(false), 4) << "FSDP2's None: a block reshards fully";
+  EXPECT_EQ(f.reshard_group(true), 0) << "FSDP2's None: the root keeps its parameters";
+  EXPECT_EQ(reshard("true").reshard_group(true), 4);
+  EXPECT_EQ(reshard("false").reshard_group(false), 0);
+  EXPECT_EQ(reshard("4").reshard_group(true), 4) << "the world size: the whole group, as true";
+  EXPECT_EQ(reshard("1").reshard_group(false), 0) << "1: no reshard, as false";
+  EXPECT_EQ(reshard("2").reshard_group(false), 2) << "a divisor: FSDP2's post-forward mesh of 2 ranks";
+  EXPECT_EQ(reshard("2").reshard_group(true), 2) << "given, the root too";
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 4, reshard_after_forward: 3}\n")),
+              AllOf(HasSubstr("training.distributed.reshard_after_forward"),
+                    HasSubstr("an integer that divides the world size 4"), HasSubstr("'3'")));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 4, reshard_after_forward: 0}\n")),
+              HasSubstr("training.distributed.reshard_after_forward"));
   EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2, reshard_after_forward: yes}\n")),
               HasSubstr("training.distributed.reshard_after_forward"));
   EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2, units: layers}\n")),

@@ -29,6 +29,8 @@ struct RankGroup {
   int rank = 0;
   int world_size = 1;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<c10d::Store> store;  ///< where the ranks met (none on the Meta device)
+  std::chrono::milliseconds timeout{0};
 };
 
 /// Joins the `world_size` ranks that meet through the c10d::FileStore at `store_path`, over LibTorch's own
@@ -40,6 +42,11 @@ struct RankGroup {
 /// Rank `rank` of `world_size` on the Meta device (an estimate): a process group of no other process, whose
 /// collectives (all-reduce, broadcast) are done as they are issued, their outputs in place with their shapes.
 [[nodiscard]] RankGroup meta_process_group(int rank, int world_size);
+
+/// The group of the `size` consecutive ranks of `group` that hold this rank (ranks [k*size, (k+1)*size)): a
+/// ProcessGroupGloo of their own over a prefix of the store (each rank builds only its own), or on the Meta device
+/// another Meta group. `size` divides the world size.
+[[nodiscard]] RankGroup consecutive_subgroup(const RankGroup& group, int size);
 
 /// Says that this program's main() runs a rank when started with --memgate-rank (gate/rank.h's is_rank_command
 /// calls it): distributed probes then start their ranks from this program, with its registered architectures.
@@ -180,11 +187,15 @@ class FullyShard final : public BlockHook {
   void unshard(Unit& unit);
   void wait_for_unshard(Unit& unit, bool forward);
   void reshard(Unit& unit);
+  void reshard_to_post_forward_group(Unit& unit);
 
   RankGroup group_;
   DistributedSpec spec_;
   std::optional<torch::ScalarType> param_dtype_;  ///< MixedPrecisionPolicy.param_dtype; unset: none
   bool gloo_ = true;  ///< collectives as ProcessGroupGloo runs them (the CPU), else as NCCL does
+  /// The group a unit reshards to after forward when that is a part of the ranks (an integer
+  /// reshard_after_forward: FSDP2's post-forward mesh), and all-gathers from in the backward that follows.
+  std::optional<RankGroup> post_forward_group_;
   std::vector<std::unique_ptr<Unit>> units_;  ///< the blocks in order, then the root
   /// The last forward all-gather buffer, freed at the next forward copy-out (FSDP2's comm_ctx.all_gather_state).
   torch::Tensor forward_all_gather_;

@@ -68,9 +68,20 @@ struct DistributedSpec {
   std::string units = "blocks";
   /// fsdp: free a unit's unsharded parameters after its forward (all-gathering them again in backward). Unset is
   /// FSDP2's default (None): every block but not the root, whose parameters backward needs at once; true or false
-  /// is given to every unit, the root too, as fully_shard(reshard_after_forward=...) on each does. A fixture's
-  /// integer 1 reads as false and its world size as true (FSDP2's meaning).
+  /// is given to every unit, the root too, as fully_shard(reshard_after_forward=...) on each does.
   std::optional<bool> reshard_after_forward;
+  /// fsdp: reshard_after_forward given as an integer k (then reshard_after_forward is unset), for every unit: the
+  /// size of the group of consecutive ranks a unit reshards to after forward (FSDP2's post-forward mesh): 1 is
+  /// none, the world size the whole group (as true), and a divisor between keeps 1/k of the unsharded parameters,
+  /// all-gathered again in backward from the k ranks.
+  std::int64_t reshard_after_forward_group = 0;
+  /// The size of the group a unit reshards to after forward: 0 when it keeps its unsharded parameters, the world
+  /// size when it reshards fully, a divisor between for a part (`root`: whether the unit is the root, which
+  /// FSDP2's default keeps gathered).
+  [[nodiscard]] std::int64_t reshard_group(bool root) const {
+    if (reshard_after_forward_group > 0) return reshard_after_forward_group == 1 ? 0 : reshard_after_forward_group;
+    return reshard_after_forward.value_or(!root) ? world_size : 0;
+  }
   /// fsdp: units all-gathered ahead in backward (FSDP2: 1, the next unit in reverse forward order; more through
   /// set_modules_to_backward_prefetch).
   std::int64_t backward_prefetch = 1;
