@@ -36,6 +36,27 @@ extern char** environ;
 
 namespace memgate {
 
+namespace {
+
+// ProcessGroupGloo's options with one worker thread (PyTorch's default is two). A collective's Work holds its
+// tensors until its last reference goes, and the worker's goes when the worker gets to it after the collective ran,
+// which on a loaded machine can be well into the next forward: a tensor the program has dropped (DDP's first
+// buckets, the indices its rebuild broadcasts) then lives on at the scheduler's whim. With one worker, works run and
+// are let go in order, so a barrier behind them (let_gloo_go) returns only once every earlier one is dropped.
+c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options(std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create_default(timeout);
+  options->threads = 1;
+  return options;
+}
+
+}  // namespace
+
+void let_gloo_go(const RankGroup& group) {
+  if (!group.store) return;  // the Meta device's collectives are done as issued and hold nothing
+  // The backend's own barrier: the process group's would allocate a tensor for it.
+  group.group->getBackend(c10::DeviceType::CPU)->barrier()->wait();
+}
+
 RankGroup join_gloo_group(const std::string& store_path, int rank, int world_size, std::chrono::seconds timeout) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw Error(fmt::format("rank {} of {}: expected 0 <= rank < world size", rank, world_size));
@@ -43,8 +64,7 @@ RankGroup join_gloo_group(const std::string& store_path, int rank, int world_siz
   auto store = c10::make_intrusive<c10d::FileStore>(store_path, world_size);
   store->setTimeout(timeout);
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
-  auto options = c10d::ProcessGroupGloo::Options::create_default(timeout);
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options(timeout));
   group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
   return {rank, world_size, std::move(group), std::move(store), timeout};
@@ -60,8 +80,7 @@ RankGroup consecutive_subgroup(const RankGroup& group, int size) {
   auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("ranks_{}_to_{}", first, first + size - 1),
                                                       group.store);
   auto sub = c10::make_intrusive<c10d::ProcessGroup>(store, group.rank - first, size);
-  auto options = c10d::ProcessGroupGloo::Options::create_default(group.timeout);
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, group.rank - first, size, options);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, group.rank - first, size, gloo_options(group.timeout));
   sub->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
   sub->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
   return {group.rank - first, size, std::move(sub), std::move(store), group.timeout};
@@ -216,6 +235,7 @@ DataParallel::DataParallel(torch::nn::Module& module, std::vector<torch::Tensor>
       /*param_names=*/std::unordered_map<std::size_t, std::string>{}, spec.first_bucket_bytes_cap(),
       /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
       /*bucket_bytes_cap_list=*/std::vector<std::int64_t>{});
+  let_gloo_go(group_);  // the shape check's all-gather buffers freed before the first forward
 }
 
 DataParallel::~DataParallel() = default;
@@ -224,8 +244,13 @@ void DataParallel::pre_forward(bool sync) {
   const bool grad = torch::GradMode::is_enabled();
   if (grad && sync) reducer_->prepare_for_forward();
   if (grad) {
-    if (arrival_) rebuild_buckets_on_meta();
-    else (void)reducer_->rebuild_buckets();
+    if (arrival_) {
+      rebuild_buckets_on_meta();
+    } else if (reducer_->rebuild_buckets()) {
+      // The first iteration's buckets and the broadcast bucket indices freed now, not when Gloo's worker gets to
+      // them: a 2-rank probe capped just above its peak ran out of memory in one run of a few dozen without this.
+      let_gloo_go(group_);
+    }
   }
   const auto buffers = module_.buffers();
   if (require_forward_param_sync_ && !buffers.empty()) {

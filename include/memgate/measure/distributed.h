@@ -43,6 +43,10 @@ struct RankGroup {
 /// collectives (all-reduce, broadcast) are done as they are issued, their outputs in place with their shapes.
 [[nodiscard]] RankGroup meta_process_group(int rank, int world_size);
 
+/// Returns once the group's backend has let go of every collective issued before (and so of the tensors they
+/// held): a barrier behind them on Gloo's one worker thread. Nothing to wait for on the Meta device.
+void let_gloo_go(const RankGroup& group);
+
 /// The group of the `size` consecutive ranks of `group` that hold this rank (ranks [k*size, (k+1)*size)): a
 /// ProcessGroupGloo of their own over a prefix of the store (each rank builds only its own), or on the Meta device
 /// another Meta group. `size` divides the world size.
