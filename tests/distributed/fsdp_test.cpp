@@ -3,6 +3,8 @@
 // memory goes; and the Meta device's estimate against the measurement, rank by rank, at 2 and 4 ranks.
 #include "memgate/base/files.h"
 #include "memgate/gate/fixture.h"
+#include "memgate/base/error.h"
+#include "memgate/measure/distributed.h"
 #include "memgate/measure/estimate.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/zoo.h"
@@ -15,6 +17,7 @@
 #include <map>
 #include <ostream>
 #include <string>
+#include <tuple>
 
 namespace memgate {
 namespace {
@@ -123,6 +126,19 @@ TEST(FsdpTest, ReshardingToAGroupOfTwoKeepsHalfTheUnshardedParametersUntilBackwa
     EXPECT_EQ(pairs.ranks[r].components.params, full.ranks[r].components.params) << at;
     EXPECT_EQ(pairs.ranks[r].components.gradients, full.ranks[r].components.gradients) << at;
   }
+}
+
+// The post-forward groups are consecutive ranks, as FSDP2's mesh.view(-1, k) makes them; on the Meta device each
+// rank's group is a Meta group of its own, and a size that does not divide the world is refused.
+TEST(ConsecutiveSubgroupTest, GroupsConsecutiveRanks) {
+  for (const auto& [rank, size, sub_rank] : {std::tuple{0, 2, 0}, {1, 2, 1}, {2, 2, 0}, {3, 2, 1}, {3, 4, 3}, {2, 1, 0}}) {
+    const auto sub = consecutive_subgroup(meta_process_group(rank, 4), size);
+    EXPECT_EQ(sub.rank, sub_rank) << "rank " << rank << " in groups of " << size;
+    EXPECT_EQ(sub.world_size, size);
+    EXPECT_EQ(sub.group->getRank(), sub_rank);
+    EXPECT_EQ(sub.group->getSize(), size);
+  }
+  EXPECT_THROW((void)consecutive_subgroup(meta_process_group(0, 4), 3), Error);
 }
 
 // FSDP2's MixedPrecisionPolicy from training.precision: the shards, their gradients and the optimizer's state stay
