@@ -142,9 +142,12 @@ class ProbeObserver final : public StepObserver {
   }
   void optimizer_done() override {
     phase(measuring_ ? "measured step: zero_grad" : "warm-up step: zero_grad");
-    if (measuring_ || warmup_steps_seen_++ > 0) return;
+    if (measuring_ || optimizer_state_seen_) return;
     backend_->synchronize();
+    // What the first warm-up step that allocated optimizer state allocated (a step the fp16 scaler skipped
+    // allocates none; an optimizer without state never does, and reads 0).
     c_.optimizer_state = backend_->snapshot().allocated - before_optimizer_;
+    optimizer_state_seen_ = c_.optimizer_state > 0;
   }
 
  private:
@@ -159,7 +162,7 @@ class ProbeObserver final : public StepObserver {
   MemorySnapshot base_;
   Components c_;
   bool measuring_ = false;
-  int warmup_steps_seen_ = 0;
+  bool optimizer_state_seen_ = false;
   std::int64_t before_optimizer_ = 0;
   std::int64_t before_step_ = 0;
   std::int64_t before_forward_ = 0;

@@ -84,6 +84,10 @@ void TrainingStep::warm_up(int steps, StepObserver* observer) {
   }
   model_->module().train();
   for (int i = 0; i < steps; ++i) run(observer);
+  // Under fp16 the scaler skips the optimizer while the scaled gradients overflow, halving its scale each time (fp16
+  // gradients, as FSDP's fp16 param_dtype makes them, do at 65536): the warm-up goes on until a step is taken, so
+  // that the optimizer's state exists, as it does a few steps into training. At most 24 more (the scale 2^-8).
+  for (int extra = 0; scaler_ && scaler_->skipped_last_step() && extra < 24; ++extra) run(observer);
 }
 
 void TrainingStep::run(StepObserver* observer) {

@@ -239,7 +239,8 @@ void GradScaler::step(TrainingOptimizer& optimizer) {
     }
   }
   // A Meta tensor holds no value: an estimate takes the step a run without overflow takes.
-  if (found_inf_.is_meta() || found_inf_.item<float>() == 0.0F) optimizer.step();
+  skipped_ = !found_inf_.is_meta() && found_inf_.item<float>() != 0.0F;
+  if (!skipped_) optimizer.step();
 }
 
 void GradScaler::update() {

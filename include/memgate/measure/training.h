@@ -149,10 +149,13 @@ class GradScaler {
   void step(TrainingOptimizer& optimizer);
   /// Grows or backs off the scale; forgets this step's found-inf flags.
   void update();
+  /// Whether the last step() found a gradient that is not finite and skipped the optimizer.
+  [[nodiscard]] bool skipped_last_step() const { return skipped_; }
 
  private:
   c10::Device device_;
   torch::Tensor scale_, growth_tracker_, found_inf_;
+  bool skipped_ = false;
 };
 
 /// The training setup's optimizer (adamw | sgd with optional momentum) over `params`, in the setup's implementation
