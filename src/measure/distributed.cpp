@@ -158,7 +158,7 @@ RankGroup meta_process_group(int rank, int world_size) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw Error(fmt::format("rank {} of {}: expected 0 <= rank < world size", rank, world_size));
   }
-  return {rank, world_size, c10::make_intrusive<c10d::ProcessGroup>(rank, world_size)};
+  return {rank, world_size, c10::make_intrusive<c10d::ProcessGroup>(rank, world_size), /*store=*/{}, /*timeout=*/{}};
 }
 
 const RankComponents* find_rank(const std::vector<RankComponents>& ranks, int rank) {

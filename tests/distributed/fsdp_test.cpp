@@ -293,15 +293,15 @@ TEST_P(FsdpEstimateTest, EqualsEachRanksMeasurement) {
 
 INSTANTIATE_TEST_SUITE_P(
     Ranks, FsdpEstimateTest,
-    ::testing::Values(EstimateCase{2, "", "world2"}, EstimateCase{4, "", "world4"},
-                      EstimateCase{2, "    reshard_after_forward: false\n", "world2_kept_gathered"},
-                      EstimateCase{4, "    backward_prefetch: 2\n", "world4_prefetch2"},
+    ::testing::Values(EstimateCase{2, "", "world2", ""}, EstimateCase{4, "", "world4", ""},
+                      EstimateCase{2, "    reshard_after_forward: false\n", "world2_kept_gathered", ""},
+                      EstimateCase{4, "    backward_prefetch: 2\n", "world4_prefetch2", ""},
                       EstimateCase{2, "", "world2_bf16", "  precision: bf16\n"},
                       EstimateCase{4, "    reduce_dtype: fp32\n", "world4_bf16_reduce_fp32", "  precision: bf16\n"},
                       // fp16 gradients overflow the scaler's first scales: the warm-up goes on until a step is
                       // taken, so the measurement has the optimizer's state the estimate has.
                       EstimateCase{2, "", "world2_fp16", "  precision: fp16\n"},
-                      EstimateCase{4, "    reshard_after_forward: 2\n", "world4_reshard_to_2"},
+                      EstimateCase{4, "    reshard_after_forward: 2\n", "world4_reshard_to_2", ""},
                       EstimateCase{4, "    reshard_after_forward: 2\n", "world4_reshard_to_2_bf16", "  precision: bf16\n"}),
     [](const ::testing::TestParamInfo<EstimateCase>& p) { return p.param.name; });
 

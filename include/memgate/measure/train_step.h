@@ -72,7 +72,8 @@ class TrainingStep {
 
   /// The protocol's warm-up before a measured step: two eval-mode, no-grad forwards under the training's
   /// autocast (the first creates workspaces and lazy handles), then `steps` whole steps, so that optimizer state,
-  /// workspaces and caches exist. `observer`, if any, sees the eval forwards and every warm-up step.
+  /// workspaces and caches exist; under fp16, more (at most 24) while the GradScaler skips the optimizer step.
+  /// `observer`, if any, sees the eval forwards and every warm-up step.
   void warm_up(int steps, StepObserver* observer = nullptr);
 
   /// One whole step, from no gradients to no gradients: each accumulation micro-batch forward (under autocast)
