@@ -49,6 +49,16 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options(std::chrono::mi
   return options;
 }
 
+// A process group of `size` ranks over `store`, LibTorch's ProcessGroupGloo its CPU backend and its default.
+c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                  std::chrono::milliseconds timeout) {
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options(timeout));
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  return group;
+}
+
 }  // namespace
 
 void let_gloo_go(const RankGroup& group) {
@@ -63,10 +73,7 @@ RankGroup join_gloo_group(const std::string& store_path, int rank, int world_siz
   }
   auto store = c10::make_intrusive<c10d::FileStore>(store_path, world_size);
   store->setTimeout(timeout);
-  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options(timeout));
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  auto group = gloo_group(store, rank, world_size, timeout);
   return {rank, world_size, std::move(group), std::move(store), timeout};
 }
 
@@ -76,14 +83,12 @@ RankGroup consecutive_subgroup(const RankGroup& group, int size) {
                             group.world_size));
   }
   const int first = group.rank / size * size;
-  if (!group.store) return meta_process_group(group.rank - first, size);
-  auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("ranks_{}_to_{}", first, first + size - 1),
-                                                      group.store);
-  auto sub = c10::make_intrusive<c10d::ProcessGroup>(store, group.rank - first, size);
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, group.rank - first, size, gloo_options(group.timeout));
-  sub->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-  sub->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-  return {group.rank - first, size, std::move(sub), std::move(store), group.timeout};
+  const int rank = group.rank - first;
+  if (!group.store) return meta_process_group(rank, size);
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(
+      fmt::format("ranks_{}_to_{}", first, first + size - 1), group.store);
+  auto sub = gloo_group(store, rank, size, group.timeout);
+  return {rank, size, std::move(sub), std::move(store), group.timeout};
 }
 
 namespace {

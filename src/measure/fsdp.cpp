@@ -33,10 +33,11 @@ struct FullyShard::Unit {
   std::vector<Param> params;
   State state = State::kIdle;
   bool unsharded = false;
-  bool post_forward_sharded = false;  ///< holds `post_forward` parts (ShardedState.SHARDED_POST_FORWARD)
   torch::Tensor all_gather;  ///< an all-gather issued and not yet copied out (a prefetch)
   std::int64_t all_gather_ranks = 0;  ///< the ranks `all_gather` was gathered from
   std::vector<std::size_t> post_forward_indices;
+  /// Holds `post_forward` parts (ShardedState.SHARDED_POST_FORWARD).
+  [[nodiscard]] bool post_forward_sharded() const { return !params.empty() && params.front().post_forward.defined(); }
 };
 
 namespace {
@@ -88,9 +89,14 @@ struct PostBackwardFunction : torch::autograd::Function<PostBackwardFunction> {
   }
 };
 
-}  // namespace
-
-namespace {
+// A tensor of its own over the parameter's storage (no autograd, its own version counter: a copy into it leaves the
+// parameter's alone, as FSDP2's _unsafe_preserve_version_counter does).
+torch::Tensor over_storage(const torch::Tensor& param, at::IntArrayRef sizes, at::IntArrayRef strides,
+                           std::int64_t offset = 0) {
+  auto t = torch::empty({0}, param.options().requires_grad(false));
+  t.set_(param.storage(), offset, sizes, strides);
+  return t;
+}
 
 // _cast_fp_tensor: a floating tensor in another dtype is cast; anything else is left as it is.
 torch::Tensor cast_fp(const torch::Tensor& x, std::optional<torch::ScalarType> dtype) {
@@ -207,11 +213,11 @@ std::vector<torch::Tensor> FullyShard::trainable_shards() const {
 void FullyShard::unshard(Unit& unit) {
   if (unit.all_gather.defined() || unit.unsharded || unit.params.empty()) return;
   torch::NoGradGuard no_grad;
-  const RankGroup& group = unit.post_forward_sharded ? *post_forward_group_ : group_;
+  const RankGroup& group = unit.post_forward_sharded() ? *post_forward_group_ : group_;
   std::vector<std::int64_t> sizes;
   std::vector<torch::Tensor> inputs;
   for (const auto& p : unit.params) {
-    inputs.push_back(unit.post_forward_sharded ? p.post_forward : p.padded.view(-1));
+    inputs.push_back(unit.post_forward_sharded() ? p.post_forward : p.padded.view(-1));
     sizes.push_back(inputs.back().numel());
   }
   const auto numel = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
@@ -247,19 +253,13 @@ void FullyShard::wait_for_unshard(Unit& unit, bool forward) {
   for (const auto& p : unit.params) {
     const auto numel = p.padded_numel * world;
     alloc_storage(p.full, static_cast<std::size_t>(numel) * p.full.element_size());
-    // A tensor of its own over the storage: the copy leaves the parameter's version counter alone, as FSDP2's
-    // _unsafe_preserve_version_counter does.
-    auto out = torch::empty({0}, p.full.options().requires_grad(false));
-    out.set_(p.full.storage(), 0, {ranks, numel / ranks}, {numel / ranks, 1});
-    outs.push_back(out);
+    outs.push_back(over_storage(p.full, {ranks, numel / ranks}, {numel / ranks, 1}));
     sizes.push_back(numel / ranks);
   }
   at::split_with_sizes_copy_out(outs, unit.all_gather.view({ranks, -1}), sizes, 1);
   unit.unsharded = true;
-  if (unit.post_forward_sharded) {  // FSDPParam.to_unsharded: the post-forward parts freed after the copy-out
-    for (auto& p : unit.params) p.post_forward = torch::Tensor();
-    unit.post_forward_sharded = false;
-  }
+  // FSDPParam.to_unsharded: the post-forward parts (if any) freed after the copy-out.
+  for (auto& p : unit.params) p.post_forward = torch::Tensor();
   if (forward) forward_all_gather_ = unit.all_gather;
   unit.all_gather = torch::Tensor();
 }
@@ -279,14 +279,10 @@ void FullyShard::reshard_to_post_forward_group(Unit& unit) {
   const auto world = static_cast<std::int64_t>(group_.world_size);
   for (auto& p : unit.params) {
     const auto numel = p.padded_numel * world;
-    auto flat = torch::empty({0}, p.full.options().requires_grad(false));
-    flat.set_(p.full.storage(), 0, {numel}, {1});
-    p.post_forward = flat.narrow(0, numel / k * post_forward_group_->rank, numel / k).clone();
-    flat = torch::Tensor();
+    p.post_forward = over_storage(p.full, {numel / k}, {1}, numel / k * post_forward_group_->rank).clone();
     free_storage(p.full);
   }
   unit.unsharded = false;
-  unit.post_forward_sharded = true;
 }
 
 void FullyShard::pre_forward(Unit& unit) {

@@ -9,7 +9,7 @@
 namespace memgate {
 namespace {
 
-// The loss one micro-batch back-propagates: the task's loss under the training's autocast, divided by the
+// The loss one micro-batch back-propagates: the task's loss under autocast in `autocast_in`, divided by the
 // accumulation steps when there are several.
 torch::Tensor micro_batch_loss(Model& model, const Batch& batch, const TrainingSpec& training, Precision autocast_in,
                                torch::DeviceType device_type) {
@@ -32,7 +32,7 @@ void require_batch_size(const Workload& workload, std::int64_t batch_size) {
 
 TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c10::Device device,
                            std::uint64_t seed, StepObserver* observer, const RankGroup* group)
-    : training_(workload.training), autocast_(workload.training.precision), batch_size_(batch_size), device_(device) {
+    : training_(workload.training), batch_size_(batch_size), device_(device) {
   require_batch_size(workload, batch_size);
   model_ = build_model(workload.model, device, seed);
   model_->set_gradient_checkpointing(training_.gradient_checkpointing);
@@ -46,9 +46,7 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
         ddp_ = std::make_unique<DataParallel>(model_->module(), trainable, training_.distributed, *group);
         break;
       case DistributedStrategy::kFsdp:
-        // FSDP's mixed precision is its own policy (param_dtype), in place of autocast, as torchtitan trains.
         fsdp_ = std::make_unique<FullyShard>(*model_, training_.distributed, training_.precision, *group);
-        autocast_ = Precision::kFp32;
         trainable = fsdp_->trainable_shards();
         if (observer != nullptr) observer->model_built();
         break;
@@ -65,11 +63,14 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
 
 TrainingStep::~TrainingStep() = default;
 
+// FSDP's mixed precision is its own policy (param_dtype), in place of autocast, as torchtitan trains.
+Precision TrainingStep::autocast_precision() const { return fsdp_ ? Precision::kFp32 : training_.precision; }
+
 void TrainingStep::warm_up(int steps, StepObserver* observer) {
   model_->module().eval();
   for (int pass = 0; pass < 2; ++pass) {
     torch::NoGradGuard no_grad;
-    AutocastScope autocast(device_.type(), autocast_);
+    AutocastScope autocast(device_.type(), autocast_precision());
     if (observer != nullptr) observer->eval_begin(pass);
     if (ddp_) ddp_->pre_forward(/*sync=*/true);
     if (fsdp_) {
@@ -102,9 +103,9 @@ void TrainingStep::run(StepObserver* observer) {
       // The root's inputs cast before its pre-forward; they live as long as the forward (and the graph) keeps them.
       const auto inputs = fsdp_->cast_forward_inputs(batch_);
       FullyShard::ForwardScope root(*fsdp_);
-      loss = root.finish(micro_batch_loss(*model_, inputs, training_, autocast_, device_.type()));
+      loss = root.finish(micro_batch_loss(*model_, inputs, training_, autocast_precision(), device_.type()));
     } else {
-      loss = micro_batch_loss(*model_, batch_, training_, autocast_, device_.type());
+      loss = micro_batch_loss(*model_, batch_, training_, autocast_precision(), device_.type());
     }
     if (ddp_) ddp_->post_forward(sync);
     if (observer != nullptr) observer->forward_end(i);

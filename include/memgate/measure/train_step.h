@@ -92,8 +92,10 @@ class TrainingStep {
   [[nodiscard]] std::int64_t samples_per_step() const { return batch_size_ * training_.accumulation_steps; }
 
  private:
+  /// The precision autocast runs in: the training's, fp32 under FSDP's mixed precision.
+  [[nodiscard]] Precision autocast_precision() const;
+
   TrainingSpec training_;
-  Precision autocast_;  ///< the precision autocast runs in: the training's, fp32 under FSDP's mixed precision
   std::int64_t batch_size_;
   c10::Device device_;
   std::unique_ptr<Model> model_;
