@@ -2,6 +2,7 @@
 // (_fsdp_param.py, _fsdp_param_group.py, _fsdp_collectives.py, _fsdp_state.py), over the same c10d collectives.
 #include "memgate/base/error.h"
 #include "memgate/measure/distributed.h"
+#include "memgate/measure/meta_allocator.h"
 #include "memgate/measure/meta_kernels.h"
 #include "memgate/models/autocast.h"
 
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 namespace memgate {
@@ -161,6 +163,7 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision prec
   const auto device = units_.back()->params.empty() ? c10::Device(c10::DeviceType::CPU)
                                                     : units_.back()->params.front().full.device();
   gloo_ = device.is_cpu() || (device.is_meta() && meta_kernels_target() == EstimateTarget::kCpu);
+  side_streams_ = device.is_meta() && meta_kernels_target() == EstimateTarget::kCuda;
 
   // FSDPParam._init_sharded_param: torch.chunk's rows of dim 0, this rank's copied into zeros of the first chunk's
   // size; then the full parameter is let go (here: its storage freed), unit by unit as fully_shard goes.
@@ -224,6 +227,8 @@ void FullyShard::unshard(Unit& unit) {
   // The all-gather's dtype is the unsharded parameters'. Under mixed precision the inputs are first copied (cast)
   // into one flat buffer of it (_get_param_all_gather_inputs' foreach copy), which lives until the all-gather ran.
   const auto dtype = unit.params.front().full.scalar_type();
+  std::optional<CountingMetaAllocator::StreamScope> copy_in_stream;
+  if (side_streams_) copy_in_stream.emplace(kAllGatherCopyInStream);
   torch::Tensor copy_in;
   if (dtype != unit.params.front().padded.scalar_type()) {
     copy_in = torch::empty({numel}, unit.params.front().padded.options().dtype(dtype));
@@ -364,6 +369,9 @@ void FullyShard::post_backward(Unit& unit) {
     post = factor / pre;
   }
   if (pre != 1.0) input.div_(pre);
+  // The output, its division and its cast back: on the reduce-scatter stream (the sharded gradients live there).
+  std::optional<CountingMetaAllocator::StreamScope> reduce_scatter_stream;
+  if (side_streams_) reduce_scatter_stream.emplace(kReduceScatterStream);
   auto output = torch::empty({numel / world}, input.options());
   if (gloo_) {
     // ProcessGroupGloo::_reduce_scatter_base as it is: the input cloned, the clone all-reduced (summed: Gloo drops

@@ -93,18 +93,18 @@ class CountingHistory final : public AllocationHistory::Impl,
 
   void on_alloc(const void* data, std::size_t bytes) override { record(kAlloc, data, bytes); }
   void on_free(const void* data, std::size_t bytes) override { record(kFree, data, bytes); }
-  void on_alloc(std::uint64_t id, std::size_t bytes) override {
+  void on_alloc(std::uint64_t id, std::size_t bytes, std::uint64_t stream) override {
     const std::lock_guard lock(meta_mutex_);
     const auto addr = next_address_;
     next_address_ += (bytes + 511) / 512 * 512 + 512;
-    meta_live_[id] = {addr, bytes};
-    record(kAlloc, reinterpret_cast<const void*>(addr), bytes);
+    meta_live_[id] = {addr, bytes, stream};
+    record(kAlloc, reinterpret_cast<const void*>(addr), bytes, stream);
   }
   void on_free(std::uint64_t id, std::size_t bytes) override {
     const std::lock_guard lock(meta_mutex_);
     const auto it = meta_live_.find(id);
     if (it == meta_live_.end()) return;  // allocated before the recording began
-    record(kFree, reinterpret_cast<const void*>(it->second.first), bytes);
+    record(kFree, reinterpret_cast<const void*>(it->second.address), bytes, it->second.stream);
     meta_live_.erase(it);
   }
 
@@ -132,7 +132,7 @@ class CountingHistory final : public AllocationHistory::Impl,
       d.insert(action_s, std::string(action));
       d.insert(addr_s, static_cast<std::int64_t>(e.addr));
       d.insert(size_s, static_cast<std::int64_t>(e.size));
-      d.insert(stream_s, std::int64_t{0});
+      d.insert(stream_s, static_cast<std::int64_t>(e.stream));
       d.insert(time_s, e.time_us);
       d.insert(frames_s, frames[e.stack]);
       trace.push_back(d);
@@ -150,15 +150,21 @@ class CountingHistory final : public AllocationHistory::Impl,
     }
     // What is live at the end, as blocks of segments; the frames of the alloc that made each, if recorded.
     std::unordered_map<std::uintptr_t, int> stack_of_live;
+    std::unordered_map<std::uintptr_t, std::uint64_t> stream_of_live;
     for (const auto& e : events_) {
-      if (e.action == kAlloc) stack_of_live[e.addr] = e.stack;
-      else stack_of_live.erase(e.addr);
+      if (e.action == kAlloc) {
+        stack_of_live[e.addr] = e.stack;
+        stream_of_live[e.addr] = e.stream;
+      } else {
+        stack_of_live.erase(e.addr);
+        stream_of_live.erase(e.addr);
+      }
     }
     auto segments = new_list();
     auto empty_frames = new_list();
     const auto for_each_live = [&](const std::function<void(const void*, std::size_t)>& visit) {
       if (!meta_) return allocator_->for_each_live(visit);
-      for (const auto& [id, block] : meta_live_) visit(reinterpret_cast<const void*>(block.first), block.second);
+      for (const auto& [id, block] : meta_live_) visit(reinterpret_cast<const void*>(block.address), block.bytes);
     };
     for_each_live([&](const void* data, std::size_t bytes) {
       const auto addr = reinterpret_cast<std::uintptr_t>(data);
@@ -179,7 +185,8 @@ class CountingHistory final : public AllocationHistory::Impl,
       seg.insert(IValue("allocated_size"), static_cast<std::int64_t>(bytes));
       seg.insert(IValue("active_size"), static_cast<std::int64_t>(bytes));
       seg.insert(IValue("requested_size"), static_cast<std::int64_t>(bytes));
-      seg.insert(stream_s, std::int64_t{0});
+      const auto stream = stream_of_live.find(addr);
+      seg.insert(stream_s, static_cast<std::int64_t>(stream == stream_of_live.end() ? 0 : stream->second));
       seg.insert(IValue("segment_type"), std::string(bytes <= (1 << 20) ? "small" : "large"));
       seg.insert(IValue("segment_pool_id"), c10::ivalue::Tuple::create({IValue(std::int64_t{0}), IValue(std::int64_t{0})}));
       seg.insert(IValue("is_expandable"), false);
@@ -208,6 +215,7 @@ class CountingHistory final : public AllocationHistory::Impl,
     std::size_t size;
     std::int64_t time_us;
     int stack;
+    std::uint64_t stream;  ///< 0 but in an estimate for CUDA, whose side streams (FSDP's) keep pools of their own
   };
 
   void stop() {
@@ -219,7 +227,7 @@ class CountingHistory final : public AllocationHistory::Impl,
   }
 
   // Under the allocator's lock.
-  void record(Action action, const void* data, std::size_t bytes) {
+  void record(Action action, const void* data, std::size_t bytes, std::uint64_t stream = 0) {
     const std::lock_guard lock(mutex_);
     if (events_.size() >= options_.max_entries) return;
     std::string key;
@@ -232,7 +240,7 @@ class CountingHistory final : public AllocationHistory::Impl,
       if (!phases_.back().empty()) stack.push_back(phases_.back());
       stacks_.push_back(std::move(stack));
     }
-    events_.push_back({action, reinterpret_cast<std::uintptr_t>(data), bytes, now_us(), at->second});
+    events_.push_back({action, reinterpret_cast<std::uintptr_t>(data), bytes, now_us(), at->second, stream});
   }
 
   SnapshotOptions options_;
@@ -241,7 +249,12 @@ class CountingHistory final : public AllocationHistory::Impl,
   CountingMetaAllocator* meta_allocator_ = nullptr;
   std::mutex meta_mutex_;
   std::uintptr_t next_address_ = 0x10000000;
-  std::map<std::uint64_t, std::pair<std::uintptr_t, std::size_t>> meta_live_;
+  struct MetaBlock {
+    std::uintptr_t address;
+    std::size_t bytes;
+    std::uint64_t stream;
+  };
+  std::map<std::uint64_t, MetaBlock> meta_live_;
   at::CallbackHandle callback_ = 0;
   bool stopped_ = false;
   std::mutex mutex_;

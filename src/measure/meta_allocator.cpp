@@ -19,6 +19,8 @@ struct Block {
   std::uint64_t id;
 };
 
+thread_local std::uint64_t t_stream = 0;
+
 detail::ByteCounter g_bytes;
 std::atomic<std::uint64_t> g_next_id{1};
 std::atomic<std::int64_t> g_granularity{0};
@@ -67,11 +69,11 @@ c10::DataPtr CountingMetaAllocator::allocate(size_t requested) {
   auto* block = new Block{nbytes, g_next_id.fetch_add(1, std::memory_order_relaxed)};
   {
     const std::lock_guard lock(g_model_mutex);
-    if (g_model) g_model->malloc(block->id, static_cast<std::int64_t>(requested));
+    if (g_model) g_model->malloc(block->id, static_cast<std::int64_t>(requested), t_stream);
   }
   {
     const std::lock_guard lock(g_observer_mutex);
-    if (g_observer != nullptr) g_observer->on_alloc(block->id, nbytes);
+    if (g_observer != nullptr) g_observer->on_alloc(block->id, nbytes, t_stream);
   }
   return {nullptr, block, &meta_delete, c10::Device(c10::DeviceType::Meta)};
 }
@@ -111,6 +113,10 @@ std::int64_t CountingMetaAllocator::limit() const { return g_bytes.limit(); }
 void CountingMetaAllocator::count_external(std::int64_t bytes) { g_bytes.add_external(bytes); }
 
 void CountingMetaAllocator::set_granularity(std::int64_t bytes) { g_granularity.store(bytes); }
+
+CountingMetaAllocator::StreamScope::StreamScope(std::uint64_t stream) : previous_(t_stream) { t_stream = stream; }
+CountingMetaAllocator::StreamScope::~StreamScope() { t_stream = previous_; }
+std::uint64_t CountingMetaAllocator::current_stream() { return t_stream; }
 
 void CountingMetaAllocator::set_observer(Observer* observer) {
   const std::lock_guard lock(g_observer_mutex);

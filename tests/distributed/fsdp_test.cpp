@@ -6,8 +6,11 @@
 #include "memgate/base/error.h"
 #include "memgate/measure/distributed.h"
 #include "memgate/measure/estimate.h"
+#include "memgate/measure/memory_snapshot.h"
+#include "memgate/measure/meta_allocator.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/zoo.h"
+#include "memgate/report/snapshot_pickle.h"
 #include "fixture_util.h"
 #include "test_util.h"
 
@@ -16,6 +19,7 @@
 
 #include <map>
 #include <ostream>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -255,6 +259,90 @@ batch_sizes: [1]
 
 INSTANTIATE_TEST_SUITE_P(ReshardAfterForward, FsdpBoundsTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "true" : "false"; });
+
+// Each request of the Meta device with the stream it was made on.
+class StreamRecorder final : public CountingMetaAllocator::Observer {
+ public:
+  StreamRecorder() { CountingMetaAllocator::install().set_observer(this); }
+  ~StreamRecorder() override { CountingMetaAllocator::install().set_observer(nullptr); }
+  StreamRecorder(const StreamRecorder&) = delete;
+  StreamRecorder& operator=(const StreamRecorder&) = delete;
+  void on_alloc(std::uint64_t, std::size_t bytes, std::uint64_t stream) override {
+    by_stream[stream].insert(static_cast<std::int64_t>(bytes));
+  }
+  void on_free(std::uint64_t, std::size_t) override {}
+  std::map<std::uint64_t, std::set<std::int64_t>> by_stream;  ///< the distinct sizes requested on each stream
+};
+
+// Each unit's padded shard elements on a rank of `world` (the blocks in order, then the root).
+std::vector<std::int64_t> unit_shard_numels(const Fixture& fixture, std::int64_t world) {
+  const auto model = build_model(fixture.model, c10::Device(c10::DeviceType::Meta));
+  auto prefixes = model->block_prefixes();
+  std::vector<std::int64_t> numels(prefixes.size() + 1, 0);
+  for (const auto& named : model->module().named_parameters()) {
+    const auto& p = named.value();
+    const auto numel = (p.size(0) + world - 1) / world * (p.numel() / p.size(0));
+    const auto at = std::find_if(prefixes.begin(), prefixes.end(),
+                                 [&](const std::string& prefix) { return named.key().starts_with(prefix); });
+    numels[static_cast<std::size_t>(at - prefixes.begin())] += numel;
+  }
+  return numels;
+}
+
+std::int64_t blocks_of_512(std::int64_t bytes) { return (bytes + 511) / 512 * 512; }
+
+// On a GPU, FSDP2 allocates a unit's all-gather buffers on its copy-in stream and the reduce-scatter's output on its
+// reduce-scatter stream, pools the caching allocator keeps apart from the default stream's. The estimate for CUDA
+// makes exactly those requests there: each unit's all-gather output (N x its padded shards, in the param dtype) and
+// under bf16 its cast copy-in buffer on the one; each unit's reduce-scatter output (its padded shards, in the reduce
+// dtype) and its cast back to fp32 on the other; nothing else; and its memory_viz snapshot says so. An estimate for
+// the CPU makes every request on one.
+TEST(FsdpEstimateTest, EstimateForCudaMakesTheCollectiveBuffersOnFsdpsStreams) {
+  for (const bool bf16 : {false, true}) {
+    testing::TempDir dir;
+    const std::int64_t world = 2;
+    const auto fixture = fsdp_twin(dir, world, "", bf16 ? "  precision: bf16\n" : "");
+    const auto numels = unit_shard_numels(fixture, world);
+    const std::int64_t param_bytes = bf16 ? 2 : 4;
+    std::set<std::int64_t> all_gather, reduce_scatter;
+    for (const auto numel : numels) {
+      all_gather.insert(blocks_of_512(world * numel * param_bytes));
+      if (bf16) all_gather.insert(blocks_of_512(numel * param_bytes));  // the shards cast into the copy-in buffer
+      reduce_scatter.insert(blocks_of_512(numel * param_bytes));
+      if (bf16) reduce_scatter.insert(blocks_of_512(numel * 4));  // the reduced gradients cast back to the shards'
+    }
+    const auto at = bf16 ? "bf16" : "fp32";
+    {
+      StreamRecorder recorder;
+      const auto estimated = estimate_probe(fixture, 1, EstimateTarget::kCuda);
+      ASSERT_FALSE(estimated.oom) << estimated.error;
+      EXPECT_EQ(recorder.by_stream[FullyShard::kAllGatherCopyInStream], all_gather) << at;
+      EXPECT_EQ(recorder.by_stream[FullyShard::kReduceScatterStream], reduce_scatter) << at;
+      EXPECT_EQ(recorder.by_stream.size(), 3U) << at << ": the default stream and FSDP's two";
+    }
+    {
+      // The estimate's memory_viz snapshot says the stream of each request, as a GPU's does.
+      AllocationHistory history(c10::Device(c10::DeviceType::Meta), {});
+      ASSERT_FALSE(estimate_probe(fixture, 1, EstimateTarget::kCuda).oom);
+      const auto snapshot = read_plain_pickle(history.finish(), "the estimate's snapshot");
+      std::map<std::uint64_t, std::set<std::int64_t>> by_stream;
+      for (const auto& entry : snapshot.at("device_traces").at(0)) {
+        if (entry.at("action") == "alloc") {
+          by_stream[entry.at("stream").get<std::uint64_t>()].insert(entry.at("size").get<std::int64_t>());
+        }
+      }
+      EXPECT_EQ(by_stream[FullyShard::kAllGatherCopyInStream], all_gather) << at;
+      EXPECT_EQ(by_stream[FullyShard::kReduceScatterStream], reduce_scatter) << at;
+    }
+    {
+      StreamRecorder recorder;
+      const auto estimated = estimate_probe(fixture, 1, EstimateTarget::kCpu);
+      ASSERT_FALSE(estimated.oom) << estimated.error;
+      EXPECT_EQ(recorder.by_stream.size(), 1U) << at;
+      EXPECT_TRUE(recorder.by_stream.contains(0)) << at;
+    }
+  }
+}
 
 struct EstimateCase {
   int world;

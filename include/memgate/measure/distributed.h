@@ -142,8 +142,18 @@ class DataParallel {
 /// copy-in buffer of the param dtype before the all-gather, which gathers and unshards in that dtype; each unit's
 /// floating forward inputs are cast to it; gradients come in it, are reduce-scattered in the reduce dtype (unset:
 /// theirs) and cast back to the shards' dtype.
+///
+/// Streams: FSDP2 allocates a unit's copy-in and all-gather buffers on its all-gather copy-in stream, and the
+/// reduce-scatter's output (and its cast back) on its reduce-scatter stream; everything else (the unsharded
+/// parameters, the reduce-scatter input) on the current one. A GPU's caching allocator keeps a pool per stream, so
+/// those buffers never reuse the default stream's free blocks nor it theirs. An estimate for CUDA makes those
+/// requests on the streams below (CountingMetaAllocator::StreamScope), and its model of the allocator keeps the pools
+/// apart; the CPU has one.
 class FullyShard final : public BlockHook {
  public:
+  /// The estimate's stand-ins for FSDP2's all_gather_copy_in_stream and reduce_scatter_stream (0 is the default).
+  static constexpr std::uint64_t kAllGatherCopyInStream = 1;
+  static constexpr std::uint64_t kReduceScatterStream = 2;
   /// `precision`: the policy's param_dtype (fp32: no mixed precision).
   FullyShard(Model& model, const DistributedSpec& spec, Precision precision, RankGroup group);
   ~FullyShard() override;
@@ -197,6 +207,7 @@ class FullyShard final : public BlockHook {
   DistributedSpec spec_;
   std::optional<torch::ScalarType> param_dtype_;  ///< MixedPrecisionPolicy.param_dtype; unset: none
   bool gloo_ = true;  ///< collectives as ProcessGroupGloo runs them (the CPU), else as NCCL does
+  bool side_streams_ = false;  ///< an estimate for CUDA: its buffers on FSDP2's streams (above)
   /// The group a unit reshards to after forward when that is a part of the ranks (an integer
   /// reshard_after_forward: FSDP2's post-forward mesh), and all-gathers from in the backward that follows.
   std::optional<RankGroup> post_forward_group_;

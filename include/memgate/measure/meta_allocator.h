@@ -53,12 +53,30 @@ class CountingMetaAllocator final : public c10::Allocator {
   /// The model's empty_cache (nothing without the model).
   void empty_cache();
 
-  /// Sees each allocation and free (an estimate replays them through a model of the CUDA caching allocator).
-  /// `id` names the block from its allocation to its free. Called on the allocating or freeing thread.
+  /// The stream the requests of this thread are made on while it lives, as CUDA's caching allocator takes it from
+  /// the current stream: a block comes from that stream's free blocks (or a new segment of it) and goes back to
+  /// them when it is freed, whichever stream is current then. 0 is the default stream; scopes nest.
+  ///
+  ///   { CountingMetaAllocator::StreamScope on(1); auto t = torch::empty({256}, torch::kMeta); }  // stream 1's pool
+  class StreamScope {
+   public:
+    explicit StreamScope(std::uint64_t stream);
+    ~StreamScope();
+    StreamScope(const StreamScope&) = delete;
+    StreamScope& operator=(const StreamScope&) = delete;
+
+   private:
+    std::uint64_t previous_;
+  };
+  /// The stream this thread's requests are made on now.
+  [[nodiscard]] static std::uint64_t current_stream();
+
+  /// Sees each allocation and free (a memory_viz snapshot of an estimate records them). `id` names the block from
+  /// its allocation to its free; `stream` is the one it was allocated on. Called on the allocating or freeing thread.
   class Observer {
    public:
     virtual ~Observer() = default;
-    virtual void on_alloc(std::uint64_t id, std::size_t bytes) = 0;
+    virtual void on_alloc(std::uint64_t id, std::size_t bytes, std::uint64_t stream) = 0;
     virtual void on_free(std::uint64_t id, std::size_t bytes) = 0;
   };
   void set_observer(Observer* observer);
