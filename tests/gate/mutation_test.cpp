@@ -33,7 +33,7 @@ struct Mutation {
   std::set<std::string> grows;   ///< components that must fail (regression)
   std::set<std::string> shrinks; ///< components that must pass with a stale notice
   /// A distributed fixture's ranks reload it from its file: such a mutation edits the file's text instead, and the
-  /// component names are each rank's (rank0_gradients, ...).
+  /// component names are each rank's (rank0_gradients, ...). Empty for the others.
   std::function<std::string(std::string)> edit_yaml;
 };
 
@@ -47,33 +47,33 @@ std::vector<Mutation> mutations() {
   return {
       // A dropout after each block's attention projection keeps one mask per block for backward (train only).
       {"extra_kept_tensor_per_block", "vit_tiny_lora", 4,
-       [](Fixture& f, std::int64_t&) { vit(f).proj_drop = 0.1; }, kActivationsAndPeaks, {}},
+       [](Fixture& f, std::int64_t&) { vit(f).proj_drop = 0.1; }, kActivationsAndPeaks, {}, {}},
       // Unfused attention saves the n x n softmax where SDPA saves its output and log-sum-exp. In eval the
       // transient score matrix stays below the MLP's hidden activation, so the eval peak does not move.
       {"math_attention_instead_of_sdpa", "vit_tiny_lora", 4,
-       [](Fixture& f, std::int64_t&) { vit(f).attention = VitOptions::Attention::kMath; }, kActivationsAndPeaks, {}},
+       [](Fixture& f, std::int64_t&) { vit(f).attention = VitOptions::Attention::kMath; }, kActivationsAndPeaks, {}, {}},
       // An adapter on the attention projection too: more trainable parameters, their gradients and Adam moments.
       {"lora_target_added", "vit_tiny_lora", 4,
        [](Fixture& f, std::int64_t&) { vit(f).lora.targets.push_back("proj"); },
        {"params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak", "step_peak",
         "step_peak_reserved"},
-       {}},
+       {}, {}},
       // Every block's activations kept for backward instead of recomputed.
       {"checkpointing_off", "segnet_tiny_ckpt", 2,
-       [](Fixture& f, std::int64_t&) { f.training.gradient_checkpointing = false; }, kActivationsAndPeaks, {}},
+       [](Fixture& f, std::int64_t&) { f.training.gradient_checkpointing = false; }, kActivationsAndPeaks, {}, {}},
       // fp32 where the fixture autocasts to bf16: saved activations twice the size, but no bf16 copies of the
       // weights. At batch 16 the activations outweigh the copies in training (as in the full-size model); in eval,
       // which saves nothing, im2col's column buffers (LibTorch's own convolutions) double too and outweigh them.
       {"fp32_instead_of_bf16", "resnet_tiny_fewshot_amp_accum", 16,
        [](Fixture& f, std::int64_t&) { f.training.precision = Precision::kFp32; },
-       {"activations", "forward_peak", "eval_peak", "step_peak", "step_peak_reserved"}, {}},
+       {"activations", "forward_peak", "eval_peak", "step_peak", "step_peak_reserved"}, {}, {}},
       // The same samples per step in one micro-batch instead of four.
       {"accumulation_off", "unet_tiny_fp16_accum4", 1,
        [](Fixture& f, std::int64_t& batch_size) {
          batch_size *= f.training.accumulation_steps;
          f.training.accumulation_steps = 1;
        },
-       {"activations", "forward_peak", "eval_peak", "step_peak", "step_peak_reserved"}, {}},
+       {"activations", "forward_peak", "eval_peak", "step_peak", "step_peak_reserved"}, {}, {}},
       // DDP's gradients as their own tensors again, beside the buckets: a second copy of every gradient on every
       // rank (measured by 2 rank processes over Gloo).
       {"ddp_gradients_not_bucket_views", "vit_tiny_ddp", 2, [](Fixture&, std::int64_t&) {},
