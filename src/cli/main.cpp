@@ -208,11 +208,25 @@ void write_profile(const memgate::Profile& profile, const nlohmann::json& json, 
                    const std::string& config, std::string_view history) {
   for (const auto& p : profile.probes) {
     if (files.snapshot.empty()) break;
+    const auto path = snapshot_path(files.snapshot, p.batch_size, profile.probes.size());
+    // A distributed probe: one snapshot per rank, <stem>_rank<r><extension>.
+    for (std::size_t r = 0; r < p.rank_snapshots.size(); ++r) {
+      const std::filesystem::path at(path);
+      const auto rank_path =
+          (at.parent_path() / fmt::format("{}_rank{}{}", at.stem().string(), r, at.extension().string())).string();
+      if (p.rank_snapshots[r].empty()) {
+        fmt::print(stderr, "memgate: no snapshot of rank {} at batch size {} could be taken\n", r, p.batch_size);
+        continue;
+      }
+      memgate::write_file_atomically(rank_path, p.rank_snapshots[r]);
+      fmt::print(stderr, "memgate: wrote {} of rank {} at batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
+                 history, r, p.batch_size, rank_path);
+    }
+    if (!p.rank_snapshots.empty()) continue;
     if (p.snapshot.empty()) {
       fmt::print(stderr, "memgate: no snapshot of batch size {} could be taken\n", p.batch_size);
       continue;
     }
-    const auto path = snapshot_path(files.snapshot, p.batch_size, profile.probes.size());
     memgate::write_file_atomically(path, p.snapshot);
     fmt::print(stderr, "memgate: wrote {} of batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
                history, p.batch_size, path);
@@ -302,7 +316,7 @@ Run add_profile(CLI::App& app) {
       ->type_name("FILE");
   app.add_option("--snapshot", o->files.snapshot,
                  "Record the allocator's history and write it for https://pytorch.org/memory_viz (several batch "
-                 "sizes: <stem>_bs<N>.pickle each)")
+                 "sizes: <stem>_bs<N>.pickle each; a distributed fixture: <stem>[_bs<N>]_rank<r>.pickle per rank)")
       ->type_name("FILE.pickle");
   app.add_flag("--snapshot-cpp-stacks", o->snapshot_cpp_stacks,
                "CUDA: with --snapshot, the C++ stack of each allocation (slow: minutes for a large model)");
@@ -422,7 +436,7 @@ Run add_estimate(CLI::App& app) {
   app.add_option("--html", o->files.html, "Also write the report as HTML to this file")->type_name("FILE")->excludes(suite);
   app.add_option("--snapshot", o->files.snapshot,
                  "Write the estimated allocations for https://pytorch.org/memory_viz (<stem>_bs<N>.pickle per batch size "
-                 "when there are several)")
+                 "when there are several; a distributed fixture: <stem>[_bs<N>]_rank<r>.pickle per rank)")
       ->type_name("FILE.pickle")
       ->excludes(suite);
   app.add_option("--gpus", o->files.gpus, "Folder of GPU fixtures for the fits-on table and the budgets")

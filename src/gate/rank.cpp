@@ -68,12 +68,14 @@ int rank_main(int argc, char** argv) {
     if (args.contains("warmup-steps")) options.warmup_steps = static_cast<int>(to_int(args, "warmup-steps"));
     if (args.contains("cpu-threads")) options.cpu_threads = static_cast<int>(to_int(args, "cpu-threads"));
     if (args.contains("seed")) options.seed = static_cast<std::uint64_t>(to_int(args, "seed"));
+    if (args.contains("snapshot")) options.snapshot = SnapshotOptions{};
     const auto group = join_gloo_group(args["store"], rank, world, kRankTimeout);
     options.rank_group = &group;
     const auto cap = args.contains("cap-bytes") ? to_int(args, "cap-bytes") : 0;
     const c10::Device cpu(c10::DeviceType::CPU);
     const auto result = cap > 0 ? run_probe_capped(fixture, batch_size, cpu, cap, options)
                                 : run_probe(fixture, batch_size, cpu, options);
+    if (args.contains("snapshot") && !result.snapshot.empty()) write_file_atomically(args["snapshot"], result.snapshot);
     write_file_atomically(args["output"], rank_result_text(rank, result));
     return 0;
   } catch (const std::invalid_argument& e) {

@@ -429,6 +429,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
       rank_options.rank_group = &group;
       auto one = run_probe(workload, batch_size, device, rank_options);
       if (one.oom) return one;
+      if (options.snapshot) result.rank_snapshots.push_back(std::move(one.snapshot));
       result.step_seconds = std::max(result.step_seconds, one.step_seconds);
       result.ranks.push_back({r, one.components, one.comm_buffer_bytes, one.comm_buffers});
     }
@@ -456,13 +457,16 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
   const auto start = std::chrono::steady_clock::now();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
-    const std::vector<std::string> argv{
+    std::vector<std::string> argv{
         exe, "--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size),
         "--rank", std::to_string(r), "--world-size", std::to_string(world), "--store", (dir / "store").string(),
         "--output", (dir / fmt::format("rank{}.json", r)).string(),
         "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
         "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
         "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(options.rank_cap_bytes)};
+    if (options.snapshot) {
+      argv.insert(argv.end(), {"--snapshot", (dir / fmt::format("rank{}.pickle", r)).string()});
+    }
     pids.push_back(spawn(argv, (dir / fmt::format("rank{}.log", r)).string()));
   }
   // Each rank's end; the first that fails stops the others (they would wait on it in a collective).
@@ -533,6 +537,13 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
   }
   if (result.oom) result.ranks.clear();
   else fold_ranks(result);
+  if (options.snapshot && !result.oom) {
+    for (int r = 0; r < world; ++r) {
+      const auto path = dir / fmt::format("rank{}.pickle", r);
+      result.rank_snapshots.push_back(std::filesystem::is_regular_file(path) ? read_text_file(path, "a memory snapshot")
+                                                                              : std::string());
+    }
+  }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -15,6 +15,7 @@
 //   MEMGATE_SNAPSHOTS      `failing` (the default on a GPU): record each probe's allocator history and write it, for
 //                          memory_viz, when a component of that probe fails; `off` (the default on the CPU)
 //   MEMGATE_SNAPSHOT_DIR   where those go (default: snapshots/ beside the verdicts), <device>/<fixture>_bs<N>.pickle
+//                          (a distributed probe: <fixture>_bs<N>_rank<r>.pickle, the failing rank's)
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/base/status.h"
@@ -256,19 +257,32 @@ void record(const MeasureCase& c, c10::Device device) {
 
 // Writes the allocator history of each probe with a failing component where memory_viz opens it, and says where in
 // those components' messages.
+// A distributed probe's failing component is a rank's (rank1_step_peak): its rank's history, <fixture>_bs<N>_rank<r>.
 void write_failure_snapshots(const FixtureVerdicts& judged, std::vector<ComponentVerdict>& verdicts) {
-  std::map<std::int64_t, std::string> written;  // batch size -> file
+  std::map<std::pair<std::int64_t, int>, std::string> written;  // (batch size, rank or -1) -> file
   for (auto& v : verdicts) {
     if (!fails(v.status, strict_mode())) continue;
     const auto* probe = find_probe(judged, v.batch_size);
-    if (probe == nullptr || probe->snapshot.empty()) continue;
-    auto [at, added] = written.try_emplace(v.batch_size);
+    if (probe == nullptr) continue;
+    int rank = -1;
+    const std::string* snapshot = &probe->snapshot;
+    if (!probe->rank_snapshots.empty()) {
+      const auto parsed = parse_rank_component(v.component);
+      if (!parsed || parsed->first < 0 || static_cast<std::size_t>(parsed->first) >= probe->rank_snapshots.size()) {
+        continue;
+      }
+      rank = parsed->first;
+      snapshot = &probe->rank_snapshots[static_cast<std::size_t>(rank)];
+    }
+    if (snapshot->empty()) continue;
+    auto [at, added] = written.try_emplace({v.batch_size, rank});
     if (added) {
-      at->second = fmt::format("{}/{}/{}_bs{}.pickle", snapshots_dir(), judged.device.slug, v.fixture, v.batch_size);
+      at->second = fmt::format("{}/{}/{}_bs{}{}.pickle", snapshots_dir(), judged.device.slug, v.fixture, v.batch_size,
+                               rank < 0 ? "" : fmt::format("_rank{}", rank));
       std::filesystem::create_directories(std::filesystem::path(at->second).parent_path());
-      write_file_atomically(at->second, probe->snapshot);
-      std::cout << fmt::format("{} at batch {}: wrote the allocator's history to {}\n", v.fixture, v.batch_size,
-                               at->second);
+      write_file_atomically(at->second, *snapshot);
+      std::cout << fmt::format("{} at batch {}{}: wrote the allocator's history to {}\n", v.fixture, v.batch_size,
+                               rank < 0 ? "" : fmt::format(", rank {}", rank), at->second);
     }
     v.message += fmt::format("\n  memory_viz snapshot of this probe: {} (drag it onto https://pytorch.org/memory_viz)",
                              std::filesystem::absolute(at->second).string());

@@ -136,6 +136,39 @@ TEST(ReportCliTest, ProfileWritesItsHtmlAndOneSnapshotPerBatchSize) {
   EXPECT_THAT(out, Not(HasSubstr("[memgate]"))) << "MEMGATE_PROGRESS=0 silences it";
 }
 
+// A distributed fixture's ranks each have an allocator of their own: one snapshot per rank, measured (each rank
+// process records its own and the probe collects them) and estimated.
+TEST(ReportCliTest, DistributedProfileAndEstimateWriteOneSnapshotPerRank) {
+  testing::TempDir dir;
+  std::string out;
+  const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_fsdp.yaml";
+  const auto allocs_of = [](const nlohmann::json& snapshot) {
+    std::int64_t allocs = 0;
+    for (const auto& e : snapshot["device_traces"][0]) allocs += e["action"] == "segment_alloc" ? 1 : 0;
+    return allocs;
+  };
+  ASSERT_EQ(testing::run(fmt::format("{} profile --config {} --device cpu --batch-sizes 1 --snapshot {}", kCli,
+                                     fixture, dir / "d.pickle"),
+                         &out),
+            0)
+      << out;
+  EXPECT_FALSE(fs::exists(dir / "d.pickle"));
+  for (const auto* name : {"d_rank0.pickle", "d_rank1.pickle"}) {
+    ASSERT_TRUE(fs::exists(dir / name)) << name << "\n" << out;
+    EXPECT_GT(allocs_of(load_plain_pickle(dir / name)), 100) << name;
+    EXPECT_THAT(out, HasSubstr(name));
+  }
+  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {} --batch-sizes 1,2 --snapshot {}", kCli, fixture,
+                                     dir / "e.pickle"),
+                         &out),
+            0)
+      << out;
+  for (const auto* name : {"e_bs1_rank0.pickle", "e_bs1_rank1.pickle", "e_bs2_rank0.pickle", "e_bs2_rank1.pickle"}) {
+    ASSERT_TRUE(fs::exists(dir / name)) << name << "\n" << out;
+    EXPECT_GT(allocs_of(load_plain_pickle(dir / name)), 100) << name;
+  }
+}
+
 TEST(ReportCliTest, EstimateWritesTheProfileJsonMarkedAsAnEstimate) {
   testing::TempDir dir;
   std::string out;

@@ -321,18 +321,24 @@ TEST(FsdpEstimateTest, EstimateForCudaMakesTheCollectiveBuffersOnFsdpsStreams) {
       EXPECT_EQ(recorder.by_stream.size(), 3U) << at << ": the default stream and FSDP's two";
     }
     {
-      // The estimate's memory_viz snapshot says the stream of each request, as a GPU's does.
-      AllocationHistory history(c10::Device(c10::DeviceType::Meta), {});
-      ASSERT_FALSE(estimate_probe(fixture, 1, EstimateTarget::kCuda).oom);
-      const auto snapshot = read_plain_pickle(history.finish(), "the estimate's snapshot");
-      std::map<std::uint64_t, std::set<std::int64_t>> by_stream;
-      for (const auto& entry : snapshot.at("device_traces").at(0)) {
-        if (entry.at("action") == "alloc") {
-          by_stream[entry.at("stream").get<std::uint64_t>()].insert(entry.at("size").get<std::int64_t>());
+      // Each rank's memory_viz snapshot of the estimate says the stream of each request, as a GPU's does.
+      ProbeOptions options;
+      options.snapshot = SnapshotOptions{};
+      const auto estimated = estimate_probe(fixture, 1, EstimateTarget::kCuda, options);
+      ASSERT_FALSE(estimated.oom) << estimated.error;
+      EXPECT_TRUE(estimated.snapshot.empty()) << "one per rank instead";
+      ASSERT_EQ(estimated.rank_snapshots.size(), static_cast<std::size_t>(world)) << at;
+      for (std::size_t r = 0; r < estimated.rank_snapshots.size(); ++r) {
+        const auto snapshot = read_plain_pickle(estimated.rank_snapshots[r], fmt::format("rank {}'s snapshot", r));
+        std::map<std::uint64_t, std::set<std::int64_t>> by_stream;
+        for (const auto& entry : snapshot.at("device_traces").at(0)) {
+          if (entry.at("action") == "alloc") {
+            by_stream[entry.at("stream").get<std::uint64_t>()].insert(entry.at("size").get<std::int64_t>());
+          }
         }
+        EXPECT_EQ(by_stream[FullyShard::kAllGatherCopyInStream], all_gather) << at << " rank " << r;
+        EXPECT_EQ(by_stream[FullyShard::kReduceScatterStream], reduce_scatter) << at << " rank " << r;
       }
-      EXPECT_EQ(by_stream[FullyShard::kAllGatherCopyInStream], all_gather) << at;
-      EXPECT_EQ(by_stream[FullyShard::kReduceScatterStream], reduce_scatter) << at;
     }
     {
       StreamRecorder recorder;

@@ -118,6 +118,28 @@ TEST_F(GateTest, AFailingProbeLeavesAMemoryVizSnapshot) {
   EXPECT_NE(log.find("MEMGATE_SNAPSHOTS: expected failing or off, got 'sometimes'"), std::string::npos) << log;
 }
 
+// A distributed probe's failing component is one rank's: that rank's history is left, named for the rank.
+TEST_F(GateTest, AFailingRankLeavesThatRanksSnapshot) {
+  fs::copy_file(testing::source_dir() + "/fixtures/models/vit_tiny_fsdp.yaml", tree / "fixtures/models/gate_fsdp.yaml");
+  testing::write_file(tree / "fixtures/suites/cpu.yaml", "device: cpu\nfixtures:\n  - {fixture: gate_fsdp, batch_sizes: [1]}\n");
+  std::string log;
+  ASSERT_EQ(suite("MEMGATE_UPDATE_BASELINES=1", nullptr, &log), 0) << log;
+  auto j = nlohmann::json::parse(testing::read_file(baseline("gate_fsdp")));
+  auto& activations = j["probes"][0]["ranks"][1]["components"]["activations"];
+  activations = activations.get<std::int64_t>() / 2;
+  testing::write_file(baseline("gate_fsdp"), j.dump(2) + "\n");
+  const auto snapshots = tree.path() / "snapshots";
+  std::vector<std::string> failed;
+  EXPECT_NE(suite("MEMGATE_SNAPSHOTS=failing MEMGATE_SNAPSHOT_DIR=" + snapshots.string(), &failed, &log), 0);
+  EXPECT_EQ(failed, std::vector<std::string>{"Cpu/ComponentTest.StaysWithinBaseline/gate_fsdp_bs1_rank1_activations"})
+      << log;
+  const auto file = snapshots / "cpu" / "gate_fsdp_bs1_rank1.pickle";
+  ASSERT_TRUE(fs::exists(file)) << log;
+  EXPECT_GT(fs::file_size(file), 1000U);
+  EXPECT_FALSE(fs::exists(snapshots / "cpu" / "gate_fsdp_bs1_rank0.pickle")) << "rank 0 passed";
+  EXPECT_NE(log.find("memory_viz snapshot of this probe: " + file.string()), std::string::npos) << log;
+}
+
 TEST_F(GateTest, ShrinkingPassesWithANoticeAndFailsInStrictMode) {
   ASSERT_EQ(suite("MEMGATE_UPDATE_BASELINES=1"), 0);
   auto j = nlohmann::json::parse(testing::read_file(baseline("gate_a")));

@@ -39,6 +39,8 @@ struct ProbeResult {
   /// With ProbeOptions::snapshot: the allocator's history over the whole probe (build, eval forwards, warm-up,
   /// measured step; up to the out-of-memory when there was one), as memory_viz's pickle.
   std::string snapshot;
+  /// A distributed probe's snapshots instead, one per rank, by rank (each rank's allocator is its own).
+  std::vector<std::string> rank_snapshots;
   /// A distributed probe's ranks, each with its own components (`components` holds the largest over them); empty
   /// on one device.
   std::vector<RankComponents> ranks;
