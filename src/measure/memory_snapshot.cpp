@@ -199,7 +199,8 @@ class CountingHistory final : public AllocationHistory::Impl,
     auto settings = new_dict();
     settings.insert(IValue("PYTORCH_CUDA_ALLOC_CONF"), std::string(""));
     settings.insert(IValue("expandable_segments"), false);
-    settings.insert(IValue("memgate_allocator"), std::string("counting CPU allocator (no cache)"));
+    settings.insert(IValue("memgate_allocator"), std::string(meta_ ? "estimate on the Meta device (no cache)"
+                                                                   : "counting CPU allocator (no cache)"));
     auto snapshot = new_dict();
     snapshot.insert(IValue("segments"), segments);
     snapshot.insert(IValue("device_traces"), traces);

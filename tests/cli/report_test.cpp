@@ -167,6 +167,10 @@ TEST(ReportCliTest, DistributedProfileAndEstimateWriteOneSnapshotPerRank) {
     ASSERT_TRUE(fs::exists(dir / name)) << name << "\n" << out;
     EXPECT_GT(allocs_of(load_plain_pickle(dir / name)), 100) << name;
   }
+  // memgate replay says what recorded an estimate's snapshot.
+  std::string replayed;
+  EXPECT_EQ(testing::run(fmt::format("{} replay {}", kCli, dir / "e_bs1_rank0.pickle"), &replayed), 1) << replayed;
+  EXPECT_THAT(replayed, HasSubstr("recorded by memgate's estimate on the Meta device"));
 }
 
 TEST(ReportCliTest, EstimateWritesTheProfileJsonMarkedAsAnEstimate) {

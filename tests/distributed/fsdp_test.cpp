@@ -10,6 +10,7 @@
 #include "memgate/measure/meta_allocator.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/zoo.h"
+#include "memgate/report/replay.h"
 #include "memgate/report/snapshot_pickle.h"
 #include "fixture_util.h"
 #include "test_util.h"
@@ -295,8 +296,8 @@ std::int64_t blocks_of_512(std::int64_t bytes) { return (bytes + 511) / 512 * 51
 // reduce-scatter stream, pools the caching allocator keeps apart from the default stream's. The estimate for CUDA
 // makes exactly those requests there: each unit's all-gather output (N x its padded shards, in the param dtype) and
 // under bf16 its cast copy-in buffer on the one; each unit's reduce-scatter output (its padded shards, in the reduce
-// dtype) and its cast back to fp32 on the other; nothing else; and its memory_viz snapshot says so. An estimate for
-// the CPU makes every request on one.
+// dtype) and its cast back to fp32 on the other; nothing else; and each rank's memory_viz snapshot says so, so that
+// memgate replay finds the pools again. An estimate for the CPU makes every request on one.
 TEST(FsdpEstimateTest, EstimateForCudaMakesTheCollectiveBuffersOnFsdpsStreams) {
   for (const bool bf16 : {false, true}) {
     testing::TempDir dir;
@@ -338,6 +339,12 @@ TEST(FsdpEstimateTest, EstimateForCudaMakesTheCollectiveBuffersOnFsdpsStreams) {
         }
         EXPECT_EQ(by_stream[FullyShard::kAllGatherCopyInStream], all_gather) << at << " rank " << r;
         EXPECT_EQ(by_stream[FullyShard::kReduceScatterStream], reduce_scatter) << at << " rank " << r;
+        // memgate replay runs the snapshot's requests through the caching allocator's model, stream by stream: the
+        // rank's step_peak_reserved again (without the streams, one pool would reserve less: 4 MiB, not 8, at fp32).
+        const auto replayed = replay_snapshot(read_snapshot(snapshot, "the snapshot"));
+        ASSERT_EQ(replayed.devices.size(), 1U);
+        EXPECT_EQ(replayed.devices[0].replayed.peak_reserved, estimated.ranks[r].components.step_peak_reserved)
+            << at << " rank " << r;
       }
     }
     {
