@@ -116,7 +116,6 @@ void CountingMetaAllocator::set_granularity(std::int64_t bytes) { g_granularity.
 
 CountingMetaAllocator::StreamScope::StreamScope(std::uint64_t stream) : previous_(t_stream) { t_stream = stream; }
 CountingMetaAllocator::StreamScope::~StreamScope() { t_stream = previous_; }
-std::uint64_t CountingMetaAllocator::current_stream() { return t_stream; }
 
 void CountingMetaAllocator::set_observer(Observer* observer) {
   const std::lock_guard lock(g_observer_mutex);

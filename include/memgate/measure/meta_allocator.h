@@ -68,8 +68,6 @@ class CountingMetaAllocator final : public c10::Allocator {
    private:
     std::uint64_t previous_;
   };
-  /// The stream this thread's requests are made on now.
-  [[nodiscard]] static std::uint64_t current_stream();
 
   /// Sees each allocation and free (a memory_viz snapshot of an estimate records them). `id` names the block from
   /// its allocation to its free; `stream` is the one it was allocated on. Called on the allocating or freeing thread.
