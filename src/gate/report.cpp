@@ -113,14 +113,18 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
     fmt::format_to(out, "\n");
   }
 
-  // A distributed probe: each rank's peak and communication buffers (the table holds the largest over ranks).
+  // A distributed probe: each rank's peak, gradients and DDP's buckets (FSDP keeps none between steps); the table
+  // holds the largest over ranks.
   for (const auto& p : profile.probes) {
     if (p.ranks.empty()) continue;
     fmt::format_to(out, "\nbs {}, per rank (the table holds the largest over ranks):\n", p.batch_size);
     for (const auto& r : p.ranks) {
-      fmt::format_to(out, "  rank {}: step_peak {}, gradients {}, comm buffers {} ({} buffers)\n", r.rank,
-                     format_cell(r.components.step_peak), format_cell(r.components.gradients),
-                     format_cell(r.comm_buffer_bytes), r.comm_buffers);
+      fmt::format_to(out, "  rank {}: step_peak {}, gradients {}", r.rank, format_cell(r.components.step_peak),
+                     format_cell(r.components.gradients));
+      if (r.comm_buffers > 0) {
+        fmt::format_to(out, ", DDP buckets {} ({} buckets)", format_cell(r.comm_buffer_bytes), r.comm_buffers);
+      }
+      fmt::format_to(out, "\n");
     }
   }
 

@@ -16,6 +16,7 @@ namespace memgate {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::count;
@@ -153,6 +154,9 @@ TEST(ReportCliTest, DistributedProfileAndEstimateWriteOneSnapshotPerRank) {
             0)
       << out;
   EXPECT_FALSE(fs::exists(dir / "d.pickle"));
+  // Each rank's line; FSDP keeps no buckets between steps, so none are printed.
+  EXPECT_THAT(out, HasSubstr("rank 1: step_peak"));
+  EXPECT_THAT(out, Not(HasSubstr("buckets")));
   for (const auto* name : {"d_rank0.pickle", "d_rank1.pickle"}) {
     ASSERT_TRUE(fs::exists(dir / name)) << name << "\n" << out;
     EXPECT_GT(allocs_of(load_plain_pickle(dir / name)), 100) << name;
@@ -167,6 +171,13 @@ TEST(ReportCliTest, DistributedProfileAndEstimateWriteOneSnapshotPerRank) {
     ASSERT_TRUE(fs::exists(dir / name)) << name << "\n" << out;
     EXPECT_GT(allocs_of(load_plain_pickle(dir / name)), 100) << name;
   }
+  // DDP's ranks print their buckets.
+  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {}/fixtures/models/vit_tiny_ddp.yaml --batch-sizes 1", kCli,
+                                     testing::source_dir()),
+                         &out),
+            0)
+      << out;
+  EXPECT_THAT(out, ContainsRegex("rank 1: step_peak .*, DDP buckets .* \\([0-9]+ buckets\\)"));
   // memgate replay says what recorded an estimate's snapshot.
   std::string replayed;
   EXPECT_EQ(testing::run(fmt::format("{} replay {}", kCli, dir / "e_bs1_rank0.pickle"), &replayed), 1) << replayed;
