@@ -180,12 +180,16 @@ std::vector<memgate::GpuLine> gpu_lines(const std::string& dir) {
 
 std::string generator() { return std::string("memgate ") + MEMGATE_VERSION; }
 
+// `path` with `suffix` before its extension: <stem><suffix><extension>, beside it.
+std::string with_suffix(const std::string& path, const std::string& suffix) {
+  const std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + suffix + p.extension().string())).string();
+}
+
 // Where the snapshot of batch size `batch` goes: `path` itself when it is the only batch size, else
 // <stem>_bs<batch><extension> beside it.
 std::string snapshot_path(const std::string& path, std::int64_t batch, std::size_t batches) {
-  if (batches <= 1) return path;
-  const std::filesystem::path p(path);
-  return (p.parent_path() / fmt::format("{}_bs{}{}", p.stem().string(), batch, p.extension().string())).string();
+  return batches <= 1 ? path : with_suffix(path, fmt::format("_bs{}", batch));
 }
 
 // Where a profile, measured or estimated, also goes (--output, --html, --snapshot), and the GPU fixtures its report
@@ -211,9 +215,7 @@ void write_profile(const memgate::Profile& profile, const nlohmann::json& json, 
     const auto path = snapshot_path(files.snapshot, p.batch_size, profile.probes.size());
     // A distributed probe: one snapshot per rank, <stem>_rank<r><extension>.
     for (std::size_t r = 0; r < p.rank_snapshots.size(); ++r) {
-      const std::filesystem::path at(path);
-      const auto rank_path =
-          (at.parent_path() / fmt::format("{}_rank{}{}", at.stem().string(), r, at.extension().string())).string();
+      const auto rank_path = with_suffix(path, fmt::format("_rank{}", r));
       if (p.rank_snapshots[r].empty()) {
         fmt::print(stderr, "memgate: no snapshot of rank {} at batch size {} could be taken\n", r, p.batch_size);
         continue;

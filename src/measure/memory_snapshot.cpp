@@ -150,23 +150,22 @@ class CountingHistory final : public AllocationHistory::Impl,
     }
     // What is live at the end, as blocks of segments; the frames of the alloc that made each, if recorded.
     std::unordered_map<std::uintptr_t, int> stack_of_live;
-    std::unordered_map<std::uintptr_t, std::uint64_t> stream_of_live;
     for (const auto& e : events_) {
-      if (e.action == kAlloc) {
-        stack_of_live[e.addr] = e.stack;
-        stream_of_live[e.addr] = e.stream;
-      } else {
-        stack_of_live.erase(e.addr);
-        stream_of_live.erase(e.addr);
-      }
+      if (e.action == kAlloc) stack_of_live[e.addr] = e.stack;
+      else stack_of_live.erase(e.addr);
     }
     auto segments = new_list();
     auto empty_frames = new_list();
-    const auto for_each_live = [&](const std::function<void(const void*, std::size_t)>& visit) {
-      if (!meta_) return allocator_->for_each_live(visit);
-      for (const auto& [id, block] : meta_live_) visit(reinterpret_cast<const void*>(block.address), block.bytes);
+    // Each live block with the stream it was allocated on (the CPU has one).
+    const auto for_each_live = [&](const std::function<void(const void*, std::size_t, std::uint64_t)>& visit) {
+      if (!meta_) {
+        return allocator_->for_each_live([&](const void* data, std::size_t bytes) { visit(data, bytes, 0); });
+      }
+      for (const auto& [id, block] : meta_live_) {
+        visit(reinterpret_cast<const void*>(block.address), block.bytes, block.stream);
+      }
     };
-    for_each_live([&](const void* data, std::size_t bytes) {
+    for_each_live([&](const void* data, std::size_t bytes, std::uint64_t stream) {
       const auto addr = reinterpret_cast<std::uintptr_t>(data);
       const auto it = stack_of_live.find(addr);
       const IValue block_frames = it == stack_of_live.end() ? IValue(empty_frames) : IValue(frames[it->second]);
@@ -185,8 +184,7 @@ class CountingHistory final : public AllocationHistory::Impl,
       seg.insert(IValue("allocated_size"), static_cast<std::int64_t>(bytes));
       seg.insert(IValue("active_size"), static_cast<std::int64_t>(bytes));
       seg.insert(IValue("requested_size"), static_cast<std::int64_t>(bytes));
-      const auto stream = stream_of_live.find(addr);
-      seg.insert(stream_s, static_cast<std::int64_t>(stream == stream_of_live.end() ? 0 : stream->second));
+      seg.insert(stream_s, static_cast<std::int64_t>(stream));
       seg.insert(IValue("segment_type"), std::string(bytes <= (1 << 20) ? "small" : "large"));
       seg.insert(IValue("segment_pool_id"), c10::ivalue::Tuple::create({IValue(std::int64_t{0}), IValue(std::int64_t{0})}));
       seg.insert(IValue("is_expandable"), false);
