@@ -66,6 +66,22 @@ add_library(memgate_c10d_gloo INTERFACE)
 add_library(memgate::c10d_gloo ALIAS memgate_c10d_gloo)
 target_include_directories(memgate_c10d_gloo SYSTEM INTERFACE "$<BUILD_INTERFACE:${MEMGATE_GLOO_INCLUDE_DIR}>")
 target_compile_definitions(memgate_c10d_gloo INTERFACE USE_C10D_GLOO)
+# NCCL's header, for LibTorch's ProcessGroupNCCL (ranks on GPUs). Its layout follows the NCCL version in nccl.h, so
+# the header is the one of the wheel's own NCCL (site-packages/nvidia/nccl, beside torch) before any other; the rank
+# checks at run time that LibTorch runs the same major.minor. Without a CUDA LibTorch or nccl.h, ranks run on the CPU
+# only (a distributed probe on CUDA says why not).
+set(MEMGATE_HAS_NCCL OFF)
+if(MEMGATE_HAS_CUDA)
+  find_path(MEMGATE_NCCL_INCLUDE_DIR nccl.h
+    HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" ${CUDAToolkit_INCLUDE_DIRS}
+    NO_CACHE)
+  if(MEMGATE_NCCL_INCLUDE_DIR)
+    set(MEMGATE_HAS_NCCL ON)
+    message(STATUS "memgate: NCCL ranks on GPUs, nccl.h from ${MEMGATE_NCCL_INCLUDE_DIR}")
+  else()
+    message(STATUS "memgate: no nccl.h (pip install nvidia-nccl-cu13, or the CUDA toolkit's): ranks run on the CPU only")
+  endif()
+endif()
 if(MEMGATE_BUILD_BENCHMARKS)
   find_package(benchmark CONFIG QUIET)
   if(NOT benchmark_FOUND)

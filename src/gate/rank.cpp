@@ -69,12 +69,19 @@ int rank_main(int argc, char** argv) {
     if (args.contains("cpu-threads")) options.cpu_threads = static_cast<int>(to_int(args, "cpu-threads"));
     if (args.contains("seed")) options.seed = static_cast<std::uint64_t>(to_int(args, "seed"));
     if (args.contains("snapshot")) options.snapshot = SnapshotOptions{};
-    const auto group = join_gloo_group(args["store"], rank, world, kRankTimeout);
+    // The CPU (Gloo), or the GPU of this rank's own (NCCL): cuda:N, which the probe gave it.
+    const c10::Device device(args.contains("device") ? args["device"] : std::string("cpu"));
+    if (!device.is_cpu() && !(device.is_cuda() && device.has_index())) {
+      throw std::invalid_argument("--device: expected cpu or cuda:N, got " + args["device"]);
+    }
+    const auto group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, kRankTimeout)
+                                        : join_gloo_group(args["store"], rank, world, kRankTimeout);
     options.rank_group = &group;
     const auto cap = args.contains("cap-bytes") ? to_int(args, "cap-bytes") : 0;
-    const c10::Device cpu(c10::DeviceType::CPU);
-    const auto result = cap > 0 ? run_probe_capped(fixture, batch_size, cpu, cap, options)
-                                : run_probe(fixture, batch_size, cpu, options);
+    auto result = cap > 0 ? run_probe_capped(fixture, batch_size, device, cap, options)
+                          : run_probe(fixture, batch_size, device, options);
+    result.communicator_bytes = communicator_bytes();
+    shut_down_nccl(group);
     if (args.contains("snapshot") && !result.snapshot.empty()) write_file_atomically(args["snapshot"], result.snapshot);
     write_file_atomically(args["output"], rank_result_text(rank, result));
     return 0;

@@ -63,6 +63,14 @@ nlohmann::json profile_to_json(const Profile& profile) {
         // A distributed probe: `components` is the largest over ranks; each rank's own, and its buffers.
         probe["comm_buffer_bytes"] = p.comm_buffer_bytes;
         probe["ranks"] = ranks_to_json(p.ranks);
+        if (p.communicator_bytes > 0) {
+          // On GPUs: what each rank's device holds outside its allocator, NCCL's communicators among it.
+          probe["communicator_bytes"] = p.communicator_bytes;
+          for (std::size_t i = 0; i < p.ranks.size(); ++i) {
+            probe["ranks"][i]["communicator_bytes"] = p.ranks[i].communicator_bytes;
+            probe["ranks"][i]["outside_allocator_bytes"] = p.ranks[i].outside_allocator_bytes;
+          }
+        }
       }
     }
     probe["probe_seconds"] = p.seconds;
@@ -123,6 +131,10 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
                      format_cell(r.components.gradients));
       if (r.comm_buffers > 0) {
         fmt::format_to(out, ", DDP buckets {} ({} buckets)", format_cell(r.comm_buffer_bytes), r.comm_buffers);
+      }
+      if (r.communicator_bytes > 0) {
+        fmt::format_to(out, ", NCCL communicators {} (outside the allocator {} in all)", format_cell(r.communicator_bytes),
+                       format_cell(r.outside_allocator_bytes));
       }
       fmt::format_to(out, "\n");
     }

@@ -127,18 +127,22 @@ ComponentVerdict evaluate_budget(const Fixture& fixture, const ProbeResult& prob
                             fixture.name, probe.batch_size, gpu.name, probe.error);
     return v;
   }
-  // The library workspaces live in the allocator outside the step's components, and the step needs them.
-  const auto check = check_budget(probe.components.step_peak_reserved + probe.library_workspace_bytes, gpu);
+  // The library workspaces live in the allocator outside the step's components, and the step needs them; so does a
+  // GPU rank's NCCL communicator, outside the allocator and beyond the GPU's own context.
+  const auto check = check_budget(
+      probe.components.step_peak_reserved + probe.library_workspace_bytes + probe.communicator_bytes, gpu);
   v.baseline = check.available;
   v.measured = check.required;
   v.status = check.fits() ? Status::kOk : Status::kOverBudget;
   v.message = fmt::format(
-      "{} at batch {} {} {}: needs {} bytes (step_peak_reserved {} + library workspaces {} + outside the allocator "
-      "{}), usable {} ({} x {}); {} {} bytes",
-      fixture.name, probe.batch_size, check.fits() ? "fits" : "does not fit", gpu.name, check.required,
-      probe.components.step_peak_reserved, probe.library_workspace_bytes, gpu.outside_allocator_bytes, check.available, gpu.usable_fraction,
-      gpu.memory_bytes, check.fits() ? "headroom" : "over by",
-      check.fits() ? check.headroom() : -check.headroom());
+      "{} at batch {} {} {}{}: needs {} bytes (step_peak_reserved {} + library workspaces {}{} + outside the "
+      "allocator {}), usable {} ({} x {}); {} {} bytes",
+      fixture.name, probe.batch_size, check.fits() ? "fits" : "does not fit", gpu.name,
+      probe.ranks.empty() ? "" : ", per rank", check.required, probe.components.step_peak_reserved,
+      probe.library_workspace_bytes,
+      probe.communicator_bytes > 0 ? fmt::format(" + NCCL communicators {}", probe.communicator_bytes) : "",
+      gpu.outside_allocator_bytes, check.available, gpu.usable_fraction, gpu.memory_bytes,
+      check.fits() ? "headroom" : "over by", check.fits() ? check.headroom() : -check.headroom());
   return v;
 }
 

@@ -195,23 +195,16 @@ bool prepare_cuda_environment() {
   return true;
 }
 
-c10::DeviceIndex assigned_gpu(std::string_view ctest_resource, std::string_view visible, int device_count) {
-  if (device_count < 1) throw Error("no CUDA device is visible to this process");
-  if (ctest_resource.empty()) {
-    if (device_count > 1) {
-      throw Error(fmt::format("{} GPUs are visible and CTest assigned none to this test: run the `gpu` test preset "
-                              "(it passes a resource spec file), or set CUDA_VISIBLE_DEVICES to one GPU",
-                              device_count));
-    }
-    return 0;
-  }
-  // "id:N,slots:1"; several entries (separated by ';') would be several GPUs for one test.
-  const auto expected = fmt::format("CTEST_RESOURCE_GROUP_0_GPUS: expected one GPU as \"id:N,slots:1\", got \"{}\"",
-                                    ctest_resource);
-  if (ctest_resource.find(';') != std::string_view::npos || !ctest_resource.starts_with("id:")) throw Error(expected);
-  const auto comma = ctest_resource.find(',');
-  const auto id = parse_index(ctest_resource.substr(3, comma == std::string_view::npos ? std::string_view::npos
-                                                                                       : comma - 3));
+namespace {
+
+// The CUDA ordinal of the one GPU that CTest's `variable` ("id:N,slots:1") names, through CUDA_VISIBLE_DEVICES.
+c10::DeviceIndex ctest_gpu_ordinal(std::string_view variable, std::string_view value, std::string_view visible,
+                                   int device_count) {
+  // "id:N,slots:1"; several entries (separated by ';') would be several GPUs for one resource group.
+  const auto expected = fmt::format("{}: expected one GPU as \"id:N,slots:1\", got \"{}\"", variable, value);
+  if (value.find(';') != std::string_view::npos || !value.starts_with("id:")) throw Error(expected);
+  const auto comma = value.find(',');
+  const auto id = parse_index(value.substr(3, comma == std::string_view::npos ? std::string_view::npos : comma - 3));
   if (!id) throw Error(expected);
   int ordinal = *id;
   if (!visible.empty()) {
@@ -239,6 +232,61 @@ c10::DeviceIndex assigned_gpu(std::string_view ctest_resource, std::string_view 
                             ordinal, device_count));
   }
   return static_cast<c10::DeviceIndex>(ordinal);
+}
+
+}  // namespace
+
+c10::DeviceIndex assigned_gpu(std::string_view ctest_resource, std::string_view visible, int device_count) {
+  if (device_count < 1) throw Error("no CUDA device is visible to this process");
+  if (ctest_resource.empty()) {
+    if (device_count > 1) {
+      throw Error(fmt::format("{} GPUs are visible and CTest assigned none to this test: run the `gpu` test preset "
+                              "(it passes a resource spec file), or set CUDA_VISIBLE_DEVICES to one GPU",
+                              device_count));
+    }
+    return 0;
+  }
+  return ctest_gpu_ordinal("CTEST_RESOURCE_GROUP_0_GPUS", ctest_resource, visible, device_count);
+}
+
+std::vector<c10::DeviceIndex> assigned_gpus(const std::vector<std::string>& ctest_resources, std::string_view visible,
+                                            int device_count, int ranks) {
+  if (ranks < 1) throw Error(fmt::format("{} ranks: expected at least one", ranks));
+  std::vector<c10::DeviceIndex> out;
+  if (ctest_resources.empty()) {
+    if (device_count != ranks) {
+      throw Error(fmt::format("{} ranks need a GPU each, and this process sees {} CUDA device(s) with none assigned by "
+                              "CTest: run the `gpu` test preset (its resource spec gives each rank a GPU), or make "
+                              "exactly {} GPUs visible (CUDA_VISIBLE_DEVICES)", ranks, device_count, ranks));
+    }
+    for (int r = 0; r < ranks; ++r) out.push_back(static_cast<c10::DeviceIndex>(r));
+    return out;
+  }
+  if (static_cast<int>(ctest_resources.size()) != ranks) {
+    throw Error(fmt::format("CTest assigned {} resource group(s) to a test of {} ranks: expected one GPU per rank "
+                            "(RESOURCE_GROUPS {},gpus:1)", ctest_resources.size(), ranks, ranks));
+  }
+  for (int r = 0; r < ranks; ++r) {
+    const auto ordinal = ctest_gpu_ordinal(fmt::format("CTEST_RESOURCE_GROUP_{}_GPUS", r),
+                                           ctest_resources[static_cast<std::size_t>(r)], visible, device_count);
+    if (std::find(out.begin(), out.end(), ordinal) != out.end()) {
+      throw Error(fmt::format("CTest assigned GPU ordinal {} to two ranks: each rank needs a GPU of its own", ordinal));
+    }
+    out.push_back(ordinal);
+  }
+  return out;
+}
+
+std::vector<c10::DeviceIndex> consecutive_gpus(c10::DeviceIndex first, int ranks, int device_count) {
+  if (ranks < 1) throw Error(fmt::format("{} ranks: expected at least one", ranks));
+  if (first < 0 || first + ranks > device_count) {
+    throw Error(fmt::format("{} ranks need a GPU each, cuda:{} to cuda:{}, and this process sees {} CUDA device(s): "
+                            "run on a machine with {} GPUs, or estimate each rank without them (memgate estimate)",
+                            ranks, first < 0 ? 0 : first, (first < 0 ? 0 : first) + ranks - 1, device_count, ranks));
+  }
+  std::vector<c10::DeviceIndex> out;
+  for (int r = 0; r < ranks; ++r) out.push_back(static_cast<c10::DeviceIndex>(first + r));
+  return out;
 }
 
 namespace {
@@ -352,6 +400,20 @@ std::string merge_allocator_settings(std::string_view environment, std::string_v
   std::string out;
   for (const auto& [key, value] : merged) out += (out.empty() ? "" : ",") + key + ":" + value;
   return out;
+}
+
+std::vector<c10::DeviceIndex> gpus_for_test(int ranks) {
+  std::vector<std::string> groups;
+  if (const char* count = std::getenv("CTEST_RESOURCE_GROUP_COUNT"); count != nullptr && *count != '\0') {
+    const auto n = parse_index(count);
+    if (!n) throw Error(fmt::format("CTEST_RESOURCE_GROUP_COUNT=\"{}\": expected a number of resource groups", count));
+    for (int g = 0; g < *n; ++g) {
+      const char* value = std::getenv(fmt::format("CTEST_RESOURCE_GROUP_{}_GPUS", g).c_str());
+      groups.emplace_back(value != nullptr ? value : "");
+    }
+  }
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return assigned_gpus(groups, visible != nullptr ? visible : "", static_cast<int>(torch::cuda::device_count()), ranks);
 }
 
 c10::Device gpu_for_test() {

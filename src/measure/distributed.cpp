@@ -4,6 +4,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
+#include "memgate/measure/device.h"
 #include "memgate/measure/meta_kernels.h"
 #include "memgate/measure/probe.h"
 
@@ -85,6 +86,7 @@ RankGroup consecutive_subgroup(const RankGroup& group, int size) {
   const int first = group.rank / size * size;
   const int rank = group.rank - first;
   if (!group.store) return meta_process_group(rank, size);
+  if (group.device.is_cuda()) return nccl_subgroup(group, first, size);
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(
       fmt::format("ranks_{}_to_{}", first, first + size - 1), group.store);
   auto sub = gloo_group(store, rank, size, group.timeout);
@@ -319,6 +321,9 @@ void fold_ranks(ProbeResult& result) {
   for (const auto& r : result.ranks) {
     result.comm_buffer_bytes = std::max(result.comm_buffer_bytes, r.comm_buffer_bytes);
     result.comm_buffers = std::max(result.comm_buffers, r.comm_buffers);
+    result.communicator_bytes = std::max(result.communicator_bytes, r.communicator_bytes);
+    result.outside_allocator_bytes = std::max(result.outside_allocator_bytes, r.outside_allocator_bytes);
+    result.library_workspace_bytes = std::max(result.library_workspace_bytes, r.library_workspace_bytes);
   }
 }
 
@@ -409,6 +414,9 @@ std::string rank_result_text(int rank, const ProbeResult& r) {
           {"components", components},
           {"comm_buffer_bytes", r.comm_buffer_bytes},
           {"comm_buffers", r.comm_buffers},
+          {"communicator_bytes", r.communicator_bytes},
+          {"outside_allocator_bytes", r.outside_allocator_bytes},
+          {"library_workspace_bytes", r.library_workspace_bytes},
           {"seconds", r.seconds},
           {"step_seconds", r.step_seconds}}.dump();
 }
@@ -437,9 +445,27 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return result;
   }
-  if (!device.is_cpu()) {
-    throw Error(fmt::format("{}: a distributed probe runs on the CPU (Gloo) for now; on {} estimate it with "
-                            "`memgate estimate --world-size {}`", workload.source, device.str(), spec.world_size));
+  if (!device.is_cpu() && !device.is_cuda()) {
+    throw Error(fmt::format("{}: a distributed probe runs on the CPU (Gloo) or on GPUs (NCCL), not on {}",
+                            workload.source, device.str()));
+  }
+  // On GPUs, one per rank; this process touches none of them (no context of its own on a rank's GPU).
+  std::vector<std::string> rank_devices(static_cast<std::size_t>(world), "cpu");
+  if (device.is_cuda()) {
+    if (!nccl_available()) {
+      throw Error(fmt::format("{}: this memgate was built without NCCL, so its ranks cannot train on GPUs: build it "
+                              "against a CUDA LibTorch with NCCL's headers, or estimate the ranks (memgate estimate "
+                              "--world-size {})", workload.source, world));
+    }
+    const auto gpus = !options.rank_devices.empty()
+                          ? options.rank_devices
+                          : consecutive_gpus(device.has_index() ? device.index() : 0, world,
+                                             static_cast<int>(torch::cuda::device_count()));
+    if (static_cast<int>(gpus.size()) != world) {
+      throw Error(fmt::format("{}: {} GPUs given for {} ranks: expected one per rank", workload.source, gpus.size(),
+                              world));
+    }
+    for (int r = 0; r < world; ++r) rank_devices[static_cast<std::size_t>(r)] = fmt::format("cuda:{}", gpus[r]);
   }
   if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
     throw Error(fmt::format("{}: a distributed probe starts each rank from the fixture's file, and '{}' is not one",
@@ -463,7 +489,8 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
         "--output", (dir / fmt::format("rank{}.json", r)).string(),
         "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
         "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
-        "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(options.rank_cap_bytes)};
+        "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(options.rank_cap_bytes),
+        "--device", rank_devices[static_cast<std::size_t>(r)]};
     if (options.snapshot) {
       argv.insert(argv.end(), {"--snapshot", (dir / fmt::format("rank{}.pickle", r)).string()});
     }
@@ -531,7 +558,10 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     RankComponents rc{.rank = r,
                       .components = components_from(j.at("components")),
                       .comm_buffer_bytes = j.at("comm_buffer_bytes").get<std::int64_t>(),
-                      .comm_buffers = j.at("comm_buffers").get<std::int64_t>()};
+                      .comm_buffers = j.at("comm_buffers").get<std::int64_t>(),
+                      .communicator_bytes = j.at("communicator_bytes").get<std::int64_t>(),
+                      .outside_allocator_bytes = j.at("outside_allocator_bytes").get<std::int64_t>(),
+                      .library_workspace_bytes = j.at("library_workspace_bytes").get<std::int64_t>()};
     result.step_seconds = std::max(result.step_seconds, j.at("step_seconds").get<double>());
     result.ranks.push_back(rc);
   }

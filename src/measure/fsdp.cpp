@@ -6,6 +6,9 @@
 #include "memgate/measure/meta_kernels.h"
 #include "memgate/models/autocast.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/torch.h>
@@ -70,6 +73,39 @@ void wait_and_release(c10::intrusive_ptr<c10d::Work> work) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   while (work.use_count() > 1 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
 }
+
+// Work on one of FSDP2's side streams while it lives. On a GPU the stream is current, having waited for the stream
+// that was current (so that it reuses no block of its pool that the other stream may still read), which waits for it
+// in turn at the end (the unit's buffers are ready where they are used next): its allocations come from its own pool
+// of the caching allocator, as FSDP2's do. In an estimate for CUDA, the Meta requests are made on its id instead.
+class OnSideStream {
+ public:
+  OnSideStream(const std::optional<c10::Stream>& gpu, bool estimate, std::uint64_t estimate_id) {
+    if (estimate) estimate_.emplace(estimate_id);
+    if (!gpu) return;
+    previous_ = c10::impl::getDeviceGuardImpl(gpu->device_type())->getStream(gpu->device());
+    wait(*gpu, *previous_);
+    guard_.emplace(*gpu);
+  }
+  ~OnSideStream() {
+    if (!guard_) return;
+    const auto side = guard_->current_stream();
+    guard_.reset();
+    wait(*previous_, side);
+  }
+  OnSideStream(const OnSideStream&) = delete;
+  OnSideStream& operator=(const OnSideStream&) = delete;
+
+ private:
+  static void wait(const c10::Stream& waiter, const c10::Stream& on) {
+    c10::Event event(on.device_type());
+    event.record(on);
+    event.block(waiter);
+  }
+  std::optional<CountingMetaAllocator::StreamScope> estimate_;
+  std::optional<c10::Stream> previous_;
+  std::optional<c10::StreamGuard> guard_;
+};
 
 // The identity whose backward runs a unit's post-backward once the gradient of the unit's forward input is
 // computed, after its parameters' (FSDP2's RegisterPostBackwardFunction).
@@ -164,6 +200,11 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision prec
                                                     : units_.back()->params.front().full.device();
   gloo_ = device.is_cpu() || (device.is_meta() && meta_kernels_target() == EstimateTarget::kCpu);
   side_streams_ = device.is_meta() && meta_kernels_target() == EstimateTarget::kCuda;
+  if (device.is_cuda()) {
+    // FSDPCommContext.lazy_init: high-priority streams of their own.
+    all_gather_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index()).unwrap();
+    reduce_scatter_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index()).unwrap();
+  }
 
   // FSDPParam._init_sharded_param: torch.chunk's rows of dim 0, this rank's copied into zeros of the first chunk's
   // size; then the full parameter is let go (here: its storage freed), unit by unit as fully_shard goes.
@@ -227,8 +268,7 @@ void FullyShard::unshard(Unit& unit) {
   // The all-gather's dtype is the unsharded parameters'. Under mixed precision the inputs are first copied (cast)
   // into one flat buffer of it (_get_param_all_gather_inputs' foreach copy), which lives until the all-gather ran.
   const auto dtype = unit.params.front().full.scalar_type();
-  std::optional<CountingMetaAllocator::StreamScope> copy_in_stream;
-  if (side_streams_) copy_in_stream.emplace(kAllGatherCopyInStream);
+  const OnSideStream copy_in_stream(all_gather_stream_, side_streams_, kAllGatherCopyInStream);
   torch::Tensor copy_in;
   if (dtype != unit.params.front().padded.scalar_type()) {
     copy_in = torch::empty({numel}, unit.params.front().padded.options().dtype(dtype));
@@ -370,8 +410,7 @@ void FullyShard::post_backward(Unit& unit) {
   }
   if (pre != 1.0) input.div_(pre);
   // The output, its division and its cast back: on the reduce-scatter stream (the sharded gradients live there).
-  std::optional<CountingMetaAllocator::StreamScope> reduce_scatter_stream;
-  if (side_streams_) reduce_scatter_stream.emplace(kReduceScatterStream);
+  const OnSideStream reduce_scatter_stream(reduce_scatter_stream_, side_streams_, kReduceScatterStream);
   auto output = torch::empty({numel / world}, input.options());
   if (gloo_) {
     // ProcessGroupGloo::_reduce_scatter_base as it is: the input cloned, the clone all-reduced (summed: Gloo drops

@@ -193,7 +193,7 @@ PreparedStep::PreparedStep(const Workload& workload, std::int64_t batch_size, c1
 ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, c10::Device device,
                              std::int64_t cap_bytes, const ProbeOptions& options) {
   if (cap_bytes <= 0) throw Error(workload.source + ": an allocator cap must be a positive number of bytes");
-  if (device.is_cpu() && workload.training.distributed.enabled() && options.rank_group == nullptr) {
+  if (!device.is_meta() && workload.training.distributed.enabled() && options.rank_group == nullptr) {
     // Each rank is a process of its own: the cap goes to each of them.
     auto capped = options;
     capped.rank_cap_bytes = cap_bytes;

@@ -32,6 +32,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -237,12 +238,22 @@ Fixture load_case_fixture(const MeasureCase& c) {
   return fixture;
 }
 
+// The GPUs a distributed fixture's ranks have on this machine: fewer than its ranks need, or CTest's assignment.
+int visible_gpus() { return cuda_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+// The probe options of a fixture's measuring test: on GPUs, a distributed fixture's ranks on the GPUs CTest gave it.
+ProbeOptions measure_options(const MeasureGroup& g) {
+  ProbeOptions options;
+  if (g.gpu() && g.world_size > 0) options.rank_devices = gpus_for_test(static_cast<int>(g.world_size));
+  return options;
+}
+
 // Records the baselines of one fixture (update mode).
-void record(const MeasureCase& c, c10::Device device) {
+void record(const MeasureCase& c, c10::Device device, const ProbeOptions& options) {
   const auto fixture = load_case_fixture(c);
   std::vector<ProbeResult> probes;
   for (const auto batch_size : c.batch_sizes) {
-    probes.push_back(run_probe(fixture, batch_size, device));
+    probes.push_back(run_probe(fixture, batch_size, device, options));
     if (probes.back().oom) {
       throw Error(fmt::format("{} at batch {} ran out of memory: there is nothing to record.\n{}", fixture.name,
                               batch_size, probes.back().error));
@@ -290,11 +301,10 @@ void write_failure_snapshots(const FixtureVerdicts& judged, std::vector<Componen
 }
 
 // Judges one fixture into `file`.
-void judge(const MeasureCase& c, c10::Device device, VerdictFile& file) {
+void judge(const MeasureCase& c, c10::Device device, ProbeOptions options, VerdictFile& file) {
   const auto fixture = load_case_fixture(c);
   std::vector<std::int64_t> budget_sizes;
   for (const auto& b : c.budgets) budget_sizes.push_back(b.batch_size);
-  ProbeOptions options;
   if (snapshots_of_failures(device.is_cuda())) options.snapshot = SnapshotOptions{};
   const auto judged = judge_fixture(fixture, c.batch_sizes, device, baselines_dir(), budget_sizes, options);
   file.device = judged.device.slug;
@@ -326,19 +336,24 @@ TEST_P(MeasureTest, Probes) {
     }
     GTEST_SKIP() << reason;
   }
-  if (g.gpu() && g.world_size > 0) {
-    const auto reason = fmt::format("{} ranks: per-rank probes on GPUs (NCCL, one GPU per rank) are not built yet; "
-                                    "its budgets are checked by estimate (memgate estimate --suite)", g.world_size);
+  if (g.gpu() && g.world_size > visible_gpus()) {
+    const auto reason = fmt::format("{} ranks need a GPU each (NCCL) and this runner has {}: measure it on a runner "
+                                    "with {} GPUs; its budgets are checked by estimate (memgate estimate --suite)",
+                                    g.world_size, visible_gpus(), g.world_size);
     for (const auto& c : g.fixtures) {
       write_verdict_file(verdict_path(dir, c), {.suite = c.suite, .fixture = c.fixture, .skipped = reason});
     }
     GTEST_SKIP() << reason;
   }
-  const auto device = g.gpu() ? gpu_for_test() : c10::Device(c10::DeviceType::CPU);
+  const auto options = measure_options(g);
+  // On GPUs: the test's GPU, or a distributed fixture's rank 0's (the GPU its baselines are recorded for).
+  const auto device = !g.gpu()                ? c10::Device(c10::DeviceType::CPU)
+                      : options.rank_devices.empty() ? gpu_for_test()
+                                                     : c10::Device(c10::DeviceType::CUDA, options.rank_devices.front());
   for (const auto& c : g.fixtures) {
     if (update_mode()) {
       try {
-        record(c, device);
+        record(c, device, options);
       } catch (const std::exception& e) {
         ADD_FAILURE() << c.fixture << ": " << e.what();
       }
@@ -346,7 +361,7 @@ TEST_P(MeasureTest, Probes) {
     }
     VerdictFile file{.suite = c.suite, .fixture = c.fixture};
     try {
-      judge(c, device, file);
+      judge(c, device, options, file);
     } catch (const std::exception& e) {
       file = {.suite = c.suite, .fixture = c.fixture};
       file.error = e.what();
@@ -371,21 +386,21 @@ TEST_P(BudgetTest, HoldsUnderAllocatorCap) {
   const auto& b = GetParam();
   const auto& target = gpu_spec(b.gpu);
   if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: allocator caps are confirmed on a GPU runner";
-  if (distributed_world_size(GetParam().fixture_path) > 0) {
-    GTEST_SKIP() << "per-rank probes on GPUs (NCCL) are not built yet: memgate estimate --suite checks this budget";
+  const auto ranks = static_cast<int>(distributed_world_size(GetParam().fixture_path));
+  if (ranks > visible_gpus()) {
+    GTEST_SKIP() << ranks << " ranks need a GPU each (NCCL) and this runner has " << visible_gpus()
+                 << ": memgate estimate --suite checks this budget";
   }
-  const auto device = gpu_for_test();
+  // A distributed fixture's ranks each on a GPU CTest gave it, each rank's allocator capped (run_probe_capped).
+  ProbeOptions options;
+  if (ranks > 0) options.rank_devices = gpus_for_test(ranks);
+  const auto device = ranks > 0 ? c10::Device(c10::DeviceType::CUDA, options.rank_devices.front()) : gpu_for_test();
   const auto fixture = load_fixture(b.fixture_path);
   const auto info = describe_device(device);
   const auto cap = target.usable_bytes() - target.outside_allocator_bytes;
   ASSERT_GT(info.total_memory, cap) << "this GPU is smaller than " << target.name << ": cannot emulate it";
-  auto backend = make_memory_backend(device);
-  ProbeResult fits, above;
-  {
-    const MemoryFractionScope capped(*backend, static_cast<double>(cap) / static_cast<double>(info.total_memory));
-    fits = run_probe(fixture, b.batch_size, device);
-    above = run_probe(fixture, 2 * b.batch_size, device);
-  }
+  const auto fits = run_probe_capped(fixture, b.batch_size, device, cap, options);
+  const auto above = run_probe_capped(fixture, 2 * b.batch_size, device, cap, options);
   EXPECT_FALSE(fits.oom) << b.fixture << " at batch " << b.batch_size << " ran out of memory under a "
                          << cap << "-byte cap (" << target.name << "):\n" << fits.error;
   EXPECT_TRUE(above.oom || !check_budget(above.components.step_peak_reserved, target).fits())
@@ -408,12 +423,17 @@ TEST(SuiteTest, LoadsEverySuite) {
 // `--memgate_ctest_list`: the CTest registration of every test. Measuring tests (label `measure`) set up one CTest
 // fixture each and hold the GPU; the component tests (run by `verdict_binary`) require it, so that `ctest -R` on
 // one of them measures first, and a measuring test that fails marks them not run.
-// The resources a measuring test holds: a GPU, or on the CPU one processor per rank, so that ctest -j does not run
-// more rank processes than there are cores. A distributed fixture on GPUs will hold N GPUs (RESOURCE_GROUPS N,gpus:1)
-// once its ranks measure there; while it is skipped it holds none, so a runner with fewer GPUs than ranks (CTest
-// would not run the test: "insufficient resources") still passes its suite.
+// The resources a test holds: a GPU, or on the CPU one processor per rank, so that ctest -j does not run more rank
+// processes than there are cores. A distributed fixture on GPUs holds a GPU per rank (RESOURCE_GROUPS N,gpus:1)
+// where the runner has that many (the listing runs on the runner, when ctest starts); where it has fewer, it holds
+// none and skips, so that the runner still passes its suite (CTest would not run it: "insufficient resources").
+std::string gpu_resources(std::int64_t world_size) {
+  if (world_size == 0) return " RESOURCE_GROUPS gpus:1";
+  return world_size <= visible_gpus() ? fmt::format(" RESOURCE_GROUPS {},gpus:1", world_size) : std::string();
+}
+
 std::string resources(const MeasureGroup& g) {
-  if (g.gpu()) return g.world_size > 0 ? std::string() : std::string(" RESOURCE_GROUPS gpus:1");
+  if (g.gpu()) return gpu_resources(g.world_size);
   return g.world_size > 0 ? fmt::format(" PROCESSORS {}", g.world_size) : std::string();
 }
 
@@ -475,7 +495,7 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
     add(test, quote(binary) + " " + quote("--gtest_filter=" + test));
     std::cout << "set_tests_properties(" << quote(test) << " PROPERTIES LABELS "
               << quote("gpu;budget;" + b.fixture + ";" + b.gpu) << skip << " ENVIRONMENT " << environment
-              << " RESOURCE_GROUPS gpus:1 TIMEOUT 3600)\n";
+              << gpu_resources(distributed_world_size(b.fixture_path)) << " TIMEOUT 3600)\n";
   }
   add("SuiteTest.LoadsEverySuite", quote(binary) + " " + quote("--gtest_filter=SuiteTest.LoadsEverySuite"));
   std::cout << "set_tests_properties([==[SuiteTest.LoadsEverySuite]==] PROPERTIES LABELS [==[cpu;memory]==] "

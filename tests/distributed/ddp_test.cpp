@@ -12,6 +12,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <torch/cuda.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -95,6 +97,48 @@ TEST(DdpTest, ARankThatFailsIsNamedWithWhatItPrinted) {
     EXPECT_THAT(e.what(), HasSubstr("of 2 exited with status 1"));
   }
   ::unsetenv("MEMGATE_RANK_EXECUTABLE");
+}
+
+// The ABI of LibTorch's ProcessGroupNCCL as memgate is compiled against it, checked without a GPU: the NCCL version
+// LibTorch runs is nccl.h's, and ProcessGroupNCCL::Options built by LibTorch's own constructor read back as memgate's
+// headers lay them out. join_nccl_group refuses to start a GPU rank otherwise.
+TEST(NcclTest, LibTorchsProcessGroupNcclIsLaidOutAsCompiled) {
+  if (!nccl_available()) GTEST_SKIP() << "this build has no CUDA LibTorch or no nccl.h: its ranks run on the CPU only";
+  EXPECT_EQ(nccl_layout_problem(), "");
+  EXPECT_EQ(communicator_bytes(), 0) << "no NCCL group was joined in this process";
+}
+
+// A distributed probe on GPUs needs one per rank; where the machine has fewer, it says so before starting any rank.
+TEST(DdpTest, OnGpusAProbeWithoutAGpuPerRankSaysHowManyItNeeds) {
+  testing::TempDir dir;
+  const auto gpus = static_cast<int>(torch::cuda::device_count());
+  const auto fixture = ddp_twin(dir, gpus + 1);
+  ::setenv("MEMGATE_RANK_EXECUTABLE", "/bin/false", 1);  // a rank started anyway would fail with another message
+  try {
+    (void)run_probe(fixture, 1, c10::Device(c10::DeviceType::CUDA, 0));
+    ADD_FAILURE() << "a probe of " << gpus + 1 << " ranks on " << gpus << " GPUs must not return";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(nccl_available() ? fmt::format("{} ranks need a GPU each, cuda:0 to cuda:{}, and "
+                                                                   "this process sees {} CUDA device(s)",
+                                                                   gpus + 1, gpus, gpus)
+                                                     : std::string("built without NCCL")));
+  }
+  ::unsetenv("MEMGATE_RANK_EXECUTABLE");
+}
+
+// The memory suite's GPU assignment, CTest's resource groups, given to the probe: as many GPUs as ranks, or an error.
+TEST(DdpTest, OnGpusTheRanksGpusMustBeOnePerRank) {
+  testing::TempDir dir;
+  const auto fixture = ddp_twin(dir, 2);
+  if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";
+  ProbeOptions options;
+  options.rank_devices = {0};
+  try {
+    (void)run_probe(fixture, 1, c10::Device(c10::DeviceType::CUDA, 0), options);
+    ADD_FAILURE() << "two ranks on one given GPU must not start";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("1 GPUs given for 2 ranks: expected one per rank"));
+  }
 }
 
 }  // namespace

@@ -80,6 +80,59 @@ TEST(GpuAssignmentTest, WhatCannotBeMappedIsAnErrorNamingTheVariable) {
   }
 }
 
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    (void)f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+using Ordinals = std::vector<c10::DeviceIndex>;
+
+TEST(RankGpuAssignmentTest, EachRankTakesItsResourceGroupsGpu) {
+  EXPECT_EQ(assigned_gpus({"id:2,slots:1", "id:0,slots:1"}, "", 4, 2), (Ordinals{2, 0}));
+  EXPECT_EQ(assigned_gpus({"id:6,slots:1", "id:7,slots:1"}, "4,5,6,7", 4, 2), (Ordinals{2, 3}));
+  EXPECT_EQ(assigned_gpus({"id:3,slots:1"}, "", 4, 1), (Ordinals{3}));
+}
+
+TEST(RankGpuAssignmentTest, WithoutCTestTheRanksTakeExactlyTheVisibleGpus) {
+  EXPECT_EQ(assigned_gpus({}, "", 4, 4), (Ordinals{0, 1, 2, 3}));
+  EXPECT_NE(error_of([] { return assigned_gpus({}, "", 1, 2); })
+                .find("2 ranks need a GPU each, and this process sees 1 CUDA device(s)"),
+            std::string::npos);
+  // More GPUs than ranks and no assignment: another test may hold the others.
+  EXPECT_NE(error_of([] { return assigned_gpus({}, "", 8, 4); }).find("make exactly 4 GPUs visible"), std::string::npos);
+}
+
+TEST(RankGpuAssignmentTest, WhatCannotBeAssignedIsAnErrorNamingTheGroup) {
+  EXPECT_NE(error_of([] { return assigned_gpus({"id:0,slots:1"}, "", 4, 2); })
+                .find("CTest assigned 1 resource group(s) to a test of 2 ranks"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { return assigned_gpus({"id:0,slots:1", "id:0,slots:1"}, "", 4, 2); })
+                .find("GPU ordinal 0 to two ranks"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { return assigned_gpus({"id:0,slots:1", "id:x"}, "", 4, 2); })
+                .find("CTEST_RESOURCE_GROUP_1_GPUS: expected one GPU"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { return assigned_gpus({"id:0,slots:1", "id:5,slots:1"}, "", 4, 2); })
+                .find("this process sees 4 CUDA device(s)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { return assigned_gpus({}, "", 2, 0); }).find("expected at least one"), std::string::npos);
+}
+
+TEST(RankGpuAssignmentTest, ConsecutiveGpusFromTheOneNamed) {
+  EXPECT_EQ(consecutive_gpus(0, 2, 2), (Ordinals{0, 1}));
+  EXPECT_EQ(consecutive_gpus(4, 4, 8), (Ordinals{4, 5, 6, 7}));
+  EXPECT_NE(error_of([] { return consecutive_gpus(0, 8, 1); })
+                .find("8 ranks need a GPU each, cuda:0 to cuda:7, and this process sees 1 CUDA device(s)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { return consecutive_gpus(6, 4, 8); }).find("cuda:6 to cuda:9"), std::string::npos);
+  EXPECT_NE(error_of([] { return consecutive_gpus(0, 2, 0); }).find("memgate estimate"), std::string::npos);
+}
+
 TEST(CudaEnvironmentTest, IsPreparedBeforeMainAsPyTorchUsersHaveIt) {
   // Set while the program started (unless the user had set them): lazy module loading, PCI bus order.
   ASSERT_NE(std::getenv("CUDA_MODULE_LOADING"), nullptr);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace memgate {
 
@@ -89,6 +90,22 @@ bool prepare_cuda_environment();
 
 /// assigned_gpu() with this process's environment and LibTorch's device count: the GPU a memory test measures on.
 [[nodiscard]] c10::Device gpu_for_test();
+
+/// The CUDA device ordinals of the GPUs CTest assigned to a distributed test of `ranks` ranks, rank r's first: the
+/// GPU of resource group r (`ctest_resources[r]`, CTEST_RESOURCE_GROUP_<r>_GPUS, read as assigned_gpu reads group
+/// 0's), for a test registered with RESOURCE_GROUPS <ranks>,gpus:1. Without an assignment (empty), ordinals 0 to
+/// ranks-1 where the process sees exactly `ranks` GPUs. Two ranks on one GPU, a count of groups other than `ranks`,
+/// or too few GPUs are errors naming the variable and what was expected.
+[[nodiscard]] std::vector<c10::DeviceIndex> assigned_gpus(const std::vector<std::string>& ctest_resources,
+                                                          std::string_view visible, int device_count, int ranks);
+
+/// assigned_gpus() with this process's environment (CTEST_RESOURCE_GROUP_COUNT and each group's GPUS) and
+/// LibTorch's device count: the GPUs a distributed memory test's ranks measure on.
+[[nodiscard]] std::vector<c10::DeviceIndex> gpus_for_test(int ranks);
+
+/// `ranks` GPUs from ordinal `first` on, one per rank (`memgate profile --device cuda:K` of a distributed fixture);
+/// an error that says how many GPUs the ranks need where the process sees fewer.
+[[nodiscard]] std::vector<c10::DeviceIndex> consecutive_gpus(c10::DeviceIndex first, int ranks, int device_count);
 
 /// The allocator settings a probe runs with, as PyTorch reads them: the process's PYTORCH_ALLOC_CONF (or the
 /// older PYTORCH_CUDA_ALLOC_CONF) with the fixture's `allocator` settings on top, key by key

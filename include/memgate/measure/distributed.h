@@ -9,6 +9,7 @@
 #include "memgate/models/model.h"
 
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/nn/module.h>
 
@@ -31,6 +32,8 @@ struct RankGroup {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   c10::intrusive_ptr<c10d::Store> store;  ///< where the ranks met (none on the Meta device)
   std::chrono::milliseconds timeout{0};
+  /// Where its collectives run: the CPU (Gloo), or this rank's GPU (NCCL, join_nccl_group).
+  c10::Device device{c10::DeviceType::CPU};
 };
 
 /// Joins the `world_size` ranks that meet through the c10d::FileStore at `store_path`, over LibTorch's own
@@ -38,6 +41,33 @@ struct RankGroup {
 /// joined; a rank missing after `timeout` is an error, and so is a collective that waits longer.
 [[nodiscard]] RankGroup join_gloo_group(const std::string& store_path, int rank, int world_size,
                                         std::chrono::seconds timeout);
+
+/// Joins the `world_size` ranks that meet through the c10d::FileStore at `store_path` on this rank's GPU `device`
+/// (cuda:N, made the current device first, so that nothing of this process lands on another GPU), as
+/// torch.distributed.init_process_group("cpu:gloo,cuda:nccl", device_id=device) does: LibTorch's ProcessGroupNCCL
+/// for CUDA tensors, bound to the device and connected now (its NCCL communicator created before anything is
+/// measured), Gloo for CPU ones. What the communicator takes on the device outside the caching allocator (NCCL's
+/// buffers, its stream, its kernels) is added to communicator_bytes(). Throws memgate::Error where memgate was built
+/// without NCCL, or where LibTorch's NCCL is of another version than the nccl.h memgate was compiled against.
+[[nodiscard]] RankGroup join_nccl_group(const std::string& store_path, int rank, int world_size, c10::Device device,
+                                        std::chrono::seconds timeout);
+
+/// Whether this memgate was built with NCCL (a CUDA LibTorch and NCCL's headers), so that ranks can train on GPUs.
+[[nodiscard]] bool nccl_available();
+
+/// Empty where LibTorch's ProcessGroupNCCL is laid out as memgate's headers say (the NCCL version LibTorch runs is
+/// the one memgate was compiled against, and ProcessGroupNCCL::Options built by LibTorch read back as expected);
+/// else what differs. join_nccl_group refuses to start a rank otherwise. Needs no GPU.
+[[nodiscard]] std::string nccl_layout_problem();
+
+/// The bytes this process's NCCL communicators took on its GPU outside the caching allocator, measured as each
+/// connected (cudaMemGetInfo's used bytes across the connection, less what the caching allocator reserved
+/// meanwhile); 0 without NCCL groups.
+[[nodiscard]] std::int64_t communicator_bytes();
+
+/// Shuts the NCCL backend of a GPU rank's group down (its communicators destroyed), as destroy_process_group does;
+/// nothing for a CPU or Meta group.
+void shut_down_nccl(const RankGroup& group);
 
 /// Rank `rank` of `world_size` on the Meta device (an estimate): a process group of no other process, whose
 /// collectives (all-reduce, broadcast) are done as they are issued, their outputs in place with their shapes.
@@ -52,6 +82,10 @@ void let_gloo_go(const RankGroup& group);
 /// another Meta group. `size` divides the world size.
 [[nodiscard]] RankGroup consecutive_subgroup(const RankGroup& group, int size);
 
+/// consecutive_subgroup on GPUs: the ranks [first, first + size) of a GPU rank's `group`, over a ProcessGroupNCCL of
+/// their own (a communicator of its own, connected now and counted in communicator_bytes()).
+[[nodiscard]] RankGroup nccl_subgroup(const RankGroup& group, int first, int size);
+
 /// Says that this program's main() runs a rank when started with --memgate-rank (gate/rank.h's is_rank_command
 /// calls it): distributed probes then start their ranks from this program, with its registered architectures.
 void declare_rank_host();
@@ -64,6 +98,13 @@ struct RankComponents {
   std::int64_t comm_buffer_bytes = 0;
   /// How many buffers those are (DDP: buckets after the first iteration's rebuild).
   std::int64_t comm_buffers = 0;
+  /// On a GPU (0 on the CPU): what the rank's NCCL communicators take outside the caching allocator
+  /// (communicator_bytes()), and all the device holds outside it after the measured step (CUDA context, kernels,
+  /// libraries, the communicators; MemoryBackend::outside_allocator_bytes), and the cuBLAS workspaces made before
+  /// the probe's base (ProbeResult::library_workspace_bytes).
+  std::int64_t communicator_bytes = 0;
+  std::int64_t outside_allocator_bytes = 0;
+  std::int64_t library_workspace_bytes = 0;
   friend bool operator==(const RankComponents&, const RankComponents&) = default;
 };
 
@@ -148,7 +189,7 @@ class DataParallel {
 /// parameters, the reduce-scatter input) on the current one. A GPU's caching allocator keeps a pool per stream, so
 /// those buffers never reuse the default stream's free blocks nor it theirs. An estimate for CUDA makes those
 /// requests on the streams below (CountingMetaAllocator::StreamScope), and its model of the allocator keeps the pools
-/// apart; the CPU has one.
+/// apart; the CPU has one. On a GPU the same buffers are allocated on two streams of CUDA's pool.
 class FullyShard final : public BlockHook {
  public:
   /// The estimate's stand-ins for FSDP2's all_gather_copy_in_stream and reduce_scatter_stream (0 is the default).
@@ -208,6 +249,10 @@ class FullyShard final : public BlockHook {
   std::optional<torch::ScalarType> param_dtype_;  ///< MixedPrecisionPolicy.param_dtype; unset: none
   bool gloo_ = true;  ///< collectives as ProcessGroupGloo runs them (the CPU), else as NCCL does
   bool side_streams_ = false;  ///< an estimate for CUDA: its buffers on FSDP2's streams (above)
+  /// On a GPU: FSDP2's all-gather copy-in and reduce-scatter streams, from CUDA's pool; their buffers are allocated on
+  /// them, in pools of their own.
+  std::optional<c10::Stream> all_gather_stream_;
+  std::optional<c10::Stream> reduce_scatter_stream_;
   /// The group a unit reshards to after forward when that is a part of the ranks (an integer
   /// reshard_after_forward: FSDP2's post-forward mesh), and all-gathers from in the backward that follows.
   std::optional<RankGroup> post_forward_group_;

@@ -47,6 +47,9 @@ struct ProbeResult {
   /// What the strategy's communication keeps between steps (DDP's buckets), the largest over ranks; 0 on one device.
   std::int64_t comm_buffer_bytes = 0;
   std::int64_t comm_buffers = 0;  ///< how many buffers those are
+  /// A distributed probe on GPUs: what its ranks' NCCL communicators take outside the caching allocator, the largest
+  /// over ranks (RankComponents::communicator_bytes); budgets add it to what a rank needs. 0 elsewhere.
+  std::int64_t communicator_bytes = 0;
 };
 
 /// Whether an error from a step is the device running out of memory in any of its forms: the caching allocator's
@@ -80,9 +83,12 @@ struct ProbeOptions {
   /// Set in a rank's process of a distributed probe: the step trains through this group (DDP) and the probe
   /// measures this rank. Unset, a distributed workload's probe starts its ranks (run_distributed_probe).
   const RankGroup* rank_group = nullptr;
-  /// A distributed probe under run_probe_capped on the CPU: each rank's allocator is capped at this many bytes
+  /// A distributed probe under run_probe_capped: each rank's allocator is capped at this many bytes
   /// above what its process holds (0: no cap). Set by run_probe_capped, passed to the rank processes.
   std::int64_t rank_cap_bytes = 0;
+  /// A distributed probe on CUDA: the GPU of each rank, rank 0's first (the memory suite's, from CTest's resource
+  /// groups: gpus_for_test). Empty: one GPU per rank from the probe's device on (consecutive_gpus).
+  std::vector<c10::DeviceIndex> rank_devices;
 };
 
 /// Measures one workload at one batch size. An out-of-memory is returned as `oom`, not thrown; bad input throws
@@ -103,7 +109,7 @@ struct ProbeOptions {
 
 /// run_probe() with the device's allocator capped at `cap_bytes` (CUDA: the caching allocator's memory fraction of
 /// the device; CPU: the counting allocator's limit, above what the process holds already): a step that needs more
-/// runs out of memory. The cap is lifted afterwards, however the probe ends.
+/// runs out of memory. A distributed probe caps each rank's allocator at `cap_bytes`. The cap is lifted afterwards, however the probe ends.
 [[nodiscard]] ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, c10::Device device,
                                            std::int64_t cap_bytes, const ProbeOptions& options = {});
 
