@@ -54,13 +54,18 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options(std::chrono::mi
 c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                   std::chrono::milliseconds timeout) {
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options(timeout));
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  add_gloo_backend(*group, store, rank, size, timeout);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
   return group;
 }
 
 }  // namespace
+
+void add_gloo_backend(c10d::ProcessGroup& group, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                      std::chrono::milliseconds timeout) {
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options(timeout));
+  group.setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+}
 
 void let_gloo_go(const RankGroup& group) {
   if (!group.store) return;  // the Meta device's collectives are done as issued and hold nothing

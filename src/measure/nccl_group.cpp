@@ -16,7 +16,6 @@
 #include <torch/csrc/cuda/nccl.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include <atomic>
@@ -51,24 +50,20 @@ c10::intrusive_ptr<c10d::ProcessGroup> nccl_group(const c10::intrusive_ptr<c10d:
   const c10::cuda::CUDAGuard guard(device);
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   group->setBoundDeviceId(device);
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create_default(timeout);
-  gloo_options->threads = 1;  // as join_gloo_group's: works let go in order (let_gloo_go)
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  add_gloo_backend(*group, store, rank, size, timeout);
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
   auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
   group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
-  const auto reserved_before = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index())
-                                   .reserved_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-                                   .current;
+  const auto reserved = [&device] {
+    constexpr auto kAll = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).reserved_bytes[kAll].current;
+  };
+  const auto reserved_before = reserved();
   const auto before = device_used_bytes();
   nccl->eagerConnectSingleDevice(device);
-  const auto reserved_after = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index())
-                                  .reserved_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-                                  .current;
-  g_communicator_bytes += device_used_bytes() - before - (reserved_after - reserved_before);
+  g_communicator_bytes += device_used_bytes() - before - (reserved() - reserved_before);
   return group;
 }
 

@@ -42,6 +42,10 @@ struct RankGroup {
 [[nodiscard]] RankGroup join_gloo_group(const std::string& store_path, int rank, int world_size,
                                         std::chrono::seconds timeout);
 
+/// Gives `group` LibTorch's ProcessGroupGloo as its CPU backend, with one worker thread (let_gloo_go).
+void add_gloo_backend(c10d::ProcessGroup& group, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                      std::chrono::milliseconds timeout);
+
 /// Joins the `world_size` ranks that meet through the c10d::FileStore at `store_path` on this rank's GPU `device`
 /// (cuda:N, made the current device first, so that nothing of this process lands on another GPU), as
 /// torch.distributed.init_process_group("cpu:gloo,cuda:nccl", device_id=device) does: LibTorch's ProcessGroupNCCL
