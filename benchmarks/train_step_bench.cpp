@@ -17,12 +17,12 @@
 // do): each case's repetitions are then spread over the whole run and over N processes, so their spread includes
 // the machine's drift during the run and the differences between processes (see run_in_processes).
 #include "memgate/bench/bench_compare.h"
-#include "memgate/measure/cpu_allocator.h"
-#include "memgate/measure/device.h"
+#include "memgate/backend/cpu_allocator.h"
+#include "memgate/backend/device.h"
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/gate/fixture.h"
-#include "memgate/measure/memory_backend.h"
+#include "memgate/backend/memory_backend.h"
 #include "memgate/measure/probe.h"
 #include "memgate/gate/suite.h"
 #include "memgate/measure/train_step.h"

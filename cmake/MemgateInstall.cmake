@@ -6,13 +6,15 @@ include(CMakePackageConfigHelpers)
 set(MEMGATE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/memgate")
 set(MEMGATE_INSTALL_DATADIR "${CMAKE_INSTALL_DATADIR}/memgate")
 
-foreach(layer base bench_tools allocator report models measure gate memory_suite core warnings fmt)
+foreach(layer base bench_tools allocator report models backend estimate distributed measure launch gate advise memory_suite core
+              warnings fmt)
   set_target_properties(memgate_${layer} PROPERTIES EXPORT_NAME ${layer})
 endforeach()
 set_target_properties(memgate_verdicts PROPERTIES EXPORT_NAME verdicts)
 set_target_properties(memgate PROPERTIES EXPORT_NAME cli)
 
-install(TARGETS memgate_base memgate_bench_tools memgate_allocator memgate_report memgate_models memgate_measure memgate_gate
+install(TARGETS memgate_base memgate_bench_tools memgate_allocator memgate_report memgate_models memgate_backend
+                memgate_estimate memgate_distributed memgate_measure memgate_launch memgate_gate memgate_advise
                 memgate_memory_suite memgate_core memgate_warnings memgate_fmt memgate_verdicts memgate
   EXPORT memgateTargets
   ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}"

@@ -1,8 +1,9 @@
 // Memory snapshot pickles (memgate replay's input): read strictly as plain data and replayed, or refused with
 // memgate::Error.
 #include "fuzz_common.h"
-#include "memgate/report/replay.h"
-#include "memgate/report/snapshot_pickle.h"
+#include "memgate/allocator/replay.h"
+#include "memgate/report/replay_report.h"
+#include "memgate/allocator/snapshot_pickle.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto path = memgate::fuzz::write_input(data, size, "snapshot.pickle");

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's own DistributedDataParallel on CPU ranks (Gloo), measured per rank with memgate's probe protocol.
 
-The reference for memgate's DDP probes (src/measure/distributed.cpp): timm's VisionTransformer (what memgate's ViT
+The reference for memgate's DDP probes (src/distributed/data_parallel.cpp): timm's VisionTransformer (what memgate's ViT
 equals byte for byte, tools/timm_reference.py) wrapped in torch.nn.parallel.DistributedDataParallel over N
 processes that meet through a FileStore, each measured as tools/timm_reference.py measures one device (one thread,
 oneDNN off, torch.profiler's allocation events), with two warm-up steps (DDP rebuilds its buckets at the second

@@ -1,8 +1,9 @@
-// Components read and written through the component table.
+// Components read and written through the component table, and a distributed probe's per-rank components.
 #include "memgate/base/components.h"
 
 #include "memgate/base/error.h"
 
+#include <algorithm>
 #include <string>
 
 namespace memgate {
@@ -20,5 +21,20 @@ const ComponentInfo& component_or_throw(std::string_view name) {
 std::int64_t Components::get(std::string_view name) const { return this->*component_or_throw(name).member; }
 
 void Components::set(std::string_view name, std::int64_t bytes) { this->*component_or_throw(name).member = bytes; }
+
+const RankComponents* find_rank(const std::vector<RankComponents>& ranks, int rank) {
+  const auto it = std::find_if(ranks.begin(), ranks.end(), [rank](const RankComponents& r) { return r.rank == rank; });
+  return it == ranks.end() ? nullptr : &*it;
+}
+
+Components max_over_ranks(const std::vector<RankComponents>& ranks) {
+  Components out;
+  for (const auto& info : kComponentTable) {
+    std::int64_t most = 0;
+    for (const auto& r : ranks) most = std::max(most, r.components.*info.member);
+    out.*info.member = most;
+  }
+  return out;
+}
 
 }  // namespace memgate

@@ -4,8 +4,10 @@
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/gate/fixture.h"
-#include "memgate/measure/distributed.h"
+#include "memgate/distributed/process_group.h"
 #include "memgate/measure/probe.h"
+#include "memgate/launch/run.h"
+#include "memgate/launch/ranks.h"
 
 #include <fmt/format.h>
 

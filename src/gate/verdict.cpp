@@ -2,6 +2,7 @@
 #include "memgate/gate/verdict.h"
 
 #include "memgate/base/error.h"
+#include "memgate/launch/run.h"
 
 #include <fmt/format.h>
 

@@ -3,8 +3,7 @@
 #include "memgate/measure/probe.h"
 
 #include "memgate/base/error.h"
-#include "memgate/measure/cpu_allocator.h"
-#include "memgate/measure/memory_backend.h"
+#include "memgate/backend/memory_backend.h"
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
@@ -190,32 +189,6 @@ PreparedStep::PreparedStep(const Workload& workload, std::int64_t batch_size, c1
   step_->warm_up(warmup, observer);
 }
 
-ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, c10::Device device,
-                             std::int64_t cap_bytes, const ProbeOptions& options) {
-  if (cap_bytes <= 0) throw Error(workload.source + ": an allocator cap must be a positive number of bytes");
-  if (!device.is_meta() && workload.training.distributed.enabled() && options.rank_group == nullptr) {
-    // Each rank is a process of its own: the cap goes to each of them.
-    auto capped = options;
-    capped.rank_cap_bytes = cap_bytes;
-    return run_distributed_probe(workload, batch_size, device, capped);
-  }
-  if (device.is_cpu()) {
-    auto& counter = CountingCpuAllocator::install();
-    struct Restore {
-      CountingCpuAllocator& counter;
-      std::int64_t previous;
-      ~Restore() { counter.set_limit(previous); }
-    } restore{counter, counter.limit()};
-    counter.set_limit(counter.current_bytes() + cap_bytes);
-    return run_probe(workload, batch_size, device, options);
-  }
-  const auto total = device_total_memory(device);
-  if (total <= 0) throw Error("cannot cap " + device.str() + ": its memory size is unknown");
-  auto backend = make_memory_backend(device);
-  const MemoryFractionScope capped(*backend, std::min(1.0, static_cast<double>(cap_bytes) / static_cast<double>(total)));
-  return run_probe(workload, batch_size, device, options);
-}
-
 bool is_out_of_memory(std::string_view message) {
   for (const std::string_view sign : {"CUDA out of memory", "CUDA error: out of memory", "cudaErrorMemoryAllocation",
                                       "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
@@ -244,11 +217,12 @@ void drop_failed_backward(c10::Device device) {
 
 }  // namespace
 
-ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
-                      const ProbeOptions& options) {
+ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                          const ProbeOptions& options) {
   require_batch_size(workload, batch_size);
   if (workload.training.distributed.enabled() && options.rank_group == nullptr) {
-    return run_distributed_probe(workload, batch_size, device, options);
+    throw Error(workload.source + ": a distributed workload's probe runs one process per rank: measure it with "
+                "run_probe (memgate/launch/run.h), which starts them");
   }
   ThreadScope threads(device, options.cpu_threads);
   ProbeResult result;
@@ -304,20 +278,6 @@ ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::De
   make_memory_backend(device)->empty_cache();
   result.seconds = seconds_since(start);
   return result;
-}
-
-Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes, c10::Device device,
-                    const ProbeOptions& options, const ProbeCallback& on_probe) {
-  Profile profile;
-  profile.device = describe_probe_device(device, workload, options);
-  profile.fixture = workload.name;
-  profile.params = workload_param_counts(workload);
-  for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
-    if (on_probe) on_probe(i, batch_sizes[i], nullptr);
-    profile.probes.push_back(run_probe(workload, batch_sizes[i], device, options));
-    if (on_probe) on_probe(i, batch_sizes[i], &profile.probes.back());
-  }
-  return profile;
 }
 
 DeviceInfo describe_probe_device(c10::Device device, const Workload& workload, const ProbeOptions& options) {

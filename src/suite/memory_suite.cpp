@@ -26,9 +26,10 @@
 #include "memgate/gate/rank.h"
 #include "memgate/gate/suite.h"
 #include "memgate/gate/verdict.h"
-#include "memgate/measure/device.h"
-#include "memgate/measure/memory_backend.h"
+#include "memgate/backend/device.h"
+#include "memgate/backend/memory_backend.h"
 #include "memgate/measure/probe.h"
+#include "memgate/launch/run.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

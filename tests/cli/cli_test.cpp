@@ -3,7 +3,7 @@
 #include "memgate/bench/bench_compare.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
-#include "memgate/measure/device.h"
+#include "memgate/backend/device.h"
 #include "bench_doc.h"
 #include "probe_order.h"
 #include "fixture_util.h"

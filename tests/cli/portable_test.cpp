@@ -6,7 +6,7 @@
 // none expects this host's ISA, caches or core count to be the recorder's.
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/fixture.h"
-#include "memgate/measure/device.h"
+#include "memgate/backend/device.h"
 #include "fixture_util.h"
 #include "test_util.h"
 

@@ -1,6 +1,6 @@
 // memgate report, compare and profile --html/--snapshot end to end, and the report rendered in a real browser
 // (headless Chromium): the page loads without script errors, holds its plots, and paints them.
-#include "memgate/report/snapshot_pickle.h"
+#include "memgate/allocator/snapshot_pickle.h"
 #include "test_util.h"
 
 #include <fmt/format.h>

@@ -1,11 +1,11 @@
 // The CUDA unit tests: labelled `gpu`, so the `gpu` preset runs them on a GPU runner; without a GPU they skip.
 #include "memgate/base/files.h"
-#include "memgate/gate/advise.h"
+#include "memgate/advise/advise.h"
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
-#include "memgate/measure/estimate.h"
-#include "memgate/measure/device.h"
+#include "memgate/launch/estimate.h"
+#include "memgate/backend/device.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/model.h"
 #include "fixture_util.h"
@@ -145,7 +145,7 @@ TEST(CudaSnapshotTest, RecordsTheCachingAllocatorsHistoryForMemoryViz) {
   write_file_atomically(dir / "cuda.pickle", recorded.snapshot);
   std::string out;
   EXPECT_EQ(testing::run(std::string("'") + MEMGATE_TEST_PYTHON + "' '" + testing::source_dir() +
-                             "/tests/measure/check_memory_snapshot.py' '" + (dir / "cuda.pickle") + "'",
+                             "/tests/backend/check_memory_snapshot.py' '" + (dir / "cuda.pickle") + "'",
                          &out),
             0)
       << out;

@@ -3,7 +3,7 @@
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/gate/fixture.h"
-#include "memgate/measure/estimate.h"
+#include "memgate/launch/estimate.h"
 #include "memgate/measure/probe.h"
 #include "fixture_util.h"
 #include "test_util.h"

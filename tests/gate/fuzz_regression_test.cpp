@@ -10,8 +10,9 @@
 #include "memgate/report/compare.h"
 #include "memgate/report/html_report.h"
 #include "memgate/report/profile_document.h"
-#include "memgate/report/replay.h"
-#include "memgate/report/snapshot_pickle.h"
+#include "memgate/allocator/replay.h"
+#include "memgate/report/replay_report.h"
+#include "memgate/allocator/snapshot_pickle.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>

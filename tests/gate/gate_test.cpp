@@ -1,7 +1,7 @@
 // The gate end to end: the memory suite binary, run on a copy of a source tree, against a real recorded baseline.
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/suite.h"
-#include "memgate/measure/device.h"
+#include "memgate/backend/device.h"
 #include "fixture_util.h"
 
 #include <gtest/gtest.h>

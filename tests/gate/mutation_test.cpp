@@ -10,6 +10,7 @@
 #include "memgate/gate/verdict.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/vit.h"
+#include "memgate/launch/run.h"
 #include "test_util.h"
 
 #include <fmt/format.h>

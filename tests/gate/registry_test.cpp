@@ -4,6 +4,7 @@
 #include "memgate/gate/fixture.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/registry.h"
+#include "memgate/launch/run.h"
 #include "fixture_util.h"
 
 #include <gmock/gmock.h>

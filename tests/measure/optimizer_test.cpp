@@ -2,6 +2,7 @@
 // alike and keep the same state, while their temporaries, and so the step's peak, differ as PyTorch's do.
 #include "memgate/measure/probe.h"
 #include "memgate/measure/training.h"
+#include "memgate/launch/run.h"
 #include "fixture_util.h"
 
 #include <gtest/gtest.h>

@@ -1,9 +1,10 @@
 // The probe protocol on the CPU, with real LibTorch: exact components, scaling, LoRA, repeatability.
-#include "memgate/measure/cpu_allocator.h"
-#include "memgate/measure/device.h"
+#include "memgate/backend/cpu_allocator.h"
+#include "memgate/backend/device.h"
 #include "memgate/base/error.h"
 #include "memgate/models/model.h"
 #include "memgate/measure/probe.h"
+#include "memgate/launch/run.h"
 #include "fixture_util.h"
 
 #include <gmock/gmock.h>

@@ -2,6 +2,7 @@
 #include "memgate/models/model.h"
 #include "memgate/measure/probe.h"
 #include "memgate/measure/training.h"
+#include "memgate/launch/run.h"
 #include "fixture_util.h"
 
 #include <gtest/gtest.h>

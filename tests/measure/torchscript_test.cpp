@@ -4,7 +4,7 @@
 #include "memgate/base/error.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
-#include "memgate/measure/estimate.h"
+#include "memgate/launch/estimate.h"
 #include "memgate/measure/probe.h"
 #include "fixture_util.h"
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace memgate {
 
@@ -65,5 +66,29 @@ inline constexpr std::array<ComponentInfo, 8> kComponentTable{{
   }
   return nullptr;
 }
+
+/// One rank's components in a distributed probe.
+struct RankComponents {
+  int rank = 0;
+  Components components;
+  /// What the strategy's communication keeps between steps, inside the allocator: DDP's gradient buckets.
+  std::int64_t comm_buffer_bytes = 0;
+  /// How many buffers those are (DDP: buckets after the first iteration's rebuild).
+  std::int64_t comm_buffers = 0;
+  /// On a GPU (0 on the CPU): what the rank's NCCL communicators take outside the caching allocator
+  /// (communicator_bytes()), and all the device holds outside it after the measured step (CUDA context, kernels,
+  /// libraries, the communicators; MemoryBackend::outside_allocator_bytes), and the cuBLAS workspaces made before
+  /// the probe's base (ProbeResult::library_workspace_bytes).
+  std::int64_t communicator_bytes = 0;
+  std::int64_t outside_allocator_bytes = 0;
+  std::int64_t library_workspace_bytes = 0;
+  friend bool operator==(const RankComponents&, const RankComponents&) = default;
+};
+
+/// Rank `rank` among `ranks`, or nullptr.
+[[nodiscard]] const RankComponents* find_rank(const std::vector<RankComponents>& ranks, int rank);
+
+/// The largest value of each component over `ranks`: what a distributed probe's `components` hold.
+[[nodiscard]] Components max_over_ranks(const std::vector<RankComponents>& ranks);
 
 }  // namespace memgate

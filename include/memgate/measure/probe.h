@@ -5,10 +5,10 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "memgate/base/components.h"
-#include "memgate/measure/device.h"
-#include "memgate/measure/distributed.h"
-#include "memgate/measure/memory_backend.h"
-#include "memgate/measure/memory_snapshot.h"
+#include "memgate/backend/device.h"
+#include "memgate/distributed/process_group.h"
+#include "memgate/backend/memory_backend.h"
+#include "memgate/backend/memory_snapshot.h"
 #include "memgate/measure/train_step.h"
 #include "memgate/models/model.h"
 
@@ -81,46 +81,23 @@ struct ProbeOptions {
   /// "measured step: backward", ...): progress for long probes.
   std::function<void(std::string_view phase)> on_phase;
   /// Set in a rank's process of a distributed probe: the step trains through this group (DDP) and the probe
-  /// measures this rank. Unset, a distributed workload's probe starts its ranks (run_distributed_probe).
+  /// measures this rank. Unset, a distributed workload's probe starts its ranks (launch/ranks.h).
   const RankGroup* rank_group = nullptr;
   /// A distributed probe under run_probe_capped: each rank's allocator is capped at this many bytes
-  /// above what its process holds (0: no cap). Set by run_probe_capped, passed to the rank processes.
+  /// above what its process holds (0: no cap). Set by run_probe_capped (launch/run.h), passed to the rank processes.
   std::int64_t rank_cap_bytes = 0;
   /// A distributed probe on CUDA: the GPU of each rank, rank 0's first (the memory suite's, from CTest's resource
   /// groups: gpus_for_test). Empty: one GPU per rank from the probe's device on (consecutive_gpus).
   std::vector<c10::DeviceIndex> rank_devices;
 };
 
-/// Measures one workload at one batch size. An out-of-memory is returned as `oom`, not thrown; bad input throws
-/// memgate::Error. Everything the probe allocated is freed (and the cache emptied) before it returns.
-[[nodiscard]] ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
-                                    const ProbeOptions& options = {});
-
-/// A distributed workload's probe: starts one process per rank (MEMGATE_RANK_EXECUTABLE, else this program, run as
-/// `<program> --memgate-rank --fixture <workload.source> ...`, which must call rank_main(): the memgate CLI and the
-/// memory suites do), which meet through a c10d::FileStore in a folder of the probe's own and each measure their own
-/// components with the probe's protocol; gathers them into `ranks`, and the largest of each into `components`. A
-/// rank that fails stops the others and is an error naming it, with what it printed. run_probe() calls it.
-[[nodiscard]] ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
-                                                const ProbeOptions& options = {});
-
-/// What a rank's process leaves for run_distributed_probe: its result as one JSON object.
-[[nodiscard]] std::string rank_result_text(int rank, const ProbeResult& result);
-
-/// run_probe() with the device's allocator capped at `cap_bytes` (CUDA: the caching allocator's memory fraction of
-/// the device; CPU: the counting allocator's limit, above what the process holds already): a step that needs more
-/// runs out of memory. A distributed probe caps each rank's allocator at `cap_bytes`. The cap is lifted afterwards, however the probe ends.
-[[nodiscard]] ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, c10::Device device,
-                                           std::int64_t cap_bytes, const ProbeOptions& options = {});
-
-
-/// Told before each probe of a profile (`done` null) and after it (its result): for progress.
-using ProbeCallback = std::function<void(std::size_t index, std::int64_t batch_size, const ProbeResult* done)>;
-
-/// Probes each batch size in turn (the next batch size still runs after an out-of-memory).
-[[nodiscard]] Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes,
-                                  c10::Device device, const ProbeOptions& options = {},
-                                  const ProbeCallback& on_probe = {});
+/// Measures one workload at one batch size in this process: the whole probe on one device, or, with
+/// `options.rank_group`, this rank's part of a distributed one. An out-of-memory is returned as `oom`, not thrown; bad
+/// input throws memgate::Error, and so does a distributed workload without a rank group (its ranks are processes of
+/// their own: launch/run.h's run_probe starts them). Everything the probe allocated is freed (and the cache
+/// emptied) before it returns.
+[[nodiscard]] ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                                        const ProbeOptions& options = {});
 
 /// The description a probe of `workload` records: `describe_device`, with the workload's allocator settings where
 /// it sets any and the intra-op threads the probe pins on the CPU.

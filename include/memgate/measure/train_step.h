@@ -2,8 +2,10 @@
 // time: the same model, batch, autocast, micro-batches and optimizer calls, with hooks between its parts.
 #pragma once
 
-#include "memgate/measure/distributed.h"
-#include "memgate/measure/memory_backend.h"
+#include "memgate/distributed/data_parallel.h"
+#include "memgate/distributed/fully_shard.h"
+#include "memgate/distributed/process_group.h"
+#include "memgate/backend/memory_backend.h"
 #include "memgate/measure/training.h"
 #include "memgate/models/zoo.h"
 

@@ -18,7 +18,7 @@ using BlockFn = std::function<torch::Tensor(const torch::Tensor&)>;
 [[nodiscard]] torch::Tensor checkpoint(BlockFn fn, const torch::Tensor& x);
 
 /// What runs each repeated block of a model (through run_block) on this thread while installed: a wrapper such as
-/// FSDP's units (measure/distributed.h), which acts before and after a block's forward. `forward` runs the block
+/// FSDP's units (distributed/fully_shard.h), which acts before and after a block's forward. `forward` runs the block
 /// (checkpointed where the model asks).
 class BlockHook {
  public:

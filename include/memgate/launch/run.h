@@ -1,0 +1,38 @@
+// Where a probe runs: in this process (measure_probe), or, for a distributed workload, as one process per rank
+// (launch/ranks.h); capped, and over several batch sizes (a profile). What the gate, the advice and the CLI call.
+#pragma once
+
+#include "memgate/measure/probe.h"
+
+#include <c10/core/Device.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace memgate {
+
+/// Measures one workload at one batch size: in this process (measure_probe), or for a distributed workload
+/// (without `options.rank_group`) by starting its ranks (run_distributed_probe). An out-of-memory is returned as
+/// `oom`, not thrown; bad input throws memgate::Error. Everything the probe allocated is freed (and the cache
+/// emptied) before it returns.
+[[nodiscard]] ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                                    const ProbeOptions& options = {});
+
+/// run_probe() with the device's allocator capped at `cap_bytes` (CUDA: the caching allocator's memory fraction of
+/// the device; CPU: the counting allocator's limit, above what the process holds already): a step that needs more
+/// runs out of memory. A distributed probe caps each rank's allocator at `cap_bytes`. The cap is lifted afterwards,
+/// however the probe ends.
+[[nodiscard]] ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                                           std::int64_t cap_bytes, const ProbeOptions& options = {});
+
+/// Told before each probe of a profile (`done` null) and after it (its result): for progress.
+using ProbeCallback = std::function<void(std::size_t index, std::int64_t batch_size, const ProbeResult* done)>;
+
+/// Probes each batch size in turn (the next batch size still runs after an out-of-memory).
+[[nodiscard]] Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes,
+                                  c10::Device device, const ProbeOptions& options = {},
+                                  const ProbeCallback& on_probe = {});
+
+}  // namespace memgate

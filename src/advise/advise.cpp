@@ -1,0 +1,622 @@
+// The batch-size advice: predict from the affine model of the step's peak, confirm under an allocator cap.
+#include "memgate/advise/advise.h"
+
+#include "memgate/launch/estimate.h"
+
+#include "memgate/base/error.h"
+#include "memgate/base/units.h"
+#include "memgate/gate/report.h"
+#include "memgate/launch/estimate.h"
+#include "memgate/models/vit.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+
+namespace memgate {
+namespace {
+
+constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max();
+constexpr int kMaxProbesPerSearch = 40;
+
+// The peak a target must hold: the measured step's or the eval forward's, whichever is higher (the first
+// optimizer step is held to the cap by the capped probes themselves).
+std::int64_t peak_of(const ProbeResult& r) {
+  return std::max(r.components.step_peak_reserved, r.components.eval_peak);
+}
+
+AffineFit fit_points(const std::map<std::int64_t, std::int64_t>& points) {
+  AffineFit f;
+  if (points.size() < 2) return f;
+  auto it = points.rbegin();
+  const auto [b2, p2] = *it;
+  ++it;
+  const auto [b1, p1] = *it;
+  f.per_sample_bytes = static_cast<double>(p2 - p1) / static_cast<double>(b2 - b1);
+  f.fixed_bytes = static_cast<double>(p2) - f.per_sample_bytes * static_cast<double>(b2);
+  if (points.size() >= 3) {
+    double worst = 0.0;
+    for (const auto& [b, p] : points) {
+      worst = std::max(worst, std::abs(static_cast<double>(p) - f.at(b)) / static_cast<double>(p) * 100.0);
+    }
+    f.max_deviation_pct = worst;
+  }
+  return f;
+}
+
+std::int64_t predict(const AffineFit& f, std::int64_t usable, std::int64_t max_batch) {
+  if (f.per_sample_bytes <= 0.0) return max_batch;
+  const double b = std::floor((static_cast<double>(usable) - f.fixed_bytes) / f.per_sample_bytes);
+  if (b < 0.0) return 0;
+  return b >= static_cast<double>(max_batch) ? max_batch : static_cast<std::int64_t>(b);
+}
+
+// The options of the advise() running on this thread: its probes' progress and options.
+thread_local const AdviseOptions* t_options = nullptr;
+
+ProbeResult probe(const Workload& w, std::int64_t batch, c10::Device device, std::optional<std::int64_t> cap,
+                  std::string_view why) {
+  static const AdviseOptions kNone;
+  const auto& o = t_options != nullptr ? *t_options : kNone;
+  if (o.on_probe) o.on_probe(fmt::format("{} batch {} {}", w.name, batch, why));
+  return cap ? run_probe_capped(w, batch, device, *cap, o.probe) : run_probe(w, batch, device, o.probe);
+}
+
+// The peaks estimates give a workload, batch by batch, computed when first asked for (tens of milliseconds each).
+class EstimatedPeaks {
+ public:
+  EstimatedPeaks(const Workload& workload, c10::Device device)
+      : workload_(workload), target_(device.is_cuda() ? EstimateTarget::kCuda : EstimateTarget::kCpu) {}
+  std::int64_t at(std::int64_t batch) {
+    if (const auto it = peaks_.find(batch); it != peaks_.end()) return it->second;
+    return peaks_[batch] = std::max<std::int64_t>(peak_of(estimate_probe(workload_, batch, target_)), 1);
+  }
+
+ private:
+  Workload workload_;
+  EstimateTarget target_;
+  std::map<std::int64_t, std::int64_t> peaks_;
+};
+
+// The largest batch in [1, max_batch] whose estimated peak, scaled by the measured/estimated ratio of the nearest
+// measured batch, fits `usable` (0: not even batch 1): doubling, then bisection.
+std::int64_t predict_from_estimates(EstimatedPeaks& estimated, const std::map<std::int64_t, std::int64_t>& measured,
+                                    std::int64_t usable, std::int64_t max_batch) {
+  auto fits = [&](std::int64_t b) {
+    double ratio = 1.0;
+    if (!measured.empty()) {
+      auto it = measured.upper_bound(b);
+      const auto& [bm, pm] = it == measured.begin() ? *it : *std::prev(it);
+      ratio = static_cast<double>(pm) / static_cast<double>(estimated.at(bm));
+    }
+    return static_cast<double>(estimated.at(b)) * ratio <= static_cast<double>(usable);
+  };
+  if (!fits(1)) return 0;
+  std::int64_t good = 1, bad = 0;
+  for (std::int64_t b = 2; bad == 0; b *= 2) {
+    const auto at = std::min(b, max_batch);
+    if (fits(at)) {
+      good = at;
+      if (at == max_batch) return max_batch;
+    } else {
+      bad = at;
+    }
+  }
+  while (bad - good > 1) {
+    const auto mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+
+// The free probes all targets share: batch 1 and batch 2, measured without a cap.
+struct Shared {
+  std::map<std::int64_t, std::int64_t> peaks;  // batch -> peak; a batch that ran out of memory is absent
+  std::vector<std::int64_t> batches;           // the batches probed
+  double step_seconds = 0.0;                   // the measured step of the largest of them that ran
+};
+
+Shared shared_probes(const Workload& workload, c10::Device device, std::int64_t accumulation_steps) {
+  Shared s;
+  auto w = workload;
+  w.training.accumulation_steps = accumulation_steps;
+  for (const std::int64_t b : {1, 2}) {
+    s.batches.push_back(b);
+    const auto r = probe(w, b, device, std::nullopt, "(no cap)");
+    if (r.oom) break;
+    s.peaks[b] = peak_of(r);
+    s.step_seconds = r.step_seconds;
+  }
+  return s;
+}
+
+// The search on one target. The peak is affine in the batch only piecewise (a full fine-tune's optimizer step
+// holds the peak at small batches, activations take over later), so the model is refitted after every probe:
+// the line through the two largest batches that fit extrapolates; once a batch that does not fit has a
+// measured peak, the secant between it and the largest that fits interpolates. A batch expected to fit runs
+// under an allocator cap of the target's usable bytes (that is the confirmation); a batch expected not to fit,
+// or one after a capped probe ran out, runs under a safety cap of four times that, so that its peak is measured.
+TargetAdvice search(const Workload& workload, const AdviceTarget& target, c10::Device device, const Shared& shared,
+                    std::int64_t accumulation_steps, std::int64_t max_batch, EstimatedPeaks* estimated) {
+  TargetAdvice t;
+  t.target = target;
+  const auto usable = target.usable_bytes;
+  auto w = workload;
+  w.training.accumulation_steps = accumulation_steps;
+  std::map<std::int64_t, std::int64_t> points;  // measured peaks
+  std::set<std::int64_t> confirmed;               // ran under the cap of `usable`
+  std::int64_t hi = kUnbounded;                   // the smallest batch that did not fit
+  for (const auto b : shared.batches) {
+    ++t.probes;
+    AdviceTrial trial{b, false, false, std::nullopt, accumulation_steps};
+    if (const auto it = shared.peaks.find(b); it != shared.peaks.end()) {
+      trial.peak = it->second;
+      trial.fits = it->second <= usable;
+      points[b] = it->second;
+    }
+    if (!trial.fits) hi = std::min(hi, b);
+    t.trials.push_back(trial);
+  }
+  auto largest_fit = [&] {
+    std::int64_t lo = 0;
+    for (const auto& [b, p] : points) {
+      if (p <= usable) lo = std::max(lo, b);
+    }
+    return lo;
+  };
+  auto prediction = [&]() -> std::int64_t {
+    std::map<std::int64_t, std::int64_t> fitting;
+    for (const auto& [b, p] : points) {
+      if (p <= usable) fitting[b] = p;
+    }
+    if (!fitting.empty()) {
+      const auto [bl, pl] = *fitting.rbegin();
+      for (const auto& [b, p] : points) {
+        if (b > bl && p > usable) {  // the first measured miss above: interpolate
+          const double x = static_cast<double>(bl) + static_cast<double>(usable - pl) / static_cast<double>(p - pl) *
+                                                         static_cast<double>(b - bl);
+          return std::min(max_batch, static_cast<std::int64_t>(std::floor(x)));
+        }
+      }
+    }
+    t.fit = fit_points(fitting.size() >= 2 ? fitting : points);
+    if (estimated != nullptr) return predict_from_estimates(*estimated, points, usable, max_batch);
+    return predict(t.fit, usable, max_batch);
+  };
+  if (largest_fit() == 0) {
+    t.fit = fit_points(points);
+    return t;  // batch 1 needs more than the target has
+  }
+  auto b = prediction();
+  t.predicted = b;
+  bool capped_ran_out = false;
+  for (int n = 0; n < kMaxProbesPerSearch; ++n) {
+    const auto lo = largest_fit();
+    if (hi - lo <= 1 || lo >= max_batch) {
+      if (lo >= 1 && !confirmed.contains(lo)) {  // the answer always runs under the target's cap
+        const auto r = probe(w, lo, device, usable, fmt::format("under {}'s cap", target.name));
+        ++t.probes;
+        t.trials.push_back({lo, true, !r.oom, r.oom ? std::nullopt : std::optional(peak_of(r)), accumulation_steps});
+        if (r.oom) {  // it needed the cache headroom a free run had: one lower
+          points.erase(lo);
+          hi = lo;
+          continue;
+        }
+        confirmed.insert(lo);
+      }
+      break;
+    }
+    const auto candidate = std::clamp(b, lo + 1, hi == kUnbounded ? max_batch : hi - 1);
+    const bool capped = candidate <= b && !capped_ran_out;
+    const auto r = capped ? probe(w, candidate, device, usable, fmt::format("under {}'s cap", target.name))
+                          : probe(w, candidate, device, 4 * usable, fmt::format("above {}'s cap", target.name));
+    ++t.probes;
+    AdviceTrial trial{candidate, capped, false, std::nullopt, accumulation_steps};
+    if (!r.oom) {
+      trial.peak = peak_of(r);
+      points[candidate] = *trial.peak;
+    }
+    trial.fits = !r.oom && *trial.peak <= usable;
+    if (trial.fits && capped) confirmed.insert(candidate);
+    if (!trial.fits) hi = std::min(hi, candidate);
+    capped_ran_out = capped && r.oom;
+    t.trials.push_back(trial);
+    b = prediction();
+    if (r.oom && !capped) {
+      // Not even a peak within four times the target: the model is far off; bisect, geometrically.
+      const auto low = std::max<std::int64_t>(largest_fit(), 1);
+      b = std::max(low, static_cast<std::int64_t>(std::sqrt(static_cast<double>(low) * static_cast<double>(hi))));
+    }
+  }
+  const auto lo = largest_fit();
+  if (lo >= 1 && confirmed.contains(lo)) t.batch_size = lo;
+  if (!t.fit.max_deviation_pct && points.size() >= 3) {
+    // How affine the step was over every batch measured (the line through the two largest).
+    t.fit = fit_points(points);
+  }
+  t.corrected = t.predicted != t.batch_size.value_or(0);
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::pair<VariantAdvice, Workload>> fit_variants(const Workload& workload) {
+  std::vector<std::pair<VariantAdvice, Workload>> out;
+  auto add = [&](std::string name, std::string change, auto&& edit) {
+    auto w = workload;
+    edit(w);
+    VariantAdvice v;
+    v.name = std::move(name);
+    v.change = std::move(change);
+    out.emplace_back(std::move(v), std::move(w));
+  };
+  const auto& t = workload.training;
+  if (t.precision == Precision::kFp32) {
+    add("bf16 autocast", "training.precision: bf16", [](Workload& w) { w.training.precision = Precision::kBf16; });
+  }
+  if (!t.gradient_checkpointing) {
+    add("gradient checkpointing", "training.gradient_checkpointing: true",
+        [](Workload& w) { w.training.gradient_checkpointing = true; });
+  }
+  if (t.trainable.kind != TrainableSpec::Kind::kHead) {
+    add("frozen backbone (train the head)", "training.trainable: head",
+        [](Workload& w) { w.training.trainable.kind = TrainableSpec::Kind::kHead; });
+  }
+  if (const auto* vit = std::get_if<VitOptions>(&workload.model.options)) {
+    if (!vit->lora.enabled()) {
+      add("LoRA rank 8 on qkv", "model.lora: {rank: 8, targets: [qkv]}; training.trainable: lora", [](Workload& w) {
+        auto& o = std::get<VitOptions>(w.model.options);
+        o.lora.rank = 8;
+        o.lora.alpha = 16;
+        o.lora.targets = {"qkv"};
+        w.training.trainable.kind = TrainableSpec::Kind::kLora;
+      });
+    } else if (vit->lora.rank > 1) {
+      const auto rank = vit->lora.rank / 2;
+      add(fmt::format("LoRA rank {}", rank), fmt::format("model.lora.rank: {}", rank),
+          [rank](Workload& w) { std::get<VitOptions>(w.model.options).lora.rank = rank; });
+    }
+  }
+  if (t.optimizer == Optimizer::kAdamW) {
+    add("SGD (momentum 0.9) instead of AdamW", "training.optimizer: sgd, momentum: 0.9", [](Workload& w) {
+      w.training.optimizer = Optimizer::kSgd;
+      w.training.momentum = 0.9;
+      w.training.weight_decay = 0.0;
+    });
+  }
+  return out;
+}
+
+AdviceTarget target_of(const GpuSpec& gpu) {
+  return {gpu.id, gpu.name, gpu.usable_bytes() - gpu.outside_allocator_bytes};
+}
+
+Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets, c10::Device device,
+              const AdviseOptions& options) {
+  if (targets.empty()) throw Error(workload.source + ": advise needs a target (a GPU fixture or a capacity)");
+  for (const auto& t : targets) {
+    if (t.usable_bytes <= 0) throw Error(fmt::format("target {}: no usable bytes ({})", t.id, t.usable_bytes));
+  }
+  if (options.effective_batch && *options.effective_batch < 1) {
+    throw Error(workload.source + ": --effective-batch: expected an integer >= 1");
+  }
+  struct Scope {  // this call's options for the probes it runs (restored for a nested call)
+    const AdviseOptions* previous = t_options;
+    explicit Scope(const AdviseOptions& o) { t_options = &o; }
+    ~Scope() { t_options = previous; }
+  } scope(options);
+  Advice advice;
+  advice.device = describe_probe_device(device, workload);
+  advice.fixture = workload.name;
+  if (workload.training.distributed.enabled()) advice.world_size = workload.training.distributed.world_size;
+  advice.from_estimates = options.from_estimates;
+  const auto shared = shared_probes(workload, device, workload.training.accumulation_steps);
+  // Estimates of the workload as it is and with accumulation, when asked for (each computed on first use).
+  auto estimates_of = [&](std::int64_t steps) -> std::unique_ptr<EstimatedPeaks> {
+    if (!options.from_estimates) return nullptr;
+    auto w = workload;
+    w.training.accumulation_steps = steps;
+    return std::make_unique<EstimatedPeaks>(w, device);
+  };
+  const auto estimated = estimates_of(workload.training.accumulation_steps);
+  advice.total_probes = static_cast<int>(shared.batches.size());
+  // With accumulation the gradients stay between micro-batches: the search for the micro-batch runs with it.
+  const auto accumulated_steps = std::max<std::int64_t>(2, workload.training.accumulation_steps);
+  std::optional<Shared> shared_accumulated;
+  const auto estimated_accumulated = estimates_of(accumulated_steps);
+  for (const auto& target : targets) {
+    auto t = search(workload, target, device, shared, workload.training.accumulation_steps, options.max_batch,
+                    estimated.get());
+    advice.total_probes += t.probes - static_cast<int>(shared.batches.size());
+    if (options.effective_batch) {
+      const auto n = *options.effective_batch;
+      AccumulationAdvice acc;
+      acc.effective_batch = n;
+      std::int64_t largest_micro = 0;
+      if (t.batch_size && *t.batch_size >= n) {
+        acc.micro_batch = n;
+        acc.steps = 1;
+      } else {
+        if (!shared_accumulated) {
+          shared_accumulated = shared_probes(workload, device, accumulated_steps);
+          advice.total_probes += static_cast<int>(shared_accumulated->batches.size());
+        }
+        const auto micro = search(workload, target, device, *shared_accumulated, accumulated_steps, options.max_batch,
+                                  estimated_accumulated.get());
+        advice.total_probes += micro.probes - static_cast<int>(shared_accumulated->batches.size());
+        t.probes += micro.probes;
+        largest_micro = micro.batch_size.value_or(0);
+        for (std::int64_t k = 2; largest_micro > 0 && k <= n; ++k) {
+          if (n % k == 0 && n / k <= largest_micro) {
+            acc.micro_batch = n / k;
+            acc.steps = k;
+            break;
+          }
+        }
+      }
+      if (acc.micro_batch > 0) {
+        auto w = workload;
+        w.training.accumulation_steps = acc.steps;
+        const auto r = probe(w, acc.micro_batch, device, target.usable_bytes,
+                             fmt::format("x {} steps under {}'s cap", acc.steps, target.name));
+        ++advice.total_probes;
+        ++t.probes;
+        acc.fits = !r.oom;
+        if (!r.oom) acc.step_peak_reserved = r.components.step_peak_reserved;
+      }
+      t.accumulation = acc;
+    }
+    advice.targets.push_back(std::move(t));
+  }
+  if (options.variants) {
+    // What would make the wanted batch fit: each variant measured as a real fixture, on the targets that miss it.
+    const auto wanted = options.effective_batch.value_or(options.wanted_batch.value_or(0));
+    std::vector<std::size_t> missing;
+    for (std::size_t i = 0; i < advice.targets.size(); ++i) {
+      advice.targets[i].wanted_batch = wanted;
+      if (wanted > 0 && advice.targets[i].batch_size.value_or(0) < wanted) missing.push_back(i);
+    }
+    if (!missing.empty()) {
+      for (auto& [variant, w] : fit_variants(workload)) {
+        Shared variant_shared;
+        try {
+          variant_shared = shared_probes(w, device, w.training.accumulation_steps);
+        } catch (const std::exception&) {
+          continue;  // a variant this model cannot take (no head, no blocks): not offered
+        }
+        advice.total_probes += static_cast<int>(variant_shared.batches.size());
+        variant.step_seconds = variant_shared.step_seconds;
+        variant.step_time_change_pct =
+            shared.step_seconds > 0.0 ? (variant.step_seconds / shared.step_seconds - 1.0) * 100.0 : 0.0;
+        const auto variant_estimated = options.from_estimates ? std::make_unique<EstimatedPeaks>(w, device) : nullptr;
+        for (const auto i : missing) {
+          auto v = variant;
+          const auto r = search(w, advice.targets[i].target, device, variant_shared, w.training.accumulation_steps,
+                                options.max_batch, variant_estimated.get());
+          v.batch_size = r.batch_size;
+          v.probes = r.probes;
+          advice.total_probes += r.probes - static_cast<int>(variant_shared.batches.size());
+          advice.targets[i].variants.push_back(std::move(v));
+        }
+      }
+      for (const auto i : missing) {
+        std::stable_sort(advice.targets[i].variants.begin(), advice.targets[i].variants.end(),
+                         [](const VariantAdvice& a, const VariantAdvice& b) {
+                           if (a.batch_size.value_or(0) != b.batch_size.value_or(0)) {
+                             return a.batch_size.value_or(0) > b.batch_size.value_or(0);
+                           }
+                           return a.step_seconds < b.step_seconds;
+                         });
+      }
+    }
+  }
+  return advice;
+}
+
+nlohmann::json advice_to_json(const Advice& advice) {
+  nlohmann::json targets = nlohmann::json::array();
+  for (const auto& t : advice.targets) {
+    nlohmann::json trials = nlohmann::json::array();
+    for (const auto& trial : t.trials) {
+      nlohmann::json j = {{"batch_size", trial.batch_size}, {"capped", trial.capped}, {"fits", trial.fits},
+                          {"accumulation_steps", trial.accumulation_steps}};
+      j["peak_bytes"] = trial.peak ? nlohmann::json(*trial.peak) : nlohmann::json(nullptr);
+      trials.push_back(j);
+    }
+    nlohmann::json fit = {{"fixed_bytes", std::llround(t.fit.fixed_bytes)},
+                          {"per_sample_bytes", std::llround(t.fit.per_sample_bytes)}};
+    fit["max_deviation_pct"] = t.fit.max_deviation_pct ? nlohmann::json(*t.fit.max_deviation_pct) : nlohmann::json(nullptr);
+    nlohmann::json j = {{"id", t.target.id},
+                        {"name", t.target.name},
+                        {"usable_bytes", t.target.usable_bytes},
+                        {"batch_size", t.batch_size ? nlohmann::json(*t.batch_size) : nlohmann::json(nullptr)},
+                        {"predicted_batch_size", t.predicted ? nlohmann::json(*t.predicted) : nlohmann::json(nullptr)},
+                        {"corrected", t.corrected},
+                        {"probes", t.probes},
+                        {"fit", fit},
+                        {"trials", trials}};
+    if (t.accumulation) {
+      const auto& a = *t.accumulation;
+      j["accumulation"] = {{"effective_batch", a.effective_batch}, {"micro_batch", a.micro_batch},
+                           {"steps", a.steps},                     {"step_peak_reserved", a.step_peak_reserved},
+                           {"fits", a.fits}};
+    }
+    j["wanted_batch"] = t.wanted_batch;
+    nlohmann::json variants = nlohmann::json::array();
+    for (const auto& v : t.variants) {
+      variants.push_back({{"name", v.name},
+                          {"change", v.change},
+                          {"batch_size", v.batch_size ? nlohmann::json(*v.batch_size) : nlohmann::json(nullptr)},
+                          {"step_seconds", v.step_seconds},
+                          {"step_time_change_pct", v.step_time_change_pct},
+                          {"probes", v.probes}});
+    }
+    j["variants"] = variants;
+    targets.push_back(j);
+  }
+  return {{"device", device_to_json(advice.device)},
+          {"model", {{"name", advice.fixture}}},
+          {"total_probes", advice.total_probes},
+          {"from_estimates", advice.from_estimates},
+          {"world_size", advice.world_size},
+          {"targets", targets}};
+}
+
+std::string format_advice(const Advice& advice) {
+  std::string out = fmt::format("memgate advise: {} on {} ({})\n", advice.fixture, advice.device.name,
+                                advice.device.device.str());
+  if (advice.world_size > 0) {
+    out += fmt::format("{} ranks: each batch is one rank's micro-batch, each rank on a target of its own\n",
+                       advice.world_size);
+  }
+  out += "\n";
+  out += fmt::format("{:<34} {:>12} {:>8} {:>10} {:>7}  {}\n", "target", "usable", "batch", "predicted", "probes",
+                     "peak = fixed + per sample x batch");
+  for (const auto& t : advice.targets) {
+    out += fmt::format("{:<34} {:>12} {:>8} {:>10} {:>7}  {} + {} x b{}\n", t.target.name.substr(0, 34),
+                       format_bytes(t.target.usable_bytes),
+                       t.batch_size ? std::to_string(*t.batch_size) : std::string("none"),
+                       t.predicted ? std::to_string(*t.predicted) : std::string("-"), t.probes,
+                       format_bytes(std::llround(t.fit.fixed_bytes)),
+                       format_bytes(std::llround(t.fit.per_sample_bytes)),
+                       t.fit.max_deviation_pct ? fmt::format(" (off by at most {:.2f}%)", *t.fit.max_deviation_pct)
+                                               : std::string());
+    if (t.corrected && t.batch_size) {
+      out += fmt::format("  the prediction ({}) was corrected by the probes to {}\n", t.predicted.value_or(0),
+                         *t.batch_size);
+    }
+    if (!t.batch_size) out += "  not even batch 1 fits\n";
+    if (!t.variants.empty()) {
+      out += fmt::format("  batch {} does not fit; measured variants, best first:\n", t.wanted_batch);
+      out += fmt::format("    {:<38} {:>8} {:>12}  {}\n", "variant", "batch", "step time", "change");
+      for (const auto& v : t.variants) {
+        out += fmt::format("    {:<38} {:>8} {:>+11.0f}%  {}\n", v.name,
+                           v.batch_size ? std::to_string(*v.batch_size) : std::string("none"), v.step_time_change_pct,
+                           v.change);
+      }
+    }
+    if (t.accumulation) {
+      const auto& a = *t.accumulation;
+      if (a.micro_batch > 0) {
+        out += fmt::format("  effective batch {}: micro-batch {} x {} accumulation steps, step peak {}{}\n",
+                           a.effective_batch, a.micro_batch, a.steps, format_bytes(a.step_peak_reserved),
+                           a.fits ? "" : " (DOES NOT FIT)");
+      } else {
+        out += fmt::format("  effective batch {}: no micro-batch fits\n", a.effective_batch);
+      }
+    }
+  }
+  out += fmt::format("\n{} probes in all; each advised batch ran under an allocator cap of the target's usable "
+                     "bytes, and the next batch up did not fit.\n",
+                     advice.total_probes);
+  if (advice.from_estimates) {
+    out += "Predictions came from estimates (the step on the Meta device), scaled by the nearest measured peak.\n";
+  }
+  if (advice.device.device.is_cpu()) {
+    out += "(measured on the CPU: CUDA kernels and workspaces differ; advise on a GPU for a GPU you can trust)\n";
+  }
+  return out;
+}
+
+int power_of_two_then_binary_search_trials(const std::function<bool(std::int64_t)>& fits, std::int64_t max_batch,
+                                           std::int64_t* found) {
+  int trials = 0;
+  std::int64_t last_ok = 0;
+  std::int64_t b = 1;
+  while (b <= max_batch) {
+    ++trials;
+    if (!fits(b)) break;
+    last_ok = b;
+    b *= 2;
+  }
+  std::int64_t lo = last_ok, hi = std::min(b, max_batch + 1);
+  while (hi - lo > 1) {
+    const auto mid = lo + (hi - lo) / 2;
+    ++trials;
+    if (fits(mid)) lo = mid;
+    else hi = mid;
+  }
+  if (found != nullptr) *found = lo;
+  return trials;
+}
+
+EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::vector<AdviceTarget>& targets,
+                                          std::optional<std::int64_t> effective_batch, std::int64_t max_batch) {
+  if (targets.empty()) throw Error(workload.source + ": the search needs a GPU (--gpu or --all-gpus)");
+  if (effective_batch && *effective_batch < 1) throw Error("--effective-batch: expected a batch of 1 or more");
+  const auto start = std::chrono::steady_clock::now();
+  EstimatedFits out;
+  std::map<std::int64_t, std::int64_t> required;  // batch -> step_peak_reserved, each estimated once
+  const auto required_at = [&](std::int64_t batch) {
+    if (const auto it = required.find(batch); it != required.end()) return it->second;
+    const auto probe = estimate_probe(workload, batch, EstimateTarget::kCuda);
+    ++out.estimates;
+    return required[batch] = probe.components.step_peak_reserved;
+  };
+  for (const auto& target : targets) {
+    EstimatedFit fit{.target = target};
+    (void)power_of_two_then_binary_search_trials(
+        [&](std::int64_t b) { return required_at(b) <= target.usable_bytes; }, max_batch, &fit.largest);
+    fit.required_bytes = required_at(std::max<std::int64_t>(fit.largest, 1));
+    if (fit.largest < max_batch) fit.next_required_bytes = required_at(fit.largest + 1);
+    if (effective_batch && fit.largest > 0) {
+      for (auto d = std::min(fit.largest, *effective_batch); d >= 1; --d) {
+        if (*effective_batch % d == 0) {
+          fit.micro_batch = d;
+          fit.accumulation_steps = *effective_batch / d;
+          break;
+        }
+      }
+    }
+    out.fits.push_back(fit);
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::int64_t> effective_batch) {
+  std::string out =
+      "\nLargest batch by estimate (the step on the Meta device through the CUDA caching allocator's model; an "
+      "estimate, not a measurement: the allocator's model replays real GPU traces exactly, the requests of CUDA "
+      "kernels (cuBLAS/cuDNN workspaces) are not yet held against a GPU):\n";
+  auto o = std::back_inserter(out);
+  fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}{}\n", "gpu", "usable", "largest", "its step needs",
+                 "the next needs", effective_batch ? fmt::format("   for a batch of {}", *effective_batch) : "");
+  for (const auto& f : fits.fits) {
+    fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}", f.target.id, format_mib(f.target.usable_bytes),
+                   f.largest > 0 ? std::to_string(f.largest) : std::string("none"), format_mib(f.required_bytes),
+                   f.next_required_bytes > 0 ? format_mib(f.next_required_bytes) : std::string("-"));
+    if (effective_batch) {
+      fmt::format_to(o, "   {}", f.micro_batch > 0 ? fmt::format("{} x {} step{}", f.micro_batch, f.accumulation_steps,
+                                                                   f.accumulation_steps == 1 ? "" : "s")
+                                                    : std::string("does not fit"));
+    }
+    fmt::format_to(o, "\n");
+  }
+  fmt::format_to(o, "  searched with {} estimates in {:.1f} s\n", fits.estimates, fits.seconds);
+  return out;
+}
+
+nlohmann::json estimated_fits_to_json(const EstimatedFits& fits) {
+  auto list = nlohmann::json::array();
+  for (const auto& f : fits.fits) {
+    nlohmann::json entry = {{"gpu", f.target.id}, {"usable_bytes", f.target.usable_bytes},
+                            {"largest_batch", f.largest}, {"step_peak_reserved", f.required_bytes},
+                            {"next_step_peak_reserved", f.next_required_bytes}, {"estimated", true}};
+    if (f.micro_batch > 0) {
+      entry["micro_batch"] = f.micro_batch;
+      entry["accumulation_steps"] = f.accumulation_steps;
+    }
+    list.push_back(std::move(entry));
+  }
+  return list;
+}
+
+}  // namespace memgate

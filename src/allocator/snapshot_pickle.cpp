@@ -1,0 +1,424 @@
+// A reader of plain-data pickles (Python's pickle module, protocols 2-5, and torch's own Pickler), for memory
+// snapshots: a small stack machine over the opcodes that carry data, refusing every opcode that names code or
+// builds an object. Containers are built as a graph first (a memoized dict can be filled after it is memoized and
+// then referenced), measured (size, depth, cycles) against the limits, and only then turned into JSON.
+#include "memgate/allocator/snapshot_pickle.h"
+
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+struct Node;
+using NodePtr = std::shared_ptr<Node>;
+
+struct List {
+  std::vector<NodePtr> items;
+};
+struct Dict {
+  std::vector<std::pair<NodePtr, NodePtr>> items;
+};
+struct Bytes {
+  std::string data;
+};
+
+// A value on the machine's stack: scalars by value, containers shared (memo references alias them).
+struct Node {
+  std::variant<std::nullptr_t, bool, std::int64_t, std::uint64_t, double, std::string, Bytes, List, Dict> v;
+  bool tuple = false;  // a tuple is a list that no opcode may append to
+};
+
+// The opcodes of pickle protocols 0-5 that memgate refuses: each would run code or make an object.
+const char* refused_opcode(unsigned char op) {
+  switch (op) {
+    case 'c': return "GLOBAL";
+    case 0x93: return "STACK_GLOBAL";
+    case 'R': return "REDUCE";
+    case 'b': return "BUILD";
+    case 'i': return "INST";
+    case 'o': return "OBJ";
+    case 0x81: return "NEWOBJ";
+    case 0x92: return "NEWOBJ_EX";
+    case 'P': return "PERSID";
+    case 'Q': return "BINPERSID";
+    case 0x82: return "EXT1";
+    case 0x83: return "EXT2";
+    case 0x84: return "EXT4";
+    case 0x97: return "NEXT_BUFFER";
+    case 0x98: return "READONLY_BUFFER";
+    default: return nullptr;
+  }
+}
+
+class Machine {
+ public:
+  Machine(std::string_view data, const std::string& origin) : data_(data), origin_(origin) {}
+  // A container may hold itself (a hostile file's cycle): emptying every container frees them all.
+  ~Machine() {
+    for (const auto& node : containers_) {
+      if (auto* list = std::get_if<List>(&node->v)) list->items.clear();
+      if (auto* dict = std::get_if<Dict>(&node->v)) dict->items.clear();
+    }
+  }
+  Machine(const Machine&) = delete;
+  Machine& operator=(const Machine&) = delete;
+
+  NodePtr run() {
+    while (true) {
+      const auto at = pos_;
+      const auto op = byte();
+      if (const char* name = refused_opcode(op)) {
+        fail(at, fmt::format("opcode {} names Python code or builds an object; a memory snapshot is plain data "
+                             "(dicts, lists, strings, numbers), so memgate does not run it", name));
+      }
+      switch (op) {
+        case 0x80: {  // PROTO
+          const auto proto = byte();
+          if (proto < 2 || proto > 5) fail(at, fmt::format("pickle protocol {}: expected 2 to 5", proto));
+          break;
+        }
+        case 0x95: (void)fixed<std::uint64_t>(8); break;  // FRAME: a size hint
+        case '.': {                                          // STOP
+          if (stack_.size() != 1 || !marks_.empty()) fail(at, "STOP with a stack of other than one value");
+          if (pos_ != data_.size()) fail(pos_, fmt::format("{} bytes after the pickle's end", data_.size() - pos_));
+          return stack_.back();
+        }
+        case '}': push(Dict{}); break;
+        case ']': push(List{}); break;
+        case ')': push_tuple({}); break;
+        case '(': marks_.push_back(stack_.size()); break;
+        case 'N': push(nullptr); break;
+        case 0x88: push(true); break;
+        case 0x89: push(false); break;
+        case 'J': push(static_cast<std::int64_t>(static_cast<std::int32_t>(fixed<std::uint32_t>(4)))); break;
+        case 'K': push(static_cast<std::int64_t>(fixed<std::uint32_t>(1))); break;
+        case 'M': push(static_cast<std::int64_t>(fixed<std::uint32_t>(2))); break;
+        case 0x8a: push_long(at, fixed<std::uint64_t>(1)); break;  // LONG1
+        case 0x8b: push_long(at, fixed<std::uint64_t>(4)); break;  // LONG4
+        case 'G': {                                                     // BINFLOAT, big-endian
+          const auto raw = take(8);
+          std::uint64_t bits = 0;
+          for (const char c : raw) bits = (bits << 8) | static_cast<unsigned char>(c);
+          double d = 0;
+          std::memcpy(&d, &bits, sizeof d);
+          push(d);
+          break;
+        }
+        case 0x8c: push(std::string(take(fixed<std::uint64_t>(1)))); break;  // SHORT_BINUNICODE
+        case 'X': push(std::string(take(fixed<std::uint64_t>(4)))); break;   // BINUNICODE
+        case 0x8d: push(std::string(take(fixed<std::uint64_t>(8)))); break;  // BINUNICODE8
+        case 'C': push(Bytes{std::string(take(fixed<std::uint64_t>(1)))}); break;
+        case 'B': push(Bytes{std::string(take(fixed<std::uint64_t>(4)))}); break;
+        case 0x8e: push(Bytes{std::string(take(fixed<std::uint64_t>(8)))}); break;
+        case 0x94: memo_.push_back(top(at)); break;                 // MEMOIZE
+        case 'q': put(at, fixed<std::uint64_t>(1)); break;          // BINPUT
+        case 'r': put(at, fixed<std::uint64_t>(4)); break;          // LONG_BINPUT
+        case 'h': get(at, fixed<std::uint64_t>(1)); break;          // BINGET
+        case 'j': get(at, fixed<std::uint64_t>(4)); break;          // LONG_BINGET
+        case 0x85: push_tuple(pop_n(at, 1)); break;                 // TUPLE1
+        case 0x86: push_tuple(pop_n(at, 2)); break;                 // TUPLE2
+        case 0x87: push_tuple(pop_n(at, 3)); break;                 // TUPLE3
+        case 't': push_tuple(pop_mark(at)); break;                  // TUPLE
+        case 'a': {                                                 // APPEND
+          auto item = pop(at);
+          list_at(at, top(at)).items.push_back(std::move(item));
+          break;
+        }
+        case 'e': {  // APPENDS
+          auto items = pop_mark(at);
+          auto& list = list_at(at, top(at));
+          for (auto& item : items) list.items.push_back(std::move(item));
+          break;
+        }
+        case 's': {  // SETITEM
+          auto value = pop(at);
+          auto key = pop(at);
+          dict_at(at, top(at)).items.emplace_back(std::move(key), std::move(value));
+          break;
+        }
+        case 'u': {  // SETITEMS
+          auto items = pop_mark(at);
+          if (items.size() % 2 != 0) fail(at, "SETITEMS with an odd number of keys and values");
+          auto& dict = dict_at(at, top(at));
+          for (std::size_t i = 0; i < items.size(); i += 2) dict.items.emplace_back(items[i], items[i + 1]);
+          break;
+        }
+        case '0': (void)pop(at); break;  // POP
+        case '1': (void)pop_mark(at); break;  // POP_MARK
+        case '2': stack_.push_back(top(at)); break;  // DUP
+        default:
+          fail(at, fmt::format("opcode 0x{:02x} is not one of a plain-data pickle's (protocols 2 to 5)", op));
+      }
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(std::size_t at, const std::string& what) const {
+    throw Error(fmt::format("{}: not a memory snapshot pickle memgate can read: at byte {}: {}", origin_, at, what));
+  }
+
+  unsigned char byte() {
+    if (pos_ >= data_.size()) fail(pos_, "the file ends before the pickle's STOP (truncated?)");
+    return static_cast<unsigned char>(data_[pos_++]);
+  }
+  std::string_view take(std::uint64_t n) {
+    if (n > data_.size() - pos_) {
+      fail(pos_, fmt::format("a length of {} bytes runs past the end of the file ({} left: truncated?)", n,
+                             data_.size() - pos_));
+    }
+    const auto out = data_.substr(pos_, n);
+    pos_ += n;
+    return out;
+  }
+  // An unsigned little-endian integer of `n` bytes.
+  template <typename T>
+  T fixed(int n) {
+    const auto raw = take(static_cast<std::uint64_t>(n));
+    std::uint64_t v = 0;
+    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(raw[static_cast<std::size_t>(i)]);
+    return static_cast<T>(v);
+  }
+  // LONG1/LONG4: little-endian two's complement of `n` bytes. memgate takes -2^63 to 2^64 - 1 (snapshots hold
+  // unsigned 64-bit values, e.g. 2^64 - 1 for "none"): an int64, or a uint64 from 2^63 up.
+  void push_long(std::size_t at, std::uint64_t n) {
+    const auto raw = take(n);
+    if (n == 0) return push(std::int64_t{0});
+    auto at_byte = [&](std::size_t i) { return static_cast<unsigned char>(raw[i]); };
+    const bool negative = (at_byte(raw.size() - 1) & 0x80) != 0;
+    const unsigned char fill = negative ? 0xff : 0x00;
+    for (std::size_t i = 8; i < raw.size(); ++i) {
+      if (at_byte(i) != fill) fail(at, "an integer beyond 64 bits");
+    }
+    std::uint64_t v = negative ? ~std::uint64_t{0} : 0;
+    for (std::size_t i = 0; i < std::min<std::size_t>(raw.size(), 8); ++i) {
+      v &= ~(std::uint64_t{0xff} << (8 * i));
+      v |= static_cast<std::uint64_t>(at_byte(i)) << (8 * i);
+    }
+    const bool top_bit = (v >> 63) != 0;
+    if (negative && !top_bit) fail(at, "an integer beyond 64 bits");  // below -2^63
+    if (!negative && top_bit) return push(v);                          // 2^63 .. 2^64 - 1
+    push(static_cast<std::int64_t>(v));
+  }
+
+  template <typename T>
+  void push(T value) {
+    auto node = std::make_shared<Node>();
+    node->v = std::move(value);
+    if constexpr (std::is_same_v<T, List> || std::is_same_v<T, Dict>) containers_.push_back(node);
+    stack_.push_back(std::move(node));
+  }
+  void push_tuple(std::vector<NodePtr> items) {
+    auto node = std::make_shared<Node>();
+    node->v = List{std::move(items)};
+    node->tuple = true;
+    containers_.push_back(node);
+    stack_.push_back(std::move(node));
+  }
+  NodePtr top(std::size_t at) const {
+    if (stack_.empty() || (!marks_.empty() && marks_.back() == stack_.size())) fail(at, "an opcode with no value to use");
+    return stack_.back();
+  }
+  NodePtr pop(std::size_t at) {
+    auto v = top(at);
+    stack_.pop_back();
+    return v;
+  }
+  std::vector<NodePtr> pop_n(std::size_t at, std::size_t n) {
+    const std::size_t floor = marks_.empty() ? 0 : marks_.back();
+    if (stack_.size() < floor + n) fail(at, fmt::format("a tuple of {} with fewer values on the stack", n));
+    std::vector<NodePtr> out(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
+    stack_.resize(stack_.size() - n);
+    return out;
+  }
+  std::vector<NodePtr> pop_mark(std::size_t at) {
+    if (marks_.empty()) fail(at, "an opcode that needs a MARK without one");
+    const auto mark = marks_.back();
+    marks_.pop_back();
+    std::vector<NodePtr> out(stack_.begin() + static_cast<std::ptrdiff_t>(mark), stack_.end());
+    stack_.resize(mark);
+    return out;
+  }
+  List& list_at(std::size_t at, const NodePtr& node) const {
+    auto* list = std::get_if<List>(&node->v);
+    if (list == nullptr || node->tuple) fail(at, "APPEND to something that is not a list");
+    return *list;
+  }
+  Dict& dict_at(std::size_t at, const NodePtr& node) const {
+    auto* dict = std::get_if<Dict>(&node->v);
+    if (dict == nullptr) fail(at, "SETITEM to something that is not a dict");
+    return *dict;
+  }
+  void put(std::size_t at, std::uint64_t index) {
+    if (index > memo_.size() + (1U << 20)) fail(at, fmt::format("a memo index {} far past the memo's size", index));
+    if (index >= memo_.size()) memo_.resize(index + 1);
+    memo_[index] = top(at);
+  }
+  void get(std::size_t at, std::uint64_t index) {
+    if (index >= memo_.size() || memo_[index] == nullptr) fail(at, fmt::format("a memo index {} never stored", index));
+    stack_.push_back(memo_[index]);
+  }
+
+  std::string_view data_;
+  const std::string& origin_;
+  std::size_t pos_ = 0;
+  std::vector<NodePtr> stack_;
+  std::vector<std::size_t> marks_;
+  std::vector<NodePtr> memo_;
+  std::vector<NodePtr> containers_;
+};
+
+class ToJson {
+ public:
+  ToJson(const std::string& origin, const PickleLimits& limits) : origin_(origin), limits_(limits) {}
+
+  // The values the JSON would hold, each memoized container counted at every reference, computed once per node
+  // (saturating), so that a file whose references expand exponentially is refused before anything is expanded.
+  // Nesting is checked the same way: a container met again deeper down than where it was first measured nests its
+  // whole height there (memo references can stack chains of containers far deeper than any one path shows).
+  std::int64_t expanded_size(const Node& node, int depth = 0) {
+    if (depth > limits_.max_depth) fail(fmt::format("containers nested deeper than {}", limits_.max_depth));
+    if (const auto it = measured_.find(&node); it != measured_.end()) {
+      if (it->second.size < 0) fail("a container that contains itself");
+      if (depth + it->second.height > limits_.max_depth) {
+        fail(fmt::format("containers nested deeper than {}", limits_.max_depth));
+      }
+      return it->second.size;
+    }
+    const auto* list = std::get_if<List>(&node.v);
+    const auto* dict = std::get_if<Dict>(&node.v);
+    if (list == nullptr && dict == nullptr) return 1;
+    measured_[&node] = {-1, 0};  // open: meeting it again below is a cycle
+    Measure m{1, 0};
+    auto add = [&](const Node& child) {
+      m.size = std::min(limits_.max_values + 1, m.size + expanded_size(child, depth + 1));
+      const auto it = measured_.find(&child);  // a container's height, or none for a scalar
+      m.height = std::max(m.height, 1 + (it != measured_.end() ? it->second.height : 0));
+    };
+    if (list != nullptr) {
+      for (const auto& item : list->items) add(*item);
+    } else {
+      for (const auto& [key, value] : dict->items) {
+        add(*key);
+        add(*value);
+      }
+    }
+    measured_[&node] = m;
+    return m.size;
+  }
+
+  // The JSON of `node`; expanded_size has refused cycles, depth and size on every path first.
+  nlohmann::json convert(const Node& node) {
+    return std::visit(
+        [&](const auto& v) -> nlohmann::json {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, std::nullptr_t>) {
+            return nullptr;
+          } else if constexpr (std::is_same_v<T, Bytes>) {
+            return nlohmann::json::binary(std::vector<std::uint8_t>(v.data.begin(), v.data.end()));
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            if (!valid_utf8(v)) fail("a string that is not UTF-8");
+            return v;
+          } else if constexpr (std::is_same_v<T, List>) {
+            auto out = nlohmann::json::array();
+            for (const auto& item : v.items) out.push_back(convert(*item));
+            return out;
+          } else if constexpr (std::is_same_v<T, Dict>) {
+            auto out = nlohmann::json::object();
+            for (const auto& [key, value] : v.items) {
+              std::string name;
+              if (const auto* s = std::get_if<std::string>(&key->v)) {
+                name = *s;
+                if (!valid_utf8(name)) fail("a dict key that is not UTF-8");
+              } else if (const auto* i = std::get_if<std::int64_t>(&key->v)) {
+                name = std::to_string(*i);
+              } else {
+                fail("a dict key that is neither a string nor an integer");
+              }
+              out[name] = convert(*value);
+            }
+            return out;
+          } else {
+            return v;
+          }
+        },
+        node.v);
+  }
+
+ private:
+  // UTF-8's byte patterns (what Python's pickle writes for str): a lead byte and its continuation bytes.
+  static bool valid_utf8(const std::string& s) {
+    std::size_t i = 0;
+    while (i < s.size()) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      std::size_t more = 0;
+      if (c < 0x80) {
+        more = 0;
+      } else if ((c & 0xe0) == 0xc0 && c >= 0xc2) {
+        more = 1;
+      } else if ((c & 0xf0) == 0xe0) {
+        more = 2;
+      } else if ((c & 0xf8) == 0xf0 && c <= 0xf4) {
+        more = 3;
+      } else {
+        return false;
+      }
+      if (more > s.size() - i - 1) return false;
+      for (std::size_t k = 1; k <= more; ++k) {
+        if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
+      }
+      i += more + 1;
+    }
+    return true;
+  }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(fmt::format("{}: not a memory snapshot pickle memgate can read: {}", origin_, what));
+  }
+
+  const std::string& origin_;
+  const PickleLimits& limits_;
+  // A container's expanded size (-1 while it is being measured) and height (how far below it its deepest value
+  // nests: 0 when empty, 1 when it holds scalars only).
+  struct Measure {
+    std::int64_t size;
+    int height;
+  };
+  std::map<const Node*, Measure> measured_;
+};
+
+}  // namespace
+
+nlohmann::json read_plain_pickle(std::string_view data, const std::string& origin, const PickleLimits& limits) {
+  if (data.empty()) throw Error(origin + ": not a memory snapshot pickle memgate can read: the file is empty");
+  if (static_cast<unsigned char>(data.front()) != 0x80) {
+    throw Error(origin + ": not a memory snapshot pickle memgate can read: it does not start with a pickle's "
+                         "protocol header (0x80: protocol 2 or later)");
+  }
+  Machine machine(data, origin);  // lives until the JSON is made: its destructor frees what the file built
+  const auto root = machine.run();
+  ToJson to_json(origin, limits);
+  if (to_json.expanded_size(*root) > limits.max_values) {
+    throw Error(fmt::format("{}: not a memory snapshot pickle memgate can read: more than {} values (memo "
+                            "references repeated to build a value this large?)",
+                            origin, limits.max_values));
+  }
+  return to_json.convert(*root);
+}
+
+nlohmann::json load_plain_pickle(const std::string& path, const PickleLimits& limits) {
+  const auto data = read_text_file(path, "a memory snapshot (.pickle)");
+  return read_plain_pickle(data, path, limits);
+}
+
+}  // namespace memgate

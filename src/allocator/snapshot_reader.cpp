@@ -1,0 +1,287 @@
+// memory_viz snapshots read strictly into what the replay needs: each device's trace, its segments and blocks at the
+// end, the allocator settings; every error names the file, the key's path and what was expected.
+#include "memgate/allocator/replay.h"
+
+#include "memgate/allocator/snapshot_pickle.h"
+#include "memgate/base/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace memgate {
+namespace {
+
+using nlohmann::json;
+
+std::string describe(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "None";
+    case json::value_t::boolean: return v.get<bool>() ? "True" : "False";
+    case json::value_t::number_integer: return fmt::format("the integer {}", v.get<std::int64_t>());
+    case json::value_t::number_unsigned: return fmt::format("the integer {}", v.get<std::uint64_t>());
+    case json::value_t::number_float: return fmt::format("the float {}", v.get<double>());
+    case json::value_t::string: {
+      auto s = v.get<std::string>();
+      if (s.size() > 40) s = s.substr(0, 40) + "...";
+      return fmt::format("the string '{}'", s);
+    }
+    case json::value_t::array: return fmt::format("a list of {}", v.size());
+    case json::value_t::object: return "a dict";
+    case json::value_t::binary: return "bytes";
+    default: return "a value of another kind";
+  }
+}
+
+class Reader {
+ public:
+  explicit Reader(const std::string& origin) : origin_(origin) {}
+
+  [[noreturn]] void fail(const std::string& path, std::string_view expected, const json& got) const {
+    throw Error(fmt::format("{}: {}: expected {}, got {}", origin_, path, expected, describe(got)));
+  }
+  [[noreturn]] void fail(const std::string& path, std::string_view message) const {
+    throw Error(fmt::format("{}: {}: {}", origin_, path, message));
+  }
+  const json& key(const json& obj, const std::string& path, const char* name) const {
+    const auto it = obj.find(name);
+    if (it == obj.end()) fail(path, fmt::format("the key '{}' is missing", name));
+    return *it;
+  }
+  const json* optional_key(const json& obj, const char* name) const {
+    const auto it = obj.find(name);
+    return it == obj.end() ? nullptr : &*it;
+  }
+  const json& object(const json& v, const std::string& path) const {
+    if (!v.is_object()) fail(path, "a dict", v);
+    return v;
+  }
+  const json& list(const json& v, const std::string& path) const {
+    if (!v.is_array()) fail(path, "a list", v);
+    return v;
+  }
+  std::int64_t size(const json& v, const std::string& path) const {
+    if (v.is_number_integer() && !v.is_number_unsigned() && v.get<std::int64_t>() >= 0) return v.get<std::int64_t>();
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX)) {
+      return static_cast<std::int64_t>(v.get<std::uint64_t>());
+    }
+    fail(path, "a size in bytes (an integer from 0)", v);
+  }
+  std::int64_t integer(const json& v, const std::string& path) const {
+    if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<std::int64_t>();
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX)) {
+      return static_cast<std::int64_t>(v.get<std::uint64_t>());
+    }
+    fail(path, "an integer", v);
+  }
+  // Addresses and streams: unsigned 64-bit, as C pointers (PyTorch writes them as Python ints).
+  std::uint64_t word(const json& v, const std::string& path) const {
+    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+    if (v.is_number_integer()) return static_cast<std::uint64_t>(v.get<std::int64_t>());
+    fail(path, "an address (an integer)", v);
+  }
+  std::string string(const json& v, const std::string& path) const {
+    if (!v.is_string()) fail(path, "a string", v);
+    return v.get<std::string>();
+  }
+  bool boolean(const json& v, const std::string& path) const {
+    if (!v.is_boolean()) fail(path, "True or False", v);
+    return v.get<bool>();
+  }
+
+ private:
+  const std::string& origin_;
+};
+
+TraceEvent::Action action_of(std::string_view name) {
+  using A = TraceEvent::Action;
+  static const std::map<std::string_view, A> kActions = {
+      {"alloc", A::alloc},           {"free_requested", A::free_requested}, {"free_completed", A::free_completed},
+      {"segment_alloc", A::segment_alloc}, {"segment_free", A::segment_free}, {"segment_map", A::segment_map},
+      {"segment_unmap", A::segment_unmap}, {"oom", A::oom}};
+  const auto it = kActions.find(name);
+  return it == kActions.end() ? A::other : it->second;
+}
+
+std::string text_at(const json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get_ref<const std::string&>() : std::string();
+}
+
+// The first frame of the program rather than of torch or C++: "file:line function".
+std::string where_of(const json& frames) {
+  if (!frames.is_array()) return {};
+  const json* chosen = nullptr;
+  int rank = 0;  // 3: the program's Python, 2: any Python, 1: any frame
+  for (const auto& f : frames) {
+    if (!f.is_object()) continue;
+    const auto file = text_at(f, "filename");
+    const bool python = file.ends_with(".py");
+    const bool library = file.find("/torch/") != std::string::npos || file.find("site-packages") != std::string::npos ||
+                         file.find("dist-packages") != std::string::npos;
+    const int r = python && !library ? 3 : python ? 2 : 1;
+    if (r > rank) {
+      rank = r;
+      chosen = &f;
+      if (r == 3) break;
+    }
+  }
+  if (chosen == nullptr) return {};
+  const auto file = text_at(*chosen, "filename");
+  const auto line_it = chosen->find("line");
+  const auto line = line_it != chosen->end() && line_it->is_number_integer() ? line_it->get<std::int64_t>() : 0;
+  const auto name = text_at(*chosen, "name");
+  const auto slash = file.find_last_of("/\\");
+  return fmt::format("{}:{} {}", slash == std::string::npos ? file : file.substr(slash + 1), line, name);
+}
+
+// allocator_settings as PyTorch writes them (2.1+): the recorded PYTORCH_CUDA_ALLOC_CONF, then each setting.
+AllocatorSettings read_settings(const Reader& r, const json& s, const std::string& origin, std::string& conf_text) {
+  const std::string path = "allocator_settings";
+  r.object(s, path);
+  AllocatorSettings settings;
+  if (const auto* conf = r.optional_key(s, "PYTORCH_CUDA_ALLOC_CONF")) {
+    conf_text = r.string(*conf, path + ".PYTORCH_CUDA_ALLOC_CONF");
+  }
+  if (const auto* v = r.optional_key(s, "expandable_segments")) {
+    settings.expandable_segments = r.boolean(*v, path + ".expandable_segments");
+  }
+  if (const auto* v = r.optional_key(s, "max_split_size")) {
+    const auto n = r.integer(*v, path + ".max_split_size");
+    if (n > 0) settings.max_split_size = n;
+  }
+  if (const auto* v = r.optional_key(s, "garbage_collection_threshold")) {
+    if (!v->is_number()) r.fail(path + ".garbage_collection_threshold", "a number", *v);
+    settings.garbage_collection_threshold = v->get<double>();
+  }
+  if (const auto* v = r.optional_key(s, "roundup_power2_divisions")) {
+    const auto p = path + ".roundup_power2_divisions";
+    r.object(*v, p);
+    // Keyed by the interval's start in MiB: "1", "2", ... "32768".
+    for (std::size_t i = 0; i < 16; ++i) {
+      const auto k = std::to_string(std::int64_t{1} << i);
+      if (const auto* d = r.optional_key(*v, k.c_str())) settings.roundup_power2_divisions[i] = r.size(*d, p + "." + k);
+    }
+  }
+  // What the settings say wins over the text, which an old PyTorch may not have applied; both read strictly.
+  if (!conf_text.empty()) {
+    try {
+      const auto from_text = AllocatorSettings::parse(conf_text, origin + ": allocator_settings.PYTORCH_CUDA_ALLOC_CONF");
+      if (!r.optional_key(s, "max_non_split_rounding_size")) settings.max_non_split_rounding = from_text.max_non_split_rounding;
+    } catch (const Error&) {
+      // A setting memgate does not know is named by the replay, not fatal: the recorded values above still hold.
+    }
+  }
+  if (const auto* v = r.optional_key(s, "max_non_split_rounding_size")) {
+    const auto n = r.integer(*v, path + ".max_non_split_rounding_size");
+    if (n > 0) settings.max_non_split_rounding = n;
+  }
+  return settings;
+}
+
+}  // namespace
+
+Snapshot read_snapshot(const json& data, const std::string& origin) {
+  const Reader r(origin);
+  Snapshot snap;
+  snap.origin = origin;
+  if (!data.is_object()) {
+    throw Error(fmt::format("{}: expected a memory snapshot (a dict with 'segments' and 'device_traces', as "
+                            "torch.cuda.memory._dump_snapshot writes), got {}{}", origin, describe(data),
+                            data.is_array() ? " (torch.cuda.memory_snapshot()'s list of segments has no trace)" : ""));
+  }
+  const auto& segments = r.list(r.key(data, "snapshot", "segments"), "segments");
+  const auto* traces = r.optional_key(data, "device_traces");
+  if (traces == nullptr) {
+    throw Error(fmt::format("{}: the snapshot has no 'device_traces': record the trace with "
+                            "torch.cuda.memory._record_memory_history() before _dump_snapshot", origin));
+  }
+  if (const auto* settings = r.optional_key(data, "allocator_settings")) {
+    snap.has_settings = true;
+    snap.settings = read_settings(r, *settings, origin, snap.settings_text);
+    if (settings->is_object() && settings->contains("memgate_allocator")) snap.settings_text = "memgate:" +
+        r.string((*settings)["memgate_allocator"], "allocator_settings.memgate_allocator");
+  }
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const auto path = fmt::format("segments[{}]", i);
+    const auto& s = r.object(segments[i], path);
+    RecordedSegment seg;
+    seg.device = static_cast<int>(r.integer(r.key(s, path, "device"), path + ".device"));
+    seg.address = r.word(r.key(s, path, "address"), path + ".address");
+    seg.size = r.size(r.key(s, path, "total_size"), path + ".total_size");
+    if (const auto* v = r.optional_key(s, "stream")) seg.stream = r.word(*v, path + ".stream");
+    if (const auto* v = r.optional_key(s, "segment_type")) {
+      const auto type = r.string(*v, path + ".segment_type");
+      if (type != "small" && type != "large") r.fail(path + ".segment_type", "'small' or 'large'", *v);
+      seg.small = type == "small";
+    } else {
+      seg.small = seg.size == CachingAllocatorModel::kSmallBuffer;
+    }
+    if (const auto* v = r.optional_key(s, "is_expandable")) seg.expandable = r.boolean(*v, path + ".is_expandable");
+    if (const auto* v = r.optional_key(s, "segment_pool_id")) {
+      if (v->is_array() && v->size() == 2 && ((*v)[0] != 0 || (*v)[1] != 0)) seg.private_pool = true;
+    }
+    const auto& blocks = r.list(r.key(s, path, "blocks"), path + ".blocks");
+    std::uint64_t at = seg.address;
+    std::int64_t total = 0;
+    for (std::size_t j = 0; j < blocks.size(); ++j) {
+      const auto bpath = fmt::format("{}.blocks[{}]", path, j);
+      const auto& b = r.object(blocks[j], bpath);
+      RecordedBlock block;
+      block.size = r.size(r.key(b, bpath, "size"), bpath + ".size");
+      block.address = at;
+      if (const auto* v = r.optional_key(b, "address")) block.address = r.word(*v, bpath + ".address");
+      if (block.address != at) {
+        r.fail(bpath + ".address", fmt::format("{:#x}, the end of the block before it", at), b["address"]);
+      }
+      if (const auto* v = r.optional_key(b, "requested_size")) block.requested = r.size(*v, bpath + ".requested_size");
+      const auto state = r.string(r.key(b, bpath, "state"), bpath + ".state");
+      if (state != "active_allocated" && state != "active_pending_free" && state != "inactive") {
+        r.fail(bpath + ".state", "'active_allocated', 'active_pending_free' or 'inactive'", b["state"]);
+      }
+      block.allocated = state != "inactive";
+      at += static_cast<std::uint64_t>(block.size);
+      total += block.size;
+      seg.blocks.push_back(block);
+    }
+    if (total != seg.size && !seg.expandable) {
+      r.fail(path + ".blocks", fmt::format("blocks that sum to total_size {}, not {}", seg.size, total));
+    }
+    snap.segments.push_back(std::move(seg));
+  }
+  r.list(*traces, "device_traces");
+  for (std::size_t d = 0; d < traces->size(); ++d) {
+    const auto dpath = fmt::format("device_traces[{}]", d);
+    const auto& trace = r.list((*traces)[d], dpath);
+    std::vector<TraceEvent> events;
+    events.reserve(trace.size());
+    for (std::size_t i = 0; i < trace.size(); ++i) {
+      const auto path = fmt::format("{}[{}]", dpath, i);
+      const auto& e = r.object(trace[i], path);
+      TraceEvent ev;
+      ev.name = r.string(r.key(e, path, "action"), path + ".action");
+      ev.action = action_of(ev.name);
+      if (ev.action == TraceEvent::Action::other) {
+        events.push_back(std::move(ev));
+        continue;
+      }
+      if (ev.action == TraceEvent::Action::oom) {
+        ev.device_free = r.size(r.key(e, path, "device_free"), path + ".device_free");
+      } else {
+        ev.addr = r.word(r.key(e, path, "addr"), path + ".addr");
+      }
+      ev.size = r.size(r.key(e, path, "size"), path + ".size");
+      if (const auto* v = r.optional_key(e, "stream")) ev.stream = r.word(*v, path + ".stream");
+      if (ev.action == TraceEvent::Action::alloc) {
+        if (const auto* f = r.optional_key(e, "frames")) ev.where = where_of(*f);
+      }
+      events.push_back(std::move(ev));
+    }
+    snap.device_traces.push_back(std::move(events));
+  }
+  return snap;
+}
+
+Snapshot load_snapshot(const std::string& path) { return read_snapshot(load_plain_pickle(path), path); }
+
+}  // namespace memgate

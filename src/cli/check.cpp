@@ -1,0 +1,127 @@
+// memgate check: the gate for fixtures or a suite outside CTest, with the memory suite's verdicts.
+#include "cli.h"
+
+#include "memgate/base/progress.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/gate/suite.h"
+#include "memgate/gate/verdict.h"
+#include "memgate/backend/device.h"
+#include "memgate/measure/probe.h"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memgate::cli {
+
+Run add_check(CLI::App& app) {
+  struct Options {
+    std::vector<std::string> configs;
+    std::string suite;
+    std::string batch_sizes;
+    std::string device = "auto";
+    std::string baselines = memgate::project_dir() + "/baselines";
+    bool strict = false;
+    bool exact = false;
+    std::string cpu_kernels;
+  };
+  auto o = std::make_shared<Options>();
+  auto* configs = app.add_option("--config", o->configs, "Model fixtures to gate (repeat the flag for several)")
+                      ->type_name("FILE");
+  auto* suite = app.add_option("--suite", o->suite, "A suite file (fixtures/suites/<name>.yaml): its probes")
+                    ->type_name("FILE");
+  configs->excludes(suite);
+  // Checked while parsing, so that its absence is a usage error (exit 2).
+  app.parse_complete_callback([configs, suite] {
+    if (configs->count() == 0 && suite->count() == 0) throw CLI::RequiredError("--config or --suite");
+  });
+  app.add_option("--batch-sizes", o->batch_sizes, "With --config: batch sizes (default: the fixture's)")
+      ->type_name("N,N,...")
+      ->check(check_value(is_batch_sizes, "positive integers separated by commas (e.g. 1,8,32)"))
+      ->excludes(suite);
+  app.add_option("--device", o->device, "auto (a GPU if LibTorch sees one), cpu, cuda or cuda:N")
+      ->capture_default_str()
+      ->type_name("DEVICE")
+      ->check(check_value(is_device_spec, "auto, cpu, cuda or cuda:N"));
+  app.add_option("--baselines", o->baselines, "The baselines folder (<folder>/<device>/<fixture>.json)")
+      ->capture_default_str()
+      ->type_name("DIR");
+  app.add_flag("--strict", o->strict, "Stale and missing baselines fail too (as MEMGATE_STRICT=1)");
+  app.add_flag("--exact", o->exact,
+               "Every component must equal its baseline to the byte, within the tolerance or not (implies "
+               "--strict): proves that a runner, a cap or a change leaves the bytes as they were");
+  add_cpu_kernels_option(app, o->cpu_kernels);
+  app.footer(footer(
+      "Runs the gate outside CTest: measures each probe once and judges every component against its baseline\n"
+      "with the same verdicts as the memory suite (ok, regression, stale, missing, changed, oom). Prints what is\n"
+      "not ok, then one line of counts; exits 1 when the gate fails. With --exact, a component that differs from\n"
+      "its baseline by any byte is printed as 'differs' and fails."));
+  return [o] {
+    struct Job {
+      memgate::Fixture fixture;
+      std::vector<std::int64_t> batch_sizes;
+    };
+    std::vector<Job> jobs;
+    auto device = memgate::resolve_device(o->device);
+    if (!o->suite.empty()) {
+      const auto s = memgate::load_suite(o->suite, memgate::suite_models_dir(o->suite));
+      if (o->device == "auto") device = memgate::resolve_device(s.device == memgate::SuiteDevice::kCuda ? "cuda" : "cpu");
+      for (const auto& f : memgate::suite_fixtures(s)) {
+        if (!f.batch_sizes.empty()) jobs.push_back({load_fixture_for_run(f.path, o->cpu_kernels), f.batch_sizes});
+      }
+    } else {
+      for (const auto& path : o->configs) {
+        auto fixture = load_fixture_for_run(path, o->cpu_kernels);
+        auto sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
+        jobs.push_back({std::move(fixture), std::move(sizes)});
+      }
+    }
+    std::map<memgate::Status, int> counts;
+    int differing = 0;
+    bool failed = false;
+    std::size_t probes = 0;
+    memgate::Progress progress;
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      const auto& job = jobs[i];
+      const auto item = fmt::format("{} ({}/{} fixtures)", job.fixture.name, i + 1, jobs.size());
+      memgate::ProbeOptions options;
+      options.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
+      const auto judged = memgate::judge_fixture(job.fixture, job.batch_sizes, device, o->baselines, {}, options);
+      progress.done(fmt::format("{}: {} probes judged", item, judged.probes.size()));
+      probes += job.batch_sizes.size();
+      for (const auto& v : judged.components) {
+        // --exact: bytes within the tolerance that are not the baseline's are a difference of their own.
+        const bool differs = o->exact && (v.status == memgate::Status::kOk || v.status == memgate::Status::kStale) &&
+                             v.baseline && v.measured && *v.baseline != *v.measured;
+        if (differs) {
+          ++differing;
+          failed = true;
+          fmt::print("{:<11} {}_bs{}_{}\n  baseline {} bytes, measured {} ({:+} bytes); --exact wants the same bytes\n",
+                     "differs", v.fixture, v.batch_size, v.component, *v.baseline, *v.measured,
+                     *v.measured - *v.baseline);
+          continue;
+        }
+        ++counts[v.status];
+        failed = failed || memgate::fails(v.status, o->strict || o->exact);
+        if (v.status == memgate::Status::kOk) continue;
+        fmt::print("{:<11} {}_bs{}_{}\n  {}\n", memgate::name_of(memgate::kStatusNames, v.status), v.fixture,
+                   v.batch_size, v.component, v.message);
+      }
+    }
+    std::string line;
+    for (const auto& [status, n] : counts) {
+      line += fmt::format("{}{} {}", line.empty() ? "" : ", ", n, memgate::name_of(memgate::kStatusNames, status));
+    }
+    if (differing > 0) line += fmt::format("{}{} differs", line.empty() ? "" : ", ", differing);
+    fmt::print("memgate check: {} ({} probes on {}): {}\n", failed ? "FAILED" : "passed", probes,
+               device.str(), line);
+    return failed ? kFailed : kOk;
+  };
+}
+
+}  // namespace memgate::cli

@@ -1,0 +1,213 @@
+// What memgate's subcommands share: --help footers, flag value checks, GPU fixtures, a profile's report and files.
+#include "cli.h"
+
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/advise/advise.h"
+#include "memgate/gate/budget.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/gate/report.h"
+#include "memgate/gate/suite.h"
+#include "memgate/backend/device.h"
+#include "memgate/measure/probe.h"
+#include "memgate/report/html_report.h"
+#include "memgate/report/profile_document.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memgate::cli {
+
+namespace {
+
+template <typename T>
+std::optional<T> parse_whole(std::string_view text) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// The GPU fixtures of `dir`; none when `dir` is "" or not a folder (profile then prints no fits table).
+std::vector<memgate::GpuSpec> gpu_specs(const std::string& dir) {
+  if (dir.empty() || !std::filesystem::is_directory(dir)) return {};
+  return memgate::load_gpus(dir);
+}
+
+// `path` with `suffix` before its extension: <stem><suffix><extension>, beside it.
+std::string with_suffix(const std::string& path, const std::string& suffix) {
+  const std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + suffix + p.extension().string())).string();
+}
+
+// Where the snapshot of batch size `batch` goes: `path` itself when it is the only batch size, else
+// <stem>_bs<batch><extension> beside it.
+std::string snapshot_path(const std::string& path, std::int64_t batch, std::size_t batches) {
+  return batches <= 1 ? path : with_suffix(path, fmt::format("_bs{}", batch));
+}
+
+}  // namespace
+
+std::string footer(std::string_view what) { return fmt::format("{}\n\n{}", what, kExitCodes); }
+
+void refuse_output_onto_input(const std::string& output, const std::vector<std::string>& inputs) {
+  std::error_code ec;
+  if (output.empty() || !std::filesystem::exists(output, ec)) return;
+  for (const auto& input : inputs) {
+    if (std::filesystem::equivalent(input, output, ec)) {
+      throw memgate::Error(output + ": is also an input (" + input + "): writing it would destroy it; give another "
+                           "--output");
+    }
+  }
+}
+
+// --- Values ---------------------------------------------------------------------------------------------------
+
+CLI::Validator check_value(bool (*ok)(std::string_view), std::string expected) {
+  return {[ok, expected](const std::string& value) {
+            return ok(value) ? std::string() : fmt::format("expected {}, got '{}'", expected, value);
+          },
+          ""};
+}
+
+std::optional<std::vector<std::int64_t>> parse_batch_sizes(std::string_view text) {
+  std::vector<std::int64_t> out;
+  for (std::size_t start = 0;;) {
+    const auto comma = text.find(',', start);
+    const auto value = parse_whole<std::int64_t>(text.substr(start, comma - start));
+    if (!value || *value < 1) return std::nullopt;
+    out.push_back(*value);
+    if (comma == std::string_view::npos) return out;
+    start = comma + 1;
+  }
+}
+
+bool is_batch_sizes(std::string_view text) { return parse_batch_sizes(text).has_value(); }
+
+bool is_finite_non_negative(std::string_view text) {
+  const auto value = parse_whole<double>(text);
+  return value && std::isfinite(*value) && *value >= 0.0;
+}
+
+bool is_memory_limit_mib(std::string_view text) {
+  const auto value = parse_whole<std::int64_t>(text);
+  return value && *value >= 1 && *value <= kMaxMemoryLimitMib;
+}
+
+bool is_device_spec(std::string_view text) {
+  if (text == "auto" || text == "cpu" || text == "cuda") return true;
+  if (!text.starts_with("cuda:")) return false;
+  const auto index = parse_whole<int>(text.substr(5));
+  return index && *index >= 0;
+}
+
+std::string default_gpus_dir() {
+  try {
+    return memgate::gpus_dir(memgate::project_dir());
+  } catch (const memgate::Error&) {
+    return "";
+  }
+}
+
+std::vector<memgate::AdviceTarget> gpu_targets(const std::string& dir, const std::vector<std::string>& ids, bool all) {
+  std::vector<memgate::AdviceTarget> targets;
+  if (!all && ids.empty()) return targets;
+  const auto gpus = memgate::load_gpus(dir.empty() ? memgate::gpus_dir(memgate::project_dir()) : dir);
+  if (all) {
+    for (const auto& g : gpus) targets.push_back(memgate::target_of(g));
+  } else {
+    for (const auto& id : ids) targets.push_back(memgate::target_of(memgate::find_gpu(gpus, id)));
+  }
+  return targets;
+}
+
+std::vector<memgate::GpuLine> gpu_lines(const std::string& dir) {
+  std::vector<memgate::GpuLine> lines;
+  for (const auto& g : gpu_specs(dir)) {
+    lines.push_back({g.id, g.name, g.memory_bytes, memgate::target_of(g).usable_bytes});
+  }
+  return lines;
+}
+
+std::string generator() { return std::string("memgate ") + MEMGATE_VERSION; }
+
+void write_profile(const memgate::Profile& profile, const nlohmann::json& json, const ProfileFiles& files,
+                   const std::string& config, std::string_view history) {
+  for (const auto& p : profile.probes) {
+    if (files.snapshot.empty()) break;
+    const auto path = snapshot_path(files.snapshot, p.batch_size, profile.probes.size());
+    // A distributed probe: one snapshot per rank, <stem>_rank<r><extension>.
+    for (std::size_t r = 0; r < p.rank_snapshots.size(); ++r) {
+      const auto rank_path = with_suffix(path, fmt::format("_rank{}", r));
+      if (p.rank_snapshots[r].empty()) {
+        fmt::print(stderr, "memgate: no snapshot of rank {} at batch size {} could be taken\n", r, p.batch_size);
+        continue;
+      }
+      memgate::write_file_atomically(rank_path, p.rank_snapshots[r]);
+      fmt::print(stderr, "memgate: wrote {} of rank {} at batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
+                 history, r, p.batch_size, rank_path);
+    }
+    if (!p.rank_snapshots.empty()) continue;
+    if (p.snapshot.empty()) {
+      fmt::print(stderr, "memgate: no snapshot of batch size {} could be taken\n", p.batch_size);
+      continue;
+    }
+    memgate::write_file_atomically(path, p.snapshot);
+    fmt::print(stderr, "memgate: wrote {} of batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
+               history, p.batch_size, path);
+  }
+  fmt::print("{}", memgate::format_profile(profile, gpu_specs(files.gpus)));
+  if (!files.output.empty()) {
+    memgate::write_file_atomically(files.output, json.dump(2) + "\n");
+    fmt::print("\nwrote {}\n", files.output);
+  }
+  if (!files.html.empty()) {
+    std::vector<memgate::ProfileDocument> docs{memgate::profile_document_from_json(json, config)};
+    docs.front().path = files.output;
+    memgate::label_documents(docs);
+    memgate::write_file_atomically(files.html, memgate::render_report_html(docs, gpu_lines(files.gpus),
+                                                                           {.title = "", .generator = generator()}));
+    fmt::print("wrote {}\n", files.html);
+  }
+}
+
+void add_cpu_kernels_option(CLI::App& app, std::string& kernels) {
+  app.add_option("--cpu-kernels", kernels,
+                 "On the CPU: portable (LibTorch's own kernels, the same bytes on every CPU; baselines/cpu) or host "
+                 "(what PyTorch runs on this CPU, oneDNN for its ISA class; baselines/cpu-<class>). Default: the "
+                 "fixture's training.cpu_kernels, portable unless it says otherwise")
+      ->envname("MEMGATE_CPU_KERNELS")
+      ->type_name("KERNELS")
+      ->check(CLI::IsMember(memgate::enum_words(memgate::kCpuKernelsNames)));
+}
+
+void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const std::string& config) {
+  if (world_size <= 0) return;
+  if (!fixture.training.distributed.enabled()) {
+    throw memgate::Error(fmt::format("--world-size {}: {} trains on one device (no training.distributed block)",
+                                     world_size, config));
+  }
+  const auto group = fixture.training.distributed.reshard_after_forward_group;
+  if (group > 0 && world_size % group != 0) {
+    throw memgate::Error(fmt::format("--world-size {}: {} reshards after forward to groups of {} ranks "
+                                     "(training.distributed.reshard_after_forward), which {} ranks do not divide into",
+                                     world_size, config, group, world_size));
+  }
+  fixture.training.distributed.world_size = world_size;
+}
+
+memgate::Fixture load_fixture_for_run(const std::string& path, const std::string& cpu_kernels) {
+  auto fixture = memgate::load_fixture(path);
+  memgate::override_cpu_kernels(fixture, cpu_kernels, "--cpu-kernels");
+  return fixture;
+}
+
+}  // namespace memgate::cli

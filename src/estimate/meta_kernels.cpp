@@ -1,0 +1,647 @@
+// Meta kernels for the ops LibTorch's C++ lacks them for (Python registers its own in torch/_meta_registrations.py):
+// each returns tensors of the exact shapes and dtypes the target device's kernel returns, allocated in the same
+// order, so that the counting Meta allocator sees what that device's allocator would. Registered on first use, for
+// the estimate's target.
+#include "memgate/estimate/meta_kernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/WrapDimUtils.h>
+#include <ATen/cpu/Utils.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/add_meta_dispatch.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+std::atomic<EstimateTarget> g_target{EstimateTarget::kCpu};
+std::atomic<CpuKernels> g_cpu_kernels{CpuKernels::kPortable};
+
+bool for_cpu() { return g_target.load() == EstimateTarget::kCpu; }
+// The CPU with its host's kernels: oneDNN where PyTorch picks it.
+bool for_cpu_host() { return for_cpu() && g_cpu_kernels.load() == CpuKernels::kHost; }
+
+at::ScalarType accumulate_type(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
+}
+
+// --- convolution ------------------------------------------------------------------------------------------
+// Whether the CPU's oneDNN takes this dtype (ideep's has_bf16_type_support / has_fp16_type_support: an AVX-512 core,
+// or AVX512-FP16 for fp16, or AVX-NE-CONVERT for both).
+bool cpu_mkldnn_takes(at::ScalarType dtype) {
+  static const auto caps = at::cpu::get_cpu_capabilities();
+  auto has = [](const char* name) {
+    const auto it = caps.find(name);
+    return it != caps.end() && it->second.isBool() && it->second.toBool();
+  };
+  static const bool bf16 = (has("avx512_f") && has("avx512_bw") && has("avx512_vl") && has("avx512_dq")) ||
+                           has("avx_ne_convert");
+  static const bool fp16 = has("avx512_fp16") || has("avx_ne_convert");
+  return dtype == at::kBFloat16 ? bf16 : dtype == at::kHalf ? fp16 : false;
+}
+
+// The CPU's choice (ConvParams::use_mkldnn, one thread): oneDNN for bf16/fp16 where it takes them; for fp32 unless a
+// 1x1 unit-stride kernel on a small batch, or a single small image through a kernel of at most 3x3; never otherwise.
+bool cpu_uses_mkldnn(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                     at::IntArrayRef dilation, int64_t groups) {
+  if (!for_cpu_host()) return false;
+  const auto dtype = input.scalar_type();
+  if (dtype == at::kBFloat16 || dtype == at::kHalf) return cpu_mkldnn_takes(dtype);
+  if (dtype != at::kFloat) return false;
+  const auto kh = weight.size(2), kw = weight.size(3);
+  const bool strided = stride[0] > 1 || stride[stride.size() - 1] > 1;
+  const bool dilated = dilation[0] > 1 || dilation[dilation.size() - 1] > 1;
+  return (strided || dilated || input.size(0) >= 16 || kw != 1 || kh != 1) &&
+         (groups > 1 || (kw > 3 && kh > 3) || input.size(0) > 1 || input.numel() > 20480);
+}
+
+// What oneDNN (through ideep, avx512 here: blocks of 16 channels) holds around a convolution on the CPU, as the
+// counting allocator sees it on this machine (one thread): layouts and the implementation it picks.
+struct OneDnnLayout {
+  int64_t in_channels, out_channels, groups, kh, kw;
+  bool first_conv;  ///< fewer than 16 input channels, one group: the input is read as it is
+  bool depthwise;
+  [[nodiscard]] static OneDnnLayout of(const at::Tensor& input, const at::Tensor& weight, int64_t groups) {
+    const auto c = input.size(1), o = weight.size(0);
+    return {c, o, groups, weight.size(2), weight.size(3), groups == 1 && c < 16, groups > 1 && groups == c && o == c};
+  }
+  [[nodiscard]] static int64_t blocks(int64_t channels) { return (channels + 15) / 16; }
+  [[nodiscard]] static int64_t pad(int64_t channels) { return blocks(channels) * 16; }
+  /// Its own kernels (jit) take blocked layouts; a depthwise kernel above 3x3 and a grouped convolution whose
+  /// groups are not whole blocks go through GEMM (im2col), which holds a scratchpad instead.
+  [[nodiscard]] bool gemm_weights() const {
+    if (depthwise) return kh * kw > 9;
+    return groups > 1 && ((in_channels / groups) % 16 != 0 || (out_channels / groups) % 16 != 0);
+  }
+  [[nodiscard]] int64_t forward_weight_elements() const {
+    if (depthwise) return pad(out_channels) * kh * kw;
+    if (first_conv) return pad(out_channels) * in_channels * kh * kw;
+    return groups * pad(out_channels / groups) * pad(in_channels / groups) * kh * kw;
+  }
+  [[nodiscard]] int64_t backward_data_weight_elements() const {
+    if (depthwise) return pad(out_channels) * kh * kw;
+    return groups * pad(out_channels / groups) * pad(in_channels / groups) * kh * kw;
+  }
+};
+
+at::Tensor blocked(const at::TensorOptions& options, int64_t elements) { return at::empty({elements}, options); }
+
+int64_t spatial_numel(const at::Tensor& t) { return t.size(0) * t.size(2) * t.size(3); }
+
+bool unit_1x1(const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding) {
+  const bool unit_stride = std::all_of(stride.begin(), stride.end(), [](int64_t v) { return v == 1; });
+  const bool no_padding = std::all_of(padding.begin(), padding.end(), [](int64_t v) { return v == 0; });
+  return weight.size(2) == 1 && weight.size(3) == 1 && unit_stride && no_padding;
+}
+
+// On the Meta device _convolution picks the "overrideable" backend; the output's spatial sizes follow the
+// convolution arithmetic, its layout the input's.
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& /*bias*/,
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                       at::IntArrayRef output_padding, int64_t groups) {
+  const auto spatial = input.dim() - 2;
+  std::vector<int64_t> shape{input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
+  auto at_or_first = [](at::IntArrayRef a, int64_t i) { return a.size() == 1 ? a[0] : a[i]; };
+  for (int64_t i = 0; i < spatial; ++i) {
+    const auto in = input.size(i + 2), k = weight.size(i + 2);
+    const auto s = at_or_first(stride, i), p = at_or_first(padding, i), d = at_or_first(dilation, i);
+    shape.push_back(transposed ? (in - 1) * s - 2 * p + d * (k - 1) + at_or_first(output_padding, i) + 1
+                               : (in + 2 * p - d * (k - 1) - 1) / s + 1);
+  }
+  const auto options = input.options().memory_format(input.suggest_memory_format());
+  if (!for_cpu() || spatial != 2) return at::empty(shape, options);
+  // The CPU's kernels take a contiguous input: a strided one (a permuted view) is copied first, and the copy lives
+  // until the convolution returns.
+  auto contiguous = input.is_contiguous(input.suggest_memory_format()) ? at::Tensor() : at::empty_like(input, input.suggest_memory_format());
+  const bool mkldnn = cpu_uses_mkldnn(input, weight, stride, dilation, groups);
+  if (mkldnn && !transposed) {
+    // oneDNN (ideep) reorders the input into its blocked layout (channels padded to 16; not for a first layer of
+    // fewer than 16 channels, read as it is), and the weight, computes into a blocked buffer of the output, then
+    // reorders that into the output: all but the output are freed when it returns.
+    const auto layout = OneDnnLayout::of(input, weight, groups);
+    if (layout.depthwise && input.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
+      // Channels last is oneDNN's own layout: the output is computed in place, only the weight is reordered.
+      auto out = at::empty(shape, options);
+      auto w = blocked(input.options(), layout.forward_weight_elements());
+      return out;
+    }
+    auto x = layout.first_conv ? at::Tensor() : blocked(input.options(), layout.pad(input.size(1)) * spatial_numel(input));
+    auto w = blocked(input.options(), layout.forward_weight_elements());
+    auto buffer = blocked(input.options(), layout.pad(shape[1]) * shape[0] * shape[2] * shape[3]);
+    w.reset();
+    x.reset();
+    auto out = at::empty(shape, options);
+    return out;
+  }
+  const auto kh = weight.size(2), kw = weight.size(3);
+  if (transposed) {
+    if (mkldnn && input.scalar_type() == at::kBFloat16) {
+      // oneDNN's brgemm deconvolution in bf16: a scratchpad (a 32 KiB batch buffer, and one output row with its
+      // channels padded to 16), the input and the padded weight reordered, the output computed in place; then
+      // two output-sized copies on the way out. Channels last is its own layout: no reorder of the input, no copies.
+      const auto padded_out = OneDnnLayout::pad(shape[1]);
+      const auto row = (shape[3] * padded_out * input.element_size() + 255) / 256 * 256;
+      const auto scratch_bytes = 32768 + 152 + row;
+      const auto w_elements = padded_out * input.size(1) * kh * kw;
+      if (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
+        auto out = at::empty(shape, options);
+        auto scratch = at::empty({scratch_bytes}, input.options().dtype(at::kByte));
+        auto w = blocked(input.options(), w_elements);
+        return out;
+      }
+      auto scratch = at::empty({scratch_bytes}, input.options().dtype(at::kByte));
+      auto x = blocked(input.options(), input.numel());
+      auto w = blocked(input.options(), w_elements);
+      auto out = at::empty(shape, options);
+      w.reset();
+      x.reset();
+      scratch.reset();
+      auto first = at::empty(shape, options);
+      auto second = at::empty(shape, options);
+      return out;
+    }
+    if (mkldnn) {
+      auto reordered = at::empty_like(weight);
+      auto buffer = at::empty(shape, options);
+      return at::empty(shape, options);
+    }
+    // slow_conv_transpose2d: the output, then the columns of one image at a time (C_out x kh x kw rows, one column
+    // per input pixel), freed when it returns.
+    auto out = at::empty(shape, options);
+    auto columns = at::empty({weight.size(1) * kh * kw, input.size(2) * input.size(3)}, input.options());
+    return out;
+  }
+  // im2col (_slow_conv2d_forward): the unfolded input (C_in x kh x kw rows, one column per output pixel) for each
+  // image, then the output; a 1x1 kernel at unit stride without padding reads the input as it is.
+  const auto finput = unit_1x1(weight, stride, padding)
+                          ? at::Tensor()
+                          : at::empty({input.size(0), input.size(1) / groups * kh * kw, shape[2] * shape[3]}, input.options());
+  return at::empty(shape, options);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed, at::IntArrayRef, int64_t groups,
+    std::array<bool, 3> mask) {
+  at::Tensor gi, gw, gb;
+  const bool cpu_2d = for_cpu() && input.dim() == 4 && !transposed;
+  if (cpu_2d && cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
+    const auto layout = OneDnnLayout::of(input, weight, groups);
+    const auto o = input.options();
+    if (layout.depthwise && input.suggest_memory_format() == at::MemoryFormat::ChannelsLast) {
+      // Channels last: the input's gradient computed in place, the weight reordered for it; the weight's gradient
+      // through GEMM above 3x3, whose scratchpad holds im2col columns for 256 output pixels at a time, computed in
+      // oneDNN's layout and reordered into the dense gradient.
+      if (mask[0]) {
+        gi = at::empty_like(input, at::MemoryFormat::ChannelsLast);
+        auto w = blocked(o, layout.backward_data_weight_elements());
+      }
+      if (mask[1] || mask[2]) {
+        auto scratch = layout.gemm_weights() ? blocked(o, input.size(1) * layout.kh * layout.kw * 256) : at::Tensor();
+        if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
+        auto gw_blocked = blocked(o, weight.numel());
+        if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
+      }
+      return {gi, gw, gb};
+    }
+    const auto y_blocked = layout.pad(grad_output.size(1)) * spatial_numel(grad_output);
+    const auto x_blocked = layout.pad(input.size(1)) * spatial_numel(input);
+    if (mask[0]) {
+      // Data: the output's gradient and the weight reordered, the input's gradient computed blocked, then
+      // reordered into the dense gradient.
+      auto gy = blocked(o, y_blocked);
+      auto w = blocked(o, layout.backward_data_weight_elements());
+      auto gx = blocked(o, x_blocked);
+      w.reset();
+      gy.reset();
+      gi = at::empty_like(input, input.suggest_memory_format());
+    }
+    if (mask[1] || mask[2]) {
+      at::Tensor gw_blocked;
+      if (layout.gemm_weights()) {
+        // GEMM: the weight's gradient, and a scratchpad of one group's im2col columns, four weight-sized
+        // reduction buffers and an alignment page.
+        gw_blocked = blocked(o, weight.numel());
+        const auto columns = input.size(1) / groups * layout.kh * layout.kw * grad_output.size(2) * grad_output.size(3);
+        auto scratch = at::empty({static_cast<int64_t>(columns * input.element_size() + 4 * weight.nbytes() + 256)},
+                                 o.dtype(at::kByte));
+      } else {
+        // jit: the output's gradient and the input reordered (a first layer reads its input as it is), the
+        // weight's gradient computed blocked.
+        auto gy = blocked(o, y_blocked);
+        auto x = layout.first_conv ? at::Tensor() : blocked(o, x_blocked);
+        gw_blocked = blocked(o, layout.first_conv ? layout.forward_weight_elements() : layout.backward_data_weight_elements());
+        if (input.scalar_type() == at::kBFloat16 && !(layout.kh == 1 && layout.kw == 1)) {
+          // jit_bf16's scratchpad: the input transposed row by row (not for a first layer), the output's gradient
+          // transposed, an fp32 accumulator of the weight's gradient (and the bias's), and 8580 bytes of guards
+          // and barriers (jit_avx512_core_bf16_conv_bwd_weights_kernel_f32::init_scratchpad, one thread).
+          const auto ih = input.size(2), iw = input.size(3), oh = grad_output.size(2), ow = grad_output.size(3);
+          const auto sw = stride[stride.size() - 1], pw = padding[padding.size() - 1];
+          const auto r_pad = std::max<int64_t>((ow - 1) * sw + (layout.kw - 1) * dilation[dilation.size() - 1] + 1 - iw - pw, 0);
+          const auto tr_iw = (iw + pw + r_pad + 2 * sw - 1) / (2 * sw) * (2 * sw);
+          const auto tr_ow = (ow + 1) / 2 * 2;
+          const auto tr_src = layout.first_conv ? 0 : 16 * 2 * ih * tr_iw * OneDnnLayout::blocks(input.size(1));
+          const auto tr_diff_dst = 16 * 2 * oh * tr_ow * OneDnnLayout::blocks(grad_output.size(1));
+          const auto accumulator = (weight.numel() + (mask[2] ? grad_output.size(1) : 0)) * 4;
+          auto scratch = at::empty({tr_src + tr_diff_dst + accumulator + 8580 + (layout.first_conv ? 4 : 0)},
+                                   o.dtype(at::kByte));
+        }
+      }
+      if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
+      if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
+    }
+    return {gi, gw, gb};
+  }
+  if (mask[0]) gi = at::empty_like(input, input.suggest_memory_format());
+  if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
+  if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
+  if (cpu_2d && mask[1] && !unit_1x1(weight, stride, padding)) {
+    // _slow_conv2d_backward unfolds the input again for the weight's gradient: one column buffer per image.
+    auto columns = at::empty({input.size(0), input.size(1) / groups * weight.size(2) * weight.size(3),
+                              grad_output.size(2) * grad_output.size(3)}, input.options());
+  }
+  return {gi, gw, gb};
+}
+
+// --- embedding -----------------------------------------------------------------------------------------------
+at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  auto sizes = self.sizes().vec();
+  if (!sizes.empty()) sizes[at::maybe_wrap_dim(dim, self.dim())] = index.numel();
+  return at::empty(sizes, self.options());
+}
+
+at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Tensor& /*indices*/, int64_t num_weights,
+                                   int64_t /*padding_idx*/, bool /*scale_grad_by_freq*/) {
+  return at::zeros({num_weights, grad_output.size(-1)}, grad_output.options());
+}
+
+// --- layer norm ----------------------------------------------------------------------------------------------
+std::vector<int64_t> stat_shape(const at::Tensor& input, std::size_t normalized) {
+  std::vector<int64_t> shape;
+  const auto axis = input.dim() - static_cast<int64_t>(normalized);
+  for (int64_t i = 0; i < input.dim(); ++i) shape.push_back(i < axis ? input.size(i) : 1);
+  return shape;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tensor& input, at::IntArrayRef normalized,
+                                                                 const std::optional<at::Tensor>& weight,
+                                                                 const std::optional<at::Tensor>&, double) {
+  int64_t m = 1;
+  for (int64_t i = 0; i < input.dim() - static_cast<int64_t>(normalized.size()); ++i) m *= input.size(i);
+  auto y = at::empty_like(input, at::MemoryFormat::Contiguous);
+  // Mean and rstd: CUDA keeps them in the accumulate type; the CPU in the input's, or fp32 when a reduced-precision
+  // input meets fp32 parameters (autocast leaves layer_norm alone on the CPU).
+  const bool mixed = weight && weight->defined() && weight->scalar_type() != input.scalar_type();
+  const auto stats = input.options().dtype(!for_cpu() || mixed ? accumulate_type(input.scalar_type()) : input.scalar_type());
+  auto mean = at::empty({m}, stats);
+  auto rstd = at::empty({m}, stats);
+  const auto shape = stat_shape(input, normalized.size());
+  return {y, mean.view(shape), rstd.view(shape)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
+    const at::Tensor& /*grad_out*/, const at::Tensor& input, at::IntArrayRef normalized, const at::Tensor&,
+    const at::Tensor&, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    std::array<bool, 3> mask) {
+  at::Tensor dx, dgamma, dbeta;
+  if (mask[0]) dx = at::empty_like(input, at::MemoryFormat::Contiguous);
+  if (mask[1] && weight && weight->defined()) dgamma = at::empty_like(*weight, at::MemoryFormat::Contiguous);
+  if (mask[2] && bias && bias->defined()) dbeta = at::empty_like(*bias, at::MemoryFormat::Contiguous);
+  if (for_cpu() && (dgamma.defined() || dbeta.defined())) {
+    // The CPU kernel reduces dgamma and dbeta through a {2, threads, N} buffer (one thread in a probe).
+    int64_t n = 1;
+    for (const auto d : normalized) n *= d;
+    (void)at::empty({2, 1, n}, input.options());
+  }
+  return {dx, dgamma, dbeta};
+}
+
+// --- batch norm ----------------------------------------------------------------------------------------------
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(const at::Tensor& input,
+                                                                 const std::optional<at::Tensor>&,
+                                                                 const std::optional<at::Tensor>&,
+                                                                 const std::optional<at::Tensor>&,
+                                                                 const std::optional<at::Tensor>&, bool training,
+                                                                 double, double) {
+  auto out = at::empty_like(input, input.suggest_memory_format());
+  const auto stats = input.options().dtype(accumulate_type(input.scalar_type()));
+  if (for_cpu() && !training && accumulate_type(input.scalar_type()) != input.scalar_type()) {
+    // The CPU's inference kernel for a reduced-precision input takes per-channel scale and shift in fp32.
+    auto alpha = at::empty({input.size(1)}, stats);
+    auto beta = at::empty({input.size(1)}, stats);
+  }
+  const auto c = training ? input.size(1) : 0;
+  return {out, at::empty({c}, stats), at::empty({c}, stats)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
+    const at::Tensor& /*grad_out*/, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, bool, double, std::array<bool, 3> mask) {
+  at::Tensor gi, gw, gb;
+  const auto params = input.options().dtype(weight && weight->defined() ? weight->scalar_type() : input.scalar_type());
+  if (mask[0]) gi = at::empty_like(input, input.suggest_memory_format());
+  if (mask[1]) gw = at::empty({input.size(1)}, params);
+  if (mask[2]) gb = at::empty({input.size(1)}, params);
+  return {gi, gw, gb};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_with_update(
+    const at::Tensor& input, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, at::Tensor&, at::Tensor&,
+    double, double) {
+  auto out = at::empty_like(input, input.suggest_memory_format());
+  const auto stats = input.options().dtype(accumulate_type(input.scalar_type()));
+  auto mean = at::empty({input.size(1)}, stats);
+  auto invstd = at::empty({input.size(1)}, stats);
+  auto reserve = at::empty({0}, input.options().dtype(at::kByte));
+  return {out, mean, invstd, reserve};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(
+    const at::Tensor& /*grad_out*/, const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, double,
+    std::array<bool, 3> mask, const at::Tensor&) {
+  at::Tensor gi, gw, gb;
+  if (mask[0]) gi = at::empty_like(input, input.suggest_memory_format());
+  if (mask[1]) gw = at::empty_like(weight);
+  if (mask[2]) gb = at::empty_like(weight);
+  return {gi, gw, gb};
+}
+
+// --- scaled dot-product attention ----------------------------------------------------------------------------
+// Which kernel the target picks (sdp::SDPBackend): the CPU's flash attention for its floating types, or on CUDA
+// flash attention for 16-bit inputs and memory-efficient attention otherwise (head dims a multiple of 8; else the
+// math path).
+enum class Sdp { kMath, kFlash, kEfficient };
+
+Sdp sdp_choice(const at::Tensor& query) {
+  const auto t = query.scalar_type();
+  if (query.dim() != 4) return Sdp::kMath;
+  if (for_cpu()) return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf ? Sdp::kFlash : Sdp::kMath;
+  const auto head_dim = query.size(-1);
+  if ((t == at::kHalf || t == at::kBFloat16) && head_dim % 8 == 0 && head_dim <= 256) return Sdp::kFlash;
+  if (head_dim % 8 == 0) return Sdp::kEfficient;
+  return Sdp::kMath;
+}
+
+// scaled_dot_product_attention on Meta, registered at AutogradMeta (ahead of its CompositeImplicit decomposition,
+// which picks its kernel by device and takes the math path on Meta): the kernel the target would run, whose own
+// autograd then saves what that kernel's does.
+at::Tensor meta_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
+                          std::optional<double> scale, bool enable_gqa) {
+  const bool plain = !(attn_mask && attn_mask->defined()) && dropout_p == 0.0 && !enable_gqa;
+  switch (plain ? sdp_choice(q) : Sdp::kMath) {
+    case Sdp::kFlash:
+      if (for_cpu()) {
+        return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, std::nullopt, scale));
+      }
+      return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, 0.0, causal, false, scale));
+    case Sdp::kEfficient: {
+      const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+      return std::get<0>(at::_scaled_dot_product_efficient_attention(q, k, v, std::nullopt, grad, 0.0, causal, scale));
+    }
+    case Sdp::kMath:
+      break;
+  }
+  return std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, causal, std::nullopt, scale,
+                                                             enable_gqa));
+}
+
+at::Tensor relu(const at::Tensor& self) { return at::empty_like(self); }
+
+// --- matmul --------------------------------------------------------------------------------------------------
+// A bf16 matmul on the CPU goes to oneDNN's brgemm above 16x16x16: the output, then a scratchpad freed on return:
+// 1 KiB, B packed in blocks of 64 columns (k rounded up to 32, two bytes each), and an fp32 accumulator of one
+// block of rows (up to 256, else halved) by one of at most 64 columns.
+void cpu_bf16_matmul_scratch(const at::Tensor& a, int64_t n) {
+  if (!for_cpu_host() || a.scalar_type() != at::kBFloat16 || !cpu_mkldnn_takes(at::kBFloat16)) return;
+  const auto m = a.size(0), k = a.size(1);
+  if (m * k * n <= 16 * 16 * 16) return;
+  const auto m_blocks = (m + 255) / 256;
+  const auto m_block = (m + m_blocks - 1) / m_blocks;
+  const auto n_block = std::min<int64_t>(n, 64);
+  auto scratch = at::empty({1024 + (k + 31) / 32 * 32 * 64 * 2 + m_block * n_block * 4}, a.options().dtype(at::kByte));
+}
+
+void check_matmul(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D matrices, got ", a.dim(), "-D and ", b.dim(), "-D");
+  TORCH_CHECK(a.size(1) == b.size(0), "mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x", a.size(1),
+              " and ", b.size(0), "x", b.size(1), ")");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "expected m1 and m2 to have the same dtype, but got: ",
+              a.scalar_type(), " != ", b.scalar_type());
+}
+
+at::Tensor matrix_product(const at::Tensor& a, const at::Tensor& b) {
+  check_matmul(a, b);
+  auto out = at::empty({a.size(0), b.size(1)}, a.options());
+  cpu_bf16_matmul_scratch(a, b.size(1));
+  return out;
+}
+
+// addmm allocates as mm does: its bias is added into the product.
+at::Tensor addmm(const at::Tensor&, const at::Tensor& a, const at::Tensor& b, const at::Scalar&, const at::Scalar&) {
+  return matrix_product(a, b);
+}
+
+// log_sigmoid (binary cross-entropy with logits): the output, and the buffer its backward reads (empty on CUDA).
+std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward(const at::Tensor& self) {
+  auto out = at::empty_like(self);
+  auto buffer = for_cpu() ? at::empty_like(self) : at::empty({0}, self.options());
+  return {out, buffer};
+}
+
+at::Tensor log_sigmoid_backward(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor&) {
+  return at::empty(at::infer_size(grad_output.sizes(), self.sizes()), self.options());
+}
+at::Tensor& relu_(at::Tensor& self) { return self; }
+
+// The CPU flash attention kernel's blocks: rows of queries and columns of keys it works on at a time.
+struct FlashBlocks {
+  int64_t q, kv;
+};
+FlashBlocks flash_blocks(const at::Tensor& query, const at::Tensor& key) {
+  const auto l = query.size(2);
+  const int64_t q_split = l >= 768 ? 256 : (l >= 192 ? 64 : 32);
+  return {std::min(q_split, l), std::min<int64_t>(512, key.size(2))};
+}
+
+std::tuple<at::Tensor, at::Tensor> flash_attention_cpu(const at::Tensor& query, const at::Tensor& key,
+                                                       const at::Tensor&, double, bool,
+                                                       const std::optional<at::Tensor>&, std::optional<double>) {
+  const auto b = query.size(0), h = query.size(1), l = query.size(2), e = query.size(3);
+  const auto acc = query.options().dtype(accumulate_type(query.scalar_type()));
+  auto out = at::empty({b, l, h, e}, query.options());
+  auto lse = at::empty({b, l, h}, acc);
+  // The kernel's per-thread scratch (one thread): q-block x kv-block scores, max and sum, and a q-block output.
+  const auto [qs, ks] = flash_blocks(query, key);
+  (void)at::empty({1, qs * ks + qs + qs + qs * e}, acc);
+  return {out.transpose(1, 2), lse.transpose(1, 2)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_cpu_backward(
+    const at::Tensor& /*grad_out*/, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor&, const at::Tensor&, double, bool, const std::optional<at::Tensor>&, std::optional<double>) {
+  auto gq = at::empty({query.size(0), query.size(2), query.size(1), query.size(3)}, query.options());
+  auto gk = at::empty({key.size(0), key.size(2), key.size(1), key.size(3)}, key.options());
+  auto gv = at::empty({value.size(0), value.size(2), value.size(1), value.size(3)}, value.options());
+  // Its scratch: the attention and its gradient for a block, and a q-block of gradient.
+  const auto [qs, ks] = flash_blocks(query, key);
+  (void)at::empty({1, 2 * qs * ks + qs * query.size(3)}, query.options().dtype(accumulate_type(query.scalar_type())));
+  return {gq.transpose(1, 2), gk.transpose(1, 2), gv.transpose(1, 2)};
+}
+
+// CUDA's flash attention: (out, logsumexp [B, H, L] fp32, cum_seq_q, cum_seq_k, max_q, max_k, rng_state, unused,
+// debug mask).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
+flash_attention_cuda(const at::Tensor& query, const at::Tensor& key, const at::Tensor&, double, bool, bool,
+                     std::optional<double>) {
+  const auto b = query.size(0), h = query.size(1), l = query.size(2), e = query.size(3);
+  auto out = at::empty({b, l, h, e}, query.options()).transpose(1, 2);
+  auto lse = at::empty({b, h, l}, query.options().dtype(at::kFloat));
+  auto rng = at::empty({2}, query.options().dtype(at::kLong));
+  return {out,    lse, at::Tensor(), at::Tensor(), c10::SymInt(l), c10::SymInt(key.size(2)), rng, at::empty({0}, query.options().dtype(at::kLong)),
+          at::empty({0}, query.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_cuda_backward(
+    const at::Tensor&, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor&,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, double, bool, const at::Tensor&,
+    const at::Tensor&, std::optional<double>) {
+  return {at::empty_like(query), at::empty_like(key), at::empty_like(value)};
+}
+
+// CUDA's memory-efficient attention: (out, logsumexp [B, H, ceil(L / 32) x 32] fp32, seed, offset).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_cuda(
+    const at::Tensor& query, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, bool compute_lse,
+    double, bool, std::optional<double>) {
+  const auto b = query.size(0), h = query.size(1), l = query.size(2), e = query.size(3);
+  auto out = at::empty({b, l, h, e}, query.options()).transpose(1, 2);
+  auto lse = at::empty({b, h, compute_lse ? (l + 31) / 32 * 32 : 0}, query.options().dtype(at::kFloat));
+  auto seed = at::empty({}, query.options().dtype(at::kLong));
+  auto offset = at::empty({}, query.options().dtype(at::kLong));
+  return {out, lse, seed, offset};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_cuda_backward(
+    const at::Tensor&, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& bias,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, std::array<bool, 4> mask, bool,
+    std::optional<double>) {
+  auto gq = at::empty_like(query), gk = at::empty_like(key), gv = at::empty_like(value);
+  at::Tensor gb;
+  if (mask[3] && bias.defined()) gb = at::empty_like(bias);
+  return {gq, gk, gv, gb};
+}
+
+// where(condition, self, other): broadcast of the three, the promoted dtype.
+at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  const auto shape = at::infer_size(at::infer_size(condition.sizes(), self.sizes()), other.sizes());
+  return at::empty(shape, self.options().dtype(at::result_type(self, other)));
+}
+
+at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  out.resize_(at::infer_size(at::infer_size(condition.sizes(), self.sizes()), other.sizes()));
+  return out;
+}
+
+// GradScaler's unscale and update work in place, on every device: nothing to allocate, nothing to compute.
+void amp_unscale(at::TensorList, at::Tensor&, const at::Tensor&) {}
+at::Tensor& amp_update_scale(at::Tensor& self, at::Tensor&, const at::Tensor&, double, double, int64_t) { return self; }
+
+// --- the autograd engine's sum of gradients ----------------------------------------------------------------
+// Where several gradients reach one tensor, the engine sums them (InputBuffer::accumulate): in place into the one it
+// holds when it holds the last reference to it (can_accumulate_inplace), else into a new tensor. Meta tensors count
+// as "tensor-subclass-like" there (BackendComponent::MetaBit is in kTensorSubclassLike), so on Meta every such sum
+// allocated a new tensor where the device sums in place: a mixture of experts' shared input held two gradients at
+// once (+3-4% on step_peak). This add takes the device's path back for the engine's sums: those made while a
+// backward node is current (autograd::get_current_node) but outside that node's own function (the engine runs each
+// node's function in a BACKWARD_FUNCTION RecordFunction, whose sequence numbers are tracked per thread).
+
+thread_local std::vector<std::uint64_t> t_backward_functions;
+
+std::unique_ptr<at::ObserverContext> enter_backward_function(const at::RecordFunction& fn) {
+  t_backward_functions.push_back(static_cast<std::uint64_t>(fn.seqNr()));
+  return nullptr;
+}
+
+void exit_backward_function(const at::RecordFunction&, at::ObserverContext*) {
+  if (!t_backward_functions.empty()) t_backward_functions.pop_back();
+}
+
+bool in_engine_sum() {
+  if (at::GradMode::is_enabled()) return false;
+  const auto node = torch::autograd::get_current_node();
+  if (node == nullptr) return false;
+  return t_backward_functions.empty() || t_backward_functions.back() != node->sequence_nr();
+}
+
+// can_accumulate_inplace, but for the Meta check: dense and the last reference to it and to its storage.
+bool holds_last_reference(const at::Tensor& t) {
+  return t.is_non_overlapping_and_dense() && t.use_count() == 1 && t.has_storage() && t.storage().use_count() == 1;
+}
+
+at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  if (in_engine_sum() && holds_last_reference(self) && self.sizes() == other.sizes() &&
+      self.scalar_type() == other.scalar_type()) {
+    return at::meta::add_(const_cast<at::Tensor&>(self), other, alpha);
+  }
+  return at::meta::add(self, other, alpha);
+}
+
+}  // namespace
+
+EstimateTarget meta_kernels_target() { return g_target.load(); }
+
+void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
+  g_target.store(target);
+  g_cpu_kernels.store(cpu_kernels);
+  use_meta_autocast_for(target);
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradMeta, __FILE__, __LINE__);
+    autograd.impl("scaled_dot_product_attention", TORCH_FN(meta_attention));
+    static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
+    lib.impl("convolution_overrideable", TORCH_FN(convolution));
+    lib.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
+    lib.impl("index_select", TORCH_FN(index_select));
+    lib.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward));
+    lib.impl("native_layer_norm", TORCH_FN(native_layer_norm));
+    lib.impl("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward));
+    lib.impl("native_batch_norm", TORCH_FN(native_batch_norm));
+    lib.impl("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward));
+    lib.impl("_batch_norm_with_update", TORCH_FN(batch_norm_with_update));
+    lib.impl("batch_norm_backward", TORCH_FN(batch_norm_backward));
+    lib.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(flash_attention_cpu));
+    lib.impl("_scaled_dot_product_flash_attention_for_cpu_backward", TORCH_FN(flash_attention_cpu_backward));
+    lib.impl("_scaled_dot_product_flash_attention", TORCH_FN(flash_attention_cuda));
+    lib.impl("_scaled_dot_product_flash_attention_backward", TORCH_FN(flash_attention_cuda_backward));
+    lib.impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient_attention_cuda));
+    lib.impl("_scaled_dot_product_efficient_attention_backward", TORCH_FN(efficient_attention_cuda_backward));
+    lib.impl("relu", TORCH_FN(relu));
+    lib.impl("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward));
+    lib.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
+    lib.impl("relu_", TORCH_FN(relu_));
+    lib.impl("where.self", TORCH_FN(where));
+    lib.impl("mm", TORCH_FN(matrix_product));
+    lib.impl("addmm", TORCH_FN(addmm));
+    lib.impl("where.self_out", TORCH_FN(where_out));
+    lib.impl("_amp_foreach_non_finite_check_and_unscale_", TORCH_FN(amp_unscale));
+    lib.impl("_amp_update_scale_", TORCH_FN(amp_update_scale));
+    lib.impl("add.Tensor", TORCH_FN(add));
+    at::addGlobalCallback(at::RecordFunctionCallback(&enter_backward_function, &exit_backward_function)
+                              .scopes({at::RecordScope::BACKWARD_FUNCTION}));
+  });
+}
+
+}  // namespace memgate

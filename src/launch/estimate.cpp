@@ -1,0 +1,84 @@
+// Estimates on the Meta device: the probe's own protocol, counted by the Meta allocator.
+#include "memgate/launch/estimate.h"
+
+#include "memgate/base/error.h"
+#include "memgate/backend/cpu_allocator.h"
+#include "memgate/backend/meta_allocator.h"
+#include "memgate/estimate/meta_kernels.h"
+#include "memgate/launch/run.h"
+
+#include <c10/util/Exception.h>
+#include <torch/version.h>
+
+namespace memgate {
+
+namespace {
+
+// For a CPU estimate: what the step allocates on the real CPU meanwhile (AdamW keeps its step counters there, as
+// torch.optim does) is counted with the Meta tensors, as the CPU's one allocator counts everything. A CUDA
+// estimate leaves it out: host memory is not the GPU's.
+class CpuBesideMeta final : public CountingCpuAllocator::Observer {
+ public:
+  explicit CpuBesideMeta(bool active) : active_(active) {
+    if (active_) CountingCpuAllocator::install().set_observer(this);
+  }
+  ~CpuBesideMeta() override {
+    if (active_) CountingCpuAllocator::install().set_observer(nullptr);
+  }
+  CpuBesideMeta(const CpuBesideMeta&) = delete;
+  CpuBesideMeta& operator=(const CpuBesideMeta&) = delete;
+  void on_alloc(const void*, std::size_t bytes) override {
+    CountingMetaAllocator::install().count_external(static_cast<std::int64_t>(bytes));
+  }
+  void on_free(const void*, std::size_t bytes) override {
+    CountingMetaAllocator::install().count_external(-static_cast<std::int64_t>(bytes));
+  }
+
+ private:
+  bool active_;
+};
+
+}  // namespace
+
+ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
+                           const ProbeOptions& options) {
+  // The CUDA caching allocator hands out blocks in multiples of 512 bytes, and counts those.
+  auto& meta = CountingMetaAllocator::install();
+  meta.set_granularity(target == EstimateTarget::kCuda ? 512 : 0);
+  // ... and reserves them in segments (each probe starts from an empty cache, as a probe on a GPU does; the Meta
+  // backend applies the probe's allocator settings to the model, as the CUDA backend does to the allocator).
+  meta.model_caching_allocator(target == EstimateTarget::kCuda);
+  use_meta_kernels_for(target, workload.training.cpu_kernels);
+  try {
+    const CpuBesideMeta cpu(target == EstimateTarget::kCpu);
+    return run_probe(workload, batch_size, c10::Device(c10::DeviceType::Meta), options);
+  } catch (const c10::Error& e) {
+    throw Error(workload.source + ": cannot estimate at batch " + std::to_string(batch_size) + " on the Meta device: " +
+                e.what_without_backtrace());
+  }
+}
+
+Profile estimate_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes, EstimateTarget target,
+                         const ProbeOptions& options, const ProbeCallback& on_probe) {
+  Profile profile;
+  profile.device.device = c10::Device(c10::DeviceType::Meta);
+  profile.device.name = target == EstimateTarget::kCpu ? "estimate for the CPU" : "estimate for CUDA";
+  profile.device.slug = "cuda";
+  if (target == EstimateTarget::kCpu) {
+    auto cpu = describe_device(c10::Device(c10::DeviceType::CPU));
+    set_cpu_kernels(cpu, workload.training.cpu_kernels);
+    profile.device.slug = cpu.slug;
+    profile.device.cpu_kernels = cpu.cpu_kernels;
+  }
+  profile.device.torch_version = TORCH_VERSION;
+  profile.fixture = workload.name;
+  profile.params = workload_param_counts(workload);
+  for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
+    if (on_probe) on_probe(i, batch_sizes[i], nullptr);
+    profile.probes.push_back(estimate_probe(workload, batch_sizes[i], target, options));
+    if (on_probe) on_probe(i, batch_sizes[i], &profile.probes.back());
+  }
+  return profile;
+}
+
+}  // namespace memgate

@@ -1,0 +1,300 @@
+// The distributed probe: one process per rank (the rank executable, started with --memgate-rank), meeting through a
+// c10d::FileStore in a folder of the probe's own; each measures its own components, and the parent gathers them. On
+// the Meta device (an estimate) the ranks run in turn in this process.
+#include "memgate/launch/ranks.h"
+
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/backend/device.h"
+#include "memgate/distributed/process_group.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace memgate {
+
+namespace {
+
+// A distributed probe's own figures from its ranks': the largest of each.
+void fold_ranks(ProbeResult& result) {
+  result.components = max_over_ranks(result.ranks);
+  for (const auto& r : result.ranks) {
+    result.comm_buffer_bytes = std::max(result.comm_buffer_bytes, r.comm_buffer_bytes);
+    result.comm_buffers = std::max(result.comm_buffers, r.comm_buffers);
+    result.communicator_bytes = std::max(result.communicator_bytes, r.communicator_bytes);
+    result.outside_allocator_bytes = std::max(result.outside_allocator_bytes, r.outside_allocator_bytes);
+    result.library_workspace_bytes = std::max(result.library_workspace_bytes, r.library_workspace_bytes);
+  }
+}
+
+bool& rank_host() {
+  static bool host = false;
+  return host;
+}
+
+// The program each rank runs: MEMGATE_RANK_EXECUTABLE; else this program when its main() runs ranks (the memgate
+// CLI, a memory suite); else the memgate CLI beside it (bin/memgate of an install or a build tree: tests/ and bin/).
+std::string rank_executable() {
+  if (const char* exe = std::getenv("MEMGATE_RANK_EXECUTABLE"); exe != nullptr && *exe != '\0') return exe;
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("cannot find this program to start ranks from (/proc/self/exe): set MEMGATE_RANK_EXECUTABLE");
+  if (rank_host()) return self.string();
+  for (const auto& candidate : {self.parent_path() / "memgate", self.parent_path().parent_path() / "bin" / "memgate"}) {
+    if (std::filesystem::is_regular_file(candidate, ec)) return candidate.string();
+  }
+  throw Error(self.string() + " does not run ranks and no memgate program is beside it: set MEMGATE_RANK_EXECUTABLE "
+              "to memgate's path (or call memgate::rank_main from main(), as memgate_add_memory_suite's programs do)");
+}
+
+}  // namespace
+
+void declare_rank_host() { rank_host() = true; }
+
+namespace {
+
+// A folder of its own for one distributed probe: the store, each rank's result and log.
+std::filesystem::path make_run_dir() {
+  static std::atomic<int> counter{0};
+  const auto dir = std::filesystem::temp_directory_path() /
+                   fmt::format("memgate-ranks-{}-{}", ::getpid(), counter.fetch_add(1));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw Error(fmt::format("cannot start rank process {}: {}", argv[0], std::strerror(rc)));
+  return pid;
+}
+
+std::string tail_of(const std::string& path, std::size_t chars = 4000) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  auto text = s.str();
+  if (text.size() > chars) text = "..." + text.substr(text.size() - chars);
+  return text;
+}
+
+// What rank `rank` wrote into `dir` (rank_result_text); throws for a rank that left none.
+nlohmann::json read_rank_result(const std::filesystem::path& dir, int rank) {
+  return nlohmann::json::parse(read_text_file((dir / fmt::format("rank{}.json", rank)).string(), "a rank's result file"));
+}
+
+std::string rank_oom_error(int rank, const nlohmann::json& j) {
+  return fmt::format("rank {}: {}", rank, j.at("error").get<std::string>());
+}
+
+Components components_from(const nlohmann::json& j) {
+  Components c;
+  for (const auto& info : kComponentTable) c.*info.member = j.at(std::string(info.name)).get<std::int64_t>();
+  return c;
+}
+
+}  // namespace
+
+std::string rank_result_text(int rank, const ProbeResult& r) {
+  nlohmann::json components = nlohmann::json::object();
+  for (const auto& info : kComponentTable) components[std::string(info.name)] = r.components.*info.member;
+  return nlohmann::json{{"rank", rank},
+          {"batch_size", r.batch_size},
+          {"oom", r.oom},
+          {"error", r.error},
+          {"components", components},
+          {"comm_buffer_bytes", r.comm_buffer_bytes},
+          {"comm_buffers", r.comm_buffers},
+          {"communicator_bytes", r.communicator_bytes},
+          {"outside_allocator_bytes", r.outside_allocator_bytes},
+          {"library_workspace_bytes", r.library_workspace_bytes},
+          {"seconds", r.seconds},
+          {"step_seconds", r.step_seconds}}.dump();
+}
+
+ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                                  const ProbeOptions& options) {
+  require_batch_size(workload, batch_size);
+  const auto& spec = workload.training.distributed;
+  const int world = static_cast<int>(spec.world_size);
+  if (device.is_meta()) {
+    // An estimate: each rank in turn, in this process, over the Meta device's process group.
+    ProbeResult result;
+    result.batch_size = batch_size;
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < world; ++r) {
+      const auto group = meta_process_group(r, world);
+      auto rank_options = options;
+      rank_options.rank_group = &group;
+      auto one = measure_probe(workload, batch_size, device, rank_options);
+      if (one.oom) return one;
+      if (options.snapshot) result.rank_snapshots.push_back(std::move(one.snapshot));
+      result.step_seconds = std::max(result.step_seconds, one.step_seconds);
+      result.ranks.push_back({r, one.components, one.comm_buffer_bytes, one.comm_buffers});
+    }
+    fold_ranks(result);
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return result;
+  }
+  if (!device.is_cpu() && !device.is_cuda()) {
+    throw Error(fmt::format("{}: a distributed probe runs on the CPU (Gloo) or on GPUs (NCCL), not on {}",
+                            workload.source, device.str()));
+  }
+  // On GPUs, one per rank; this process touches none of them (no context of its own on a rank's GPU).
+  std::vector<std::string> rank_devices(static_cast<std::size_t>(world), "cpu");
+  if (device.is_cuda()) {
+    if (!nccl_available()) {
+      throw Error(fmt::format("{}: this memgate was built without NCCL, so its ranks cannot train on GPUs: build it "
+                              "against a CUDA LibTorch with NCCL's headers, or estimate the ranks (memgate estimate "
+                              "--world-size {})", workload.source, world));
+    }
+    const auto gpus = !options.rank_devices.empty()
+                          ? options.rank_devices
+                          : consecutive_gpus(device.has_index() ? device.index() : 0, world,
+                                             static_cast<int>(torch::cuda::device_count()));
+    if (static_cast<int>(gpus.size()) != world) {
+      throw Error(fmt::format("{}: {} GPUs given for {} ranks: expected one per rank", workload.source, gpus.size(),
+                              world));
+    }
+    for (int r = 0; r < world; ++r) rank_devices[static_cast<std::size_t>(r)] = fmt::format("cuda:{}", gpus[r]);
+  }
+  if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
+    throw Error(fmt::format("{}: a distributed probe starts each rank from the fixture's file, and '{}' is not one",
+                            workload.name, workload.source));
+  }
+  const auto exe = rank_executable();
+  const auto dir = make_run_dir();
+  struct Cleanup {
+    std::filesystem::path dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> argv{
+        exe, "--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size),
+        "--rank", std::to_string(r), "--world-size", std::to_string(world), "--store", (dir / "store").string(),
+        "--output", (dir / fmt::format("rank{}.json", r)).string(),
+        "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
+        "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
+        "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(options.rank_cap_bytes),
+        "--device", rank_devices[static_cast<std::size_t>(r)]};
+    if (options.snapshot) {
+      argv.insert(argv.end(), {"--snapshot", (dir / fmt::format("rank{}.pickle", r)).string()});
+    }
+    pids.push_back(spawn(argv, (dir / fmt::format("rank{}.log", r)).string()));
+  }
+  // Each rank's end; the first that fails stops the others (they would wait on it in a collective).
+  std::string failure;
+  for (std::size_t left = pids.size(); left > 0; --left) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0 && errno == EINTR) {
+      ++left;
+      continue;
+    }
+    const auto at = std::find(pids.begin(), pids.end(), pid);
+    if (at == pids.end()) {
+      ++left;
+      continue;
+    }
+    const auto rank = static_cast<int>(at - pids.begin());
+    *at = -1;
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && failure.empty()) {
+      failure = fmt::format("rank {} of {} {}:\n{}", rank, world,
+                            WIFEXITED(status) ? fmt::format("exited with status {}", WEXITSTATUS(status))
+                                              : fmt::format("was killed by signal {}", WTERMSIG(status)),
+                            tail_of((dir / fmt::format("rank{}.log", rank)).string()));
+      for (const auto other : pids) {
+        if (other > 0) ::kill(other, SIGTERM);
+      }
+    }
+  }
+  ProbeResult result;
+  result.batch_size = batch_size;
+  if (!failure.empty()) {
+    // A rank that ran out of memory leaves the collective its peers wait in: they fail with a closed connection.
+    // Ranks differ (FSDP's shards do), so one may run out alone: the probe ran out of memory, as that rank did.
+    for (int r = 0; r < world; ++r) {
+      try {
+        const auto j = read_rank_result(dir, r);
+        if (j.at("oom").get<bool>()) {
+          result.oom = true;
+          result.error = rank_oom_error(r, j);
+          result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          return result;
+        }
+      } catch (const std::exception&) {
+        // No result from this rank: not the one that ran out of memory.
+      }
+    }
+    throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, failure));
+  }
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json j;
+    try {
+      j = read_rank_result(dir, r);
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{}: rank {} left no result ({})", workload.source, r, e.what()));
+    }
+    if (j.at("oom").get<bool>()) {
+      result.oom = true;
+      if (result.error.empty()) result.error = rank_oom_error(r, j);
+      continue;
+    }
+    RankComponents rc{.rank = r,
+                      .components = components_from(j.at("components")),
+                      .comm_buffer_bytes = j.at("comm_buffer_bytes").get<std::int64_t>(),
+                      .comm_buffers = j.at("comm_buffers").get<std::int64_t>(),
+                      .communicator_bytes = j.at("communicator_bytes").get<std::int64_t>(),
+                      .outside_allocator_bytes = j.at("outside_allocator_bytes").get<std::int64_t>(),
+                      .library_workspace_bytes = j.at("library_workspace_bytes").get<std::int64_t>()};
+    result.step_seconds = std::max(result.step_seconds, j.at("step_seconds").get<double>());
+    result.ranks.push_back(rc);
+  }
+  if (result.oom) result.ranks.clear();
+  else fold_ranks(result);
+  if (options.snapshot && !result.oom) {
+    for (int r = 0; r < world; ++r) {
+      const auto path = dir / fmt::format("rank{}.pickle", r);
+      result.rank_snapshots.push_back(std::filesystem::is_regular_file(path) ? read_text_file(path, "a memory snapshot")
+                                                                              : std::string());
+    }
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace memgate

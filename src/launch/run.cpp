@@ -1,0 +1,63 @@
+// Where a probe runs: in this process, or as one process per rank for a distributed workload; capped; profiles.
+#include "memgate/launch/run.h"
+
+#include "memgate/backend/cpu_allocator.h"
+#include "memgate/backend/device.h"
+#include "memgate/backend/memory_backend.h"
+#include "memgate/base/error.h"
+#include "memgate/launch/ranks.h"
+
+#include <algorithm>
+
+namespace memgate {
+
+ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                      const ProbeOptions& options) {
+  if (workload.training.distributed.enabled() && options.rank_group == nullptr) {
+    return run_distributed_probe(workload, batch_size, device, options);
+  }
+  return measure_probe(workload, batch_size, device, options);
+}
+
+ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                             std::int64_t cap_bytes, const ProbeOptions& options) {
+  if (cap_bytes <= 0) throw Error(workload.source + ": an allocator cap must be a positive number of bytes");
+  if (!device.is_meta() && workload.training.distributed.enabled() && options.rank_group == nullptr) {
+    // Each rank is a process of its own: the cap goes to each of them.
+    auto capped = options;
+    capped.rank_cap_bytes = cap_bytes;
+    return run_distributed_probe(workload, batch_size, device, capped);
+  }
+  if (device.is_cpu()) {
+    auto& counter = CountingCpuAllocator::install();
+    struct Restore {
+      CountingCpuAllocator& counter;
+      std::int64_t previous;
+      ~Restore() { counter.set_limit(previous); }
+    } restore{counter, counter.limit()};
+    counter.set_limit(counter.current_bytes() + cap_bytes);
+    return run_probe(workload, batch_size, device, options);
+  }
+  const auto total = device_total_memory(device);
+  if (total <= 0) throw Error("cannot cap " + device.str() + ": its memory size is unknown");
+  auto backend = make_memory_backend(device);
+  const MemoryFractionScope capped(*backend, std::min(1.0, static_cast<double>(cap_bytes) / static_cast<double>(total)));
+  return run_probe(workload, batch_size, device, options);
+}
+
+
+Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes, c10::Device device,
+                    const ProbeOptions& options, const ProbeCallback& on_probe) {
+  Profile profile;
+  profile.device = describe_probe_device(device, workload, options);
+  profile.fixture = workload.name;
+  profile.params = workload_param_counts(workload);
+  for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
+    if (on_probe) on_probe(i, batch_sizes[i], nullptr);
+    profile.probes.push_back(run_probe(workload, batch_sizes[i], device, options));
+    if (on_probe) on_probe(i, batch_sizes[i], &profile.probes.back());
+  }
+  return profile;
+}
+
+}  // namespace memgate

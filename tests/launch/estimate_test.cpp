@@ -1,0 +1,186 @@
+// Estimates on the Meta device against the counting CPU allocator's exact bytes, fixture by fixture of the CPU
+// suite: parameters, gradients and optimizer state exact, activations and every peak within 1%.
+#include "memgate/base/components.h"
+#include "memgate/base/error.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/gate/suite.h"
+#include "memgate/backend/cpu_allocator.h"
+#include "memgate/launch/estimate.h"
+#include "memgate/backend/meta_allocator.h"
+#include "memgate/measure/probe.h"
+#include "fixture_util.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+const c10::Device kCpu(c10::DeviceType::CPU);
+
+TEST(CountingMetaAllocatorTest, CountsRequestsAndHandsOutNoMemory) {
+  auto& meta = CountingMetaAllocator::install();
+  meta.set_granularity(0);
+  const auto before = meta.current_bytes();
+  {
+    const auto t = torch::empty({256}, torch::TensorOptions().device(torch::kMeta));
+    EXPECT_EQ(meta.current_bytes() - before, 1024);
+    EXPECT_EQ(t.data_ptr(), nullptr);
+  }
+  EXPECT_EQ(meta.current_bytes(), before);
+  meta.set_granularity(512);
+  {
+    const auto t = torch::empty({3}, torch::TensorOptions().device(torch::kMeta));
+    EXPECT_EQ(meta.current_bytes() - before, 512) << "CUDA's caching allocator hands out 512-byte blocks";
+  }
+  meta.set_granularity(0);
+  meta.set_limit(before + 100);
+  EXPECT_THROW((void)torch::empty({1000}, torch::TensorOptions().device(torch::kMeta)), c10::OutOfMemoryError);
+  meta.set_limit(0);
+  EXPECT_EQ(meta.current_bytes(), before) << "a refused request is not counted";
+}
+
+// With the caching allocator's model on (an estimate for CUDA), allocated is what CUDA's allocated_bytes counts:
+// whole blocks. An embedding of 10,000 x 768 fp32 (30,720,000 bytes) gets a new segment rounded up to 2 MiB; the
+// 737,280 bytes that remain are less than the 1 MiB a large block must leave to be split, so the block, and what
+// torch.cuda.memory_allocated() says, is the whole 31,457,280-byte segment (seen in a real trace of a GPT-style
+// model on a GPU: tests/data/snapshots/NOTICE.md).
+TEST(CountingMetaAllocatorTest, WithTheCachingAllocatorsModelCountsWholeBlocks) {
+  auto& meta = CountingMetaAllocator::install();
+  meta.set_granularity(512);
+  meta.model_caching_allocator(true);
+  {
+    const auto before = meta.current_bytes();
+    const auto embedding = torch::empty({10000, 768}, torch::TensorOptions().device(torch::kMeta));
+    EXPECT_EQ(meta.current_bytes() - before, 30720000) << "the requests";
+    EXPECT_EQ(meta.counts().allocated, 31457280) << "the block";
+    EXPECT_EQ(meta.counts().reserved, 31457280);
+    const auto small = torch::empty({3}, torch::TensorOptions().device(torch::kMeta));
+    EXPECT_EQ(meta.counts().allocated, 31457280 + 512) << "a small block is split down to its 512 bytes";
+  }
+  EXPECT_EQ(meta.counts().allocated, 0);
+  EXPECT_EQ(meta.counts().peak_allocated, 31457280 + 512);
+  meta.model_caching_allocator(false);
+  meta.set_granularity(0);
+  EXPECT_EQ(meta.counts().allocated, meta.current_bytes()) << "without the model: the requests";
+}
+
+
+struct SuiteFixture {
+  std::string name;
+  std::string path;
+  std::vector<std::int64_t> batch_sizes;
+};
+void PrintTo(const SuiteFixture& f, std::ostream* os) { *os << f.name; }
+
+std::vector<SuiteFixture> cpu_suite() {
+  std::vector<SuiteFixture> out;
+  const auto suite_path = testing::source_dir() + "/fixtures/suites/cpu.yaml";
+  const auto suite = load_suite(suite_path, suite_models_dir(suite_path));
+  for (const auto& f : suite_fixtures(suite)) out.push_back({f.name, f.path, f.batch_sizes});
+  return out;
+}
+
+using testing::error_pct;
+
+class EstimateAccuracyTest : public ::testing::TestWithParam<SuiteFixture> {};
+
+TEST_P(EstimateAccuracyTest, MatchesTheCountingAllocatorOnTheCpu) {
+  const auto& f = GetParam();
+  const auto fixture = load_fixture(f.path);
+  double worst_activations = 0, worst_forward = 0, worst_eval = 0, worst_step = 0;
+  for (const auto batch : f.batch_sizes) {
+    const auto measured = run_probe(fixture, batch, kCpu);
+    const auto estimated = estimate_probe(fixture, batch, EstimateTarget::kCpu);
+    ASSERT_FALSE(measured.oom || estimated.oom);
+    const auto& m = measured.components;
+    const auto& e = estimated.components;
+    const auto at = fmt::format("{} at batch {}", f.name, batch);
+    EXPECT_EQ(e.params, m.params) << at;
+    EXPECT_EQ(e.gradients, m.gradients) << at;
+    EXPECT_EQ(e.optimizer_state, m.optimizer_state) << at;
+    // Activations and every peak within 1% (the bound; most are exact).
+    EXPECT_LE(error_pct(e.activations, m.activations), 1.0) << at << ": activations " << e.activations << " vs "
+                                                             << m.activations;
+    EXPECT_LE(error_pct(e.forward_peak, m.forward_peak), 1.0) << at << ": forward_peak " << e.forward_peak << " vs "
+                                                               << m.forward_peak;
+    EXPECT_LE(error_pct(e.eval_peak, m.eval_peak), 1.0) << at << ": eval_peak " << e.eval_peak << " vs "
+                                                         << m.eval_peak;
+    EXPECT_LE(error_pct(e.step_peak, m.step_peak), 1.0) << at << ": step_peak " << e.step_peak << " vs "
+                                                         << m.step_peak;
+    EXPECT_EQ(e.step_peak_reserved, e.step_peak) << "the CPU has no cache";
+    worst_activations = std::max(worst_activations, error_pct(e.activations, m.activations));
+    worst_forward = std::max(worst_forward, error_pct(e.forward_peak, m.forward_peak));
+    worst_eval = std::max(worst_eval, error_pct(e.eval_peak, m.eval_peak));
+    worst_step = std::max(worst_step, error_pct(e.step_peak, m.step_peak));
+  }
+  std::cout << fmt::format("[ ESTIMATE ] {:<30} largest error: activations {:.2f}%, forward_peak {:.2f}%, "
+                           "eval_peak {:.2f}%, step_peak {:.2f}%\n",
+                           f.name, worst_activations, worst_forward, worst_eval, worst_step);
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuSuite, EstimateAccuracyTest, ::testing::ValuesIn(cpu_suite()),
+                         [](const ::testing::TestParamInfo<SuiteFixture>& p) { return p.param.name; });
+
+TEST(EstimateTest, ForCudaCountsWholeBlocksAndLeavesHostMemoryOut) {
+  const auto fixture = testing::fixture_from(testing::tiny_vit_yaml());
+  const auto cpu = estimate_probe(fixture, 2, EstimateTarget::kCpu);
+  const auto cuda = estimate_probe(fixture, 2, EstimateTarget::kCuda);
+  for (const auto& info : kComponentTable) EXPECT_EQ(cuda.components.*info.member % 512, 0) << info.name;
+  // Reserved comes from the caching allocator's model: whole segments (2 MiB multiples), at least what is allocated.
+  EXPECT_EQ(cuda.components.step_peak_reserved % (2 << 20), 0);
+  EXPECT_GE(cuda.components.step_peak_reserved, cuda.components.step_peak);
+  EXPECT_EQ(cpu.components.step_peak_reserved, cpu.components.step_peak) << "the CPU has no cache";
+  // AdamW: two fp32 moments per trainable tensor, and a 4-byte step counter per tensor that torch.optim keeps on
+  // the host: part of the CPU's state, not the GPU's, whose blocks are 512-byte multiples.
+  auto model = build_model(fixture.model, kCpu);
+  std::int64_t cpu_state = 0, cuda_state = 0;
+  for (const auto& p : select_trainable(*model, fixture.training.trainable)) {
+    const auto bytes = p.numel() * 4;
+    cpu_state += 2 * bytes + 4;
+    cuda_state += 2 * ((bytes + 511) / 512 * 512);
+  }
+  EXPECT_EQ(cpu.components.optimizer_state, cpu_state);
+  EXPECT_EQ(cuda.components.optimizer_state, cuda_state);
+}
+
+TEST(EstimateTest, ExpandableSegmentsReserveByPagesOfOneSegment) {
+  auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/retfound_green_lora.yaml");
+  const auto plain = estimate_probe(fixture, 8, EstimateTarget::kCuda);
+  fixture.training.allocator = "expandable_segments:True";
+  const auto expandable = estimate_probe(fixture, 8, EstimateTarget::kCuda);
+  // The settings change what the allocator reserves, and what it counts as allocated: without expandable segments
+  // a large block is split only when more than 1 MiB would remain, and CUDA counts the unsplit rest as allocated;
+  // an expandable segment splits any block that leaves 512 bytes, so each block is its request rounded to 512.
+  EXPECT_LT(expandable.components.step_peak, plain.components.step_peak);
+  EXPECT_LT(expandable.components.activations, plain.components.activations);
+  EXPECT_NE(expandable.components.step_peak_reserved, plain.components.step_peak_reserved);
+  EXPECT_GE(expandable.components.step_peak_reserved, expandable.components.step_peak);
+  EXPECT_EQ(expandable.components.step_peak_reserved % (2 << 20), 0);
+}
+
+TEST(EstimateTest, AFullSizeFixtureIsEstimatedWithoutAllocatingIt) {
+  // RETFound-Large with LoRA at batch 64: 1.2 GB of parameters and 13 GB of activations, counted on no device.
+  const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/retfound_large_lora.yaml");
+  const auto cpu_before = CountingCpuAllocator::install().current_bytes();
+  const auto r = estimate_probe(fixture, 64, EstimateTarget::kCuda);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(r.components.params % 512, 0);
+  EXPECT_GT(r.components.params, std::int64_t{1} << 30) << "ViT-L: 304 M parameters in fp32";
+  EXPECT_GT(r.components.activations, std::int64_t{10} << 30);
+  EXPECT_GE(r.components.step_peak, r.components.params + r.components.activations);
+  EXPECT_LT(CountingCpuAllocator::install().current_bytes() - cpu_before, 1 << 20) << "nothing real was allocated";
+}
+
+}  // namespace
+}  // namespace memgate
