@@ -1,11 +1,14 @@
 // memgate check: the gate for fixtures or a suite outside CTest, with the memory suite's verdicts.
 #include "cli.h"
 
+#include "memgate/base/error.h"
 #include "memgate/base/progress.h"
+#include "memgate/gate/baseline.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
 #include "memgate/gate/verdict.h"
 #include "memgate/backend/device.h"
+#include "memgate/launch/run.h"
 #include "memgate/measure/probe.h"
 
 #include <fmt/format.h>
@@ -28,6 +31,7 @@ Run add_check(CLI::App& app) {
     std::string baselines = memgate::project_dir() + "/baselines";
     bool strict = false;
     bool exact = false;
+    bool update = false;
     std::string cpu_kernels;
   };
   auto o = std::make_shared<Options>();
@@ -55,6 +59,11 @@ Run add_check(CLI::App& app) {
   app.add_flag("--exact", o->exact,
                "Every component must equal its baseline to the byte, within the tolerance or not (implies "
                "--strict): proves that a runner, a cap or a change leaves the bytes as they were");
+  app.add_flag("--update-baselines", o->update,
+               "Record these probes' baselines from this measurement instead of judging them (what the "
+               "update-baselines preset does for the memory suite): only the probes that ran are rewritten")
+      ->excludes("--strict")
+      ->excludes("--exact");
   add_cpu_kernels_option(app, o->cpu_kernels);
   app.footer(footer(
       "Runs the gate outside CTest: measures each probe once and judges every component against its baseline\n"
@@ -80,6 +89,24 @@ Run add_check(CLI::App& app) {
         auto sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
         jobs.push_back({std::move(fixture), std::move(sizes)});
       }
+    }
+    if (o->update) {
+      for (const auto& job : jobs) {
+        std::vector<memgate::ProbeResult> probes;
+        for (const auto batch_size : job.batch_sizes) {
+          probes.push_back(memgate::run_probe(job.fixture, batch_size, device));
+          if (probes.back().oom) {
+            throw memgate::Error(fmt::format("{} at batch {} ran out of memory: there is nothing to record.\n{}",
+                                             job.fixture.name, batch_size, probes.back().error));
+          }
+        }
+        const auto info = memgate::describe_probe_device(device, job.fixture);
+        const auto path = memgate::baseline_path(o->baselines, info.slug, job.fixture.name);
+        const bool changed = memgate::update_baseline(path, job.fixture, info, probes,
+                                                      memgate::source_commit(memgate::project_dir()));
+        fmt::print("{} {}\n", changed ? "recorded" : "unchanged", path);
+      }
+      return kOk;
     }
     std::map<memgate::Status, int> counts;
     int differing = 0;
