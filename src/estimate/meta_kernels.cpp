@@ -401,7 +401,11 @@ Sdp sdp_choice(const at::Tensor& query) {
 at::Tensor meta_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
                           std::optional<double> scale, bool enable_gqa) {
-  const bool plain = !(attn_mask && attn_mask->defined()) && dropout_p == 0.0 && !enable_gqa;
+  // Grouped-query attention (fewer key/value heads than query heads) goes to the CPU's flash attention, which
+  // takes the heads as they are (sdp_utils_cpp: use_flash_attention_cpp supports GQA); on CUDA to the math path.
+  const bool gqa = enable_gqa && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(1) == v.size(1) &&
+                   k.size(1) > 0 && q.size(1) % k.size(1) == 0;
+  const bool plain = !(attn_mask && attn_mask->defined()) && dropout_p == 0.0 && (!enable_gqa || (gqa && for_cpu()));
   switch (plain ? sdp_choice(q) : Sdp::kMath) {
     case Sdp::kFlash:
       if (for_cpu()) {
