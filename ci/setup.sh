@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything memgate needs on a fresh Debian machine (and is cheap to rerun when all is there):
-# the Debian -dev packages (GoogleTest, Google Benchmark, yaml-cpp, nlohmann/json, fmt, CLI11, gloo's headers, ninja) and LibTorch from
-# the pinned torch wheel, in a virtual environment kept outside the repository.
+# the Debian -dev packages (GoogleTest, Google Benchmark, yaml-cpp, nlohmann/json, fmt, CLI11, gloo's headers, ninja,
+# Python's headers for memgate's extension) and LibTorch from the pinned torch wheel, in a virtual environment kept
+# outside the repository, with the pinned libraries the Python fixtures build their models from (torchvision, timm,
+# peft, transformers).
 #
 #   ci/setup.sh            # install what is missing
 #   MEMGATE_VENV=/opt/memgate-venv ci/setup.sh
@@ -11,7 +13,7 @@ set -euo pipefail
 
 torch_version="${MEMGATE_TORCH_VERSION:-2.11.0}"
 venv="${MEMGATE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/memgate/venv}"
-debs=(cmake ninja-build g++ python3-venv libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev nlohmann-json3-dev libgloo-dev
+debs=(cmake ninja-build g++ python3-venv python3-dev libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev nlohmann-json3-dev libgloo-dev
       libfmt-dev libcli11-dev chromium-headless-shell)
 
 log() { printf '[memgate setup] %s\n' "$*" >&2; }
@@ -46,6 +48,18 @@ if [[ "$have" == "$torch_version"* ]]; then
 else
   log "installing torch==$torch_version into $venv (a CUDA build: several GB on the first run)"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_version"
+fi
+# The libraries the Python fixtures' models come from (tests and the CPU suite), pinned beside torch so that pip keeps
+# torch as it is.
+py_deps=("torchvision==0.26.0" "timm==1.0.31" "peft==0.21.2" "transformers==5.24.0")
+if "$venv/bin/python" - "${py_deps[@]}" <<'PY' 2>/dev/null; then
+import importlib.metadata as m, sys
+sys.exit(0 if all(m.version(d.split("==")[0]) == d.split("==")[1] for d in sys.argv[1:]) else 1)
+PY
+  log "Python fixtures' libraries: all present"
+else
+  log "installing ${py_deps[*]} into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_version" "${py_deps[@]}"
 fi
 "$venv/bin/python" - <<'PY' >&2
 import torch

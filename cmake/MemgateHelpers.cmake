@@ -11,6 +11,12 @@ target_compile_options(memgate_warnings INTERFACE
   # installed memgate carries no path of the machine it was built on.
   $<BUILD_INTERFACE:$<$<CXX_COMPILER_ID:GNU,Clang>:-ffile-prefix-map=${PROJECT_SOURCE_DIR}/=>>)
 
+# The Python extension links every layer into one shared module, so their code is position-independent; every
+# target is compiled alike (-fPIC, through memgate::warnings), so that all of them can reuse one precompiled header.
+if(MEMGATE_PYTHON_EXTENSION)
+  target_compile_options(memgate_warnings INTERFACE $<$<CXX_COMPILER_ID:GNU,Clang>:-fPIC>)
+endif()
+
 # LibTorch's headers are heavy: memgate_models precompiles them once, the other LibTorch targets reuse that.
 function(memgate_use_pch target)
   if(MEMGATE_PCH)

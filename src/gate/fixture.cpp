@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <algorithm>
@@ -269,6 +270,126 @@ TorchScriptOptions read_torchscript(MapReader& r) {
   return s;
 }
 
+// A YAML value as JSON, for a Python callable's keyword arguments: integers, numbers, booleans and null as YAML 1.2's
+// core schema reads them, strings, lists and maps.
+nlohmann::json yaml_to_json(const YAML::Node& node) {
+  if (node.IsMap()) {
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& item : node) out[item.first.as<std::string>()] = yaml_to_json(item.second);
+    return out;
+  }
+  if (node.IsSequence()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& item : node) out.push_back(yaml_to_json(item));
+    return out;
+  }
+  if (!node.IsDefined() || node.IsNull()) return nullptr;
+  const auto& text = node.Scalar();
+  if (node.Tag() == "!") return text;  // quoted: a string, whatever it spells
+  if (text == "true" || text == "True") return true;
+  if (text == "false" || text == "False") return false;
+  const bool numeric = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' ||
+                                         text[0] == '+' || text[0] == '.');
+  if (!numeric) return text;
+  std::int64_t i = 0;
+  if (const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), i);
+      ec == std::errc() && end == text.data() + text.size()) {
+    return i;
+  }
+  double d = 0.0;
+  if (const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), d);
+      ec == std::errc() && end == text.data() + text.size()) {
+    return d;
+  }
+  return text;
+}
+
+struct Entry {
+  std::string file, module, callable;
+};
+
+// `<file.py or dotted.module>:<callable>`: a file relative to the fixture's folder (it must be there), a module
+// imported from the Python's own path.
+Entry read_entry(MapReader& r, const std::string& key, const std::string& text) {
+  const auto colon = text.rfind(':');
+  const auto expected = "<file.py or dotted.module>:<callable>, e.g. models.py:build or my_pkg.models:build";
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) r.fail(key, expected, "'" + text + "'");
+  Entry e;
+  e.callable = text.substr(colon + 1);
+  const auto identifier = [](std::string_view s) {
+    return !s.empty() && !std::isdigit(static_cast<unsigned char>(s[0])) &&
+           std::all_of(s.begin(), s.end(), [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; });
+  };
+  if (!identifier(e.callable)) r.fail(key, expected, "'" + text + "' (the callable is not a Python name)");
+  const auto where = text.substr(0, colon);
+  if (where.ends_with(".py") || where.find('/') != std::string::npos) {
+    const std::filesystem::path written(where);
+    const auto resolved = written.is_absolute() ? written : std::filesystem::path(r.file()).parent_path() / written;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(resolved, ec)) {
+      r.fail(key, expected, "'" + text + "' (" + resolved.string() + " is " +
+                                (std::filesystem::exists(resolved, ec) ? "not a regular file)" : "not there)"));
+    }
+    e.file = std::filesystem::absolute(resolved).lexically_normal().string();
+  } else {
+    std::size_t start = 0;
+    while (start <= where.size()) {
+      const auto dot = std::min(where.find('.', start), where.size());
+      if (!identifier(std::string_view(where).substr(start, dot - start))) {
+        r.fail(key, expected, "'" + text + "' ('" + where + "' is neither a .py file nor a dotted module name)");
+      }
+      start = dot + 1;
+    }
+    e.module = where;
+  }
+  return e;
+}
+
+PythonOptions read_python(MapReader& r) {
+  PythonOptions s;
+  s.entry = r.get_string("entry", std::nullopt);
+  const auto entry = read_entry(r, "entry", s.entry);
+  s.entry_file = entry.file;
+  s.entry_module = entry.module;
+  s.entry_callable = entry.callable;
+  if (r.has("args")) {
+    auto args = r.child("args");
+    s.args = yaml_to_json(args.node());
+    r.record_value("args", s.args);
+  }
+  nlohmann::json inputs = nlohmann::json::array();
+  const auto nodes = r.get_sequence("inputs", /*required=*/true);
+  if (nodes.empty()) r.fail("inputs", "one entry per forward() argument", "an empty list");
+  bool batched = false;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    nlohmann::json one = nlohmann::json::object();
+    s.inputs.push_back(read_torchscript_input(nodes[i], r.file(), r.key_path("inputs") + "[" + std::to_string(i) + "]", one));
+    inputs.push_back(one);
+    for (auto d : s.inputs.back().shape) batched = batched || d < 0;
+  }
+  if (!batched) r.fail("inputs", "B (the batch size) in the shape of at least one input", "no B");
+  r.record_value("inputs", inputs);
+  if (r.has("loss")) {
+    s.loss = r.get_string("loss", std::nullopt);
+    const auto loss = read_entry(r, "loss", s.loss);
+    s.loss_file = loss.file;
+    s.loss_module = loss.module;
+    s.loss_callable = loss.callable;
+    if (r.has("task")) r.fail("task", "no task with a loss: callable (the loss is what trains)", "a task");
+  } else {
+    s.task = r.get_enum("task", std::optional<TorchScriptOptions::Task>(), kTorchScriptTaskNames);
+    if (s.task == TorchScriptOptions::Task::kClassify) {
+      s.num_classes = r.get_int("num_classes", std::nullopt, 1, 1 << 24);
+    }
+  }
+  s.blocks = r.get_string("blocks", std::string());
+  if (s.blocks.empty()) r.leave_out_of_hash("blocks");
+  // Which interpreter runs the model is not what the model is.
+  s.python = r.get_string("python", std::string());
+  r.leave_out_of_hash("python");
+  return s;
+}
+
 RegisteredOptions read_registered(MapReader& r, const Architecture& arch) {
   RegisteredOptions s;
   s.name = arch.name;
@@ -331,6 +452,7 @@ ModelSpec read_model(MapReader& r) {
     case Arch::kSegNet: m.options = read_segnet(r); break;
     case Arch::kMultimodal: m.options = read_multimodal(r); break;
     case Arch::kTorchScript: m.options = read_torchscript(r); break;
+    case Arch::kPython: m.options = read_python(r); break;
     case Arch::kRegistered: break;  // handled above
   }
   r.finish();
@@ -435,6 +557,31 @@ TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
   }
   // Which kernels measure it, not what the model is: the baseline folder tells them apart.
   r.leave_out_of_hash("cpu_kernels");
+  t.compile = r.get_bool("compile", false);
+  if (!t.compile) r.leave_out_of_hash("compile");
+  if (t.compile && model.arch != Arch::kPython) {
+    r.fail("compile", "false for a model that is not arch: python (torch.compile compiles Python modules)", "true");
+  }
+  if (const auto* py = std::get_if<PythonOptions>(&model.options)) {
+    using Kind = TrainableSpec::Kind;
+    if (t.trainable.kind == Kind::kLora || t.trainable.kind == Kind::kHead) {
+      r.fail("trainable", "all, last_blocks:N or {train: [patterns]} for a Python model (memgate does not know its "
+                          "head or adapters; name them, e.g. {train: [\"*lora_*\", \"head.*\"]})",
+             "'" + t.trainable.str() + "'");
+    }
+    const auto needs_blocks = [&](const std::string& key, const std::string& what) {
+      if (py->blocks.empty()) r.fail(key, "a model.blocks pattern (the modules " + what + " addresses)", "no blocks");
+    };
+    if (t.trainable.kind == Kind::kLastBlocks) needs_blocks("trainable", "last_blocks:N");
+    if (t.gradient_checkpointing) needs_blocks("gradient_checkpointing", "gradient checkpointing");
+    if (t.distributed.strategy == DistributedStrategy::kFsdp && t.distributed.units == "blocks") {
+      needs_blocks("distributed", "FSDP's units: blocks");
+    }
+    if (t.compile && (t.gradient_checkpointing || t.distributed.strategy == DistributedStrategy::kFsdp)) {
+      r.fail("compile", "false with gradient_checkpointing or FSDP (memgate runs those blocks itself, outside the "
+                        "compiled graph)", "true");
+    }
+  }
   if (model.arch == Arch::kTorchScript) {
     using Kind = TrainableSpec::Kind;
     if (t.trainable.kind == Kind::kLora || t.trainable.kind == Kind::kHead || t.trainable.kind == Kind::kLastBlocks) {
@@ -512,6 +659,7 @@ Fixture load_fixture(const std::string& path) {
   f.model = read_model(model);
   auto training = top.child("training");
   f.training = read_training(training, f.model);
+  if (auto* py = std::get_if<PythonOptions>(&f.model.options)) py->compile = f.training.compile;
   f.batch_sizes = top.get_int_list("batch_sizes", std::nullopt, 1, 1 << 20);
   auto gate = top.child("gate");
   f.tolerance = read_tolerance(gate);

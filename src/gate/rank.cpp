@@ -1,13 +1,15 @@
-// One rank of a distributed probe, in its own process.
+// One probe of a fixture in a process of its own: a rank of a distributed probe, or the whole probe of a Python
+// fixture in a Python process (python -m memgate), started by the launcher (launch/ranks.h).
 #include "memgate/gate/rank.h"
 
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
-#include "memgate/gate/fixture.h"
 #include "memgate/distributed/process_group.h"
-#include "memgate/measure/probe.h"
-#include "memgate/launch/run.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/launch/estimate.h"
 #include "memgate/launch/ranks.h"
+#include "memgate/launch/run.h"
+#include "memgate/measure/probe.h"
 
 #include <fmt/format.h>
 
@@ -15,6 +17,7 @@
 #include <exception>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -52,7 +55,7 @@ int rank_main(int argc, char** argv) {
   }
   int rank = -1;
   try {
-    for (const auto* key : {"fixture", "store", "output"}) {
+    for (const auto* key : {"fixture", "output"}) {
       if (!args.contains(key)) throw std::invalid_argument(std::string("--") + key + " is required");
     }
     rank = static_cast<int>(to_int(args, "rank"));
@@ -60,31 +63,58 @@ int rank_main(int argc, char** argv) {
     const auto batch_size = to_int(args, "batch-size");
     auto fixture = load_fixture(args["fixture"]);
     override_cpu_kernels(fixture, args["cpu-kernels"], "--cpu-kernels");
-    if (!fixture.training.distributed.enabled()) {
+    // With a store this process is one rank of a distributed probe; without, it runs the whole probe (a Python
+    // fixture's, in a Python process): on a device, capped or not, or as an estimate on the Meta device.
+    const bool is_rank = args.contains("store");
+    if (is_rank && !fixture.training.distributed.enabled()) {
       throw Error(fmt::format("{}: trains on one device (no training.distributed block), yet a rank of {} was started",
                               fixture.source, world));
     }
     // The probe's world size: the fixture's, or what `--world-size` set for the run (estimate, advise).
-    fixture.training.distributed.world_size = world;
+    if (fixture.training.distributed.enabled()) fixture.training.distributed.world_size = world;
     ProbeOptions options;
     if (args.contains("warmup-steps")) options.warmup_steps = static_cast<int>(to_int(args, "warmup-steps"));
     if (args.contains("cpu-threads")) options.cpu_threads = static_cast<int>(to_int(args, "cpu-threads"));
     if (args.contains("seed")) options.seed = static_cast<std::uint64_t>(to_int(args, "seed"));
     if (args.contains("snapshot")) options.snapshot = SnapshotOptions{};
-    // The CPU (Gloo), or the GPU of this rank's own (NCCL): cuda:N, which the probe gave it.
-    const c10::Device device(args.contains("device") ? args["device"] : std::string("cpu"));
-    if (!device.is_cpu() && !(device.is_cuda() && device.has_index())) {
-      throw std::invalid_argument("--device: expected cpu or cuda:N, got " + args["device"]);
-    }
-    const auto group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, kRankTimeout)
-                                        : join_gloo_group(args["store"], rank, world, kRankTimeout);
-    options.rank_group = &group;
     const auto cap = args.contains("cap-bytes") ? to_int(args, "cap-bytes") : 0;
-    auto result = cap > 0 ? run_probe_capped(fixture, batch_size, device, cap, options)
-                          : run_probe(fixture, batch_size, device, options);
-    result.communicator_bytes = communicator_bytes();
-    shut_down_nccl(group);
-    if (args.contains("snapshot") && !result.snapshot.empty()) write_file_atomically(args["snapshot"], result.snapshot);
+    // A Python model is built once on the Meta device first, to count its parameters: what its code imports on the
+    // way (modules whose import allocates tensors, PEFT's among them) is then there before the probe, as in a
+    // training script, not counted as the model's.
+    std::optional<ParamCounts> counts;
+    if (fixture.model.arch == Arch::kPython) counts = workload_param_counts(fixture);
+    ProbeResult result;
+    if (args.contains("estimate-for")) {
+      const auto& target = args["estimate-for"];
+      if (target != "cpu" && target != "cuda") throw std::invalid_argument("--estimate-for: expected cpu or cuda");
+      result = estimate_probe(fixture, batch_size, target == "cpu" ? EstimateTarget::kCpu : EstimateTarget::kCuda,
+                              options);
+    } else {
+      // The CPU (Gloo), or the GPU of this rank's own (NCCL): cuda:N, which the probe gave it.
+      const c10::Device device(args.contains("device") ? args["device"] : std::string("cpu"));
+      if (!device.is_cpu() && !(device.is_cuda() && device.has_index())) {
+        throw std::invalid_argument("--device: expected cpu or cuda:N, got " + args["device"]);
+      }
+      std::optional<RankGroup> group;
+      if (is_rank) {
+        group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, kRankTimeout)
+                                 : join_gloo_group(args["store"], rank, world, kRankTimeout);
+        options.rank_group = &*group;
+      }
+      result = cap > 0 ? run_probe_capped(fixture, batch_size, device, cap, options)
+                       : run_probe(fixture, batch_size, device, options);
+      if (group) {
+        result.communicator_bytes = communicator_bytes();
+        shut_down_nccl(*group);
+      }
+    }
+    if (!is_rank) result.param_counts = counts ? *counts : workload_param_counts(fixture);
+    if (args.contains("snapshot")) {
+      if (!result.snapshot.empty()) write_file_atomically(args["snapshot"], result.snapshot);
+      for (std::size_t r = 0; r < result.rank_snapshots.size(); ++r) {
+        write_file_atomically(fmt::format("{}.rank{}", args["snapshot"], r), result.rank_snapshots[r]);
+      }
+    }
     write_file_atomically(args["output"], rank_result_text(rank, result));
     return 0;
   } catch (const std::invalid_argument& e) {

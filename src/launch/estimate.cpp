@@ -5,6 +5,7 @@
 #include "memgate/backend/cpu_allocator.h"
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/estimate/meta_kernels.h"
+#include "memgate/launch/ranks.h"
 #include "memgate/launch/run.h"
 
 #include <c10/util/Exception.h>
@@ -42,6 +43,9 @@ class CpuBesideMeta final : public CountingCpuAllocator::Observer {
 
 ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
                            const ProbeOptions& options) {
+  if (runs_in_python(workload)) {
+    return run_python_probe(workload, batch_size, c10::Device(c10::DeviceType::Meta), options, target);
+  }
   // The CUDA caching allocator hands out blocks in multiples of 512 bytes, and counts those.
   auto& meta = CountingMetaAllocator::install();
   meta.set_granularity(target == EstimateTarget::kCuda ? 512 : 0);
@@ -72,10 +76,11 @@ Profile estimate_profile(const Workload& workload, const std::vector<std::int64_
   }
   profile.device.torch_version = TORCH_VERSION;
   profile.fixture = workload.name;
-  profile.params = workload_param_counts(workload);
+  if (!runs_in_python(workload)) profile.params = workload_param_counts(workload);
   for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
     if (on_probe) on_probe(i, batch_sizes[i], nullptr);
     profile.probes.push_back(estimate_probe(workload, batch_sizes[i], target, options));
+    if (profile.probes.back().param_counts) profile.params = *profile.probes.back().param_counts;
     if (on_probe) on_probe(i, batch_sizes[i], &profile.probes.back());
   }
   return profile;

@@ -7,6 +7,7 @@
 #include "memgate/base/files.h"
 #include "memgate/backend/device.h"
 #include "memgate/distributed/process_group.h"
+#include "memgate/models/python.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
+#include <variant>
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -66,9 +69,87 @@ std::string rank_executable() {
               "to memgate's path (or call memgate::rank_main from main(), as memgate_add_memory_suite's programs do)");
 }
 
+// The Python that runs a Python fixture's probes: its `python:` key, else MEMGATE_PYTHON, else the Python whose torch
+// this memgate was built against, else python3 on PATH.
+std::string python_executable(const PythonOptions& py) {
+  std::string name = py.python;
+  const char* where = "model.python";
+  std::error_code ec;
+  if (name.empty()) {
+    const char* env = std::getenv("MEMGATE_PYTHON");
+    if (env != nullptr && *env != '\0') {
+      name = env;
+      where = "MEMGATE_PYTHON";
+    }
+  }
+#ifdef MEMGATE_DEFAULT_PYTHON
+  if (name.empty() && ::access(MEMGATE_DEFAULT_PYTHON, X_OK) == 0) {
+    name = MEMGATE_DEFAULT_PYTHON;
+    where = "the Python memgate was built with";
+  }
+#endif
+  if (name.empty()) {
+    name = "python3";
+    where = "python3 on PATH";
+  }
+  if (name.find('/') != std::string::npos) {
+    if (::access(name.c_str(), X_OK) == 0 && !std::filesystem::is_directory(name, ec)) return name;
+    throw Error(fmt::format("the Python '{}' ({}) is not an executable file", name, where));
+  }
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
+  for (std::size_t start = 0; start <= dirs.size();) {
+    const auto end = std::min(dirs.find(':', start), dirs.size());
+    const auto candidate = std::filesystem::path(dirs.substr(start, end - start)) / name;
+    if (::access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate, ec)) return candidate;
+    start = end + 1;
+  }
+  throw Error(fmt::format("the Python '{}' ({}) is not on PATH: set MEMGATE_PYTHON to a Python with torch and memgate",
+                          name, where));
+}
+
+// What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
+// which calls rank_main); else the rank executable.
+std::vector<std::string> child_command(const Workload& workload) {
+  if (const auto* py = std::get_if<PythonOptions>(&workload.model.options)) {
+    return {python_executable(*py), "-m", "memgate"};
+  }
+  return {rank_executable()};
+}
+
+// The environment of a probe's processes: this one's, with memgate's Python package (MEMGATE_PYTHONPATH, else the
+// build tree's) first on PYTHONPATH, so that `python -m memgate` finds the extension this memgate built.
+std::vector<std::string> child_environment() {
+  std::string package;
+  if (const char* env = std::getenv("MEMGATE_PYTHONPATH"); env != nullptr && *env != '\0') package = env;
+#ifdef MEMGATE_PYTHON_PACKAGE_DIR
+  std::error_code ec;
+  if (package.empty() && std::filesystem::is_regular_file(MEMGATE_PYTHON_PACKAGE_DIR "/memgate/__init__.py", ec)) {
+    package = MEMGATE_PYTHON_PACKAGE_DIR;
+  }
+#endif
+  std::vector<std::string> env;
+  std::string pythonpath = package;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (entry.starts_with("PYTHONPATH=")) {
+      const auto rest = entry.substr(11);
+      if (!rest.empty()) pythonpath += (pythonpath.empty() ? "" : ":") + std::string(rest);
+    } else {
+      env.emplace_back(entry);
+    }
+  }
+  if (!pythonpath.empty()) env.push_back("PYTHONPATH=" + pythonpath);
+  return env;
+}
+
 }  // namespace
 
 void declare_rank_host() { rank_host() = true; }
+
+bool runs_in_python(const Workload& workload) {
+  return workload.model.arch == Arch::kPython && !python_models_available();
+}
 
 namespace {
 
@@ -82,7 +163,7 @@ std::filesystem::path make_run_dir() {
   return dir;
 }
 
-pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -90,8 +171,11 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw Error(fmt::format("cannot start rank process {}: {}", argv[0], std::strerror(rc)));
   return pid;
@@ -121,23 +205,136 @@ Components components_from(const nlohmann::json& j) {
   return c;
 }
 
+nlohmann::json components_json(const Components& c) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& info : kComponentTable) out[std::string(info.name)] = c.*info.member;
+  return out;
+}
+
+// One rank's figures as rank_result_text writes them (a rank's own file, or an entry of `ranks`).
+RankComponents rank_components_from(const nlohmann::json& j) {
+  return {.rank = j.at("rank").get<int>(),
+          .components = components_from(j.at("components")),
+          .comm_buffer_bytes = j.at("comm_buffer_bytes").get<std::int64_t>(),
+          .comm_buffers = j.at("comm_buffers").get<std::int64_t>(),
+          .communicator_bytes = j.at("communicator_bytes").get<std::int64_t>(),
+          .outside_allocator_bytes = j.at("outside_allocator_bytes").get<std::int64_t>(),
+          .library_workspace_bytes = j.at("library_workspace_bytes").get<std::int64_t>()};
+}
+
+// What a child process said went wrong: the line where memgate's rank main names the error, else the log's end.
+std::string cause_of(const std::string& log) {
+  std::ifstream in(log);
+  std::string line, cause;
+  while (std::getline(in, line)) {
+    if (line.starts_with("memgate rank")) cause = line;
+  }
+  return cause.empty() ? tail_of(log) : cause;
+}
+
 }  // namespace
 
 std::string rank_result_text(int rank, const ProbeResult& r) {
-  nlohmann::json components = nlohmann::json::object();
-  for (const auto& info : kComponentTable) components[std::string(info.name)] = r.components.*info.member;
-  return nlohmann::json{{"rank", rank},
-          {"batch_size", r.batch_size},
-          {"oom", r.oom},
-          {"error", r.error},
-          {"components", components},
-          {"comm_buffer_bytes", r.comm_buffer_bytes},
-          {"comm_buffers", r.comm_buffers},
-          {"communicator_bytes", r.communicator_bytes},
-          {"outside_allocator_bytes", r.outside_allocator_bytes},
-          {"library_workspace_bytes", r.library_workspace_bytes},
-          {"seconds", r.seconds},
-          {"step_seconds", r.step_seconds}}.dump();
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& one : r.ranks) {
+    ranks.push_back({{"rank", one.rank},
+                     {"components", components_json(one.components)},
+                     {"comm_buffer_bytes", one.comm_buffer_bytes},
+                     {"comm_buffers", one.comm_buffers},
+                     {"communicator_bytes", one.communicator_bytes},
+                     {"outside_allocator_bytes", one.outside_allocator_bytes},
+                     {"library_workspace_bytes", one.library_workspace_bytes}});
+  }
+  nlohmann::json out{{"rank", rank},
+                     {"batch_size", r.batch_size},
+                     {"oom", r.oom},
+                     {"error", r.error},
+                     {"components", components_json(r.components)},
+                     {"comm_buffer_bytes", r.comm_buffer_bytes},
+                     {"comm_buffers", r.comm_buffers},
+                     {"communicator_bytes", r.communicator_bytes},
+                     {"outside_allocator_bytes", r.outside_allocator_bytes},
+                     {"library_workspace_bytes", r.library_workspace_bytes},
+                     {"seconds", r.seconds},
+                     {"step_seconds", r.step_seconds},
+                     {"ranks", ranks}};
+  if (r.param_counts) {
+    out["params"] = {{"total", r.param_counts->total},
+                     {"trainable", r.param_counts->trainable},
+                     {"frozen", r.param_counts->frozen}};
+  }
+  return out.dump();
+}
+
+ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                             const ProbeOptions& options, std::optional<EstimateTarget> estimate,
+                             std::int64_t cap_bytes) {
+  require_batch_size(workload, batch_size);
+  if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
+    throw Error(fmt::format("{}: a Python fixture's probe starts a Python process from the fixture's file, and '{}' is "
+                            "not one", workload.name, workload.source));
+  }
+  auto command = child_command(workload);
+  const auto env = child_environment();
+  const auto dir = make_run_dir();
+  struct Cleanup {
+    std::filesystem::path dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  const auto& spec = workload.training.distributed;
+  command.insert(command.end(), {
+      "--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size), "--rank", "0",
+      "--world-size", std::to_string(spec.enabled() ? spec.world_size : 1), "--output", (dir / "rank0.json").string(),
+      "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
+      "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
+      "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(cap_bytes), "--device", device.str()});
+  if (estimate) command.insert(command.end(), {"--estimate-for", *estimate == EstimateTarget::kCpu ? "cpu" : "cuda"});
+  const auto snapshot = dir / "probe.pickle";
+  if (options.snapshot) command.insert(command.end(), {"--snapshot", snapshot.string()});
+  const auto log = (dir / "rank0.log").string();
+  const pid_t pid = spawn(command, env, log);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    throw Error(fmt::format("{} at batch {}: its Python probe ({} -m memgate) {}: {}", workload.source, batch_size,
+                            command.front(),
+                            WIFEXITED(status) ? fmt::format("exited with status {}", WEXITSTATUS(status))
+                                              : fmt::format("was killed by signal {}", WTERMSIG(status)),
+                            cause_of(log)));
+  }
+  const auto j = read_rank_result(dir, 0);
+  ProbeResult result;
+  result.batch_size = batch_size;
+  result.oom = j.at("oom").get<bool>();
+  result.error = j.at("error").get<std::string>();
+  result.components = components_from(j.at("components"));
+  result.comm_buffer_bytes = j.at("comm_buffer_bytes").get<std::int64_t>();
+  result.comm_buffers = j.at("comm_buffers").get<std::int64_t>();
+  result.communicator_bytes = j.at("communicator_bytes").get<std::int64_t>();
+  result.outside_allocator_bytes = j.at("outside_allocator_bytes").get<std::int64_t>();
+  result.library_workspace_bytes = j.at("library_workspace_bytes").get<std::int64_t>();
+  result.seconds = j.at("seconds").get<double>();
+  result.step_seconds = j.at("step_seconds").get<double>();
+  for (const auto& r : j.at("ranks")) result.ranks.push_back(rank_components_from(r));
+  if (j.contains("params")) {
+    const auto& p = j.at("params");
+    result.param_counts = ParamCounts{p.at("total").get<std::int64_t>(), p.at("trainable").get<std::int64_t>(),
+                                      p.at("frozen").get<std::int64_t>()};
+  }
+  if (options.snapshot) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(snapshot, ec)) result.snapshot = read_text_file(snapshot, "a memory snapshot");
+    for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+      const auto path = dir / fmt::format("probe.pickle.rank{}", r);
+      result.rank_snapshots.push_back(std::filesystem::is_regular_file(path, ec) ? read_text_file(path, "a memory snapshot")
+                                                                                : std::string());
+    }
+  }
+  return result;
 }
 
 ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
@@ -190,7 +387,8 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     throw Error(fmt::format("{}: a distributed probe starts each rank from the fixture's file, and '{}' is not one",
                             workload.name, workload.source));
   }
-  const auto exe = rank_executable();
+  const auto command = child_command(workload);
+  const auto env = child_environment();
   const auto dir = make_run_dir();
   struct Cleanup {
     std::filesystem::path dir;
@@ -202,18 +400,19 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
   const auto start = std::chrono::steady_clock::now();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> argv{
-        exe, "--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size),
+    auto argv = command;
+    argv.insert(argv.end(), {
+        "--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size),
         "--rank", std::to_string(r), "--world-size", std::to_string(world), "--store", (dir / "store").string(),
         "--output", (dir / fmt::format("rank{}.json", r)).string(),
         "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
         "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
         "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(options.rank_cap_bytes),
-        "--device", rank_devices[static_cast<std::size_t>(r)]};
+        "--device", rank_devices[static_cast<std::size_t>(r)]});
     if (options.snapshot) {
       argv.insert(argv.end(), {"--snapshot", (dir / fmt::format("rank{}.pickle", r)).string()});
     }
-    pids.push_back(spawn(argv, (dir / fmt::format("rank{}.log", r)).string()));
+    pids.push_back(spawn(argv, env, (dir / fmt::format("rank{}.log", r)).string()));
   }
   // Each rank's end; the first that fails stops the others (they would wait on it in a collective).
   std::string failure;
@@ -274,13 +473,8 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
       if (result.error.empty()) result.error = rank_oom_error(r, j);
       continue;
     }
-    RankComponents rc{.rank = r,
-                      .components = components_from(j.at("components")),
-                      .comm_buffer_bytes = j.at("comm_buffer_bytes").get<std::int64_t>(),
-                      .comm_buffers = j.at("comm_buffers").get<std::int64_t>(),
-                      .communicator_bytes = j.at("communicator_bytes").get<std::int64_t>(),
-                      .outside_allocator_bytes = j.at("outside_allocator_bytes").get<std::int64_t>(),
-                      .library_workspace_bytes = j.at("library_workspace_bytes").get<std::int64_t>()};
+    auto rc = rank_components_from(j);
+    rc.rank = r;
     result.step_seconds = std::max(result.step_seconds, j.at("step_seconds").get<double>());
     result.ranks.push_back(rc);
   }

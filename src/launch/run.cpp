@@ -13,8 +13,12 @@ namespace memgate {
 
 ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                       const ProbeOptions& options) {
-  if (workload.training.distributed.enabled() && options.rank_group == nullptr) {
-    return run_distributed_probe(workload, batch_size, device, options);
+  if (options.rank_group == nullptr) {
+    // A Python fixture in a Python process of its own; a distributed one's ranks each in one.
+    if (runs_in_python(workload) && (device.is_meta() || !workload.training.distributed.enabled())) {
+      return run_python_probe(workload, batch_size, device, options, std::nullopt);
+    }
+    if (workload.training.distributed.enabled()) return run_distributed_probe(workload, batch_size, device, options);
   }
   return measure_probe(workload, batch_size, device, options);
 }
@@ -27,6 +31,9 @@ ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, 
     auto capped = options;
     capped.rank_cap_bytes = cap_bytes;
     return run_distributed_probe(workload, batch_size, device, capped);
+  }
+  if (runs_in_python(workload) && options.rank_group == nullptr) {
+    return run_python_probe(workload, batch_size, device, options, std::nullopt, cap_bytes);
   }
   if (device.is_cpu()) {
     auto& counter = CountingCpuAllocator::install();
@@ -51,10 +58,12 @@ Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& b
   Profile profile;
   profile.device = describe_probe_device(device, workload, options);
   profile.fixture = workload.name;
-  profile.params = workload_param_counts(workload);
+  // A Python fixture's model is built in its probes' Python processes, which count its parameters.
+  if (!runs_in_python(workload)) profile.params = workload_param_counts(workload);
   for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
     if (on_probe) on_probe(i, batch_sizes[i], nullptr);
     profile.probes.push_back(run_probe(workload, batch_sizes[i], device, options));
+    if (profile.probes.back().param_counts) profile.params = *profile.probes.back().param_counts;
     if (on_probe) on_probe(i, batch_sizes[i], &profile.probes.back());
   }
   return profile;

@@ -2,6 +2,7 @@
 #include "memgate/models/torchscript.h"
 
 #include "memgate/base/error.h"
+#include "memgate/models/task.h"
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wnull-dereference"  // in LibTorch's flat hash map, which jit headers include
@@ -94,63 +95,14 @@ class TorchScriptModel final : public Model {
   torch::nn::Module& module() override { return *root_; }
 
   Batch make_batch(std::int64_t batch_size) override {
-    Batch batch;
-    for (const auto& input : spec_.inputs) {
-      std::vector<std::int64_t> shape = input.shape;
-      for (auto& d : shape) d = d < 0 ? batch_size : d;
-      const auto opts = torch::TensorOptions().device(device_).dtype(input.dtype);
-      if (c10::isFloatingType(input.dtype)) {
-        batch.inputs.push_back(torch::randn(shape, opts));
-      } else if (input.dtype == c10::ScalarType::Bool) {
-        batch.inputs.push_back(torch::randint(2, shape, opts.dtype(torch::kLong)).to(torch::kBool));
-      } else {
-        batch.inputs.push_back(torch::randint(input.high, shape, opts));
-      }
-    }
-    switch (spec_.task) {
-      case TorchScriptOptions::Task::kClassify:
-        batch.target = torch::randint(spec_.num_classes, {batch_size}, torch::TensorOptions().device(device_).dtype(torch::kLong));
-        break;
-      case TorchScriptOptions::Task::kRegress: {
-        // The target has the output's shape, found by one forward without autograd (freed before measuring).
-        torch::NoGradGuard no_grad;
-        const auto out = output_tensor(forward(batch), "regress");
-        batch.target = torch::randn(out.sizes(), torch::TensorOptions().device(device_).dtype(torch::kFloat32));
-        break;
-      }
-      case TorchScriptOptions::Task::kSum: break;
-    }
-    return batch;
+    return make_task_batch(spec_.inputs, spec_.task, spec_.num_classes, device_, batch_size,
+                           [this](const Batch& b) { return output_tensor(run(b), "regress"); });
   }
 
   torch::Tensor loss(const Batch& batch) override {
-    auto out = run(batch);
-    switch (spec_.task) {
-      case TorchScriptOptions::Task::kClassify: {
-        const auto logits = output_tensor(out, "classify");
-        if (logits.dim() != 2 || logits.size(0) != batch.target.size(0) || logits.size(1) != spec_.num_classes) {
-          throw Error(spec_.path + ": task classify expects an output of shape [B, " +
-                      std::to_string(spec_.num_classes) + "] (num_classes), got " + shape_of(logits));
-        }
-        return torch::nn::functional::cross_entropy(logits, batch.target);
-      }
-      case TorchScriptOptions::Task::kRegress:
-        return torch::mse_loss(output_tensor(out, "regress"), batch.target);
-      case TorchScriptOptions::Task::kSum: {
-        std::vector<torch::Tensor> tensors;
-        collect_tensors(out, tensors);
-        if (tensors.empty()) throw Error(spec_.path + ": task sum: forward() returned no tensor");
-        torch::Tensor total;
-        for (const auto& t : tensors) {
-          if (!t.is_floating_point()) continue;
-          auto s = t.sum();
-          total = total.defined() ? total + s : s;
-        }
-        if (!total.defined()) throw Error(spec_.path + ": task sum: forward() returned no floating-point tensor");
-        return total;
-      }
-    }
-    return {};
+    std::vector<torch::Tensor> tensors;
+    collect_tensors(run(batch), tensors);
+    return task_loss(spec_.task, spec_.num_classes, tensors, batch, spec_.path);
   }
 
   torch::Tensor forward(const Batch& batch) override { return output_tensor(run(batch), "forward"); }
@@ -160,12 +112,6 @@ class TorchScriptModel final : public Model {
 
  private:
   static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-  static std::string shape_of(const torch::Tensor& t) {
-    std::string out = "[";
-    for (std::int64_t i = 0; i < t.dim(); ++i) out += (i ? ", " : "") + std::to_string(t.size(i));
-    return out + "]";
-  }
 
   c10::IValue run(const Batch& batch) {
     // Errors (an out-of-memory among them) propagate as LibTorch raised them: the probe tells them apart.

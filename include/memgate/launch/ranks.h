@@ -1,12 +1,15 @@
-// The distributed probe: one process per rank, started from a program whose main() runs ranks (rank_main), each
-// measuring its own components; on the Meta device, the ranks in turn in this process.
+// Probes in processes of their own: the distributed probe (one process per rank, started from a program whose main()
+// runs ranks, rank_main; on the Meta device, the ranks in turn in this process), and a Python fixture's probe in a
+// Python process that imports memgate's extension (`python -m memgate`).
 #pragma once
 
+#include "memgate/estimate/meta_kernels.h"
 #include "memgate/measure/probe.h"
 
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace memgate {
@@ -19,7 +22,22 @@ namespace memgate {
 [[nodiscard]] ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                                                 const ProbeOptions& options = {});
 
-/// What a rank's process leaves for run_distributed_probe: its result as one JSON object.
+/// Whether `workload` is a Python fixture (arch: python) and this process cannot build it: its probes then run in
+/// a Python process (run_python_probe). False in the Python process itself, which imported memgate's extension.
+[[nodiscard]] bool runs_in_python(const Workload& workload);
+
+/// A Python fixture's whole probe in a Python process of its own: the fixture's `python:`, else MEMGATE_PYTHON, else
+/// python3, running `-m memgate --memgate-rank ...` with memgate's package first on PYTHONPATH (MEMGATE_PYTHONPATH,
+/// else this build's). It measures on `device` (its allocator capped at `cap_bytes` when > 0) or, with `estimate`,
+/// estimates for that target on the Meta device; a distributed fixture's ranks are estimated in it, or started from
+/// it. The result carries the model's parameter counts. A process that fails is an error naming the fixture, the
+/// Python and the cause it printed (the Python error's last line for the user's code).
+[[nodiscard]] ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                                           const ProbeOptions& options, std::optional<EstimateTarget> estimate,
+                                           std::int64_t cap_bytes = 0);
+
+/// What a probe's process leaves for its parent: its result as one JSON object (its ranks' and the model's
+/// parameter counts too where it has them).
 [[nodiscard]] std::string rank_result_text(int rank, const ProbeResult& result);
 
 /// Says that this program's main() runs a rank when started with --memgate-rank (gate/rank.h's is_rank_command

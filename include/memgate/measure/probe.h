@@ -50,6 +50,9 @@ struct ProbeResult {
   /// A distributed probe on GPUs: what its ranks' NCCL communicators take outside the caching allocator, the largest
   /// over ranks (RankComponents::communicator_bytes); budgets add it to what a rank needs. 0 elsewhere.
   std::int64_t communicator_bytes = 0;
+  /// The model's parameter counts where the probe ran in a process of its own that built it (a Python fixture's,
+  /// in a Python process): a profile takes them from there. Unset otherwise.
+  std::optional<ParamCounts> param_counts;
 };
 
 /// Whether an error from a step is the device running out of memory in any of its forms: the caching allocator's

@@ -60,6 +60,7 @@ struct TrainingSpec {
   std::string allocator;            ///< CUDA allocator settings, e.g. expandable_segments:True
   CpuKernels cpu_kernels = CpuKernels::kPortable;  ///< portable | host: the kernels a CPU probe runs
   DistributedSpec distributed;      ///< ranks and strategy; none: one device
+  bool compile = false;             ///< a Python model trained as torch.compile(module) compiles it
 };
 
 /// An optimizer that updates parameters as torch.optim's AdamW and SGD do, tensor for tensor: the same state

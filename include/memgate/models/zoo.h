@@ -5,6 +5,7 @@
 #include "memgate/models/gpt.h"
 #include "memgate/models/model.h"
 #include "memgate/models/multimodal.h"
+#include "memgate/models/python.h"
 #include "memgate/models/resnet.h"
 #include "memgate/models/segnet.h"
 #include "memgate/models/torchscript.h"
@@ -20,17 +21,19 @@
 
 namespace memgate {
 
-/// The architectures of the zoo, a TorchScript module, or one registered by the program (models/registry.h).
-enum class Arch { kVit, kResNet, kUNet, kGpt, kSegNet, kMultimodal, kTorchScript, kRegistered };
+/// The architectures of the zoo, a TorchScript module, a Python module (models/python.h), or one registered by the
+/// program (models/registry.h).
+enum class Arch { kVit, kResNet, kUNet, kGpt, kSegNet, kMultimodal, kTorchScript, kPython, kRegistered };
 
 /// The words of Arch, as fixtures' `model.arch` spells them (a registered architecture goes by its own name).
-inline constexpr EnumNames<Arch, 7> kArchNames{{{Arch::kVit, "vit"},
+inline constexpr EnumNames<Arch, 8> kArchNames{{{Arch::kVit, "vit"},
                                                 {Arch::kResNet, "resnet"},
                                                 {Arch::kUNet, "unet"},
                                                 {Arch::kGpt, "gpt"},
                                                 {Arch::kSegNet, "segnet"},
                                                 {Arch::kMultimodal, "multimodal"},
-                                                {Arch::kTorchScript, "torchscript"}}};
+                                                {Arch::kTorchScript, "torchscript"},
+                                                {Arch::kPython, "python"}}};
 
 /// A registered architecture's name and its options (defaults filled in).
 struct RegisteredOptions {
@@ -42,7 +45,7 @@ struct RegisteredOptions {
 struct ModelSpec {
   Arch arch = Arch::kVit;
   std::variant<VitOptions, ResNetOptions, UNetOptions, GptOptions, SegNetOptions, MultimodalOptions,
-               TorchScriptOptions, RegisteredOptions>
+               TorchScriptOptions, PythonOptions, RegisteredOptions>
       options;
 };
 

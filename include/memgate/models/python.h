@@ -1,0 +1,59 @@
+// A model of the user's own in Python: the fixture's keys (the callable that builds their nn.Module, its inputs and
+// task) and the hook through which memgate's Python extension builds it. Only a Python process that imported
+// memgate's extension (memgate._core) can build one; elsewhere a probe of it runs in such a process (launch/).
+#pragma once
+
+#include "memgate/models/model.h"
+#include "memgate/models/torchscript.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace memgate {
+
+/// A fixture's `model:` for `arch: python` (DESIGN.md).
+struct PythonOptions {
+  /// `<file.py or dotted.module>:<callable>`: a file is resolved against the fixture's folder (`entry_file` holds
+  /// the resolved path), a dotted module is imported from the Python's own path.
+  std::string entry;
+  std::string entry_file;  ///< the resolved file, or empty for a dotted module
+  std::string entry_module;  ///< the dotted module, or empty for a file
+  std::string entry_callable;  ///< the callable's name in the file or module
+  nlohmann::json args = nlohmann::json::object();  ///< keyword arguments of the callable
+  std::vector<TorchScriptInput> inputs;  ///< one per positional argument of forward(); B is the batch size
+  TorchScriptOptions::Task task = TorchScriptOptions::Task::kSum;
+  std::int64_t num_classes = 0;  ///< classify only
+  /// Optional `(output, batch) -> loss` in place of `task`, named as `entry` is (`loss_file` / `loss_module`).
+  std::string loss;
+  std::string loss_file;
+  std::string loss_module;
+  std::string loss_callable;
+  /// A module-name pattern (shell-style: `*` matches any run of characters, dots included): the outermost modules
+  /// whose names match are the model's blocks, in module order (gradient checkpointing, last_blocks:N, FSDP units).
+  std::string blocks;
+  /// The Python that runs the model (the fixture's `python:`); empty: MEMGATE_PYTHON, else python3.
+  std::string python;
+  /// Train the module as torch.compile(module) compiles it (the fixture's `training.compile`).
+  bool compile = false;
+};
+
+/// Builds a Python model on `device` with `seed` (the extension installs one; nullptr elsewhere).
+using PythonModelFactory =
+    std::function<std::unique_ptr<Model>(const PythonOptions& options, torch::Device device, std::uint64_t seed)>;
+
+/// Installs the factory (memgate._core does, when Python imports it).
+void set_python_model_factory(PythonModelFactory factory);
+
+/// Whether this process can build Python models: it is a Python that imported memgate's extension.
+[[nodiscard]] bool python_models_available();
+
+/// Builds the model with the installed factory; throws memgate::Error where there is none.
+[[nodiscard]] std::unique_ptr<Model> make_python_model(const PythonOptions& options, torch::Device device,
+                                                       std::uint64_t seed);
+
+}  // namespace memgate

@@ -1,0 +1,27 @@
+"""`python -m memgate --memgate-rank --fixture F --batch-size B ...`: one probe (or one rank) of a fixture in this
+Python process, as memgate starts it for a Python fixture; exit 0 when it measured, 2 for bad arguments, 3 otherwise."""
+import sys
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] != "--memgate-rank":
+        print("usage: python -m memgate --memgate-rank --fixture F --batch-size B ... (memgate starts it; "
+              "run the gate with the memgate command)", file=sys.stderr)
+        return 2
+    try:
+        from memgate import check_torch
+
+        check_torch()
+        from memgate import _core
+    except ImportError as e:
+        print(f"memgate rank: {e}", file=sys.stderr)
+        return 3
+    if "--estimate-for" in sys.argv:
+        from memgate._meta import prefer_libtorch_meta_kernels
+
+        kept = prefer_libtorch_meta_kernels()  # noqa: F841 (its registrations last while it does)
+    return _core.rank_main(sys.argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

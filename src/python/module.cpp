@@ -1,0 +1,37 @@
+// memgate._core: memgate's C++ core as a Python extension module, built against the torch of the Python that
+// imports it. Importing it lets this process build Python models (PythonModel); rank_main runs one probe or one rank
+// of a fixture in this process, as a memgate program started with --memgate-rank does.
+#include "python_model.h"
+
+#include "memgate/gate/rank.h"
+
+#include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
+
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "memgate's C++ core: probes of Python models by memgate's own protocol";
+  m.attr("__version__") = MEMGATE_VERSION;
+  m.attr("TORCH_VERSION") = MEMGATE_BUILT_FOR_TORCH;
+  memgate::set_python_model_factory([](const memgate::PythonOptions& options, torch::Device device,
+                                       std::uint64_t seed) -> std::unique_ptr<memgate::Model> {
+    return std::make_unique<memgate::python::PythonModel>(options, device, seed);
+  });
+  m.def(
+      "rank_main",
+      [](const std::vector<std::string>& argv) {
+        std::vector<std::string> args = argv;
+        std::vector<char*> pointers;
+        for (auto& a : args) pointers.push_back(a.data());
+        pointers.push_back(nullptr);
+        // The probe runs without the GIL; the model's Python code takes it for each call (autograd's threads too).
+        py::gil_scoped_release release;
+        return memgate::rank_main(static_cast<int>(args.size()), pointers.data());
+      },
+      py::arg("argv"),
+      "Runs `<program> --memgate-rank --fixture F --batch-size B ...` in this process; returns its exit code.");
+}

@@ -1,0 +1,341 @@
+// A user's nn.Module, built by their own Python code in this (Python) process and trained by memgate's C++
+// TrainingStep: its parameters mirrored (the same tensors) as a torch::nn::Module, its forward called through
+// pybind11, its blocks run through memgate's checkpointing and block hooks (FSDP's units).
+#include "python_model.h"
+
+#include "memgate/base/error.h"
+#include "memgate/models/checkpoint.h"
+#include "memgate/models/task.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fnmatch.h>
+#include <memory>
+#include <set>
+#include <unordered_set>
+
+namespace py = pybind11;
+
+namespace memgate::python {
+
+std::string describe_python_error(const py::error_already_set& e) {
+  py::gil_scoped_acquire gil;
+  std::string type = "Error";
+  try {
+    type = py::str(e.type().attr("__name__")).cast<std::string>();
+  } catch (const std::exception&) {
+  }
+  std::string message;
+  try {
+    message = py::str(e.value()).cast<std::string>();
+  } catch (const std::exception&) {
+  }
+  // The Python error's last line, as a traceback ends: "ModuleNotFoundError: No module named 'x'".
+  if (const auto nl = message.find('\n'); nl != std::string::npos) message = message.substr(0, nl);
+  return message.empty() ? type : type + ": " + message;
+}
+
+namespace {
+
+// The module tree of a Python nn.Module as torch::nn::Modules holding the same tensors (not copies), so that what
+// reads module() (trainable selection, parameter counts, train()/eval()) sees the module's own parameters under their
+// own dotted names. A tensor shared by two modules (tied weights) is registered once, at its first place in
+// module order, as named_parameters() lists it.
+class PyMirror : public torch::nn::Module {
+ public:
+  PyMirror(const py::handle& module, std::unordered_set<const c10::TensorImpl*>& seen) {
+    for (const auto item : module.attr("named_parameters")(py::arg("recurse") = false)) {
+      const auto pair = item.cast<py::tuple>();
+      const auto tensor = pair[1].cast<at::Tensor>();
+      if (!seen.insert(tensor.unsafeGetTensorImpl()).second) continue;
+      register_parameter(pair[0].cast<std::string>(), tensor, tensor.requires_grad());
+    }
+    for (const auto item : module.attr("named_buffers")(py::arg("recurse") = false)) {
+      const auto pair = item.cast<py::tuple>();
+      const auto tensor = pair[1].cast<at::Tensor>();
+      if (!seen.insert(tensor.unsafeGetTensorImpl()).second) continue;
+      register_buffer(pair[0].cast<std::string>(), tensor);
+    }
+    for (const auto item : module.attr("named_children")()) {
+      const auto pair = item.cast<py::tuple>();
+      register_module(pair[0].cast<std::string>(), std::make_shared<PyMirror>(pair[1], seen));
+    }
+  }
+};
+
+class RootMirror final : public PyMirror {
+ public:
+  RootMirror(py::object module, std::unordered_set<const c10::TensorImpl*>& seen)
+      : PyMirror(module, seen), module_(std::move(module)) {}
+  ~RootMirror() override {
+    py::gil_scoped_acquire gil;
+    module_ = py::object();
+  }
+  void train(bool on) override {
+    torch::nn::Module::train(on);
+    py::gil_scoped_acquire gil;
+    module_.attr("train")(on);
+  }
+
+ private:
+  py::object module_;
+};
+
+void collect_tensors(const py::handle& value, std::vector<torch::Tensor>& out) {
+  if (THPVariable_Check(value.ptr())) {
+    out.push_back(value.cast<at::Tensor>());
+  } else if (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value)) {
+    for (const auto e : value) collect_tensors(e, out);
+  } else if (py::isinstance<py::dict>(value)) {  // a dict, or transformers' ModelOutput (an OrderedDict)
+    for (const auto e : value.cast<py::dict>()) collect_tensors(e.second, out);
+  }
+}
+
+// One call of a block's original forward with the arguments it was given besides its first tensor: kept alive for
+// the recomputation of a checkpointed block in backward. Its Python objects go with the GIL held.
+// (Every member is a plain py::object, emptied under the GIL in the destructor: a typed one such as py::tuple() would
+// make a new empty object there, released after the GIL is.)
+struct BlockCall {
+  py::object forward;
+  py::object rest;    ///< a tuple
+  py::object kwargs;  ///< a dict
+  py::object extra;   ///< what the block returned after its first tensor (a tuple's tail), or None
+  BlockCall(py::object f, py::object r, py::object k) : forward(std::move(f)), rest(std::move(r)), kwargs(std::move(k)) {}
+  BlockCall(const BlockCall&) = delete;
+  BlockCall& operator=(const BlockCall&) = delete;
+  ~BlockCall() {
+    py::gil_scoped_acquire gil;
+    forward = py::object();
+    rest = py::object();
+    kwargs = py::object();
+    extra = py::object();
+  }
+  torch::Tensor run(const torch::Tensor& x) {
+    py::gil_scoped_acquire gil;
+    py::object out = forward(x, *rest, **kwargs);
+    if (THPVariable_Check(out.ptr())) return out.cast<at::Tensor>();
+    if (py::isinstance<py::tuple>(out)) {
+      auto tuple = out.cast<py::tuple>();
+      if (!tuple.empty() && THPVariable_Check(tuple[0].ptr())) {
+        extra = tuple[py::slice(1, static_cast<py::ssize_t>(tuple.size()), 1)];
+        return tuple[0].cast<at::Tensor>();
+      }
+    }
+    throw Error("a block's forward returned " + py::str(py::type::of(out)).cast<std::string>() +
+                ": memgate runs blocks that return a tensor, or a tuple whose first element is one");
+  }
+};
+
+bool matches(const std::string& pattern, const std::string& name) {
+  return ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+py::object import_callable(const std::string& file, const std::string& module, const std::string& callable,
+                           const std::string& key, const std::string& entry) try {
+  py::object target;
+  if (!file.empty()) {
+    // The file's folder on sys.path first, so that it imports its neighbours as the user's scripts do.
+    const auto folder = std::filesystem::path(file).parent_path().string();
+    auto sys_path = py::module_::import("sys").attr("path").cast<py::list>();
+    if (!sys_path.contains(py::str(folder))) sys_path.insert(0, folder);
+    const auto util = py::module_::import("importlib.util");
+    const auto name = "memgate_fixture_" + std::filesystem::path(file).stem().string();
+    const auto spec = util.attr("spec_from_file_location")(name, file);
+    target = util.attr("module_from_spec")(spec);
+    py::module_::import("sys").attr("modules")[py::str(name)] = target;
+    spec.attr("loader").attr("exec_module")(target);
+  } else {
+    target = py::module_::import(module.c_str());
+  }
+  if (!py::hasattr(target, callable.c_str())) {
+    throw Error(fmt::format("{}: '{}' has no attribute '{}'", key, file.empty() ? module : file, callable));
+  }
+  auto fn = target.attr(callable.c_str());
+  if (!PyCallable_Check(fn.ptr())) throw Error(fmt::format("{}: '{}' is not callable", key, callable));
+  return fn;
+} catch (py::error_already_set& e) {
+  throw Error(fmt::format("{} {}: {}", key, entry, describe_python_error(e)));
+}
+
+}  // namespace
+
+PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::uint64_t seed)
+    : spec_(spec), device_(device) {
+  py::gil_scoped_acquire gil;
+  const auto torch_module = py::module_::import("torch");
+  auto build = import_callable(spec.entry_file, spec.entry_module, spec.entry_callable, "model.entry", spec.entry);
+  if (!spec.loss.empty()) {
+    loss_ = import_callable(spec.loss_file, spec.loss_module, spec.loss_callable, "model.loss", spec.loss);
+  }
+  try {
+    const auto kwargs = py::module_::import("json").attr("loads")(spec.args.dump()).cast<py::dict>();
+    torch_module.attr("manual_seed")(seed);
+    // Parameters are created on the probe's device directly (torch.device as the default device of factory
+    // functions: no CPU staging, and on the Meta device nothing is allocated); to() moves what was not.
+    py::object module;
+    {
+      const auto on_device = torch_module.attr("device")(device.str());
+      on_device.attr("__enter__")();
+      try {
+        module = build(**kwargs);
+      } catch (...) {
+        on_device.attr("__exit__")(py::none(), py::none(), py::none());
+        throw;
+      }
+      on_device.attr("__exit__")(py::none(), py::none(), py::none());
+    }
+    if (!py::isinstance(module, torch_module.attr("nn").attr("Module"))) {
+      throw Error(fmt::format("model.entry: {} returned {}, expected a torch.nn.Module", spec.entry,
+                              py::str(py::type::of(module)).cast<std::string>()));
+    }
+    module = module.attr("to")(device.str());
+    // What the build left in reference cycles goes now, not whenever Python's collector next runs.
+    py::module_::import("gc").attr("collect")();
+    std::unordered_set<const c10::TensorImpl*> seen;
+    root_ = std::make_shared<RootMirror>(module, seen);
+    module_ = module;
+    find_blocks();
+    // A compiled module's blocks stay as they are: memgate's wrapper, a C++ function, would break the graph at each.
+    if (!spec.compile) wrap_blocks();
+    forward_ = spec.compile ? torch_module.attr("compile")(module_) : module_;
+  } catch (py::error_already_set& e) {
+    throw Error(fmt::format("model.entry {}: {}", spec.entry, describe_python_error(e)));
+  }
+}
+
+PythonModel::~PythonModel() {
+  py::gil_scoped_acquire gil;
+  forward_ = py::object();
+  loss_ = py::object();
+  blocks_.clear();
+  module_ = py::object();
+}
+
+void PythonModel::find_blocks() {
+  if (spec_.blocks.empty()) return;
+  std::vector<std::string> some;
+  for (const auto item : module_.attr("named_modules")()) {
+    const auto pair = item.cast<py::tuple>();
+    const auto name = pair[0].cast<std::string>();
+    if (some.size() < 8 && !name.empty()) some.push_back(name);
+    if (name.empty() || !matches(spec_.blocks, name)) continue;
+    // The outermost modules that match: "blocks.*" names blocks.0, not blocks.0.attn too.
+    const bool inside = std::any_of(blocks_.begin(), blocks_.end(),
+                                    [&](const Block& b) { return name.starts_with(b.name + "."); });
+    if (!inside) blocks_.push_back({name, py::reinterpret_borrow<py::object>(pair[1]), nullptr});
+  }
+  if (blocks_.empty()) {
+    std::string names;
+    for (const auto& n : some) names += (names.empty() ? "" : ", ") + n;
+    throw Error(fmt::format("model.blocks: the pattern '{}' matches no module of the model (its modules: {}{})",
+                            spec_.blocks, names, some.size() == 8 ? ", ..." : ""));
+  }
+  const auto mirrors = root_->named_modules();
+  for (auto& b : blocks_) {
+    const auto* found = mirrors.find(b.name);
+    if (found == nullptr) throw Error("model.blocks: module '" + b.name + "' has no parameters or buffers of its own");
+    b.mirror = found->get();
+  }
+}
+
+// Each block's forward, replaced by one that runs it as a zoo model runs its blocks (run_block): checkpointed where
+// the training asks, and through the thread's BlockHook (FSDP's units) when one is installed.
+void PythonModel::wrap_blocks() {
+  for (auto& b : blocks_) {
+    const py::object original = b.module.attr("forward");
+    torch::nn::Module* mirror = b.mirror;
+    bool* checkpointing = &checkpointing_;
+    b.module.attr("forward") = py::cpp_function([original, mirror, checkpointing](py::args args, py::kwargs kwargs) {
+      if (args.empty() || !THPVariable_Check(args[0].ptr())) {
+        throw Error("a block's forward takes its input tensor as its first positional argument");
+      }
+      const auto x = args[0].cast<at::Tensor>();
+      auto call = std::make_shared<BlockCall>(original, args[py::slice(1, static_cast<py::ssize_t>(args.size()), 1)],
+                                              py::dict(kwargs));
+      const bool checkpointed = *checkpointing;
+      torch::Tensor y;
+      {
+        py::gil_scoped_release release;
+        auto forward = [call, checkpointed](const torch::Tensor& t) -> torch::Tensor {
+          if (!checkpointed) return call->run(t);
+          return checkpoint([call](const torch::Tensor& u) { return call->run(u); }, t);
+        };
+        if (auto* hook = block_hook()) y = hook->run(*mirror, x, forward);
+        else y = forward(x);
+      }
+      if (call->extra && !call->extra.is_none()) {
+        return py::object(py::make_tuple(y) + call->extra.cast<py::tuple>());
+      }
+      return py::cast(y);
+    });
+  }
+}
+
+Batch PythonModel::make_batch(std::int64_t batch_size) {
+  return make_task_batch(spec_.inputs, spec_.task, spec_.num_classes, device_, batch_size,
+                         [this](const Batch& b) { return forward(b); });
+}
+
+py::object PythonModel::call(const Batch& batch) {
+  py::tuple args(batch.inputs.size());
+  for (std::size_t i = 0; i < batch.inputs.size(); ++i) args[i] = py::cast(batch.inputs[i]);
+  return forward_(*args);
+}
+
+torch::Tensor PythonModel::loss(const Batch& batch) {
+  py::gil_scoped_acquire gil;
+  try {
+    py::object out = call(batch);
+    if (loss_) {
+      const auto types = py::module_::import("types");
+      py::list inputs;
+      for (const auto& t : batch.inputs) inputs.append(py::cast(t));
+      const auto b = types.attr("SimpleNamespace")(py::arg("inputs") = inputs,
+                                                   py::arg("target") = batch.target.defined() ? py::cast(batch.target)
+                                                                                              : py::none());
+      py::object value = loss_(out, b);
+      out = py::object();
+      if (!THPVariable_Check(value.ptr())) {
+        throw Error(fmt::format("model.loss: {} returned {}, expected a scalar tensor", spec_.loss,
+                                py::str(py::type::of(value)).cast<std::string>()));
+      }
+      return value.cast<at::Tensor>();
+    }
+    std::vector<torch::Tensor> tensors;
+    collect_tensors(out, tensors);
+    out = py::object();
+    return task_loss(spec_.task, spec_.num_classes, tensors, batch, spec_.entry);
+  } catch (py::error_already_set& e) {
+    rethrow(e);
+  }
+}
+
+torch::Tensor PythonModel::forward(const Batch& batch) {
+  py::gil_scoped_acquire gil;
+  try {
+    std::vector<torch::Tensor> tensors;
+    collect_tensors(call(batch), tensors);
+    if (tensors.empty()) throw Error(spec_.entry + ": forward() returned no tensor");
+    return tensors.front();
+  } catch (py::error_already_set& e) {
+    rethrow(e);
+  }
+}
+
+void PythonModel::rethrow(py::error_already_set& e) {
+  // An error an op raised (an out-of-memory among them) comes back as the op's own message, which the probe reads.
+  throw std::runtime_error(describe_python_error(e));
+}
+
+std::vector<std::string> PythonModel::block_prefixes() const {
+  std::vector<std::string> out;
+  for (const auto& b : blocks_) out.push_back(b.name + ".");
+  return out;
+}
+
+}  // namespace memgate::python

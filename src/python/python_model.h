@@ -1,0 +1,53 @@
+// A user's nn.Module trained by memgate's C++ step, in a Python process that imported memgate._core.
+#pragma once
+
+#include "memgate/models/python.h"
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <string>
+#include <vector>
+
+namespace memgate::python {
+
+/// "Type: message", the last line of a Python error's traceback.
+[[nodiscard]] std::string describe_python_error(const pybind11::error_already_set& e);
+
+/// The model a Python fixture's callable builds, its parameters mirrored (the same tensors) in module(), its forward
+/// called with the batch's inputs as positional arguments, its blocks (`blocks:`) run through run_block's
+/// checkpointing and BlockHook. Errors of the user's code are memgate::Error with the Python error's last line.
+class PythonModel final : public Model {
+ public:
+  PythonModel(const PythonOptions& spec, torch::Device device, std::uint64_t seed);
+  ~PythonModel() override;
+  PythonModel(const PythonModel&) = delete;
+  PythonModel& operator=(const PythonModel&) = delete;
+
+  torch::nn::Module& module() override { return *root_; }
+  Batch make_batch(std::int64_t batch_size) override;
+  torch::Tensor loss(const Batch& batch) override;
+  torch::Tensor forward(const Batch& batch) override;
+  [[nodiscard]] std::vector<std::string> block_prefixes() const override;
+  [[nodiscard]] std::vector<std::string> head_prefixes() const override { return {}; }
+
+ private:
+  struct Block {
+    std::string name;
+    pybind11::object module;
+    torch::nn::Module* mirror = nullptr;
+  };
+  void find_blocks();
+  void wrap_blocks();
+  pybind11::object call(const Batch& batch);
+  [[noreturn]] static void rethrow(pybind11::error_already_set& e);
+
+  PythonOptions spec_;
+  torch::Device device_;
+  std::shared_ptr<torch::nn::Module> root_;
+  pybind11::object module_;
+  pybind11::object forward_;  ///< the module, or torch.compile of it
+  pybind11::object loss_;
+  std::vector<Block> blocks_;
+};
+
+}  // namespace memgate::python

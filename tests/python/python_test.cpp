@@ -1,0 +1,277 @@
+// Python fixtures (arch: python): a user's own nn.Module, built by their Python code and measured by memgate's C++
+// protocol in a Python process that imports memgate's extension. One protocol: timm's ViT with PEFT's LoRA and
+// torchvision's ResNet equal the zoo's twins to the byte, per rank under DDP too; a transformers LLaMA that
+// TorchScript cannot take is estimated within 1% and gated; bad input names the fixture, the key and the Python
+// error's last line.
+#include "memgate/base/files.h"
+#include "memgate/gate/baseline.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/gate/verdict.h"
+#include "memgate/launch/estimate.h"
+#include "memgate/launch/run.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+using ::testing::HasSubstr;
+
+const c10::Device kCpu(c10::DeviceType::CPU);
+
+Fixture fixture(const std::string& name) {
+  return load_fixture(testing::source_dir() + "/fixtures/models/" + name + ".yaml");
+}
+
+void expect_equal_components(const Components& python, const Components& zoo, const std::string& what) {
+  for (const auto& c : kComponentTable) {
+    EXPECT_EQ(python.*c.member, zoo.*c.member) << what << ": " << c.name;
+  }
+}
+
+void expect_twins(const std::string& python_name, const std::string& zoo_name, std::vector<std::int64_t> batches) {
+  const auto python = fixture(python_name);
+  const auto zoo = fixture(zoo_name);
+  for (const auto b : batches) {
+    const auto p = run_probe(python, b, kCpu);
+    const auto z = run_probe(zoo, b, kCpu);
+    ASSERT_FALSE(p.oom) << p.error;
+    ASSERT_FALSE(z.oom) << z.error;
+    expect_equal_components(p.components, z.components, fmt::format("{} vs {} at batch {}", python_name, zoo_name, b));
+    ASSERT_EQ(p.ranks.size(), z.ranks.size());
+    for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+      expect_equal_components(p.ranks[r].components, z.ranks[r].components,
+                              fmt::format("{} vs {} at batch {}, rank {}", python_name, zoo_name, b, r));
+      EXPECT_EQ(p.ranks[r].comm_buffer_bytes, z.ranks[r].comm_buffer_bytes) << "rank " << r;
+      EXPECT_EQ(p.ranks[r].comm_buffers, z.ranks[r].comm_buffers) << "rank " << r;
+    }
+  }
+}
+
+TEST(PythonFixtureTest, TimmVitWithPeftLoraEqualsTheZooTwinToTheByte) {
+  expect_twins("py_vit_tiny_lora_timm", "vit_tiny_lora", {1, 4});
+}
+
+TEST(PythonFixtureTest, TorchvisionResNetEqualsTheZooTwinToTheByte) {
+  expect_twins("py_resnet_tiny_torchvision", "resnet_tiny_classify", {1, 2});
+}
+
+// DDP over 2 ranks (each rank a Python process, real Gloo collectives), against the zoo's twin over 2 ranks: the
+// same model, so every rank equals to the byte. Both fixtures are the suite's ResNet twins with a distributed block.
+TEST(PythonFixtureTest, DdpOverTwoRanksEqualsTheZooTwinRankByRank) {
+  testing::TempDir dir;
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  const std::string ddp = "  distributed:\n    strategy: ddp\n    world_size: 2\n    bucket_cap_mb: 0.25\n";
+  for (const auto* name : {"py_resnet_tiny_torchvision", "resnet_tiny_classify"}) {
+    auto text = read_text_file(models + name + std::string(".yaml"), "a fixture");
+    text.replace(text.find("  trainable: all\n"), 17, "  trainable: all\n" + ddp);
+    if (const auto at = text.find("python/models.py"); at != std::string::npos) text.replace(at, 6, models + "python");
+    write_file_atomically(dir / (std::string(name) + "_ddp.yaml"), text);
+  }
+  const auto python = load_fixture(dir / "py_resnet_tiny_torchvision_ddp.yaml");
+  const auto zoo = load_fixture(dir / "resnet_tiny_classify_ddp.yaml");
+  ASSERT_TRUE(python.training.distributed.enabled());
+  const auto p = run_probe(python, 2, kCpu);
+  const auto z = run_probe(zoo, 2, kCpu);
+  ASSERT_FALSE(p.oom) << p.error;
+  ASSERT_EQ(p.ranks.size(), 2U);
+  ASSERT_EQ(z.ranks.size(), 2U);
+  for (std::size_t r = 0; r < 2; ++r) {
+    expect_equal_components(p.ranks[r].components, z.ranks[r].components, fmt::format("DDP rank {}", r));
+    EXPECT_EQ(p.ranks[r].comm_buffer_bytes, z.ranks[r].comm_buffer_bytes) << "rank " << r;
+    EXPECT_EQ(p.ranks[r].comm_buffers, z.ranks[r].comm_buffers) << "rank " << r;
+    EXPECT_GT(p.ranks[r].comm_buffers, 1) << "several buckets";
+  }
+}
+
+TEST(PythonFixtureTest, AProfileCountsTheParametersInThePythonProcess) {
+  const auto python = run_profile(fixture("py_vit_tiny_lora_timm"), {1}, kCpu);
+  const auto zoo = workload_param_counts(fixture("vit_tiny_lora"));
+  EXPECT_EQ(python.params.total, zoo.total);
+  EXPECT_EQ(python.params.trainable, zoo.trainable);
+  EXPECT_EQ(python.params.frozen, zoo.frozen);
+  EXPECT_GT(python.params.trainable, 0);
+}
+
+TEST(PythonFixtureTest, TheSameProbeTwiceGivesTheSameBytes) {
+  const auto llama = fixture("py_llama_tiny_lora");
+  const auto a = run_probe(llama, 2, kCpu);
+  const auto b = run_probe(llama, 2, kCpu);
+  ASSERT_FALSE(a.oom) << a.error;
+  expect_equal_components(a.components, b.components, "py_llama_tiny_lora at batch 2, twice");
+}
+
+TEST(PythonFixtureTest, CheckpointingThePythonBlocksKeepsFewerActivations) {
+  auto plain = fixture("py_llama_tiny_lora");
+  auto checkpointed = plain;
+  checkpointed.training.gradient_checkpointing = true;
+  // The probe's process reads the fixture's file: the variant is a file of its own beside it.
+  testing::TempDir dir;
+  auto text = read_text_file(plain.source, "a fixture");
+  text.replace(text.find("training:\n"), 10, "training:\n  gradient_checkpointing: true\n");
+  const auto path = testing::source_dir() + "/fixtures/models/py_llama_tiny_lora_ckpt_test.yaml";
+  write_file_atomically(path, text);
+  struct Remove {
+    std::string path;
+    ~Remove() { std::remove(path.c_str()); }
+  } remove{path};
+  checkpointed = load_fixture(path);
+  ASSERT_TRUE(checkpointed.training.gradient_checkpointing);
+  const auto p = run_probe(plain, 4, kCpu);
+  const auto c = run_probe(checkpointed, 4, kCpu);
+  ASSERT_FALSE(c.oom) << c.error;
+  EXPECT_LT(c.components.activations, p.components.activations);
+  EXPECT_EQ(c.components.params, p.components.params);
+  EXPECT_EQ(c.components.gradients, p.components.gradients);
+  EXPECT_EQ(c.components.optimizer_state, p.components.optimizer_state);
+}
+
+// The estimate runs the Python module on the Meta device in the Python process, through the same Meta kernels and
+// caching-allocator model as the zoo's: for CUDA too, where the twins' estimates are equal. (The CPU estimate of
+// the suite's Python fixtures against their measurement: EstimateAccuracyTest, tests/launch.)
+TEST(PythonFixtureTest, TheEstimateForCudaOfTheTimmTwinEqualsTheZoosToTheByte) {
+  const auto python = fixture("py_vit_tiny_lora_timm");
+  const auto zoo = fixture("vit_tiny_lora");
+  for (const std::int64_t b : {2, 8}) {
+    const auto p = estimate_probe(python, b, EstimateTarget::kCuda);
+    const auto z = estimate_probe(zoo, b, EstimateTarget::kCuda);
+    ASSERT_FALSE(p.oom) << p.error;
+    expect_equal_components(p.components, z.components, fmt::format("estimate for CUDA at batch {}", b));
+  }
+}
+
+// A pull request that adds dropout to the LLaMA's LoRA adapters (models.py's LLAMA_LORA_DROPOUT), with the fixture
+// unchanged: the gate judges the changed Python code against the baseline of the unchanged code, and fails the
+// components whose memory grew (dropout keeps its mask and output for backward, in training only).
+TEST(PythonFixtureTest, TheGateFailsAPythonCodeChangeThatKeepsMoreActivations) {
+  testing::TempDir dir;
+  const auto source = testing::source_dir() + "/fixtures/models/";
+  write_file_atomically(dir / "py_llama_tiny_lora.yaml", read_text_file(source + "py_llama_tiny_lora.yaml", "a fixture"));
+  const auto code = read_text_file(source + "python/models.py", "a Python file");
+  write_file_atomically(dir / "python/models.py", code);
+  const auto fixture = load_fixture(dir / "py_llama_tiny_lora.yaml");
+  const auto info = describe_probe_device(kCpu, fixture);
+  const auto path = baseline_path(dir / "baselines", info.slug, fixture.name);
+  const std::int64_t batch = 4;
+  const auto before = run_probe(fixture, batch, kCpu);
+  ASSERT_TRUE(update_baseline(path, fixture, info, {before}, "test"));
+  const auto baseline = load_baseline(path);
+
+  auto mutated = code;
+  const std::string from = "LLAMA_LORA_DROPOUT = 0.0";
+  ASSERT_NE(mutated.find(from), std::string::npos);
+  mutated.replace(mutated.find(from), from.size(), "LLAMA_LORA_DROPOUT = 0.1");
+  write_file_atomically(dir / "python/models.py", mutated);
+  const auto after = run_probe(fixture, batch, kCpu);
+  ASSERT_FALSE(after.oom) << after.error;
+  std::cout << fmt::format("activations {} -> {} bytes (+{:.1f}%)\n", before.components.activations,
+                           after.components.activations,
+                           100.0 * static_cast<double>(after.components.activations - before.components.activations) /
+                               static_cast<double>(before.components.activations));
+  const std::set<std::string> grows = {"activations", "forward_peak", "step_peak", "step_peak_reserved"};
+  for (const auto& c : kComponentTable) {
+    const auto v = evaluate_component(fixture, after, std::string(c.name), &baseline, path, info);
+    const auto expected = grows.contains(std::string(c.name)) ? Status::kRegression : Status::kOk;
+    EXPECT_EQ(name_of(kStatusNames, v.status), name_of(kStatusNames, expected))
+        << c.name << ": " << v.baseline.value_or(-1) << " -> " << v.measured.value_or(-1) << "\n" << v.message;
+  }
+}
+
+// torch.compile: the compiled module's step, measured by the same protocol. Parameters, gradients and optimizer state
+// are the module's and the optimizer's, as in eager; what the forward keeps and the peaks are Inductor's (fused
+// kernels save other tensors than eager's ops), and repeat to the byte.
+TEST(PythonCompileTest, ACompiledStepIsMeasuredAndItsActivationsAreInductors) {
+  const auto eager = fixture("py_resnet_tiny_torchvision");
+  const auto compiled = fixture("py_resnet_tiny_torchvision_compiled");
+  const std::int64_t b = 4;
+  const auto e = run_probe(eager, b, kCpu);
+  const auto c = run_probe(compiled, b, kCpu);
+  const auto again = run_probe(compiled, b, kCpu);
+  ASSERT_FALSE(c.oom) << c.error;
+  EXPECT_EQ(c.components.params, e.components.params);
+  EXPECT_EQ(c.components.gradients, e.components.gradients);
+  EXPECT_EQ(c.components.optimizer_state, e.components.optimizer_state);
+  EXPECT_NE(c.components.activations, e.components.activations);
+  expect_equal_components(again.components, c.components, "the compiled probe twice");
+  for (const auto& info : kComponentTable) {
+    const auto x = e.components.*info.member, y = c.components.*info.member;
+    std::cout << fmt::format("[ COMPILE  ] {:<20} eager {:>10} compiled {:>10} ({:+.1f}%)\n", info.name, x, y,
+                             x == 0 ? 0.0 : 100.0 * static_cast<double>(y - x) / static_cast<double>(x));
+  }
+}
+
+// --- Bad input: exit 3, naming the fixture, the key and the Python error's last line -------------------------------
+
+struct BadPython {
+  std::string name;
+  std::string fixture_model;  ///< the fixture's model: section (after `model:\n`)
+  std::string code;           ///< models.py beside the fixture
+  std::string env;            ///< before the command
+  std::vector<std::string> says;
+};
+
+void PrintTo(const BadPython& c, std::ostream* os) { *os << c.name; }
+
+const std::string kInputs = "  inputs:\n    - {shape: [B, 4], dtype: float32}\n  task: sum\n";
+const std::string kCode = "import torch\n\ndef build():\n    return torch.nn.Linear(4, 2)\n\n"
+                          "def boom():\n    raise ValueError('no such variant: vit_huge')\n\n"
+                          "def not_a_module():\n    return 42\n";
+
+std::vector<BadPython> bad_inputs() {
+  const auto model = [](const std::string& entry, const std::string& extra = "") {
+    return "  arch: python\n  entry: " + entry + "\n" + kInputs + extra;
+  };
+  return {
+      {"entry_file_missing", model("nothere.py:build"), kCode, "", {"f.yaml", "model.entry", "nothere.py", "not there"}},
+      {"entry_not_a_pair", model("models.py"), kCode, "", {"f.yaml", "model.entry", "<file.py or dotted.module>:<callable>"}},
+      {"callable_missing", model("models.py:nope"), kCode, "", {"f.yaml", "model.entry", "has no attribute 'nope'"}},
+      {"callable_raises", model("models.py:boom"), kCode, "", {"f.yaml", "model.entry", "ValueError: no such variant: vit_huge"}},
+      {"not_a_module", model("models.py:not_a_module"), kCode, "", {"f.yaml", "model.entry", "expected a torch.nn.Module"}},
+      {"import_error", model("models.py:build"), "import not_a_module_anywhere\n" + kCode, "",
+       {"f.yaml", "model.entry", "ModuleNotFoundError: No module named 'not_a_module_anywhere'"}},
+      {"dotted_module_missing", model("no_such_pkg.models:build"), kCode, "",
+       {"f.yaml", "model.entry", "ModuleNotFoundError: No module named 'no_such_pkg'"}},
+      {"blocks_match_nothing", model("models.py:build", "  blocks: \"layers.*\"\n"), kCode, "",
+       {"f.yaml", "model.blocks", "'layers.*' matches no module"}},
+      {"python_not_there", model("models.py:build", "  python: /nonexistent/python3\n"), kCode, "",
+       {"f.yaml", "/nonexistent/python3", "model.python", "not an executable file"}},
+      {"python_without_torch", model("models.py:build"), kCode, "MEMGATE_PYTHON=/usr/bin/python3",
+       {"f.yaml", "/usr/bin/python3", "memgate needs torch", "which has none"}},
+      {"python_with_another_torch", model("models.py:build"), kCode, "PYTHONPATH={dir}/faketorch",
+       {"f.yaml", "built for torch", "has torch 1.13.1"}},
+  };
+}
+
+class BadPythonTest : public ::testing::TestWithParam<BadPython> {};
+
+TEST_P(BadPythonTest, ExitsWithThreeNamingTheFixtureTheKeyAndThePythonError) {
+  const auto& c = GetParam();
+  testing::TempDir dir;
+  testing::write_file(dir / "f.yaml", "model:\n" + c.fixture_model + "batch_sizes: [1]\n");
+  testing::write_file(dir / "models.py", c.code);
+  testing::write_file(dir / "faketorch/torch/__init__.py", "__version__ = '1.13.1'\n");
+  auto env = c.env;
+  if (const auto at = env.find("{dir}"); at != std::string::npos) env.replace(at, 5, dir.path().string());
+  std::string output;
+  const int rc = testing::run(fmt::format("{} {} profile --config {} --device cpu", env, MEMGATE_CLI, dir / "f.yaml"),
+                              &output);
+  EXPECT_EQ(rc, 3) << output;
+  for (const auto& s : c.says) EXPECT_THAT(output, HasSubstr(s)) << c.name;
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("Traceback"))) << "a traceback instead of one line";
+}
+
+std::string bad_name(const ::testing::TestParamInfo<BadPython>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(Catalogue, BadPythonTest, ::testing::ValuesIn(bad_inputs()), bad_name);
+
+}  // namespace
+}  // namespace memgate
