@@ -112,7 +112,11 @@ std::string python_executable(const PythonOptions& py) {
 // which calls rank_main); else the rank executable.
 std::vector<std::string> child_command(const Workload& workload) {
   if (const auto* py = std::get_if<PythonOptions>(&workload.model.options)) {
-    return {python_executable(*py), "-m", "memgate"};
+    try {
+      return {python_executable(*py), "-m", "memgate"};
+    } catch (const Error& e) {
+      throw Error(workload.source + ": " + e.what());
+    }
   }
   return {rank_executable()};
 }

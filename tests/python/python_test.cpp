@@ -74,7 +74,7 @@ TEST(PythonFixtureTest, DdpOverTwoRanksEqualsTheZooTwinRankByRank) {
   for (const auto* name : {"py_resnet_tiny_torchvision", "resnet_tiny_classify"}) {
     auto text = read_text_file(models + name + std::string(".yaml"), "a fixture");
     text.replace(text.find("  trainable: all\n"), 17, "  trainable: all\n" + ddp);
-    if (const auto at = text.find("python/models.py"); at != std::string::npos) text.replace(at, 6, models + "python");
+    if (const auto at = text.find("entry: python/"); at != std::string::npos) text.replace(at, 14, "entry: " + models + "python/");
     write_file_atomically(dir / (std::string(name) + "_ddp.yaml"), text);
   }
   const auto python = load_fixture(dir / "py_resnet_tiny_torchvision_ddp.yaml");
