@@ -65,20 +65,20 @@ TEST(PythonFixtureTest, TorchvisionResNetEqualsTheZooTwinToTheByte) {
   expect_twins("py_resnet_tiny_torchvision", "resnet_tiny_classify", {1, 2});
 }
 
-// DDP over 2 ranks (each rank a Python process, real Gloo collectives), against the zoo's twin over 2 ranks: the
-// same model, so every rank equals to the byte. Both fixtures are the suite's ResNet twins with a distributed block.
-TEST(PythonFixtureTest, DdpOverTwoRanksEqualsTheZooTwinRankByRank) {
+// DDP and FSDP over 2 ranks (each rank a Python process, real Gloo collectives), against the zoo's twin over 2 ranks:
+// the same model, so every rank equals to the byte. Both fixtures are the suite's ResNet twins with a distributed
+// block; FSDP's units are the Python model's blocks ("layer*.*": torchvision's BasicBlocks) and the zoo's.
+void expect_distributed_twins(const std::string& distributed, bool buckets) {
   testing::TempDir dir;
   const auto models = testing::source_dir() + "/fixtures/models/";
-  const std::string ddp = "  distributed:\n    strategy: ddp\n    world_size: 2\n    bucket_cap_mb: 0.25\n";
   for (const auto* name : {"py_resnet_tiny_torchvision", "resnet_tiny_classify"}) {
     auto text = read_text_file(models + name + std::string(".yaml"), "a fixture");
-    text.replace(text.find("  trainable: all\n"), 17, "  trainable: all\n" + ddp);
+    text.replace(text.find("  trainable: all\n"), 17, "  trainable: all\n" + distributed);
     if (const auto at = text.find("entry: python/"); at != std::string::npos) text.replace(at, 14, "entry: " + models + "python/");
-    write_file_atomically(dir / (std::string(name) + "_ddp.yaml"), text);
+    write_file_atomically(dir / (std::string(name) + "_ranks.yaml"), text);
   }
-  const auto python = load_fixture(dir / "py_resnet_tiny_torchvision_ddp.yaml");
-  const auto zoo = load_fixture(dir / "resnet_tiny_classify_ddp.yaml");
+  const auto python = load_fixture(dir / "py_resnet_tiny_torchvision_ranks.yaml");
+  const auto zoo = load_fixture(dir / "resnet_tiny_classify_ranks.yaml");
   ASSERT_TRUE(python.training.distributed.enabled());
   const auto p = run_probe(python, 2, kCpu);
   const auto z = run_probe(zoo, 2, kCpu);
@@ -86,11 +86,19 @@ TEST(PythonFixtureTest, DdpOverTwoRanksEqualsTheZooTwinRankByRank) {
   ASSERT_EQ(p.ranks.size(), 2U);
   ASSERT_EQ(z.ranks.size(), 2U);
   for (std::size_t r = 0; r < 2; ++r) {
-    expect_equal_components(p.ranks[r].components, z.ranks[r].components, fmt::format("DDP rank {}", r));
+    expect_equal_components(p.ranks[r].components, z.ranks[r].components, fmt::format("rank {}", r));
     EXPECT_EQ(p.ranks[r].comm_buffer_bytes, z.ranks[r].comm_buffer_bytes) << "rank " << r;
     EXPECT_EQ(p.ranks[r].comm_buffers, z.ranks[r].comm_buffers) << "rank " << r;
-    EXPECT_GT(p.ranks[r].comm_buffers, 1) << "several buckets";
+    if (buckets) EXPECT_GT(p.ranks[r].comm_buffers, 1) << "several buckets";
   }
+}
+
+TEST(PythonFixtureTest, DdpOverTwoRanksEqualsTheZooTwinRankByRank) {
+  expect_distributed_twins("  distributed:\n    strategy: ddp\n    world_size: 2\n    bucket_cap_mb: 0.25\n", true);
+}
+
+TEST(PythonFixtureTest, FsdpOverTwoRanksEqualsTheZooTwinRankByRank) {
+  expect_distributed_twins("  distributed:\n    strategy: fsdp\n    world_size: 2\n    units: blocks\n", false);
 }
 
 TEST(PythonFixtureTest, AProfileCountsTheParametersInThePythonProcess) {
