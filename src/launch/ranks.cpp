@@ -70,17 +70,14 @@ std::string rank_executable() {
 }
 
 // The Python that runs a Python fixture's probes: its `python:` key, else MEMGATE_PYTHON, else the Python whose torch
-// this memgate was built against, else python3 on PATH.
+// memgate was built against where it is there, else python3 on PATH (in an activated virtual environment, its own).
 std::string python_executable(const PythonOptions& py) {
   std::string name = py.python;
   const char* where = "model.python";
   std::error_code ec;
-  if (name.empty()) {
-    const char* env = std::getenv("MEMGATE_PYTHON");
-    if (env != nullptr && *env != '\0') {
-      name = env;
-      where = "MEMGATE_PYTHON";
-    }
+  if (const char* env = std::getenv("MEMGATE_PYTHON"); name.empty() && env != nullptr && *env != '\0') {
+    name = env;
+    where = "MEMGATE_PYTHON";
   }
 #ifdef MEMGATE_DEFAULT_PYTHON
   if (name.empty() && ::access(MEMGATE_DEFAULT_PYTHON, X_OK) == 0) {
@@ -121,17 +118,17 @@ std::vector<std::string> child_command(const Workload& workload) {
   return {rank_executable()};
 }
 
-// The environment of a probe's processes: this one's, with memgate's Python package (MEMGATE_PYTHONPATH, else the
-// build tree's) first on PYTHONPATH, so that `python -m memgate` finds the extension this memgate built.
+// The environment of a probe's processes: this one's, with memgate's Python package first on PYTHONPATH so that
+// `python -m memgate` finds the extension this memgate built: MEMGATE_PYTHONPATH, else a build tree's python/ beside
+// this program's folder (bin/ and tests/ of build/<preset>), else none (an installed package: pip install).
 std::vector<std::string> child_environment() {
   std::string package;
   if (const char* env = std::getenv("MEMGATE_PYTHONPATH"); env != nullptr && *env != '\0') package = env;
-#ifdef MEMGATE_PYTHON_PACKAGE_DIR
   std::error_code ec;
-  if (package.empty() && std::filesystem::is_regular_file(MEMGATE_PYTHON_PACKAGE_DIR "/memgate/__init__.py", ec)) {
-    package = MEMGATE_PYTHON_PACKAGE_DIR;
+  if (const auto self = std::filesystem::read_symlink("/proc/self/exe", ec); package.empty() && !ec) {
+    const auto build = self.parent_path().parent_path() / "python";
+    if (std::filesystem::is_regular_file(build / "memgate" / "__init__.py", ec)) package = build.string();
   }
-#endif
   std::vector<std::string> env;
   std::string pythonpath = package;
   for (char** e = environ; *e != nullptr; ++e) {
