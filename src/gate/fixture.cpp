@@ -239,6 +239,24 @@ TorchScriptInput read_torchscript_input(const YAML::Node& node, const std::strin
   return input;
 }
 
+// `inputs`: one entry per forward() argument, B (the batch size) in at least one shape.
+std::vector<TorchScriptInput> read_inputs(MapReader& r) {
+  std::vector<TorchScriptInput> out;
+  nlohmann::json inputs = nlohmann::json::array();
+  const auto nodes = r.get_sequence("inputs", /*required=*/true);
+  if (nodes.empty()) r.fail("inputs", "one entry per forward() argument", "an empty list");
+  bool batched = false;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    nlohmann::json one = nlohmann::json::object();
+    out.push_back(read_torchscript_input(nodes[i], r.file(), r.key_path("inputs") + "[" + std::to_string(i) + "]", one));
+    inputs.push_back(one);
+    for (auto d : out.back().shape) batched = batched || d < 0;
+  }
+  if (!batched) r.fail("inputs", "B (the batch size) in the shape of at least one input", "no B");
+  r.record_value("inputs", inputs);
+  return out;
+}
+
 TorchScriptOptions read_torchscript(MapReader& r) {
   TorchScriptOptions s;
   const auto written = r.get_string("path", std::nullopt);
@@ -253,18 +271,7 @@ TorchScriptOptions read_torchscript(MapReader& r) {
   s.path = resolved.lexically_normal().string();
   // The module's own bytes are part of the model: a re-exported module changes the fixture's hash.
   r.record_value("file_hash", file_content_hash(s.path));
-  nlohmann::json inputs = nlohmann::json::array();
-  const auto nodes = r.get_sequence("inputs", /*required=*/true);
-  if (nodes.empty()) r.fail("inputs", "one entry per forward() argument", "an empty list");
-  bool batched = false;
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    nlohmann::json one = nlohmann::json::object();
-    s.inputs.push_back(read_torchscript_input(nodes[i], r.file(), r.key_path("inputs") + "[" + std::to_string(i) + "]", one));
-    inputs.push_back(one);
-    for (auto d : s.inputs.back().shape) batched = batched || d < 0;
-  }
-  if (!batched) r.fail("inputs", "B (the batch size) in the shape of at least one input", "no B");
-  r.record_value("inputs", inputs);
+  s.inputs = read_inputs(r);
   s.task = r.get_enum("task", std::optional<TorchScriptOptions::Task>(), kTorchScriptTaskNames);
   if (s.task == TorchScriptOptions::Task::kClassify) s.num_classes = r.get_int("num_classes", std::nullopt, 1, 1 << 24);
   return s;
@@ -357,18 +364,7 @@ PythonOptions read_python(MapReader& r) {
     s.args = yaml_to_json(args.node());
     r.record_value("args", s.args);
   }
-  nlohmann::json inputs = nlohmann::json::array();
-  const auto nodes = r.get_sequence("inputs", /*required=*/true);
-  if (nodes.empty()) r.fail("inputs", "one entry per forward() argument", "an empty list");
-  bool batched = false;
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    nlohmann::json one = nlohmann::json::object();
-    s.inputs.push_back(read_torchscript_input(nodes[i], r.file(), r.key_path("inputs") + "[" + std::to_string(i) + "]", one));
-    inputs.push_back(one);
-    for (auto d : s.inputs.back().shape) batched = batched || d < 0;
-  }
-  if (!batched) r.fail("inputs", "B (the batch size) in the shape of at least one input", "no B");
-  r.record_value("inputs", inputs);
+  s.inputs = read_inputs(r);
   if (r.has("loss")) {
     s.loss = r.get_string("loss", std::nullopt);
     const auto loss = read_entry(r, "loss", s.loss);

@@ -106,8 +106,12 @@ std::string python_executable(const PythonOptions& py) {
 }
 
 // What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
-// which calls rank_main); else the rank executable.
+// which calls rank_main); else the rank executable. Each process reads the fixture from its file.
 std::vector<std::string> child_command(const Workload& workload) {
+  if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
+    throw Error(fmt::format("{}: a probe in processes of its own (a distributed or a Python fixture's) starts each from "
+                            "the fixture's file, and '{}' is not one", workload.name, workload.source));
+  }
   if (const auto* py = std::get_if<PythonOptions>(&workload.model.options)) {
     try {
       return {python_executable(*py), "-m", "memgate"};
@@ -162,6 +166,30 @@ std::filesystem::path make_run_dir() {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// make_run_dir's folder, removed with the probe however it ends.
+struct RunDir {
+  std::filesystem::path path = make_run_dir();
+  RunDir() = default;
+  RunDir(const RunDir&) = delete;
+  RunDir& operator=(const RunDir&) = delete;
+  ~RunDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// What every probe process is told (rank_main's arguments, after the command that starts it), but a rank's store.
+std::vector<std::string> probe_arguments(const Workload& workload, std::int64_t batch_size, int rank,
+                                         std::int64_t world, const std::filesystem::path& output,
+                                         const ProbeOptions& options, std::int64_t cap_bytes,
+                                         const std::string& device) {
+  return {"--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size),
+          "--rank", std::to_string(rank), "--world-size", std::to_string(world), "--output", output.string(),
+          "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
+          "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
+          "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(cap_bytes), "--device", device};
 }
 
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log) {
@@ -271,27 +299,14 @@ ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, 
                              const ProbeOptions& options, std::optional<EstimateTarget> estimate,
                              std::int64_t cap_bytes) {
   require_batch_size(workload, batch_size);
-  if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
-    throw Error(fmt::format("{}: a Python fixture's probe starts a Python process from the fixture's file, and '{}' is "
-                            "not one", workload.name, workload.source));
-  }
   auto command = child_command(workload);
   const auto env = child_environment();
-  const auto dir = make_run_dir();
-  struct Cleanup {
-    std::filesystem::path dir;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{dir};
+  const RunDir run;
+  const auto& dir = run.path;
   const auto& spec = workload.training.distributed;
-  command.insert(command.end(), {
-      "--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size), "--rank", "0",
-      "--world-size", std::to_string(spec.enabled() ? spec.world_size : 1), "--output", (dir / "rank0.json").string(),
-      "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
-      "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
-      "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(cap_bytes), "--device", device.str()});
+  const auto arguments = probe_arguments(workload, batch_size, 0, spec.enabled() ? spec.world_size : 1,
+                                         dir / "rank0.json", options, cap_bytes, device.str());
+  command.insert(command.end(), arguments.begin(), arguments.end());
   if (estimate) command.insert(command.end(), {"--estimate-for", *estimate == EstimateTarget::kCpu ? "cpu" : "cuda"});
   const auto snapshot = dir / "probe.pickle";
   if (options.snapshot) command.insert(command.end(), {"--snapshot", snapshot.string()});
@@ -384,32 +399,18 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     }
     for (int r = 0; r < world; ++r) rank_devices[static_cast<std::size_t>(r)] = fmt::format("cuda:{}", gpus[r]);
   }
-  if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
-    throw Error(fmt::format("{}: a distributed probe starts each rank from the fixture's file, and '{}' is not one",
-                            workload.name, workload.source));
-  }
   const auto command = child_command(workload);
   const auto env = child_environment();
-  const auto dir = make_run_dir();
-  struct Cleanup {
-    std::filesystem::path dir;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{dir};
+  const RunDir run;
+  const auto& dir = run.path;
   const auto start = std::chrono::steady_clock::now();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     auto argv = command;
-    argv.insert(argv.end(), {
-        "--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size),
-        "--rank", std::to_string(r), "--world-size", std::to_string(world), "--store", (dir / "store").string(),
-        "--output", (dir / fmt::format("rank{}.json", r)).string(),
-        "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
-        "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
-        "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(options.rank_cap_bytes),
-        "--device", rank_devices[static_cast<std::size_t>(r)]});
+    const auto arguments = probe_arguments(workload, batch_size, r, world, dir / fmt::format("rank{}.json", r), options,
+                                           options.rank_cap_bytes, rank_devices[static_cast<std::size_t>(r)]);
+    argv.insert(argv.end(), arguments.begin(), arguments.end());
+    argv.insert(argv.end(), {"--store", (dir / "store").string()});
     if (options.snapshot) {
       argv.insert(argv.end(), {"--snapshot", (dir / fmt::format("rank{}.pickle", r)).string()});
     }
