@@ -6,15 +6,18 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 
 
 def _cli():
-    """The memgate command: MEMGATE_CLI, else the one beside this package (a build tree's bin/), else on PATH."""
+    """The memgate command: MEMGATE_CLI, else a build tree's bin/memgate beside this package, else the one pip installed
+    into this environment's scripts, else memgate on PATH."""
     if os.environ.get("MEMGATE_CLI"):
         return os.environ["MEMGATE_CLI"]
     here = pathlib.Path(__file__).resolve().parent
-    for candidate in (here.parent.parent / "bin" / "memgate", here / "bin" / "memgate"):
+    scripts = pathlib.Path(sysconfig.get_path("scripts"))
+    for candidate in (here.parent.parent / "bin" / "memgate", scripts / "memgate"):
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     found = shutil.which("memgate")
