@@ -1,14 +1,11 @@
 // memgate check: the gate for fixtures or a suite outside CTest, with the memory suite's verdicts.
 #include "cli.h"
 
-#include "memgate/base/error.h"
 #include "memgate/base/progress.h"
-#include "memgate/gate/baseline.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
 #include "memgate/gate/verdict.h"
 #include "memgate/backend/device.h"
-#include "memgate/launch/run.h"
 #include "memgate/measure/probe.h"
 
 #include <fmt/format.h>
@@ -92,19 +89,8 @@ Run add_check(CLI::App& app) {
     }
     if (o->update) {
       for (const auto& job : jobs) {
-        std::vector<memgate::ProbeResult> probes;
-        for (const auto batch_size : job.batch_sizes) {
-          probes.push_back(memgate::run_probe(job.fixture, batch_size, device));
-          if (probes.back().oom) {
-            throw memgate::Error(fmt::format("{} at batch {} ran out of memory: there is nothing to record.\n{}",
-                                             job.fixture.name, batch_size, probes.back().error));
-          }
-        }
-        const auto info = memgate::describe_probe_device(device, job.fixture);
-        const auto path = memgate::baseline_path(o->baselines, info.slug, job.fixture.name);
-        const bool changed = memgate::update_baseline(path, job.fixture, info, probes,
-                                                      memgate::source_commit(memgate::project_dir()));
-        fmt::print("{} {}\n", changed ? "recorded" : "unchanged", path);
+        const auto recorded = memgate::record_fixture(job.fixture, job.batch_sizes, device, o->baselines);
+        fmt::print("{} {}\n", recorded.changed ? "recorded" : "unchanged", recorded.path);
       }
       return kOk;
     }

@@ -78,11 +78,11 @@ int rank_main(int argc, char** argv) {
     if (args.contains("seed")) options.seed = static_cast<std::uint64_t>(to_int(args, "seed"));
     if (args.contains("snapshot")) options.snapshot = SnapshotOptions{};
     const auto cap = args.contains("cap-bytes") ? to_int(args, "cap-bytes") : 0;
-    // A Python model is built once on the Meta device first, to count its parameters: what its code imports on the
-    // way (modules whose import allocates tensors, PEFT's among them) is then there before the probe, as in a
-    // training script, not counted as the model's.
+    // The whole probe reports the model's parameter counts. They are counted first, on the Meta device: a Python
+    // model's imports (modules whose import allocates tensors, PEFT's among them) then happen before the probe, as in
+    // a training script, and are not counted as the model's (its ranks count them for that alone).
     std::optional<ParamCounts> counts;
-    if (fixture.model.arch == Arch::kPython) counts = workload_param_counts(fixture);
+    if (!is_rank || fixture.model.arch == Arch::kPython) counts = workload_param_counts(fixture);
     ProbeResult result;
     if (args.contains("estimate-for")) {
       const auto& target = args["estimate-for"];
@@ -108,7 +108,7 @@ int rank_main(int argc, char** argv) {
         shut_down_nccl(*group);
       }
     }
-    if (!is_rank) result.param_counts = counts ? *counts : workload_param_counts(fixture);
+    if (!is_rank) result.param_counts = counts;
     if (args.contains("snapshot")) {
       if (!result.snapshot.empty()) write_file_atomically(args["snapshot"], result.snapshot);
       for (std::size_t r = 0; r < result.rank_snapshots.size(); ++r) {

@@ -2,6 +2,7 @@
 #include "memgate/gate/verdict.h"
 
 #include "memgate/base/error.h"
+#include "memgate/gate/suite.h"
 #include "memgate/launch/run.h"
 
 #include <fmt/format.h>
@@ -145,6 +146,22 @@ ComponentVerdict evaluate_budget(const Fixture& fixture, const ProbeResult& prob
       gpu.outside_allocator_bytes, check.available, gpu.usable_fraction, gpu.memory_bytes,
       check.fits() ? "headroom" : "over by", check.fits() ? check.headroom() : -check.headroom());
   return v;
+}
+
+RecordedBaseline record_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes, c10::Device device,
+                                const std::string& baselines_dir, const ProbeOptions& options) {
+  std::vector<ProbeResult> probes;
+  for (const auto batch_size : batch_sizes) {
+    probes.push_back(run_probe(fixture, batch_size, device, options));
+    if (probes.back().oom) {
+      throw Error(fmt::format("{} at batch {} ran out of memory: there is nothing to record.\n{}", fixture.name,
+                              batch_size, probes.back().error));
+    }
+  }
+  const auto info = describe_probe_device(device, fixture);
+  RecordedBaseline recorded{baseline_path(baselines_dir, info.slug, fixture.name), false};
+  recorded.changed = update_baseline(recorded.path, fixture, info, probes, source_commit(project_dir()));
+  return recorded;
 }
 
 FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes, c10::Device device,

@@ -252,19 +252,9 @@ ProbeOptions measure_options(const MeasureGroup& g) {
 // Records the baselines of one fixture (update mode).
 void record(const MeasureCase& c, c10::Device device, const ProbeOptions& options) {
   const auto fixture = load_case_fixture(c);
-  std::vector<ProbeResult> probes;
-  for (const auto batch_size : c.batch_sizes) {
-    probes.push_back(run_probe(fixture, batch_size, device, options));
-    if (probes.back().oom) {
-      throw Error(fmt::format("{} at batch {} ran out of memory: there is nothing to record.\n{}", fixture.name,
-                              batch_size, probes.back().error));
-    }
-  }
-  if (probes.empty()) return;
-  const auto info = describe_probe_device(device, fixture);
-  const auto path = baseline_path(baselines_dir(), info.slug, fixture.name);
-  const bool changed = update_baseline(path, fixture, info, probes, source_commit(project_dir()));
-  std::cout << (changed ? "recorded " : "unchanged ") << path << "\n";
+  if (c.batch_sizes.empty()) return;
+  const auto recorded = record_fixture(fixture, c.batch_sizes, device, baselines_dir(), options);
+  std::cout << (recorded.changed ? "recorded " : "unchanged ") << recorded.path << "\n";
 }
 
 // Writes the allocator history of each probe with a failing component where memory_viz opens it, and says where in

@@ -432,5 +432,30 @@ TEST(CheckCliTest, VerdictsAndExitCodesFollowTheGate) {
   EXPECT_EQ(testing::run(cli + " check --device cpu", &out), 2) << "--config or --suite is required";
 }
 
+// `memgate check --update-baselines`: the update workflow outside CTest records the probes' baselines (a second run
+// leaves the file as it was), and the gate then passes on them; it takes neither --strict nor --exact.
+TEST(CheckCliTest, UpdateBaselinesRecordsWhatTheGateThenPasses) {
+  testing::TempDir dir;
+  const std::string cli = MEMGATE_CLI;
+  const auto fixture = dir / "recorded.yaml";
+  testing::write_file(fixture, tiny_vit_yaml("  trainable: head\n"));
+  const auto check = cli + " check --config " + fixture + " --device cpu --batch-sizes 1,2 --baselines " +
+                     (dir / "baselines");
+  const auto file = dir / "baselines/cpu/recorded.json";
+  std::string out;
+  EXPECT_EQ(testing::run(check + " --update-baselines", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("recorded " + file));
+  const auto recorded = testing::read_file(file);
+  const auto baseline = nlohmann::json::parse(recorded);
+  ASSERT_EQ(baseline["probes"].size(), 2U);
+  EXPECT_TRUE(baseline["probes"][0]["provenance"].contains("fixture_hash"));
+  EXPECT_EQ(testing::run(check + " --update-baselines", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("unchanged " + file));
+  EXPECT_EQ(testing::read_file(file), recorded);
+  EXPECT_EQ(testing::run(check + " --strict", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("memgate check: passed (2 probes on cpu): 16 ok"));
+  EXPECT_EQ(testing::run(check + " --update-baselines --exact", &out), 2) << out;
+}
+
 }  // namespace
 }  // namespace memgate

@@ -52,6 +52,18 @@ struct FixtureVerdicts {
                                             std::span<const std::int64_t> extra_batch_sizes = {},
                                             const ProbeOptions& options = {});
 
+/// Records the baselines of `fixture` at each of `batch_sizes` on `device` into <baselines_dir>/<slug>/<fixture>.json
+/// from one measurement each (update_baseline: only these probes rewritten, a file whose bytes did not change left as
+/// it was); returns the file and whether it changed. A probe that runs out of memory throws memgate::Error: there is
+/// nothing to record. The update workflows (the memory suite's, `memgate check --update-baselines`) call it.
+struct RecordedBaseline {
+  std::string path;
+  bool changed = false;
+};
+[[nodiscard]] RecordedBaseline record_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes,
+                                              c10::Device device, const std::string& baselines_dir,
+                                              const ProbeOptions& options = {});
+
 /// The probe of `fixture` at `batch_size` among `verdicts.probes`, or nullptr when it was not measured.
 [[nodiscard]] const ProbeResult* find_probe(const FixtureVerdicts& verdicts, std::int64_t batch_size);
 
