@@ -1,6 +1,7 @@
 // memgate replay: a real trace's requests through the caching allocator's model, compared event by event.
 #include "memgate/allocator/replay.h"
 
+#include "memgate/allocator/snapshot_pickle.h"
 #include "memgate/base/error.h"
 #include "memgate/base/units.h"
 
@@ -170,7 +171,10 @@ std::string event_line(const std::vector<TraceEvent>& events, std::size_t i) {
     return fmt::format("#{} oom size={} ({}) stream={:#x} device_free={}", i, e.size, format_bytes(e.size), e.stream,
                        e.device_free);
   }
-  if (e.action == TraceEvent::Action::other) return fmt::format("#{} {}", i, e.name);
+  if (e.action == TraceEvent::Action::other || e.action == TraceEvent::Action::snapshot ||
+      e.action == TraceEvent::Action::user_defined) {
+    return fmt::format("#{} {}", i, e.name);
+  }
   return fmt::format("#{} {} addr={:#x} size={} ({}) stream={:#x}{}", i, e.name, e.addr, e.size, format_bytes(e.size),
                      e.stream, e.where.empty() ? "" : " at " + e.where);
 }
@@ -537,7 +541,8 @@ class DeviceReplayer {
           compare_events(at, {}, pending);
           pending.clear();
           unused_allocs.clear();
-          if (model.has_free_block(e.size, e.stream)) {
+          // A request past any GPU's memory (a size a program got wrong) fits no cached block either.
+          if (e.size <= kMaxSnapshotBytes && model.has_free_block(e.size, e.stream)) {
             diverge(at, fmt::format("no cached block of {} on stream {:#x}", format_bytes(e.size), e.stream),
                     "a cached block that holds it");
           }
@@ -664,9 +669,11 @@ class DeviceReplayer {
         }
         model.clear_segment_events();
       } else if (e.action == A::oom) {
-        // The request that failed on the real GPU: would it fit here? The program did not go on with it.
+        // The request that failed on the real GPU: would it fit here? The program did not go on with it. One past
+        // any GPU's memory fits nowhere (and would pass 64 bits in the model's sums).
         const auto id = replica.next_id++;
-        const auto address = model.malloc(id, e.size, e.stream);
+        const auto address =
+            e.size <= kMaxSnapshotBytes ? model.malloc(id, e.size, e.stream) : std::optional<std::uint64_t>();
         made(at, "the request that ran out of memory", e.size);
         if (!address) {
           ++r.ooms;
@@ -711,7 +718,7 @@ class DeviceReplayer {
 
 ReplayReport replay_snapshot(const Snapshot& snapshot, const std::vector<WhatIfSpec>& what_ifs) {
   ReplayReport report;
-  report.file = snapshot.origin;
+  report.file = utf8_text(snapshot.origin);  // a file name need not be UTF-8; the JSON report must be
   report.has_settings = snapshot.has_settings;
   report.settings_text = snapshot.settings_text;
   for (std::size_t d = 0; d < snapshot.device_traces.size(); ++d) {

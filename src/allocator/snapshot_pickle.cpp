@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -121,7 +122,7 @@ class Machine {
         case 'C': push(Bytes{std::string(take(fixed<std::uint64_t>(1)))}); break;
         case 'B': push(Bytes{std::string(take(fixed<std::uint64_t>(4)))}); break;
         case 0x8e: push(Bytes{std::string(take(fixed<std::uint64_t>(8)))}); break;
-        case 0x94: memo_.push_back(top(at)); break;                 // MEMOIZE
+        case 0x94: memoize(at); break;                              // MEMOIZE
         case 'q': put(at, fixed<std::uint64_t>(1)); break;          // BINPUT
         case 'r': put(at, fixed<std::uint64_t>(4)); break;          // LONG_BINPUT
         case 'h': get(at, fixed<std::uint64_t>(1)); break;          // BINGET
@@ -259,14 +260,18 @@ class Machine {
     if (dict == nullptr) fail(at, "SETITEM to something that is not a dict");
     return *dict;
   }
-  void put(std::size_t at, std::uint64_t index) {
-    if (index > memo_.size() + (1U << 20)) fail(at, fmt::format("a memo index {} far past the memo's size", index));
-    if (index >= memo_.size()) memo_.resize(index + 1);
+  // The memo is keyed by index, as Python's unpickler reads it: BINPUT and LONG_BINPUT may name any index (a
+  // hostile file names 2^31 or 4e9), and an entry per PUT opcode keeps the memo within the file's size.
+  void put(std::size_t at, std::uint64_t index) { memo_[index] = top(at); }
+  // MEMOIZE stores at the memo's length, as Python does (len(memo), not the highest index plus one).
+  void memoize(std::size_t at) {
+    const auto index = static_cast<std::uint64_t>(memo_.size());
     memo_[index] = top(at);
   }
   void get(std::size_t at, std::uint64_t index) {
-    if (index >= memo_.size() || memo_[index] == nullptr) fail(at, fmt::format("a memo index {} never stored", index));
-    stack_.push_back(memo_[index]);
+    const auto it = memo_.find(index);
+    if (it == memo_.end()) fail(at, fmt::format("a memo index {} never stored", index));
+    stack_.push_back(it->second);
   }
 
   std::string_view data_;
@@ -274,7 +279,7 @@ class Machine {
   std::size_t pos_ = 0;
   std::vector<NodePtr> stack_;
   std::vector<std::size_t> marks_;
-  std::vector<NodePtr> memo_;
+  std::unordered_map<std::uint64_t, NodePtr> memo_;
   std::vector<NodePtr> containers_;
 };
 
@@ -327,8 +332,7 @@ class ToJson {
           } else if constexpr (std::is_same_v<T, Bytes>) {
             return nlohmann::json::binary(std::vector<std::uint8_t>(v.data.begin(), v.data.end()));
           } else if constexpr (std::is_same_v<T, std::string>) {
-            if (!valid_utf8(v)) fail("a string that is not UTF-8");
-            return v;
+            return utf8_text(v);
           } else if constexpr (std::is_same_v<T, List>) {
             auto out = nlohmann::json::array();
             for (const auto& item : v.items) out.push_back(convert(*item));
@@ -338,8 +342,7 @@ class ToJson {
             for (const auto& [key, value] : v.items) {
               std::string name;
               if (const auto* s = std::get_if<std::string>(&key->v)) {
-                name = *s;
-                if (!valid_utf8(name)) fail("a dict key that is not UTF-8");
+                name = utf8_text(*s);
               } else if (const auto* i = std::get_if<std::int64_t>(&key->v)) {
                 name = std::to_string(*i);
               } else {
@@ -356,32 +359,6 @@ class ToJson {
   }
 
  private:
-  // UTF-8's byte patterns (what Python's pickle writes for str): a lead byte and its continuation bytes.
-  static bool valid_utf8(const std::string& s) {
-    std::size_t i = 0;
-    while (i < s.size()) {
-      const auto c = static_cast<unsigned char>(s[i]);
-      std::size_t more = 0;
-      if (c < 0x80) {
-        more = 0;
-      } else if ((c & 0xe0) == 0xc0 && c >= 0xc2) {
-        more = 1;
-      } else if ((c & 0xf0) == 0xe0) {
-        more = 2;
-      } else if ((c & 0xf8) == 0xf0 && c <= 0xf4) {
-        more = 3;
-      } else {
-        return false;
-      }
-      if (more > s.size() - i - 1) return false;
-      for (std::size_t k = 1; k <= more; ++k) {
-        if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
-      }
-      i += more + 1;
-    }
-    return true;
-  }
-
   [[noreturn]] void fail(const std::string& what) const {
     throw Error(fmt::format("{}: not a memory snapshot pickle memgate can read: {}", origin_, what));
   }
@@ -399,6 +376,56 @@ class ToJson {
 
 }  // namespace
 
+std::string utf8_text(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  const auto at = [&](std::size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  const auto escape = [&](unsigned char c) { out += fmt::format("\\x{:02x}", c); };
+  std::size_t i = 0;
+  while (i < bytes.size()) {
+    const auto c = at(i);
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // RFC 3629's well-formed sequences (what nlohmann::json writes): the second byte's range depends on the lead,
+    // which rules out overlong forms, surrogates and code points past U+10FFFF.
+    std::size_t more = 0;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) {
+      more = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      more = 2;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      more = 3;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    }
+    bool ok = more > 0 && more < bytes.size() - i;
+    for (std::size_t k = 1; ok && k <= more; ++k) {
+      const auto b = at(i + k);
+      ok = k == 1 ? b >= lo && b <= hi : (b & 0xc0) == 0x80;
+    }
+    if (ok) {
+      out.append(bytes.substr(i, more + 1));
+      i += more + 1;
+      continue;
+    }
+    // U+DC80..U+DCFF, as Python's pickle writes a file name it decoded with surrogateescape: the byte it stands for.
+    if (c == 0xed && i + 2 < bytes.size() && (at(i + 1) == 0xb2 || at(i + 1) == 0xb3) && (at(i + 2) & 0xc0) == 0x80) {
+      escape(static_cast<unsigned char>(((at(i + 1) & 0x03) << 6) | (at(i + 2) & 0x3f)));
+      i += 3;
+      continue;
+    }
+    escape(c);
+    ++i;
+  }
+  return out;
+}
+
 nlohmann::json read_plain_pickle(std::string_view data, const std::string& origin, const PickleLimits& limits) {
   if (data.empty()) throw Error(origin + ": not a memory snapshot pickle memgate can read: the file is empty");
   if (static_cast<unsigned char>(data.front()) != 0x80) {
@@ -407,11 +434,20 @@ nlohmann::json read_plain_pickle(std::string_view data, const std::string& origi
   }
   Machine machine(data, origin);  // lives until the JSON is made: its destructor frees what the file built
   const auto root = machine.run();
-  ToJson to_json(origin, limits);
-  if (to_json.expanded_size(*root) > limits.max_values) {
-    throw Error(fmt::format("{}: not a memory snapshot pickle memgate can read: more than {} values (memo "
-                            "references repeated to build a value this large?)",
-                            origin, limits.max_values));
+  // The bound on values follows the file's size too, so that memory does: the JSON of a value is some 16 to 100
+  // bytes, and a small file of memo references would otherwise expand to max_values.
+  constexpr std::int64_t kFloor = std::int64_t{1} << 16;
+  const auto size = static_cast<std::int64_t>(std::max<std::size_t>(data.size(), 1));
+  const auto per_byte = std::max<std::int64_t>(limits.max_values_per_byte, 0);
+  const auto by_size = per_byte >= (INT64_MAX - kFloor) / size ? INT64_MAX : kFloor + size * per_byte;
+  const auto max_values = std::min(limits.max_values, by_size);
+  PickleLimits bounded = limits;
+  bounded.max_values = max_values;
+  ToJson to_json(origin, bounded);
+  if (to_json.expanded_size(*root) > max_values) {
+    throw Error(fmt::format("{}: not a memory snapshot pickle memgate can read: more than {} values for a file of {} "
+                            "bytes (memo references repeated to build a value this large?)",
+                            origin, max_values, data.size()));
   }
   return to_json.convert(*root);
 }

@@ -8,6 +8,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
+#include <cctype>
+#include <cmath>
+#include <map>
 
 namespace memgate {
 namespace {
@@ -23,7 +27,11 @@ std::string describe(const json& v) {
     case json::value_t::number_float: return fmt::format("the float {}", v.get<double>());
     case json::value_t::string: {
       auto s = v.get<std::string>();
-      if (s.size() > 40) s = s.substr(0, 40) + "...";
+      if (s.size() > 40) {
+        std::size_t n = 40;
+        while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) --n;  // not inside a UTF-8 character
+        s = s.substr(0, n) + "...";
+      }
       return fmt::format("the string '{}'", s);
     }
     case json::value_t::array: return fmt::format("a list of {}", v.size());
@@ -60,12 +68,32 @@ class Reader {
     if (!v.is_array()) fail(path, "a list", v);
     return v;
   }
+  // Sizes of memory that existed (blocks, segments, requests served, free memory): up to kMaxSnapshotBytes.
   std::int64_t size(const json& v, const std::string& path) const {
+    const auto n = count(v, path, "a size in bytes (an integer from 0 to 2^60)");
+    if (n > kMaxSnapshotBytes) fail(path, "a size in bytes (an integer from 0 to 2^60: more than any GPU holds)", v);
+    return n;
+  }
+  // A request that failed: a program may ask for any size PyTorch's int64 holds.
+  std::int64_t request(const json& v, const std::string& path) const {
+    return count(v, path, "a size in bytes (an integer from 0)");
+  }
+  std::int64_t count(const json& v, const std::string& path, std::string_view expected) const {
     if (v.is_number_integer() && !v.is_number_unsigned() && v.get<std::int64_t>() >= 0) return v.get<std::int64_t>();
     if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX)) {
       return static_cast<std::int64_t>(v.get<std::uint64_t>());
     }
-    fail(path, "a size in bytes (an integer from 0)", v);
+    fail(path, expected, v);
+  }
+  // A CUDA device's index: PyTorch's DeviceIndex is 8 or 16 bits, never negative in a snapshot.
+  int device(const json& v, const std::string& path) const {
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() < kMaxSnapshotDevices) {
+      return static_cast<int>(v.get<std::uint64_t>());
+    }
+    if (v.is_number_integer() && v.get<std::int64_t>() >= 0 && v.get<std::int64_t>() < kMaxSnapshotDevices) {
+      return static_cast<int>(v.get<std::int64_t>());
+    }
+    fail(path, fmt::format("a device index (an integer from 0 to {})", kMaxSnapshotDevices - 1), v);
   }
   std::int64_t integer(const json& v, const std::string& path) const {
     if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<std::int64_t>();
@@ -74,11 +102,24 @@ class Reader {
     }
     fail(path, "an integer", v);
   }
-  // Addresses and streams: unsigned 64-bit, as C pointers (PyTorch writes them as Python ints).
+  // Streams: 64 bits, as PyTorch casts the cudaStream_t to int64.
   std::uint64_t word(const json& v, const std::string& path) const {
     if (v.is_number_unsigned()) return v.get<std::uint64_t>();
     if (v.is_number_integer()) return static_cast<std::uint64_t>(v.get<std::int64_t>());
-    fail(path, "an address (an integer)", v);
+    fail(path, "a stream (an integer)", v);
+  }
+  // Addresses: a device pointer, never negative (PyTorch writes it as an int64; no GPU maps memory from 2^63).
+  std::uint64_t address(const json& v, const std::string& path) const {
+    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+    if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
+    fail(path, "an address (an integer from 0)", v);
+  }
+  // The memory from `address` for `size` bytes must not wrap past the top of the 64-bit address space.
+  void fits_address_space(std::uint64_t address, std::int64_t size, const std::string& path) const {
+    if (address > UINT64_MAX - static_cast<std::uint64_t>(size)) {
+      fail(path, fmt::format("expected memory that ends within the 64-bit address space, not {:#x} + {} bytes",
+                             address, size));
+    }
   }
   std::string string(const json& v, const std::string& path) const {
     if (!v.is_string()) fail(path, "a string", v);
@@ -95,10 +136,12 @@ class Reader {
 
 TraceEvent::Action action_of(std::string_view name) {
   using A = TraceEvent::Action;
+  // c10/cuda/CUDACachingAllocator.h's TraceEntry::Action, as torch/csrc/cuda/memory_snapshot.cpp names them.
   static const std::map<std::string_view, A> kActions = {
       {"alloc", A::alloc},           {"free_requested", A::free_requested}, {"free_completed", A::free_completed},
       {"segment_alloc", A::segment_alloc}, {"segment_free", A::segment_free}, {"segment_map", A::segment_map},
-      {"segment_unmap", A::segment_unmap}, {"oom", A::oom}};
+      {"segment_unmap", A::segment_unmap}, {"oom", A::oom}, {"snapshot", A::snapshot},
+      {"user_defined", A::user_defined}};
   const auto it = kActions.find(name);
   return it == kActions.end() ? A::other : it->second;
 }
@@ -131,7 +174,13 @@ std::string where_of(const json& frames) {
   const auto line_it = chosen->find("line");
   const auto line = line_it != chosen->end() && line_it->is_number_integer() ? line_it->get<std::int64_t>() : 0;
   const auto name = text_at(*chosen, "name");
-  const auto slash = file.find_last_of("/\\");
+  // The last separator, '/' or Windows' '\', but not the '\' of a byte utf8_text() escaped as \xNN.
+  auto slash = file.find_last_of('/');
+  const auto hex = [&](std::size_t i) { return i < file.size() && std::isxdigit(static_cast<unsigned char>(file[i])); };
+  for (auto b = file.find('\\', slash == std::string::npos ? 0 : slash); b != std::string::npos;
+       b = file.find('\\', b + 1)) {
+    if (!(b + 1 < file.size() && file[b + 1] == 'x' && hex(b + 2) && hex(b + 3))) slash = b;
+  }
   return fmt::format("{}:{} {}", slash == std::string::npos ? file : file.substr(slash + 1), line, name);
 }
 
@@ -151,8 +200,12 @@ AllocatorSettings read_settings(const Reader& r, const json& s, const std::strin
     if (n > 0) settings.max_split_size = n;
   }
   if (const auto* v = r.optional_key(s, "garbage_collection_threshold")) {
-    if (!v->is_number()) r.fail(path + ".garbage_collection_threshold", "a number", *v);
-    settings.garbage_collection_threshold = v->get<double>();
+    // PyTorch takes a threshold above 0 and below 1 (CUDAAllocatorConfig), and writes 0 when none is set.
+    const auto p = path + ".garbage_collection_threshold";
+    if (!v->is_number()) r.fail(p, "a number", *v);
+    const auto t = v->get<double>();
+    if (!(t >= 0.0 && t < 1.0)) r.fail(p, "0 (off) or a fraction above 0 and below 1", *v);
+    settings.garbage_collection_threshold = t;
   }
   if (const auto* v = r.optional_key(s, "roundup_power2_divisions")) {
     const auto p = path + ".roundup_power2_divisions";
@@ -160,7 +213,13 @@ AllocatorSettings read_settings(const Reader& r, const json& s, const std::strin
     // Keyed by the interval's start in MiB: "1", "2", ... "32768".
     for (std::size_t i = 0; i < 16; ++i) {
       const auto k = std::to_string(std::int64_t{1} << i);
-      if (const auto* d = r.optional_key(*v, k.c_str())) settings.roundup_power2_divisions[i] = r.size(*d, p + "." + k);
+      if (const auto* d = r.optional_key(*v, k.c_str())) {
+        const auto n = r.size(*d, p + "." + k);
+        if (n != 0 && !std::has_single_bit(static_cast<std::uint64_t>(n))) {
+          r.fail(p + "." + k, "0 or a power of two (as PyTorch takes them)", *d);
+        }
+        settings.roundup_power2_divisions[i] = n;
+      }
     }
   }
   // What the settings say wins over the text, which an old PyTorch may not have applied; both read strictly.
@@ -202,13 +261,21 @@ Snapshot read_snapshot(const json& data, const std::string& origin) {
     if (settings->is_object() && settings->contains("memgate_allocator")) snap.settings_text = "memgate:" +
         r.string((*settings)["memgate_allocator"], "allocator_settings.memgate_allocator");
   }
+  std::map<int, std::int64_t> reserved_by_device;  // the final segments' bytes
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const auto path = fmt::format("segments[{}]", i);
     const auto& s = r.object(segments[i], path);
     RecordedSegment seg;
-    seg.device = static_cast<int>(r.integer(r.key(s, path, "device"), path + ".device"));
-    seg.address = r.word(r.key(s, path, "address"), path + ".address");
+    seg.device = r.device(r.key(s, path, "device"), path + ".device");
+    seg.address = r.address(r.key(s, path, "address"), path + ".address");
     seg.size = r.size(r.key(s, path, "total_size"), path + ".total_size");
+    r.fits_address_space(seg.address, seg.size, path + ".total_size");
+    auto& reserved = reserved_by_device[seg.device];
+    reserved += seg.size;  // each at most 2^60, checked as it goes: no overflow
+    if (reserved > kMaxSnapshotBytes) {
+      r.fail(path + ".total_size", fmt::format("segments of device {} that sum to at most 2^60 bytes, not {}",
+                                               seg.device, reserved));
+    }
     if (const auto* v = r.optional_key(s, "stream")) seg.stream = r.word(*v, path + ".stream");
     if (const auto* v = r.optional_key(s, "segment_type")) {
       const auto type = r.string(*v, path + ".segment_type");
@@ -230,9 +297,15 @@ Snapshot read_snapshot(const json& data, const std::string& origin) {
       RecordedBlock block;
       block.size = r.size(r.key(b, bpath, "size"), bpath + ".size");
       block.address = at;
-      if (const auto* v = r.optional_key(b, "address")) block.address = r.word(*v, bpath + ".address");
+      if (const auto* v = r.optional_key(b, "address")) block.address = r.address(*v, bpath + ".address");
       if (block.address != at) {
         r.fail(bpath + ".address", fmt::format("{:#x}, the end of the block before it", at), b["address"]);
+      }
+      r.fits_address_space(block.address, block.size, bpath + ".size");
+      total += block.size;  // each at most 2^60, checked as it goes: no overflow
+      if (total > kMaxSnapshotBytes || (!seg.expandable && total > seg.size)) {
+        r.fail(bpath + ".size", fmt::format("blocks that end within the segment's total_size {}, not at {} bytes",
+                                            seg.size, total));
       }
       if (const auto* v = r.optional_key(b, "requested_size")) block.requested = r.size(*v, bpath + ".requested_size");
       const auto state = r.string(r.key(b, bpath, "state"), bpath + ".state");
@@ -240,8 +313,11 @@ Snapshot read_snapshot(const json& data, const std::string& origin) {
         r.fail(bpath + ".state", "'active_allocated', 'active_pending_free' or 'inactive'", b["state"]);
       }
       block.allocated = state != "inactive";
+      // A free block keeps the request of its last use, larger or not; a live one was rounded up from its request.
+      if (block.allocated && block.requested > block.size) {
+        r.fail(bpath + ".requested_size", fmt::format("at most the block's size {}", block.size), b["requested_size"]);
+      }
       at += static_cast<std::uint64_t>(block.size);
-      total += block.size;
       seg.blocks.push_back(block);
     }
     if (total != seg.size && !seg.expandable) {
@@ -250,27 +326,42 @@ Snapshot read_snapshot(const json& data, const std::string& origin) {
     snap.segments.push_back(std::move(seg));
   }
   r.list(*traces, "device_traces");
+  if (traces->size() > static_cast<std::size_t>(kMaxSnapshotDevices)) {
+    r.fail("device_traces", fmt::format("a list of at most {} devices' traces", kMaxSnapshotDevices), *traces);
+  }
   for (std::size_t d = 0; d < traces->size(); ++d) {
     const auto dpath = fmt::format("device_traces[{}]", d);
     const auto& trace = r.list((*traces)[d], dpath);
     std::vector<TraceEvent> events;
     events.reserve(trace.size());
+    // The bytes of every alloc, free and segment event: at most 2^62, so that no sum a replay keeps of them
+    // (reserved, allocated, the state before the trace) can pass 64 bits.
+    std::int64_t traced = 0;
     for (std::size_t i = 0; i < trace.size(); ++i) {
       const auto path = fmt::format("{}[{}]", dpath, i);
       const auto& e = r.object(trace[i], path);
       TraceEvent ev;
       ev.name = r.string(r.key(e, path, "action"), path + ".action");
       ev.action = action_of(ev.name);
-      if (ev.action == TraceEvent::Action::other) {
+      using A = TraceEvent::Action;
+      if (ev.action == A::other || ev.action == A::snapshot || ev.action == A::user_defined) {
         events.push_back(std::move(ev));
         continue;
       }
-      if (ev.action == TraceEvent::Action::oom) {
+      if (ev.action == A::oom) {
         ev.device_free = r.size(r.key(e, path, "device_free"), path + ".device_free");
+        ev.size = r.request(r.key(e, path, "size"), path + ".size");
       } else {
-        ev.addr = r.word(r.key(e, path, "addr"), path + ".addr");
+        ev.addr = r.address(r.key(e, path, "addr"), path + ".addr");
+        ev.size = r.size(r.key(e, path, "size"), path + ".size");
+        r.fits_address_space(ev.addr, ev.size, path + ".size");
       }
-      ev.size = r.size(r.key(e, path, "size"), path + ".size");
+      // A failed request past 2^60 is never modelled (it fits nowhere); every other size may make a segment.
+      traced += ev.size <= kMaxSnapshotBytes ? ev.size : 0;  // each at most 2^60, checked as it goes: no overflow
+      if (traced > (std::int64_t{1} << 62)) {
+        r.fail(path + ".size", "sizes that sum to at most 2^62 bytes over the trace (more than any real trace moves)",
+               e["size"]);
+      }
       if (const auto* v = r.optional_key(e, "stream")) ev.stream = r.word(*v, path + ".stream");
       if (ev.action == TraceEvent::Action::alloc) {
         if (const auto* f = r.optional_key(e, "frames")) ev.where = where_of(*f);

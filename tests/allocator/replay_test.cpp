@@ -5,10 +5,12 @@
 #include "memgate/allocator/replay.h"
 #include "memgate/report/replay_report.h"
 #include "memgate/allocator/snapshot_pickle.h"
+#include "test_util.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -203,12 +205,33 @@ TEST(ReplayTest, EachStreamHasItsOwnFreeBlocks) {
 }
 
 TEST(ReplayTest, NamesWhatTheModelCannotFollow) {
+  // An action a later PyTorch may add: named, and the replay goes on without it.
   Trace t;
-  t.seg_alloc(A, 20 * kMiB).alloc(A, 5 * kMiB).event("user_defined", 0, 0).event("user_defined", 0, 0);
+  t.seg_alloc(A, 20 * kMiB).alloc(A, 5 * kMiB).event("segment_defragment", 0, 0).event("segment_defragment", 0, 0);
   t.segment(A, {{5 * kMiB, true}, {15 * kMiB, false}});
   const auto d = t.replay();
-  EXPECT_TRUE(d.exact) << "an annotation changes no memory";
-  EXPECT_THAT(d.not_followed, ::testing::Contains(HasSubstr("2 'user_defined' event(s)")));
+  EXPECT_TRUE(d.exact) << divergence_of(d);
+  EXPECT_THAT(d.not_followed, ::testing::Contains(HasSubstr("2 'segment_defragment' event(s)")));
+}
+
+// PyTorch records a 'snapshot' event whenever a snapshot is taken, and a 'user_defined' one for an annotation
+// (record_function): neither changes the allocator's state, so neither is a gap in an exact replay.
+TEST(ReplayTest, SnapshotAndAnnotationEventsAreFollowedAsNoOps) {
+  Trace t;
+  t.event("snapshot", 0, 0).seg_alloc(A, 20 * kMiB).alloc(A, 5 * kMiB).event("snapshot", 0, 0);
+  t.event("user_defined", 0, 0).alloc(at(A, 5), 5 * kMiB).event("snapshot", 0, 0);
+  t.segment(A, {{5 * kMiB, true}, {5 * kMiB, true}, {10 * kMiB, false}});
+  const auto report = replay_snapshot(read_snapshot(t.snapshot(), "hand.pickle"));
+  const auto& d = report.devices.at(0);
+  EXPECT_TRUE(d.exact) << divergence_of(d);
+  EXPECT_TRUE(d.compared);
+  EXPECT_THAT(d.not_followed, ::testing::IsEmpty());
+  EXPECT_EQ(d.events, 7);
+  EXPECT_EQ(d.requests, 2);
+  EXPECT_EQ(d.addresses_compared, 2);
+  const auto j = replay_to_json(report);
+  EXPECT_EQ(j["devices"][0]["not_followed"], json::array());
+  EXPECT_THAT(replay_summary(report), ::testing::Not(HasSubstr("not followed")));
 }
 
 // Three 6 MiB requests in a 20 MiB segment, a fourth in a second one; everything freed; 6 MiB again, then 30 MiB.
@@ -352,6 +375,139 @@ TEST(ReplayTest, BadSnapshotsAreClearErrorsNamingTheKey) {
   auto short_blocks = snap;
   short_blocks["segments"][0]["total_size"] = 21 * kMiB;
   EXPECT_THAT(error_of(short_blocks), HasSubstr("segments[0].blocks: blocks that sum to total_size"));
+}
+
+// Values no PyTorch writes (a size past any GPU, a device index past 16 bits, a negative address, a threshold
+// outside (0, 1)) are errors naming the file, the event or segment and the key, and what was expected; the values
+// a real snapshot can hold next to them still read.
+TEST(ReplayTest, ValuesPytorchCannotWriteAreErrorsNamingTheEventAndKey) {
+  const auto error_of = [](const json& data) {
+    try {
+      (void)read_snapshot(data, "bad.pickle");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto snap = what_if_trace().snapshot();
+  const auto with = [&](const json::json_pointer& key, const json& value) {
+    auto s = snap;
+    s[key] = value;
+    return error_of(s);
+  };
+  using P = json::json_pointer;
+  const std::string size = "bad.pickle: device_traces[0][1].size: expected a size in bytes (an integer from 0 to 2^60";
+  EXPECT_THAT(with(P("/device_traces/0/1/size"), INT64_MAX), HasSubstr(size));
+  EXPECT_THAT(with(P("/device_traces/0/1/size"), std::uint64_t{1} << 63), HasSubstr(size));
+  EXPECT_THAT(with(P("/device_traces/0/1/size"), (std::int64_t{1} << 60) + 1), HasSubstr(size));
+  EXPECT_THAT(with(P("/device_traces/0/1/size"), -1), HasSubstr(size));
+  EXPECT_EQ(with(P("/device_traces/0/1/size"), std::int64_t{1} << 60), "no error") << "1 EiB: the most a size holds";
+  EXPECT_THAT(with(P("/segments/0/blocks/0/size"), std::int64_t{1} << 61),
+              HasSubstr("bad.pickle: segments[0].blocks[0].size: expected a size in bytes"));
+  EXPECT_THAT(with(P("/segments/0/blocks/0/size"), std::int64_t{1} << 60),
+              HasSubstr("segments[0].blocks[0].size: blocks that end within the segment's total_size 20971520"));
+  EXPECT_THAT(with(P("/segments/0/total_size"), std::int64_t{1} << 61),
+              HasSubstr("segments[0].total_size: expected a size in bytes"));
+  // A live block holds at least its request; a free one keeps its last request, whatever it was.
+  EXPECT_THAT(with(P("/segments/0/blocks/0/requested_size"), 7 * kMiB),
+              HasSubstr("segments[0].blocks[0].requested_size: expected at most the block's size 6291456, got the "
+                        "integer 7340032"));
+  EXPECT_EQ(with(P("/segments/0/blocks/1/requested_size"), 30 * kMiB), "no error");
+
+  for (const json& device : {json(std::int64_t{1} << 32), json(std::int64_t{1} << 40), json(-1), json(65536)}) {
+    EXPECT_THAT(with(P("/segments/0/device"), device),
+                HasSubstr("bad.pickle: segments[0].device: expected a device index (an integer from 0 to 65535)"))
+        << device;
+  }
+  EXPECT_EQ(with(P("/segments/0/device"), 65535), "no error");
+  EXPECT_THAT(with(P("/device_traces/0/2/addr"), -4096),
+              HasSubstr("bad.pickle: device_traces[0][2].addr: expected an address (an integer from 0), got the "
+                        "integer -4096"));
+  EXPECT_THAT(with(P("/segments/1/address"), -1), HasSubstr("segments[1].address: expected an address"));
+  EXPECT_THAT(with(P("/device_traces/0/2/addr"), UINT64_MAX - 100),
+              HasSubstr("device_traces[0][2].size: expected memory that ends within the 64-bit address space"));
+  auto exabytes = snap;  // five events of 1 EiB each: more bytes than a replay can add up in 64 bits
+  for (int i = 0; i < 5; ++i) exabytes["device_traces"][0][i]["size"] = std::int64_t{1} << 60;
+  EXPECT_THAT(error_of(exabytes),
+              HasSubstr("device_traces[0][4].size: expected sizes that sum to at most 2^62 bytes over the trace"));
+
+  const std::string gc = "bad.pickle: allocator_settings.garbage_collection_threshold: expected 0 (off) or a fraction "
+                         "above 0 and below 1";
+  for (const double t : {std::nan(""), 1.0, 1.5, -0.25, HUGE_VAL}) {
+    EXPECT_THAT(with(P("/allocator_settings/garbage_collection_threshold"), t), HasSubstr(gc)) << t;
+  }
+  for (const double t : {0.0, 0.6, 0.999}) {
+    EXPECT_EQ(with(P("/allocator_settings/garbage_collection_threshold"), t), "no error") << t;
+  }
+  EXPECT_THAT(with(P("/allocator_settings/roundup_power2_divisions"), {{"1", 3}}),
+              HasSubstr("allocator_settings.roundup_power2_divisions.1: expected 0 or a power of two"));
+  EXPECT_EQ(with(P("/allocator_settings/roundup_power2_divisions"), {{"1", 0}, {"2", 4}}), "no error");
+  EXPECT_EQ(with(P("/allocator_settings/max_split_size"), -1048576), "no error")
+      << "PyTorch writes SIZE_MAX rounded to MiB as int64: no limit";
+}
+
+// A program may ask for more than any GPU holds (a shape computed wrong): PyTorch records the out-of-memory with that
+// size. It is read, fits no cached block, and runs out of memory in every what-if; its device_free is what a GPU had.
+TEST(ReplayTest, AnOutOfMemoryPastAnyGpuIsReadAndFitsNowhere) {
+  Trace t;
+  t.seg_alloc(A, 20 * kMiB).alloc(A, 9 * kMiB).oom(INT64_MAX).oom(std::int64_t{1} << 60);
+  t.segment(A, {{9 * kMiB, true}, {11 * kMiB, false}});
+  auto snap = t.snapshot();
+  snap["device_traces"][0][2]["device_free"] = (std::int64_t{1} << 60) + 1;
+  EXPECT_THAT([&] {
+    try {
+      (void)read_snapshot(snap, "bad.pickle");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  }(), HasSubstr("device_traces[0][2].device_free: expected a size in bytes"));
+  const auto d = t.replay({{"unlimited", std::nullopt, std::nullopt}, {"1 GiB", std::nullopt, 1024 * kMiB}});
+  EXPECT_TRUE(d.exact) << divergence_of(d);
+  ASSERT_EQ(d.what_if.size(), 2u);
+  for (const auto& w : d.what_if) {
+    EXPECT_EQ(w.first_oom_event, 2) << w.spec.label;
+    EXPECT_EQ(w.first_oom_size, INT64_MAX) << w.spec.label;
+  }
+  EXPECT_EQ(d.what_if[0].ooms, 1) << "without a capacity, 1 EiB is a request like any other";
+  EXPECT_EQ(d.what_if[1].ooms, 2);
+}
+
+// A frame's file name or function that is not UTF-8 (a directory in Latin-1, a C++ symbol's raw bytes) is carried
+// escaped from the pickle to every report: replay, JSON, text and HTML, as is a snapshot file name that is not UTF-8.
+TEST(ReplayTest, FramesThatAreNotUtf8ReplayIntoEveryReport) {
+  testing::TempDir dir;
+  const auto file = dir / "snap_\xff.pickle";
+  const auto script = dir / "make.py";
+  // 'QQQ' becomes bytes no str holds (the pickle's length byte stays right); the file name is surrogateescape's.
+  testing::write_file(script, R"(import pickle, sys
+frames = [{'filename': '/home/caf\udce9/tr\udce9in.py', 'line': 3, 'name': 'QQQ'}]
+trace = [{'action': 'segment_alloc', 'addr': 2**40, 'size': 20 << 20, 'stream': 0, 'frames': frames},
+         {'action': 'alloc', 'addr': 2**40, 'size': 5 << 20, 'stream': 0, 'frames': frames},
+         {'action': 'snapshot', 'addr': 0, 'size': 0, 'stream': 0, 'frames': frames}]
+blocks = [{'address': 2**40, 'size': 5 << 20, 'requested_size': 5 << 20, 'state': 'active_allocated', 'frames': frames},
+          {'address': 2**40 + (5 << 20), 'size': 15 << 20, 'requested_size': 0, 'state': 'inactive', 'frames': []}]
+s = {'segments': [{'device': 0, 'address': 2**40, 'total_size': 20 << 20, 'stream': 0, 'segment_type': 'large',
+                   'segment_pool_id': (0, 0), 'is_expandable': False, 'frames': frames, 'blocks': blocks}],
+     'device_traces': [trace]}
+data = pickle.dumps(s, protocol=4).replace(b'QQQ', b'\xff\xc0\xaf')
+open(sys.argv[1].encode('utf-8', 'surrogateescape'), 'wb').write(data)
+)");
+  std::string log;
+  ASSERT_EQ(testing::run(std::string(MEMGATE_TEST_PYTHON) + " " + script + " '" + file + "'", &log), 0) << log;
+  const auto report = replay_snapshot(load_snapshot(file));
+  ASSERT_EQ(report.devices.size(), 1u);
+  const auto& d = report.devices[0];
+  EXPECT_TRUE(d.exact) << divergence_of(d);
+  ASSERT_FALSE(d.fragmentation.emptiest.empty());
+  EXPECT_EQ(d.fragmentation.emptiest[0].where, "tr\\xe9in.py:3 \\xff\\xc0\\xaf");
+  std::string text;
+  ASSERT_NO_THROW(text = replay_to_json(report).dump(2));
+  const auto j = json::parse(text);
+  EXPECT_EQ(j["file"], dir / "snap_\\xff.pickle");
+  EXPECT_EQ(j["devices"][0]["fragmentation"]["emptiest_segments"][0]["where"], "tr\\xe9in.py:3 \\xff\\xc0\\xaf");
+  EXPECT_THAT(replay_summary(report), HasSubstr("snap_\\xff.pickle"));
+  EXPECT_THAT(replay_html(report), HasSubstr("snap_\\xff.pickle"));
 }
 
 TEST(ReplayTest, AllocatorSettingsParseAsPytorchCudaAllocConf) {

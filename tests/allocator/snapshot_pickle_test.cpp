@@ -1,6 +1,7 @@
 // Memory snapshot pickles read as plain data: what Python's pickle writes (protocols 2, 4, 5) reads back as Python
 // reads it; anything that would run code, a truncated file, a cycle, an exponential memo expansion or an integer
-// beyond 64 bits is an error naming the file, never a crash and never run.
+// beyond 64 bits is an error naming the file, never a crash and never run; memory follows the file's size; text
+// that is not UTF-8 is carried escaped.
 #include "memgate/allocator/snapshot_pickle.h"
 
 #include "memgate/base/error.h"
@@ -10,12 +11,62 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <new>
 #include <string>
+
+// Every allocation of this test program goes through here, so that a test can meter what a read allocates: while
+// metering, the bytes asked for are added up (frees not subtracted: an upper bound of the peak), and a request past
+// the budget throws std::bad_alloc rather than taking the machine's memory.
+namespace {
+std::atomic<bool> g_metering{false};
+std::atomic<std::int64_t> g_metered{0};
+std::atomic<std::int64_t> g_budget{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_metering.load(std::memory_order_relaxed)) {
+    const auto total = g_metered.fetch_add(static_cast<std::int64_t>(n)) + static_cast<std::int64_t>(n);
+    if (total > g_budget.load()) throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace memgate {
 namespace {
+
+// The bytes `read` allocates in all; past `budget` it fails (std::bad_alloc, reported as a failure).
+template <typename Read>
+std::int64_t bytes_allocated_by(Read&& read, std::int64_t budget) {
+  g_metered = 0;
+  g_budget = budget;
+  g_metering = true;
+  try {
+    read();
+  } catch (const std::bad_alloc&) {
+    g_metering = false;
+    ADD_FAILURE() << "allocated more than the budget of " << budget << " bytes";
+    return g_metered;
+  } catch (...) {
+    g_metering = false;
+    throw;
+  }
+  g_metering = false;
+  return g_metered;
+}
+
+// Little-endian bytes of `v`, `n` of them, as pickle's fixed-size arguments.
+std::string le(std::uint64_t v, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
+  return out;
+}
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
@@ -213,6 +264,76 @@ TEST(SnapshotPickleTest, RealSnapshotsReadAsPythonReadsThem) {
     EXPECT_GT(read, 0) << folder;
     std::cout << "[ SNAPSHOT ] " << folder.string() << ": " << read << " real snapshots read\n";
   }
+}
+
+// A memo index is any 32-bit number (LONG_BINPUT): a file of 2.5 KB that stores at 500 indices, 2^20 apart and up
+// to 4e9, must cost a few times its size, not a memo as long as its largest index (gigabytes).
+TEST(SnapshotPickleTest, SparseMemoIndicesCostNoMoreThanTheFile) {
+  std::string p = "\x80\x04]";  // PROTO 4, an empty list
+  for (std::uint64_t k = 1; k <= 500; ++k) p += "r" + le(k << 20, 4);  // LONG_BINPUT k * 2^20
+  p += "r" + le(std::uint64_t{1} << 31, 4) + "r" + le(4'000'000'000, 4) + "q" + le(200, 1);
+  p += "\x94";                                      // MEMOIZE: at the memo's length (503), as Python does
+  p += "j" + le(4'000'000'000, 4) + "h" + le(200, 1) + "j" + le(503, 4) + "j" + le(500 << 20, 4);
+  p += "\x86\x86\x86\x86.";                         // the list and the four references, as nested pairs; STOP
+  ASSERT_GT(p.size(), 2500u);
+  nlohmann::json read;
+  const auto bytes = bytes_allocated_by([&] { read = read_plain_pickle(p, "sparse.pickle"); },
+                                        std::int64_t{64} << 20);
+  EXPECT_LT(bytes, 128 * static_cast<std::int64_t>(p.size())) << "bytes allocated for a file of " << p.size();
+  EXPECT_EQ(read.dump(), "[[],[[],[[],[[],[]]]]]") << "every memo reference is the list";
+  try {
+    (void)read_plain_pickle(std::string("\x80\x04]r") + le(7, 4) + "j" + le(8, 4) + "\x86.", "unset.pickle");
+    FAIL() << "a reference to a memo index never stored was read";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("unset.pickle: not a memory snapshot pickle memgate can read: at byte 8"));
+    EXPECT_THAT(e.what(), HasSubstr("a memo index 8 never stored"));
+  }
+}
+
+// Memo references expand: a file of some 150 bytes can stand for a million values. What a read may build follows the
+// file's size (64 values a byte beyond the first 65,536), so a small file cannot cost gigabytes of JSON.
+TEST(SnapshotPickleTest, ExpansionIsBoundedByTheFileSize) {
+  testing::TempDir dir;
+  const auto file = dir / "expands.pickle";
+  python_writes("import pickle, sys\nv = [0]\nfor _ in range(20): v = [v, v]\n"
+                "pickle.dump(v, open(sys.argv[1], 'wb'), protocol=4)\n",
+                file);
+  const auto size = static_cast<std::int64_t>(fs::file_size(file));
+  ASSERT_LT(size, 1000);
+  try {
+    const auto bytes = bytes_allocated_by([&] { (void)load_plain_pickle(file); }, std::int64_t{1} << 30);
+    FAIL() << "2^21 values from " << size << " bytes were read, allocating " << bytes << " bytes";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(file));
+    EXPECT_THAT(e.what(), HasSubstr("more than " + std::to_string(65536 + 64 * size) + " values for a file of " +
+                                        std::to_string(size) + " bytes"));
+  }
+  // The same value, allowed more per byte, reads as Python reads it.
+  EXPECT_EQ(load_plain_pickle(file, {.max_values_per_byte = 1024 * 1024}), python_reads(file));
+}
+
+// Python writes a str with lone surrogates (a file name decoded with surrogateescape) as their UTF-8 forms, and
+// torch's pickler writes C++ symbols' bytes as they are: neither is UTF-8, and neither may stop a read or the JSON
+// written from it. Such text reads as utf8_text() makes it: the well-formed characters kept, each other byte \xNN.
+TEST(SnapshotPickleTest, TextThatIsNotUtf8IsCarriedEscaped) {
+  EXPECT_EQ(utf8_text("caf\xc3\xa9 \xe2\x98\x83 \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x98\x83 \xf0\x9f\x98\x80");
+  EXPECT_EQ(utf8_text("caf\xe9.py"), "caf\\xe9.py") << "Latin-1";
+  EXPECT_EQ(utf8_text("\xed\xb3\xbf/\xed\xb2\x80"), "\\xff/\\x80") << "surrogateescape: the byte it stands for";
+  EXPECT_EQ(utf8_text("\xed\xa0\x80"), "\\xed\\xa0\\x80") << "another surrogate";
+  EXPECT_EQ(utf8_text("\xc0\xaf \xe0\x80\xaf"), "\\xc0\\xaf \\xe0\\x80\\xaf") << "overlong";
+  EXPECT_EQ(utf8_text("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80") << "past U+10FFFF";
+  EXPECT_EQ(utf8_text("ab\xe2\x98"), "ab\\xe2\\x98") << "cut short";
+  EXPECT_EQ(utf8_text(std::string("a\0b", 3)), std::string("a\0b", 3));
+
+  // {'filename': <bytes>, 'name': <bytes>, <bytes>: 1} as SHORT_BINUNICODE strings, by hand.
+  const auto str = [](const std::string& bytes) { return "\x8c" + le(bytes.size(), 1) + bytes; };
+  const std::string p = "\x80\x04}(" + str("filename") + str("/home/caf\xe9/tr\xed\xb3\xa9in.py") + str("name") +
+                        str("_ZN\xff\xfe") + str("k\xc0") + "K\x01u.";
+  const auto read = read_plain_pickle(p, "frames.pickle");
+  EXPECT_EQ(read["filename"], "/home/caf\\xe9/tr\\xe9in.py");
+  EXPECT_EQ(read["name"], "_ZN\\xff\\xfe");
+  EXPECT_EQ(read["k\\xc0"], 1) << "a dict key too";
+  EXPECT_NO_THROW((void)read.dump()) << "JSON holds UTF-8 only";
 }
 
 }  // namespace

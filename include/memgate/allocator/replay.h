@@ -15,15 +15,25 @@
 
 namespace memgate {
 
+/// The most bytes a size in a snapshot may say (1 EiB): more than any GPU holds, and sums of such sizes stay
+/// within 64 bits. A larger one, or a device index from 2^16, is not a value PyTorch writes.
+inline constexpr std::int64_t kMaxSnapshotBytes = std::int64_t{1} << 60;
+inline constexpr std::int64_t kMaxSnapshotDevices = std::int64_t{1} << 16;
+
 /// One entry of a device's trace, as the snapshot records it.
 struct TraceEvent {
+  /// PyTorch's TraceEntry::Action; `snapshot` (a snapshot was taken) and `user_defined` (an annotation, e.g.
+  /// record_function) change no memory; `other` is an action this memgate does not know.
   enum class Action {
-    alloc, free_requested, free_completed, segment_alloc, segment_free, segment_map, segment_unmap, oom, other
+    alloc, free_requested, free_completed, segment_alloc, segment_free, segment_map, segment_unmap, oom, snapshot,
+    user_defined, other
   };
   Action action = Action::other;
   std::string name;          ///< the action as written (kept for actions the replay does not know)
   std::uint64_t addr = 0;
-  std::int64_t size = 0;     ///< the request (alloc, free_*), the segment (segment_*), the failed request (oom)
+  /// The request (alloc, free_*), the segment (segment_*), each up to kMaxSnapshotBytes; the failed request (oom),
+  /// which may ask for more than any GPU holds.
+  std::int64_t size = 0;
   std::uint64_t stream = 0;
   std::int64_t device_free = 0;  ///< oom: what CUDA said was free
   std::string where;         ///< alloc: the first frame outside torch ("file:line function"), when recorded
@@ -59,8 +69,11 @@ struct Snapshot {
 };
 
 /// A snapshot from the plain data of its pickle (read_plain_pickle). Strict: a value of the wrong type, a missing
-/// key the replay needs, or a negative size throws memgate::Error naming `origin`, the key's path
-/// (`device_traces[0][12].size`) and what was expected. Keys it does not use are ignored, as newer PyTorch adds them.
+/// key the replay needs, or a value PyTorch cannot write (a negative size or address, a size past
+/// kMaxSnapshotBytes, a device index past kMaxSnapshotDevices, a block past its segment or the address space, an
+/// allocated block smaller than its request, a garbage_collection_threshold outside [0, 1)) throws memgate::Error
+/// naming `origin`, the key's path (`device_traces[0][12].size`) and what was expected. Keys it does not use are
+/// ignored, as newer PyTorch adds them.
 [[nodiscard]] Snapshot read_snapshot(const nlohmann::json& data, const std::string& origin);
 /// read_snapshot of a file (load_plain_pickle).
 [[nodiscard]] Snapshot load_snapshot(const std::string& path);
