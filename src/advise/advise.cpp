@@ -553,6 +553,8 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
   if (effective_batch && *effective_batch < 1) throw Error("--effective-batch: expected a batch of 1 or more");
   const auto start = std::chrono::steady_clock::now();
   EstimatedFits out;
+  out.max_batch = max_batch;
+  if (workload.training.distributed.enabled()) out.world_size = workload.training.distributed.world_size;
   std::map<std::int64_t, std::int64_t> required;  // batch -> step_peak_reserved, each estimated once
   const auto required_at = [&](std::int64_t batch) {
     if (const auto it = required.find(batch); it != required.end()) return it->second;
@@ -566,6 +568,7 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
         [&](std::int64_t b) { return required_at(b) <= target.usable_bytes; }, max_batch, &fit.largest);
     fit.required_bytes = required_at(std::max<std::int64_t>(fit.largest, 1));
     if (fit.largest < max_batch) fit.next_required_bytes = required_at(fit.largest + 1);
+    fit.capped = fit.largest >= max_batch;
     if (effective_batch && fit.largest > 0) {
       for (auto d = std::min(fit.largest, *effective_batch); d >= 1; --d) {
         if (*effective_batch % d == 0) {
@@ -587,11 +590,25 @@ std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::
       "estimate, not a measurement: the allocator's model replays real GPU traces exactly, the requests of CUDA "
       "kernels (cuBLAS/cuDNN workspaces) are not yet held against a GPU):\n";
   auto o = std::back_inserter(out);
+  const auto world = fits.world_size;
+  if (world > 1) {
+    fmt::format_to(o, "  each of the {} ranks on a GPU of its own: batches are per rank (the global batch is {} x "
+                   "the per-rank batch)\n", world, world);
+  }
+  const auto wanted = !effective_batch ? std::string()
+                      : world > 1      ? fmt::format("   for a batch of {} per rank (global {})", *effective_batch,
+                                                     *effective_batch * world)
+                                       : fmt::format("   for a batch of {}", *effective_batch);
   fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}{}\n", "gpu", "usable", "largest", "its step needs",
-                 "the next needs", effective_batch ? fmt::format("   for a batch of {}", *effective_batch) : "");
+                 "the next needs", wanted);
+  bool any_capped = false;
   for (const auto& f : fits.fits) {
+    any_capped = any_capped || f.capped;
+    const auto largest = f.largest == 0 ? std::string("none")
+                         : f.capped     ? fmt::format(">={}", f.largest)
+                                        : std::to_string(f.largest);
     fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}", f.target.id, format_mib(f.target.usable_bytes),
-                   f.largest > 0 ? std::to_string(f.largest) : std::string("none"), format_mib(f.required_bytes),
+                   largest, format_mib(f.required_bytes),
                    f.next_required_bytes > 0 ? format_mib(f.next_required_bytes) : std::string("-"));
     if (effective_batch) {
       fmt::format_to(o, "   {}", f.micro_batch > 0 ? fmt::format("{} x {} step{}", f.micro_batch, f.accumulation_steps,
@@ -599,6 +616,10 @@ std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::
                                                     : std::string("does not fit"));
     }
     fmt::format_to(o, "\n");
+  }
+  if (any_capped) {
+    fmt::format_to(o, "  >={}: the search stops at a batch of {}, which fits; larger batches were not estimated\n",
+                   fits.max_batch, fits.max_batch);
   }
   fmt::format_to(o, "  searched with {} estimates in {:.1f} s\n", fits.estimates, fits.seconds);
   return out;
@@ -609,7 +630,8 @@ nlohmann::json estimated_fits_to_json(const EstimatedFits& fits) {
   for (const auto& f : fits.fits) {
     nlohmann::json entry = {{"gpu", f.target.id}, {"usable_bytes", f.target.usable_bytes},
                             {"largest_batch", f.largest}, {"step_peak_reserved", f.required_bytes},
-                            {"next_step_peak_reserved", f.next_required_bytes}, {"estimated", true}};
+                            {"next_step_peak_reserved", f.next_required_bytes}, {"estimated", true},
+                            {"search_capped", f.capped}, {"world_size", fits.world_size}};
     if (f.micro_batch > 0) {
       entry["micro_batch"] = f.micro_batch;
       entry["accumulation_steps"] = f.accumulation_steps;

@@ -2,15 +2,9 @@
 #include "memgate/base/files.h"
 
 #include "memgate/base/error.h"
+#include "memgate/base/signals.h"
 
-#include <signal.h>
 #include <unistd.h>
-
-#include <array>
-#include <atomic>
-#include <climits>
-#include <cstring>
-#include <mutex>
 
 #include <cerrno>
 #include <cstring>
@@ -21,55 +15,8 @@
 
 namespace memgate {
 
-namespace {
-
-// Pending temporary files, readable from a signal handler: fixed slots of fixed-size paths, published with an
-// atomic flag (a handler may only read what is complete, and only call async-signal-safe functions).
-constexpr int kSlots = 16;
-struct PendingSlot {
-  std::atomic<bool> used{false};
-  std::atomic<bool> ready{false};
-  std::array<char, PATH_MAX> path{};
-};
-std::array<PendingSlot, kSlots> g_pending;
-
-extern "C" void remove_pending_and_reraise(int signal_number) {
-  for (auto& slot : g_pending) {
-    if (slot.ready.load(std::memory_order_acquire)) ::unlink(slot.path.data());
-  }
-  ::signal(signal_number, SIG_DFL);
-  ::raise(signal_number);
-}
-
-void install_signal_handlers_once() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (const int s : {SIGINT, SIGTERM, SIGHUP}) {
-      struct sigaction current {};
-      if (::sigaction(s, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) continue;  // someone else's
-      struct sigaction action {};
-      action.sa_handler = remove_pending_and_reraise;
-      sigemptyset(&action.sa_mask);
-      ::sigaction(s, &action, nullptr);
-    }
-  });
-}
-
-}  // namespace
-
-TemporaryFileGuard::TemporaryFileGuard(const std::string& path) : path_(path) {
-  install_signal_handlers_once();
-  if (path.size() >= PATH_MAX) return;  // too long to register: removed by the destructor only
-  for (int i = 0; i < kSlots; ++i) {
-    bool expected = false;
-    if (g_pending[i].used.compare_exchange_strong(expected, true)) {
-      std::memcpy(g_pending[i].path.data(), path.c_str(), path.size() + 1);
-      g_pending[i].ready.store(true, std::memory_order_release);
-      slot_ = i;
-      return;
-    }
-  }
-}
+TemporaryFileGuard::TemporaryFileGuard(const std::string& path)
+    : slot_(register_temporary_file(path)), path_(path) {}
 
 TemporaryFileGuard::~TemporaryFileGuard() {
   if (!path_.empty()) ::unlink(path_.c_str());
@@ -78,11 +25,8 @@ TemporaryFileGuard::~TemporaryFileGuard() {
 
 void TemporaryFileGuard::release() {
   path_.clear();
-  if (slot_ >= 0) {
-    g_pending[slot_].ready.store(false, std::memory_order_release);
-    g_pending[slot_].used.store(false, std::memory_order_release);
-    slot_ = -1;
-  }
+  unregister_temporary_file(slot_);
+  slot_ = -1;
 }
 
 std::string read_text_file(const std::string& path, const std::string& what) {

@@ -19,6 +19,7 @@ namespace memgate::cli {
 
 Run add_advise(CLI::App& app) {
   struct Options {
+    std::int64_t rank_timeout = 0;  // --rank-timeout, 0: the default
     std::string config;
     std::vector<std::string> gpu;
     bool all_gpus = false;
@@ -50,6 +51,7 @@ Run add_advise(CLI::App& app) {
       ->type_name("N")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   add_cpu_kernels_option(app, o->cpu_kernels);
+  add_rank_timeout_option(app, o->rank_timeout);
   app.add_flag("--from-estimates", o->from_estimates,
                "Pick each probe from estimates (memgate estimate) scaled by the measured peaks, not from a line");
   app.add_option("--world-size", o->world_size,
@@ -88,6 +90,7 @@ Run add_advise(CLI::App& app) {
     int probes = 0;
     options.on_probe = [&](std::string_view what) { item = fmt::format("probe {}: {}", ++probes, what); };
     options.probe.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
+    if (o->rank_timeout > 0) options.probe.rank_timeout = std::chrono::seconds(o->rank_timeout);
     const auto advice = memgate::advise(fixture, targets, device, options);
     progress.done(fmt::format("{}: {} probes", fixture.name, probes));
     fmt::print("{}", memgate::format_advice(advice));

@@ -21,6 +21,7 @@ namespace memgate::cli {
 
 Run add_check(CLI::App& app) {
   struct Options {
+    std::int64_t rank_timeout = 0;  // --rank-timeout, 0: the default
     std::vector<std::string> configs;
     std::string suite;
     std::string batch_sizes;
@@ -62,6 +63,7 @@ Run add_check(CLI::App& app) {
       ->excludes("--strict")
       ->excludes("--exact");
   add_cpu_kernels_option(app, o->cpu_kernels);
+  add_rank_timeout_option(app, o->rank_timeout);
   app.footer(footer(
       "Runs the gate outside CTest: measures each probe once and judges every component against its baseline\n"
       "with the same verdicts as the memory suite (ok, regression, stale, missing, changed, oom). Prints what is\n"
@@ -88,8 +90,10 @@ Run add_check(CLI::App& app) {
       }
     }
     if (o->update) {
+      memgate::ProbeOptions options;
+      if (o->rank_timeout > 0) options.rank_timeout = std::chrono::seconds(o->rank_timeout);
       for (const auto& job : jobs) {
-        const auto recorded = memgate::record_fixture(job.fixture, job.batch_sizes, device, o->baselines);
+        const auto recorded = memgate::record_fixture(job.fixture, job.batch_sizes, device, o->baselines, options);
         fmt::print("{} {}\n", recorded.changed ? "recorded" : "unchanged", recorded.path);
       }
       return kOk;
@@ -104,6 +108,7 @@ Run add_check(CLI::App& app) {
       const auto item = fmt::format("{} ({}/{} fixtures)", job.fixture.name, i + 1, jobs.size());
       memgate::ProbeOptions options;
       options.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
+      if (o->rank_timeout > 0) options.rank_timeout = std::chrono::seconds(o->rank_timeout);
       const auto judged = memgate::judge_fixture(job.fixture, job.batch_sizes, device, o->baselines, {}, options);
       progress.done(fmt::format("{}: {} probes judged", item, judged.probes.size()));
       probes += job.batch_sizes.size();

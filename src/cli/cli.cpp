@@ -69,6 +69,25 @@ void refuse_output_onto_input(const std::string& output, const std::vector<std::
   }
 }
 
+void refuse_same_output(const std::vector<std::pair<std::string, std::string>>& flag_and_path) {
+  const auto same = [](const std::string& a, const std::string& b) {
+    std::error_code ec;
+    if (std::filesystem::equivalent(a, b, ec)) return true;  // both there: hard links and symlinks too
+    const auto ca = std::filesystem::weakly_canonical(std::filesystem::absolute(a, ec), ec);
+    const auto cb = std::filesystem::weakly_canonical(std::filesystem::absolute(b, ec), ec);
+    return !ec && ca == cb;
+  };
+  for (std::size_t i = 0; i < flag_and_path.size(); ++i) {
+    for (std::size_t j = i + 1; j < flag_and_path.size(); ++j) {
+      const auto& [flag_a, a] = flag_and_path[i];
+      const auto& [flag_b, b] = flag_and_path[j];
+      if (a.empty() || b.empty() || !same(a, b)) continue;
+      throw UsageError(fmt::format("{} {} and {} {} name one file: one output would overwrite the other; give each "
+                                   "its own file", flag_a, a, flag_b, b));
+    }
+  }
+}
+
 // --- Values ---------------------------------------------------------------------------------------------------
 
 CLI::Validator check_value(bool (*ok)(std::string_view), std::string expected) {
@@ -91,6 +110,12 @@ std::optional<std::vector<std::int64_t>> parse_batch_sizes(std::string_view text
 }
 
 bool is_batch_sizes(std::string_view text) { return parse_batch_sizes(text).has_value(); }
+
+bool is_rank_timeout(std::string_view text) {
+  std::int64_t seconds = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
+  return ec == std::errc() && end == text.data() + text.size() && seconds >= 1 && seconds <= 86400;
+}
 
 bool is_finite_non_negative(std::string_view text) {
   const auto value = parse_whole<double>(text);
@@ -187,6 +212,17 @@ void add_cpu_kernels_option(CLI::App& app, std::string& kernels) {
       ->envname("MEMGATE_CPU_KERNELS")
       ->type_name("KERNELS")
       ->check(CLI::IsMember(memgate::enum_words(memgate::kCpuKernelsNames)));
+}
+
+void add_rank_timeout_option(CLI::App& app, std::int64_t& seconds) {
+  app.add_option("--rank-timeout", seconds,
+                 "A probe in processes of its own (a distributed or a Python fixture's): how long a rank waits for "
+                 "the others, to join and in any one collective, and how long any of its processes may go without a "
+                 "heartbeat, before the probe is ended as hung (exit 3)")
+      ->envname("MEMGATE_RANK_TIMEOUT")
+      ->type_name("SECONDS")
+      ->default_str("300")
+      ->check(check_value(is_rank_timeout, "whole seconds from 1 to 86400 (--rank-timeout or MEMGATE_RANK_TIMEOUT)"));
 }
 
 void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const std::string& config) {

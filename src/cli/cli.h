@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <stdexcept>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +42,15 @@ std::string footer(std::string_view what);
 /// An --output that is one of the command's inputs (the same file, by any path) would destroy that input: refused,
 /// before any work, naming both.
 void refuse_output_onto_input(const std::string& output, const std::vector<std::string>& inputs);
+
+/// A usage error found after parsing (flags that conflict): main prints it and exits 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Two outputs of one command (--output, --html, --snapshot) naming one file, by any path: one would overwrite the
+/// other. Refused as a usage error, before any work, naming both flags. Empty paths are not given.
+void refuse_same_output(const std::vector<std::pair<std::string, std::string>>& flag_and_path);
 
 /// Runs a subcommand once its options are parsed; returns the exit code.
 using Run = std::function<int()>;
@@ -95,6 +106,7 @@ struct ProfileFiles {
   /// Refuses, before any work, a file that is the fixture itself.
   void refuse_onto(const std::string& config) const {
     for (const auto* file : {&output, &html, &snapshot}) refuse_output_onto_input(*file, {config});
+    refuse_same_output({{"--output", output}, {"--html", html}, {"--snapshot", snapshot}});
   }
 };
 
@@ -105,6 +117,9 @@ void write_profile(const memgate::Profile& profile, const nlohmann::json& json, 
 
 // --cpu-kernels (or MEMGATE_CPU_KERNELS): the kernels CPU probes run, over each fixture's `training.cpu_kernels`.
 void add_cpu_kernels_option(CLI::App& app, std::string& kernels);
+
+// --rank-timeout SECONDS (or MEMGATE_RANK_TIMEOUT) for the commands that run probes: 0 when not given.
+void add_rank_timeout_option(CLI::App& app, std::int64_t& seconds);
 
 // --world-size N (estimate, advise): a distributed fixture over N ranks instead of its world_size; 0 leaves it.
 void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const std::string& config);

@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
       if (sub->parsed()) return run();
     }
     return kUsageError;  // unreachable: require_subcommand(1)
+  } catch (const memgate::cli::UsageError& e) {
+    fmt::print(stderr, "memgate: {}\n", e.what());
+    return kUsageError;
   } catch (const memgate::Error& e) {
     fmt::print(stderr, "memgate: error: {}\n", e.what());
   } catch (const std::exception& e) {

@@ -34,6 +34,7 @@ std::string probe_line(const std::string& fixture, const memgate::ProbeResult& r
 
 Run add_profile(CLI::App& app) {
   struct Options {
+    std::int64_t rank_timeout = 0;  // --rank-timeout, 0: the default
     std::string config;
     std::string batch_sizes;
     std::string device = "auto";
@@ -66,6 +67,7 @@ Run add_profile(CLI::App& app) {
       ->capture_default_str()
       ->type_name("DIR");
   add_cpu_kernels_option(app, o->cpu_kernels);
+  add_rank_timeout_option(app, o->rank_timeout);
   auto* limit = app.add_option("--cpu-memory-limit-mib", o->cpu_memory_limit_mib,
                                "Cap the CPU counting allocator: beyond it a probe runs out of memory");
   limit->type_name("MIB");
@@ -87,6 +89,7 @@ Run add_profile(CLI::App& app) {
     std::string item;
     memgate::ProbeOptions options;
     options.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
+    if (o->rank_timeout > 0) options.rank_timeout = std::chrono::seconds(o->rank_timeout);
     if (!o->files.snapshot.empty()) {
       options.snapshot = memgate::SnapshotOptions{.cpp_stacks = o->snapshot_cpp_stacks};
     }

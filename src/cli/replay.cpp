@@ -69,6 +69,7 @@ Run add_replay(CLI::App& app) {
     }
     refuse_output_onto_input(o->output, {o->snapshot});
     refuse_output_onto_input(o->html, {o->snapshot});
+    refuse_same_output({{"--output", o->output}, {"--html", o->html}});
     const auto snapshot = memgate::load_snapshot(o->snapshot);
     std::optional<std::int64_t> capacity_bytes;
     std::string capacity_label;

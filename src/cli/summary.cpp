@@ -39,6 +39,7 @@ Run add_summary(CLI::App& app) {
   return [o] {
     refuse_output_onto_input(o->output, o->results);
     refuse_output_onto_input(o->html, o->results);
+    refuse_same_output({{"--output", o->output}, {"--html", o->html}});
     auto summary = memgate::summarize_results(o->results);
     if (!o->html.empty()) {
       memgate::write_file_atomically(

@@ -168,7 +168,12 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision prec
   std::vector<bool> taken(named.size(), false);
   if (spec.units == "blocks") {
     const auto modules = module.named_modules();
-    for (const auto& prefix : model.block_prefixes()) {
+    const auto blocks = model.unit_prefixes();
+    if (blocks.empty()) {
+      throw Error("training.distributed.units: blocks, and this model has no blocks whose forward memgate runs one by "
+                  "one (TorchScript's runs whole): expected units: root");
+    }
+    for (const auto& prefix : blocks) {
       auto unit = std::make_unique<Unit>();
       const auto name = prefix.substr(0, prefix.size() - 1);
       const auto* found = modules.find(name);

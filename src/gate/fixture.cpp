@@ -588,6 +588,12 @@ TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
     if (t.gradient_checkpointing) {
       r.fail("gradient_checkpointing", "false for a TorchScript model (checkpoint inside the module instead)", "true");
     }
+    // fully_shard frees each unit's parameters between its forwards and gathers them again around each; a scripted
+    // module reads its parameters inside its graph, where memgate cannot put them back.
+    if (t.distributed.strategy == DistributedStrategy::kFsdp) {
+      r.fail("distributed", "strategy ddp for a TorchScript model (memgate cannot shard a scripted module's "
+                            "parameters; a Python fixture, arch: python, can)", "strategy fsdp");
+    }
   }
   if (t.trainable.kind == TrainableSpec::Kind::kLora && model.arch != Arch::kRegistered) {
     bool has_lora = false;

@@ -4,6 +4,8 @@
 
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
+#include "memgate/base/heartbeat.h"
+#include "memgate/base/signals.h"
 #include "memgate/distributed/process_group.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/launch/estimate.h"
@@ -14,18 +16,22 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
 #include <exception>
 #include <iostream>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace memgate {
 namespace {
 
-// How long a rank waits for the others: to join, and in any one collective.
-constexpr std::chrono::seconds kRankTimeout{300};
+// How often a probe process tells its supervisor it is alive (launch/children.h reads it).
+constexpr std::chrono::milliseconds kHeartbeatInterval{250};
 
 std::int64_t to_int(const std::map<std::string, std::string>& args, const std::string& key) {
   const auto it = args.find(key);
@@ -34,6 +40,30 @@ std::int64_t to_int(const std::map<std::string, std::string>& args, const std::s
   const auto value = std::stoll(it->second, &used);
   if (used != it->second.size()) throw std::invalid_argument("--" + key + ": expected an integer, got " + it->second);
   return value;
+}
+
+// memgate's tests of the launcher: MEMGATE_TEST_RANK_FAULT=<rank>:<fault>:<phase> makes rank <rank> fail when a
+// phase containing <phase> starts: `error` (a LibTorch error, with its C++ stack), `exit` (status 7 at once), `stop`
+// (SIGSTOP to itself, once its heartbeat has said where: a hung process), `crash` (SIGSEGV), `slow` (a minute's
+// sleep, heartbeat going: a long step).
+void inject_fault(int rank, std::string_view phase) {
+  const char* spec = std::getenv("MEMGATE_TEST_RANK_FAULT");
+  if (spec == nullptr) return;
+  const std::string_view text(spec);
+  const auto first = text.find(':'), second = text.find(':', first + 1);
+  if (first == std::string_view::npos || second == std::string_view::npos) return;
+  if (text.substr(0, first) != std::to_string(rank) || phase.find(text.substr(second + 1)) == std::string_view::npos) {
+    return;
+  }
+  const auto fault = text.substr(first + 1, second - first - 1);
+  if (fault == "error") TORCH_CHECK(false, "a fault injected by MEMGATE_TEST_RANK_FAULT at ", phase);
+  if (fault == "exit") std::_Exit(7);
+  if (fault == "stop") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::raise(SIGSTOP);
+  }
+  if (fault == "slow") std::this_thread::sleep_for(std::chrono::minutes(1));
+  if (fault == "crash") std::raise(SIGSEGV);
 }
 
 }  // namespace
@@ -54,11 +84,30 @@ int rank_main(int argc, char** argv) {
     args[key.substr(2)] = argv[i + 1];
   }
   int rank = -1;
+  // The group outlives the result's write: a peer whose group closes fails its collective, and the launcher then
+  // ends the rest, which must have written what they have (an out-of-memory) by then.
+  std::optional<RankGroup> group;
+  std::optional<Heartbeat> heartbeat;
   try {
     for (const auto* key : {"fixture", "output"}) {
       if (!args.contains(key)) throw std::invalid_argument(std::string("--") + key + " is required");
     }
     rank = static_cast<int>(to_int(args, "rank"));
+    // Gone with the launcher however it ends, its files with it; a launcher already gone ends this at once.
+    if (args.contains("parent-pid")) {
+      const auto folder = std::filesystem::path(args["output"]).parent_path().string();
+      if (!end_with_parent(static_cast<pid_t>(to_int(args, "parent-pid")), folder)) {
+        std::cerr << "memgate rank " << rank << ": the memgate that started it has ended\n";
+        return 3;
+      }
+    }
+    if (args.contains("heartbeat")) heartbeat.emplace(args["heartbeat"], kHeartbeatInterval);
+    if (args.contains("memgate-version") && args["memgate-version"] != MEMGATE_VERSION) {
+      throw Error(fmt::format("this rank program is memgate {}, and the memgate that started it is {}: the probe's "
+                              "processes must run the same memgate", MEMGATE_VERSION, args["memgate-version"]));
+    }
+    const auto timeout = args.contains("timeout-s") ? std::chrono::seconds(to_int(args, "timeout-s"))
+                                                    : std::chrono::seconds(300);
     const auto world = static_cast<int>(to_int(args, "world-size"));
     const auto batch_size = to_int(args, "batch-size");
     auto fixture = load_fixture(args["fixture"]);
@@ -73,6 +122,11 @@ int rank_main(int argc, char** argv) {
     // The probe's world size: the fixture's, or what `--world-size` set for the run (estimate, advise).
     if (fixture.training.distributed.enabled()) fixture.training.distributed.world_size = world;
     ProbeOptions options;
+    options.rank_timeout = timeout;
+    options.on_phase = [rank](std::string_view phase) {
+      set_phase(phase);
+      inject_fault(rank, phase);
+    };
     if (args.contains("warmup-steps")) options.warmup_steps = static_cast<int>(to_int(args, "warmup-steps"));
     if (args.contains("cpu-threads")) options.cpu_threads = static_cast<int>(to_int(args, "cpu-threads"));
     if (args.contains("seed")) options.seed = static_cast<std::uint64_t>(to_int(args, "seed"));
@@ -95,10 +149,10 @@ int rank_main(int argc, char** argv) {
       if (!device.is_cpu() && !(device.is_cuda() && device.has_index())) {
         throw std::invalid_argument("--device: expected cpu or cuda:N, got " + args["device"]);
       }
-      std::optional<RankGroup> group;
       if (is_rank) {
-        group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, kRankTimeout)
-                                 : join_gloo_group(args["store"], rank, world, kRankTimeout);
+        options.on_phase("joining the process group");
+        group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, timeout)
+                                 : join_gloo_group(args["store"], rank, world, timeout);
         options.rank_group = &*group;
       }
       result = cap > 0 ? run_probe_capped(fixture, batch_size, device, cap, options)
@@ -117,6 +171,10 @@ int rank_main(int argc, char** argv) {
     }
     write_file_atomically(args["output"], rank_result_text(rank, result));
     return 0;
+  } catch (const c10::Error& e) {
+    // The message, not LibTorch's C++ stack after it: the launcher shows the line that says what went wrong.
+    std::cerr << "memgate rank " << rank << ": " << e.what_without_backtrace() << "\n";
+    return 3;
   } catch (const std::invalid_argument& e) {
     std::cerr << "memgate rank: " << e.what() << "\n";
     return 2;

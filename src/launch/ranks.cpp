@@ -3,11 +3,14 @@
 // the Meta device (an estimate) the ranks run in turn in this process.
 #include "memgate/launch/ranks.h"
 
+#include "children.h"
+
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/backend/device.h"
 #include "memgate/distributed/process_group.h"
 #include "memgate/models/python.h"
+#include "memgate/models/zoo.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,13 +25,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string_view>
+#include <thread>
 #include <variant>
 
 #include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
+#include <sched.h>
 #include <unistd.h>
 
 extern char** environ;
@@ -158,28 +162,6 @@ bool runs_in_python(const Workload& workload) {
 
 namespace {
 
-// A folder of its own for one distributed probe: the store, each rank's result and log.
-std::filesystem::path make_run_dir() {
-  static std::atomic<int> counter{0};
-  const auto dir = std::filesystem::temp_directory_path() /
-                   fmt::format("memgate-ranks-{}-{}", ::getpid(), counter.fetch_add(1));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-// make_run_dir's folder, removed with the probe however it ends.
-struct RunDir {
-  std::filesystem::path path = make_run_dir();
-  RunDir() = default;
-  RunDir(const RunDir&) = delete;
-  RunDir& operator=(const RunDir&) = delete;
-  ~RunDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
 // What every probe process is told (rank_main's arguments, after the command that starts it), but a rank's store.
 std::vector<std::string> probe_arguments(const Workload& workload, std::int64_t batch_size, int rank,
                                          std::int64_t world, const std::filesystem::path& output,
@@ -189,34 +171,20 @@ std::vector<std::string> probe_arguments(const Workload& workload, std::int64_t 
           "--rank", std::to_string(rank), "--world-size", std::to_string(world), "--output", output.string(),
           "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
           "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
-          "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(cap_bytes), "--device", device};
+          "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(cap_bytes), "--device", device,
+          "--timeout-s", std::to_string(options.rank_timeout.count()), "--parent-pid", std::to_string(::getpid()),
+          "--heartbeat", fmt::format("{}/rank{}.beat", output.parent_path().string(), rank),
+          "--memgate-version", MEMGATE_VERSION};
 }
 
-pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw Error(fmt::format("cannot start rank process {}: {}", argv[0], std::strerror(rc)));
-  return pid;
-}
-
-std::string tail_of(const std::string& path, std::size_t chars = 4000) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  auto text = s.str();
-  if (text.size() > chars) text = "..." + text.substr(text.size() - chars);
-  return text;
+// The result file's memgate version must be this one's: a rank program of another memgate may write other figures.
+void require_same_version(const nlohmann::json& j, const std::string& who, const std::string& program) {
+  const auto version = j.contains("memgate_version") ? j.at("memgate_version").get<std::string>() : "an older one";
+  if (version != MEMGATE_VERSION) {
+    throw Error(fmt::format("{} ran {}, memgate {}, and this is memgate {}: the probe's processes must run the same "
+                            "memgate (set MEMGATE_RANK_EXECUTABLE, or MEMGATE_PYTHON and MEMGATE_PYTHONPATH, to this "
+                            "one's)", who, program, version, MEMGATE_VERSION));
+  }
 }
 
 // What rank `rank` wrote into `dir` (rank_result_text); throws for a rank that left none.
@@ -251,16 +219,6 @@ RankComponents rank_components_from(const nlohmann::json& j) {
           .library_workspace_bytes = j.at("library_workspace_bytes").get<std::int64_t>()};
 }
 
-// What a child process said went wrong: the line where memgate's rank main names the error, else the log's end.
-std::string cause_of(const std::string& log) {
-  std::ifstream in(log);
-  std::string line, cause;
-  while (std::getline(in, line)) {
-    if (line.starts_with("memgate rank")) cause = line;
-  }
-  return cause.empty() ? tail_of(log) : cause;
-}
-
 }  // namespace
 
 std::string rank_result_text(int rank, const ProbeResult& r) {
@@ -275,6 +233,7 @@ std::string rank_result_text(int rank, const ProbeResult& r) {
                      {"library_workspace_bytes", one.library_workspace_bytes}});
   }
   nlohmann::json out{{"rank", rank},
+                     {"memgate_version", MEMGATE_VERSION},
                      {"batch_size", r.batch_size},
                      {"oom", r.oom},
                      {"error", r.error},
@@ -301,8 +260,8 @@ ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, 
   require_batch_size(workload, batch_size);
   auto command = child_command(workload);
   const auto env = child_environment();
-  const RunDir run;
-  const auto& dir = run.path;
+  RunDir run;
+  const auto& dir = run.path();
   const auto& spec = workload.training.distributed;
   const auto arguments = probe_arguments(workload, batch_size, 0, spec.enabled() ? spec.world_size : 1,
                                          dir / "rank0.json", options, cap_bytes, device.str());
@@ -310,19 +269,15 @@ ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, 
   if (estimate) command.insert(command.end(), {"--estimate-for", *estimate == EstimateTarget::kCpu ? "cpu" : "cuda"});
   const auto snapshot = dir / "probe.pickle";
   if (options.snapshot) command.insert(command.end(), {"--snapshot", snapshot.string()});
-  const auto log = (dir / "rank0.log").string();
-  const pid_t pid = spawn(command, env, log);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    throw Error(fmt::format("{} at batch {}: its Python probe ({} -m memgate) {}: {}", workload.source, batch_size,
-                            command.front(),
-                            WIFEXITED(status) ? fmt::format("exited with status {}", WEXITSTATUS(status))
-                                              : fmt::format("was killed by signal {}", WTERMSIG(status)),
-                            cause_of(log)));
+  Children children(run, options.rank_timeout);
+  children.start({.name = "its Python probe", .argv = command, .env = env, .log = (dir / "rank0.log").string(),
+                  .heartbeat = (dir / "rank0.beat").string()});
+  if (auto failure = children.wait()) {
+    throw Error(fmt::format("{} at batch {}: {} (-m memgate): {}", workload.source, batch_size, command.front(),
+                            *failure));
   }
   const auto j = read_rank_result(dir, 0);
+  require_same_version(j, "the Python probe", command.front() + " -m memgate");
   ProbeResult result;
   result.batch_size = batch_size;
   result.oom = j.at("oom").get<bool>();
@@ -353,6 +308,92 @@ ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, 
   return result;
 }
 
+namespace {
+
+// CPU ranks: processes of one intra-op thread each, which may share cores (Gloo's collectives wait without spinning),
+// up to this many per core; beyond it the probe is refused rather than started.
+constexpr int kRanksPerCore = 8;
+
+// What one rank process holds before its model: LibTorch loaded and a process group joined (measured: a zoo rank
+// about 180 MiB of its own (private, beyond the shared library pages), a Python one with torch imported about 350 MiB; README "Distributed probes").
+constexpr std::int64_t kRankFootprintBytes = std::int64_t{180} << 20;
+constexpr std::int64_t kPythonRankFootprintBytes = std::int64_t{350} << 20;
+
+int cores_for_this_process() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1U, std::thread::hardware_concurrency());
+}
+
+// MemAvailable of /proc/meminfo in bytes; -1 where it cannot be read.
+std::int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
+// A world of CPU ranks this machine cannot hold is refused before any starts: the limit named, and the way out.
+void require_cpu_room(const Workload& workload, int world) {
+  const int cores = cores_for_this_process();
+  if (world > kRanksPerCore * cores) {
+    throw Error(fmt::format("{}: a world size of {} needs {} rank processes, and this process may use {} core{}: "
+                            "memgate runs at most {} CPU ranks per core ({} here). Estimate that many ranks without "
+                            "processes (memgate estimate --world-size {}), or probe on a machine with more cores",
+                            workload.source, world, world, cores, cores == 1 ? "" : "s", kRanksPerCore,
+                            kRanksPerCore * cores, world));
+  }
+  const auto each = workload.model.arch == Arch::kPython ? kPythonRankFootprintBytes : kRankFootprintBytes;
+  if (const auto available = available_memory_bytes(); available >= 0 && world * each > available) {
+    throw Error(fmt::format("{}: a world size of {} needs {} rank processes of about {} MiB each before their model "
+                            "({} MiB), and this machine has {} MiB available (MemAvailable). Estimate that many ranks "
+                            "without processes (memgate estimate --world-size {})", workload.source, world, world,
+                            each >> 20, (world * each) >> 20, available >> 20, world));
+  }
+}
+
+}  // namespace
+
+std::vector<int> rank_kinds(const Workload& workload, int world) {
+  std::vector<int> kinds(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) kinds[static_cast<std::size_t>(r)] = r;
+  const auto& spec = workload.training.distributed;
+  if (!spec.enabled() || world < 2) return kinds;
+  if (spec.strategy == DistributedStrategy::kDdp) {
+    // DDP: every rank a full replica, its buckets the same.
+    for (auto& k : kinds) k = 0;
+    return kinds;
+  }
+  // FSDP: a rank is its rows of each parameter's dim-0 chunks (FullyShard's shards: torch.chunk, padded to the first
+  // chunk), the post-forward group's parts and every buffer the same size on each.
+  std::vector<std::int64_t> rows;
+  try {
+    const auto model = build_model(workload.model, c10::Device(c10::DeviceType::Meta));
+    for (const auto& p : model->module().named_parameters(/*recurse=*/true)) {
+      rows.push_back(p.value().dim() > 0 ? p.value().size(0) : 1);
+    }
+  } catch (const std::exception&) {
+    return kinds;  // a model that does not build on the Meta device: every rank estimated
+  }
+  std::map<std::vector<std::int64_t>, int> first_of;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::int64_t> owned;
+    owned.reserve(rows.size());
+    for (const auto n : rows) {
+      const auto chunk = (n + world - 1) / world;
+      owned.push_back(std::clamp(n - r * chunk, std::int64_t{0}, chunk));
+    }
+    kinds[static_cast<std::size_t>(r)] = first_of.emplace(std::move(owned), r).first->second;
+  }
+  return kinds;
+}
+
 ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                                   const ProbeOptions& options) {
   require_batch_size(workload, batch_size);
@@ -360,10 +401,19 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
   const int world = static_cast<int>(spec.world_size);
   if (device.is_meta()) {
     // An estimate: each rank in turn, in this process, over the Meta device's process group.
+    // Ranks whose parts of the model have the same shapes make the same requests: each kind is estimated once.
     ProbeResult result;
     result.batch_size = batch_size;
     const auto start = std::chrono::steady_clock::now();
+    const auto kinds = rank_kinds(workload, world);
     for (int r = 0; r < world; ++r) {
+      if (const auto like = kinds[static_cast<std::size_t>(r)]; like != r) {
+        auto same = result.ranks[static_cast<std::size_t>(like)];
+        same.rank = r;
+        result.ranks.push_back(same);
+        if (options.snapshot) result.rank_snapshots.push_back(result.rank_snapshots[static_cast<std::size_t>(like)]);
+        continue;
+      }
       const auto group = meta_process_group(r, world);
       auto rank_options = options;
       rank_options.rank_group = &group;
@@ -399,12 +449,13 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     }
     for (int r = 0; r < world; ++r) rank_devices[static_cast<std::size_t>(r)] = fmt::format("cuda:{}", gpus[r]);
   }
+  if (device.is_cpu()) require_cpu_room(workload, world);
   const auto command = child_command(workload);
   const auto env = child_environment();
-  const RunDir run;
-  const auto& dir = run.path;
+  RunDir run;
+  const auto& dir = run.path();
   const auto start = std::chrono::steady_clock::now();
-  std::vector<pid_t> pids;
+  Children children(run, options.rank_timeout);
   for (int r = 0; r < world; ++r) {
     auto argv = command;
     const auto arguments = probe_arguments(workload, batch_size, r, world, dir / fmt::format("rank{}.json", r), options,
@@ -414,38 +465,19 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     if (options.snapshot) {
       argv.insert(argv.end(), {"--snapshot", (dir / fmt::format("rank{}.pickle", r)).string()});
     }
-    pids.push_back(spawn(argv, env, (dir / fmt::format("rank{}.log", r)).string()));
-  }
-  // Each rank's end; the first that fails stops the others (they would wait on it in a collective).
-  std::string failure;
-  for (std::size_t left = pids.size(); left > 0; --left) {
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0 && errno == EINTR) {
-      ++left;
-      continue;
-    }
-    const auto at = std::find(pids.begin(), pids.end(), pid);
-    if (at == pids.end()) {
-      ++left;
-      continue;
-    }
-    const auto rank = static_cast<int>(at - pids.begin());
-    *at = -1;
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok && failure.empty()) {
-      failure = fmt::format("rank {} of {} {}:\n{}", rank, world,
-                            WIFEXITED(status) ? fmt::format("exited with status {}", WEXITSTATUS(status))
-                                              : fmt::format("was killed by signal {}", WTERMSIG(status)),
-                            tail_of((dir / fmt::format("rank{}.log", rank)).string()));
-      for (const auto other : pids) {
-        if (other > 0) ::kill(other, SIGTERM);
-      }
+    try {
+      children.start({.name = fmt::format("rank {} of {}", r, world), .argv = std::move(argv), .env = env,
+                      .log = (dir / fmt::format("rank{}.log", r)).string(),
+                      .heartbeat = (dir / fmt::format("rank{}.beat", r)).string()});
+    } catch (const Error& e) {
+      throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, e.what()));
     }
   }
+  // Each rank's end; the first that fails (or stops answering) ends the others: they would wait on it in a collective.
+  const auto failure = children.wait();
   ProbeResult result;
   result.batch_size = batch_size;
-  if (!failure.empty()) {
+  if (failure) {
     // A rank that ran out of memory leaves the collective its peers wait in: they fail with a closed connection.
     // Ranks differ (FSDP's shards do), so one may run out alone: the probe ran out of memory, as that rank did.
     for (int r = 0; r < world; ++r) {
@@ -461,7 +493,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
         // No result from this rank: not the one that ran out of memory.
       }
     }
-    throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, failure));
+    throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, *failure));
   }
   for (int r = 0; r < world; ++r) {
     nlohmann::json j;
@@ -470,6 +502,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     } catch (const std::exception& e) {
       throw Error(fmt::format("{}: rank {} left no result ({})", workload.source, r, e.what()));
     }
+    require_same_version(j, fmt::format("rank {}", r), command.front());
     if (j.at("oom").get<bool>()) {
       result.oom = true;
       if (result.error.empty()) result.error = rank_oom_error(r, j);

@@ -5,6 +5,10 @@
 #include "memgate/base/error.h"
 #include "memgate/backend/memory_backend.h"
 
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdlib>
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
@@ -216,6 +220,18 @@ void drop_failed_backward(c10::Device device) {
 }
 
 }  // namespace
+
+std::chrono::seconds default_rank_timeout() {
+  const char* env = std::getenv("MEMGATE_RANK_TIMEOUT");
+  if (env == nullptr || *env == '\0') return std::chrono::seconds(300);
+  const std::string_view text(env);
+  std::int64_t seconds = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
+  if (ec != std::errc() || end != text.data() + text.size() || seconds < 1 || seconds > 86400) {
+    throw Error(fmt::format("MEMGATE_RANK_TIMEOUT={}: expected whole seconds from 1 to 86400", text));
+  }
+  return std::chrono::seconds(seconds);
+}
 
 ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                           const ProbeOptions& options) {

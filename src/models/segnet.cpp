@@ -190,6 +190,14 @@ class SegNetModel final : public Model {
     return total;
   }
   std::vector<std::string> block_prefixes() const override { return net_->block_prefixes(); }
+  // The ConvNeXt blocks: the stem and the downsampling layers run outside run_block (the root's).
+  std::vector<std::string> unit_prefixes() const override {
+    std::vector<std::string> out;
+    for (auto& prefix : net_->block_prefixes()) {
+      if (prefix.find(".blocks.") != std::string::npos) out.push_back(std::move(prefix));
+    }
+    return out;
+  }
   std::vector<std::string> head_prefixes() const override { return {"decoder."}; }
 
  private:

@@ -116,6 +116,13 @@ class UNetModel final : public Model {
     for (std::int64_t i = 1; i <= net_->spec.levels; ++i) out.push_back("up" + std::to_string(i) + ".");
     return out;
   }
+  // The DoubleConvs run_block runs: inc and each level's conv (a level's pooling and transposed conv, the root's).
+  std::vector<std::string> unit_prefixes() const override {
+    std::vector<std::string> out{"inc."};
+    for (std::int64_t i = 1; i <= net_->spec.levels; ++i) out.push_back("down" + std::to_string(i) + ".maxpool_conv.1.");
+    for (std::int64_t i = 1; i <= net_->spec.levels; ++i) out.push_back("up" + std::to_string(i) + ".conv.");
+    return out;
+  }
   std::vector<std::string> head_prefixes() const override { return {"outc."}; }
 
  private:

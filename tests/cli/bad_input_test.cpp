@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@ struct BadInput {
   std::string args;                          ///< after `memgate `; {dir} is the case's folder
   int exit_code;
   std::vector<std::string> says;             ///< each must appear in the output
+  std::string env = {};                      ///< VAR=value ... before the command; {dir} is the case's folder
 };
 
 void PrintTo(const BadInput& c, std::ostream* os) { *os << c.name; }
@@ -283,6 +285,42 @@ std::vector<BadInput> catalogue() {
   c.push_back({"replay_missing_file", {}, "replay {dir}/nothing.pickle", 3, {"nothing.pickle"}});
   c.push_back({"summary_html_onto_results", {{"r.jsonl", kRow + "\n"}},
                "summary --results {dir}/r.jsonl --html {dir}/r.jsonl", 3, {"r.jsonl: is also an input"}});
+  // --- a probe in processes of its own: its temporary directory, its size, its rank program ---------------------
+  const auto ddp = training_with("  distributed:\n    strategy: ddp\n    world_size: 2\n");
+  const auto ddp_profile = "profile --config {dir}/ddp.yaml --batch-sizes 1 --device cpu";
+  c.push_back({"tmpdir_missing", {{"ddp.yaml", ddp}}, ddp_profile, 3,
+               {"TMPDIR=", "/nowhere does not exist", "set TMPDIR to a writable directory"}, "TMPDIR={dir}/nowhere"});
+  c.push_back({"tmpdir_not_a_directory", {{"ddp.yaml", ddp}, {"file", "x"}}, ddp_profile, 3,
+               {"/file is not a directory", "TMPDIR"}, "TMPDIR={dir}/file"});
+  c.push_back({"world_size_beyond_the_machine",
+               {{"ddp.yaml", training_with("  distributed:\n    strategy: ddp\n    world_size: 1000\n")}},
+               ddp_profile, 3, {"ddp.yaml", "a world size of 1000", "CPU ranks per core", "memgate estimate"}});
+  c.push_back({"advise_world_size_beyond_the_machine", {{"ddp.yaml", ddp}},
+               "advise --config {dir}/ddp.yaml --world-size 1000 --capacity-mib 64 --device cpu", 3,
+               {"a world size of 1000", "CPU ranks per core"}});
+  c.push_back({"rank_timeout_zero", {{"ddp.yaml", ddp}}, ddp_profile + " --rank-timeout 0"s, 2, {"--rank-timeout"}});
+  c.push_back({"rank_timeout_env_not_a_number", {{"ddp.yaml", ddp}}, ddp_profile, 2,
+               {"--rank-timeout", "MEMGATE_RANK_TIMEOUT"}, "MEMGATE_RANK_TIMEOUT=soon"});
+  // A rank program of another memgate: this one, told that its launcher is 0.0.0.
+  c.push_back({"rank_program_of_another_version",
+               {{"ddp.yaml", ddp},
+                {"rank.sh", "#!/bin/sh\nfor a; do shift; if [ \"$prev\" = --memgate-version ]; then a=0.0.0; fi; "
+                            "set -- \"$@\" \"$a\"; prev=$a; done\nexec "s + MEMGATE_CLI + " \"$@\"\n"}},
+               ddp_profile, 3, {"memgate rank", "this rank program is memgate " MEMGATE_VERSION, "0.0.0",
+                                "must run the same memgate"},
+               "MEMGATE_RANK_EXECUTABLE={dir}/rank.sh"});
+  c.push_back({"fsdp_on_torchscript",
+               {{"ts.yaml", "model:\n  arch: torchscript\n  path: " + testing::source_dir() +
+                                "/fixtures/models/torchscript/vit_tiny_timm.pt\n  inputs:\n    - {shape: [B, 3, 40, 40], "
+                                "dtype: float32}\n  task: classify\n  num_classes: 5\ntraining:\n  optimizer: adamw\n"
+                                "  distributed:\n    strategy: fsdp\n    world_size: 2\nbatch_sizes: [1]\n"}},
+               "profile --config {dir}/ts.yaml --device cpu", 3,
+               {"ts.yaml:", "training.distributed", "strategy ddp for a TorchScript model", "strategy fsdp"}});
+  c.push_back({"profile_output_and_html_one_file", {{"tiny.yaml", kFixture}},
+               "profile --config {dir}/tiny.yaml --batch-sizes 1 --device cpu --output {dir}/p --html {dir}/./p", 2,
+               {"--output", "--html", "name one file"}});
+  c.push_back({"replay_output_and_html_one_file", {{"s.pickle", kEmptyTrace}},
+               "replay {dir}/s.pickle --output {dir}/r --html {dir}/r", 2, {"--output", "--html", "name one file"}});
   return c;
 }
 
@@ -292,10 +330,14 @@ TEST_P(BadInputTest, ExitsWithTheContractsCodeAndNamesTheProblem) {
   const auto& c = GetParam();
   testing::TempDir dir;
   for (const auto& [name, text] : c.files) testing::write_file(dir / name, text);
-  auto args = c.args;
-  for (std::size_t at; (at = args.find("{dir}")) != std::string::npos;) args.replace(at, 5, dir.path().string());
+  auto args = c.args, env = c.env;
+  for (auto* text : {&args, &env}) {
+    for (std::size_t at; (at = text->find("{dir}")) != std::string::npos;) text->replace(at, 5, dir.path().string());
+  }
+  if (c.files.contains("rank.sh")) std::filesystem::permissions(dir / "rank.sh", std::filesystem::perms::owner_all);
   std::string out;
-  const int rc = testing::run(std::string("cd ") + dir.path().string() + " && " + MEMGATE_CLI + " " + args, &out);
+  const int rc = testing::run(std::string("cd ") + dir.path().string() + " && " + env + " " + MEMGATE_CLI + " " + args,
+                              &out);
   EXPECT_EQ(rc, c.exit_code) << out;
   for (const auto& s : c.says) EXPECT_THAT(out, ::testing::HasSubstr(s));
   for (const auto& [name, text] : c.files) {

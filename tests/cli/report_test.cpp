@@ -255,6 +255,27 @@ TEST(ReportCliTest, EstimateSearchesTheLargestBatchForEachGpu) {
   }
 }
 
+// Over several ranks every batch is per rank, and said to be; a batch the search stops at is not the largest.
+TEST(ReportCliTest, EstimateSaysItsBatchesArePerRankAndWhereItsSearchStopped) {
+  testing::TempDir dir;
+  std::string out;
+  const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_ddp.yaml";
+  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {} --batch-sizes 1 --world-size 4 --gpu h100_80gb "
+                                     "--effective-batch 64 --output {}", kCli, fixture, dir / "e.json"),
+                         &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("each of the 4 ranks on a GPU of its own: batches are per rank"));
+  EXPECT_THAT(out, HasSubstr("for a batch of 64 per rank (global 256)"));
+  EXPECT_THAT(out, HasSubstr(">=65536"));
+  EXPECT_THAT(out, HasSubstr("the search stops at a batch of 65536"));
+  const auto fits = nlohmann::json::parse(testing::read_file(dir / "e.json"))["largest_batch_by_estimate"];
+  ASSERT_EQ(fits.size(), 1U);
+  EXPECT_EQ(fits[0]["largest_batch"], 65536);
+  EXPECT_EQ(fits[0]["search_capped"], true);
+  EXPECT_EQ(fits[0]["world_size"], 4);
+}
+
 TEST(ReportCliTest, EstimateChecksASuitesBudgetsWithoutAGpu) {
   std::string out;
   const auto root = testing::source_dir() + "/fixtures";

@@ -5,10 +5,13 @@
 #include "memgate/gate/fixture.h"
 #include "memgate/base/error.h"
 #include "memgate/distributed/process_group.h"
+#include "memgate/estimate/meta_kernels.h"
 #include "memgate/launch/estimate.h"
+#include "memgate/launch/ranks.h"
 #include "memgate/backend/memory_snapshot.h"
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/measure/probe.h"
+#include "memgate/models/checkpoint.h"
 #include "memgate/models/zoo.h"
 #include "memgate/allocator/replay.h"
 #include "memgate/allocator/snapshot_pickle.h"
@@ -18,6 +21,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <ostream>
 #include <set>
@@ -92,6 +96,77 @@ TEST(FsdpTest, EachRankKeepsPaddedShardsOfParametersGradientsAndOptimizerState) 
   EXPECT_EQ(probe.components, max_over_ranks(probe.ranks));
   // All the ranks' shards together: the model, plus the padding of the rows that do not divide by 2.
   EXPECT_GE(probe.ranks[0].components.params + probe.ranks[1].components.params, full_bytes);
+}
+
+// What FSDP's units hook: the modules each forward runs through run_block.
+class RecordingHook final : public BlockHook {
+ public:
+  torch::Tensor run(const torch::nn::Module& block, const torch::Tensor& x, const BlockFn& forward) override {
+    ran.insert(&block);
+    return forward(x);
+  }
+  std::set<const torch::nn::Module*> ran;
+};
+
+// `units: blocks` wraps modules the model's forward runs one by one: a unit whose module never runs through the hook
+// keeps its parameters freed into its forward (the segmentation net's stem and the UNet's levels did: a segfault in a
+// rank). Every zoo fixture, on the Meta device.
+TEST(FsdpTest, EachZooModelsUnitsAreTheBlocksItsForwardRunsOneByOne) {
+  use_meta_kernels_for(EstimateTarget::kCpu);
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(testing::source_dir() + "/fixtures/models")) {
+    if (entry.path().extension() != ".yaml") continue;
+    const auto fixture = load_fixture(entry.path().string());
+    if (fixture.model.arch == Arch::kPython || fixture.model.arch == Arch::kTorchScript) continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    const auto model = build_model(fixture.model, c10::Device(c10::DeviceType::Meta));
+    std::map<std::string, const torch::nn::Module*> units;
+    const auto modules = model->module().named_modules();
+    for (const auto& prefix : model->unit_prefixes()) {
+      const auto* found = modules.find(prefix.substr(0, prefix.size() - 1));
+      ASSERT_NE(found, nullptr) << prefix << " names no module";
+      units[prefix] = found->get();
+    }
+    RecordingHook hook;
+    {
+      const BlockHookScope scope(&hook);
+      torch::NoGradGuard no_grad;
+      (void)model->loss(model->make_batch(1));
+    }
+    EXPECT_FALSE(units.empty());
+    // Each unit runs through the hook. (Blocks may run through it without being units: a multimodal model's vision
+    // encoder, which stays in the root.)
+    for (const auto& [prefix, module] : units) EXPECT_TRUE(hook.ran.contains(module)) << prefix << " never ran as a unit";
+    ++checked;
+  }
+  EXPECT_GE(checked, 20);
+}
+
+// The conv twins shard under FSDP with units: blocks: each rank keeps padded shards of every parameter and trains.
+TEST(FsdpTest, TheConvTwinsShardTheirBlocks) {
+  for (const auto* name : {"segnet_tiny_stage2", "unet_tiny"}) {
+    SCOPED_TRACE(name);
+    testing::TempDir dir;
+    auto yaml = read_text_file(testing::source_dir() + "/fixtures/models/" + std::string(name) + ".yaml", "a fixture");
+    const std::string trainable = "  trainable: all\n";
+    yaml.insert(yaml.find(trainable) + trainable.size(),
+                "  distributed:\n    strategy: fsdp\n    world_size: 2\n    units: blocks\n");
+    write_file_atomically(dir / "twin.yaml", yaml);
+    const auto fixture = load_fixture(dir / "twin.yaml");
+    const auto probe = run_probe(fixture, 1, kCpu);
+    ASSERT_FALSE(probe.oom) << probe.error;
+    ASSERT_EQ(probe.ranks.size(), 2U);
+    // Buffers (batch norm's running statistics) are not sharded: every rank keeps them whole.
+    std::int64_t buffer_bytes = 0;
+    for (const auto& b : build_model(fixture.model, c10::Device(c10::DeviceType::Meta))->module().buffers()) {
+      buffer_bytes += b.numel() * static_cast<std::int64_t>(b.element_size());
+    }
+    for (const auto& r : probe.ranks) {
+      const auto s = shards_of(fixture, r.rank, 2);
+      EXPECT_EQ(r.components.params, s.padded_bytes + buffer_bytes) << "rank " << r.rank;
+      EXPECT_EQ(r.components.gradients, s.padded_bytes) << "rank " << r.rank;
+    }
+  }
 }
 
 TEST(FsdpTest, WithoutReshardAfterForwardEveryBlockStaysGatheredUntilBackward) {
@@ -357,6 +432,24 @@ TEST(FsdpEstimateTest, EstimateForCudaMakesTheCollectiveBuffersOnFsdpsStreams) {
   }
 }
 
+// An estimate reuses a rank's for the ranks that make the same requests: DDP's are all rank 0; FSDP's differ only in
+// the rows of each parameter's dim-0 chunk they own (vit_tiny_fsdp at 8 ranks: the one-row cls_token and pos_embed on
+// rank 0 only, the 5-row head's chunks of 1 on ranks 0 to 4).
+TEST(FsdpEstimateTest, RanksAlikeAreEstimatedOnce) {
+  testing::TempDir dir;
+  EXPECT_EQ(rank_kinds(fsdp_twin(dir, 8), 8), (std::vector<int>{0, 1, 1, 1, 1, 5, 5, 5}));
+  EXPECT_EQ(rank_kinds(fsdp_twin(dir, 2), 2), (std::vector<int>{0, 1}));
+  auto ddp = load_fixture(testing::source_dir() + "/fixtures/models/vit_tiny_ddp.yaml");
+  ddp.training.distributed.world_size = 64;
+  EXPECT_EQ(rank_kinds(ddp, 64), std::vector<int>(64, 0));
+  // And thousands of ranks cost a few estimates: DDP over 4096 ranks, each rank the first's.
+  ddp.training.distributed.world_size = 4096;
+  const auto estimated = estimate_probe(ddp, 1, EstimateTarget::kCuda);
+  ASSERT_EQ(estimated.ranks.size(), 4096U);
+  EXPECT_EQ(estimated.ranks.back().rank, 4095);
+  EXPECT_EQ(estimated.ranks.back().components, estimated.ranks.front().components);
+}
+
 struct EstimateCase {
   int world;
   std::string extra;
@@ -403,7 +496,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // taken, so the measurement has the optimizer's state the estimate has.
                       EstimateCase{2, "", "world2_fp16", "  precision: fp16\n"},
                       EstimateCase{4, "    reshard_after_forward: 2\n", "world4_reshard_to_2", ""},
-                      EstimateCase{4, "    reshard_after_forward: 2\n", "world4_reshard_to_2_bf16", "  precision: bf16\n"}),
+                      EstimateCase{4, "    reshard_after_forward: 2\n", "world4_reshard_to_2_bf16", "  precision: bf16\n"},
+                      // Ranks alike (rank_kinds: 1 to 4 own a row of the head, 5 to 7 none) are estimated once.
+                      EstimateCase{8, "", "world8", ""},
+                      EstimateCase{8, "    reshard_after_forward: 2\n", "world8_reshard_to_2", ""}),
     [](const ::testing::TestParamInfo<EstimateCase>& p) { return p.param.name; });
 
 }  // namespace

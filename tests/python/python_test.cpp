@@ -89,7 +89,9 @@ void expect_distributed_twins(const std::string& distributed, bool buckets) {
     expect_equal_components(p.ranks[r].components, z.ranks[r].components, fmt::format("rank {}", r));
     EXPECT_EQ(p.ranks[r].comm_buffer_bytes, z.ranks[r].comm_buffer_bytes) << "rank " << r;
     EXPECT_EQ(p.ranks[r].comm_buffers, z.ranks[r].comm_buffers) << "rank " << r;
-    if (buckets) EXPECT_GT(p.ranks[r].comm_buffers, 1) << "several buckets";
+    if (buckets) {
+      EXPECT_GT(p.ranks[r].comm_buffers, 1) << "several buckets";
+    }
   }
 }
 

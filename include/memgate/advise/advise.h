@@ -138,9 +138,12 @@ struct EstimatedFit {
   std::int64_t next_required_bytes = 0;  ///< at largest + 1, which does not fit (0 where the search stopped at its cap)
   std::int64_t micro_batch = 0;          ///< with an effective batch: its largest divisor that fits ...
   std::int64_t accumulation_steps = 0;   ///< ... and the steps that accumulate to it
+  bool capped = false;                   ///< `largest` is the search's cap: larger batches were not estimated
 };
 struct EstimatedFits {
   std::vector<EstimatedFit> fits;
+  std::int64_t world_size = 1;  ///< ranks, each on a GPU of its own: batches are per rank
+  std::int64_t max_batch = 0;   ///< the search's cap
   std::int64_t estimates = 0;  ///< batch sizes estimated, each once for all targets
   double seconds = 0.0;
 };

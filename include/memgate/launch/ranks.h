@@ -36,6 +36,11 @@ namespace memgate {
                                            const ProbeOptions& options, std::optional<EstimateTarget> estimate,
                                            std::int64_t cap_bytes = 0);
 
+/// For an estimate of a distributed workload's ranks: for each rank, the first rank that makes the same requests (its
+/// own index when none before it does), which the estimate reuses. DDP's ranks are all rank 0's; FSDP's are alike when
+/// they own the same number of rows of every parameter's dim-0 chunk.
+[[nodiscard]] std::vector<int> rank_kinds(const Workload& workload, int world);
+
 /// What a probe's process leaves for its parent: its result as one JSON object (its ranks' and the model's
 /// parameter counts too where it has them).
 [[nodiscard]] std::string rank_result_text(int rank, const ProbeResult& result);

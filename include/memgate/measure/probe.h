@@ -13,6 +13,7 @@
 #include "memgate/models/model.h"
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -70,6 +71,10 @@ struct Profile {
 };
 
 /// Knobs of the protocol; the defaults are the protocol of DESIGN.md.
+/// How long a probe's processes may wait on one another or go silent: MEMGATE_RANK_TIMEOUT (whole seconds, 1 to
+/// 86400), else 300 s. A malformed MEMGATE_RANK_TIMEOUT throws memgate::Error naming it.
+[[nodiscard]] std::chrono::seconds default_rank_timeout();
+
 struct ProbeOptions {
   /// Full training steps before the measured one (optimizer state, workspaces and caches exist after them).
   int warmup_steps = 1;
@@ -92,6 +97,10 @@ struct ProbeOptions {
   /// A distributed probe on CUDA: the GPU of each rank, rank 0's first (the memory suite's, from CTest's resource
   /// groups: gpus_for_test). Empty: one GPU per rank from the probe's device on (consecutive_gpus).
   std::vector<c10::DeviceIndex> rank_devices;
+  /// A probe in processes of its own (ranks, a Python fixture's): how long a rank waits for the others (to join, in
+  /// any one collective) and how long any of its processes may go without a heartbeat before the probe is ended as
+  /// hung (--rank-timeout, MEMGATE_RANK_TIMEOUT).
+  std::chrono::seconds rank_timeout = default_rank_timeout();
 };
 
 /// Measures one workload at one batch size in this process: the whole probe on one device, or, with

@@ -52,6 +52,10 @@ class Model {
   [[nodiscard]] virtual torch::Tensor forward(const Batch& batch) = 0;
   /// Name prefixes of the repeated blocks, input to output ("blocks.0.", "blocks.1.", ...).
   [[nodiscard]] virtual std::vector<std::string> block_prefixes() const = 0;
+  /// The blocks FSDP's `units: blocks` wraps, each a module whose forward runs through run_block (the hook FSDP
+  /// unshards it in): the blocks, unless some of them run otherwise (a stem, a downsampling layer), or none (a
+  /// model whose forward memgate does not run block by block, TorchScript's).
+  [[nodiscard]] virtual std::vector<std::string> unit_prefixes() const { return block_prefixes(); }
   /// Name prefixes of the task head, which trains with lora, head and last_blocks:N ("head." for a ViT, as timm
 /// and PEFT's modules_to_save=["head"] have it; a final norm is left to patterns).
   [[nodiscard]] virtual std::vector<std::string> head_prefixes() const = 0;

@@ -1,0 +1,105 @@
+// A probe process's phase and its heartbeat file.
+#include "memgate/base/heartbeat.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+namespace memgate {
+
+namespace {
+
+std::mutex g_mutex;
+std::string g_phase;
+std::string g_collective;
+
+// The heartbeat thread waits on this between beats; a new phase wakes it, so that the file says what the process
+// does now, not up to an interval ago (a process that stops right after a phase begins is found at that phase).
+std::mutex g_wake_mutex;
+std::condition_variable g_wake;
+bool g_changed = false;
+
+void wake_heartbeat() {
+  {
+    const std::lock_guard lock(g_wake_mutex);
+    g_changed = true;
+  }
+  g_wake.notify_all();
+}
+
+}  // namespace
+
+void set_phase(std::string_view phase) {
+  {
+    const std::lock_guard lock(g_mutex);
+    g_phase = phase;
+  }
+  wake_heartbeat();
+}
+
+void set_collective(std::string_view collective) {
+  {
+    const std::lock_guard lock(g_mutex);
+    g_collective = collective;
+  }
+  wake_heartbeat();
+}
+
+std::string current_activity() {
+  const std::lock_guard lock(g_mutex);
+  if (g_collective.empty()) return g_phase.empty() ? "starting" : g_phase;
+  return (g_phase.empty() ? std::string("starting") : g_phase) + ", in " + g_collective;
+}
+
+Heartbeat::Heartbeat(std::string path, std::chrono::milliseconds interval)
+    : path_(std::move(path)), interval_(interval) {
+  beat(0);
+  thread_ = std::thread([this] {
+    for (std::uint64_t count = 1;; ++count) {
+      std::unique_lock lock(g_wake_mutex);
+      g_wake.wait_for(lock, interval_, [this] { return stop_.load() || g_changed; });
+      if (stop_) return;
+      g_changed = false;
+      lock.unlock();
+      beat(count);
+    }
+  });
+}
+
+Heartbeat::~Heartbeat() {
+  {
+    const std::lock_guard lock(g_wake_mutex);
+    stop_ = true;
+  }
+  g_wake.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+// Written in place, one write of a whole line (the reader takes a line only when it ends with a newline): no
+// temporary file to leave behind.
+void Heartbeat::beat(std::uint64_t count) const {
+  const auto line = std::to_string(count) + " " + current_activity() + "\n";
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return;  // the supervisor will see no beat, and say so
+  if (::pwrite(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size())) {
+    (void)::ftruncate(fd, static_cast<off_t>(line.size()));
+  }
+  ::close(fd);
+}
+
+std::optional<HeartbeatReading> read_heartbeat(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line) || in.eof()) return std::nullopt;  // no newline yet: half-written
+  std::istringstream fields(line);
+  HeartbeatReading reading;
+  if (!(fields >> reading.count)) return std::nullopt;
+  std::getline(fields >> std::ws, reading.activity);
+  return reading;
+}
+
+}  // namespace memgate

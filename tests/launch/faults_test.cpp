@@ -1,0 +1,256 @@
+// Faults in a probe's processes, as CI jobs meet them: a rank that hangs, fails, crashes or cannot start, and a
+// memgate that is killed or cancelled mid-probe. Each must end in bounded time with exit 3 (or the signal's status),
+// a message naming the rank and the cause, and no process or file left behind. The faults are real (a rank stops
+// itself with SIGSTOP, crashes with SIGSEGV, ...), injected at a phase by MEMGATE_TEST_RANK_FAULT.
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace memgate {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string fixture(const std::string& name) { return testing::source_dir() + "/fixtures/models/" + name + ".yaml"; }
+
+// The processes whose command line names `dir` (a rank's store and result files are in the probe's folder there).
+std::vector<pid_t> processes_naming(const std::string& dir) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(dir) != std::string::npos && cmdline.find("--memgate-rank") != std::string::npos) {
+      out.push_back(std::stoi(name));
+    }
+  }
+  return out;
+}
+
+// What is left of a probe after it ended: its rank processes (given a moment to go) and the files in its TMPDIR.
+void expect_nothing_left(const testing::TempDir& tmp) {
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (!processes_naming(tmp.path().string()).empty() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_THAT(processes_naming(tmp.path().string()), ::testing::IsEmpty()) << "rank processes left running";
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(tmp.path())) left.push_back(e.path().string());
+  EXPECT_THAT(left, ::testing::IsEmpty()) << "files left in TMPDIR";
+}
+
+struct Outcome {
+  int status = 0;  // waitpid's
+  std::string output;
+  double seconds = 0;
+};
+
+// memgate started as CI starts it: a process group of its own, default signal dispositions, its output in a file.
+class Memgate {
+ public:
+  Memgate(const std::string& args, const std::vector<std::string>& env, const testing::TempDir& out)
+      : log_(out / "memgate.log") {
+    std::vector<std::string> argv{"/bin/sh", "-c", std::string("exec ") + MEMGATE_CLI + " " + args + " > " + log_ +
+                                                       " 2>&1"};
+    std::vector<std::string> envs;
+    for (char** e = environ; *e != nullptr; ++e) envs.emplace_back(*e);
+    envs.insert(envs.end(), env.begin(), env.end());
+    std::vector<char*> a, e;
+    for (auto& s : argv) a.push_back(s.data());
+    a.push_back(nullptr);
+    for (auto& s : envs) e.push_back(s.data());
+    e.push_back(nullptr);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t all, none;
+    sigfillset(&all);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
+    start_ = Clock::now();
+    EXPECT_EQ(posix_spawn(&pid_, a[0], nullptr, &attr, a.data(), e.data()), 0);
+    posix_spawnattr_destroy(&attr);
+  }
+  ~Memgate() {
+    if (pid_ > 0) {
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Memgate(const Memgate&) = delete;
+  Memgate& operator=(const Memgate&) = delete;
+  [[nodiscard]] pid_t pid() const { return pid_; }
+  // Waits at most `limit` (then kills it: a hang, which the test reports).
+  Outcome wait(std::chrono::seconds limit) {
+    Outcome o;
+    while (::waitpid(pid_, &o.status, WNOHANG) == 0) {
+      if (Clock::now() - start_ > limit) {
+        ADD_FAILURE() << "memgate still running after " << limit.count() << " s: it hangs";
+        ::kill(-pid_, SIGKILL);
+        ::waitpid(pid_, &o.status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    pid_ = -1;
+    o.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    o.output = testing::read_file(log_);
+    return o;
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  Clock::time_point start_;
+};
+
+int exit_code(const Outcome& o) { return WIFEXITED(o.status) ? WEXITSTATUS(o.status) : -1; }
+
+Outcome profile_with(const testing::TempDir& tmp, const testing::TempDir& out, const std::string& fixture_name,
+                     const std::vector<std::string>& env, int timeout_s = 3) {
+  auto all = env;
+  all.push_back("TMPDIR=" + tmp.path().string());
+  Memgate m(fmt::format("profile --config {} --batch-sizes 1 --device cpu --rank-timeout {}", fixture(fixture_name),
+                        timeout_s),
+            all, out);
+  return m.wait(std::chrono::seconds(timeout_s + 60));
+}
+
+TEST(RankFaultTest, AStoppedRankEndsTheProbeWithinTheTimeoutNamingItAndItsPhase) {
+  testing::TempDir tmp, out;
+  const auto o = profile_with(tmp, out, "vit_tiny_ddp", {"MEMGATE_TEST_RANK_FAULT=1:stop:measured step: forward"});
+  EXPECT_EQ(exit_code(o), 3) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("rank 1 of 2"));
+  EXPECT_THAT(o.output, HasSubstr("stopped answering"));
+  EXPECT_THAT(o.output, HasSubstr("measured step: forward"));
+  EXPECT_LT(o.seconds, 3 + 15) << "the timeout plus a few seconds";
+  expect_nothing_left(tmp);
+}
+
+TEST(RankFaultTest, ARankThatFailsIsNamedWithItsCauseNotItsStack) {
+  struct Case {
+    std::string fault, says;
+  };
+  for (const auto& [fault, says] : std::vector<Case>{
+           {"1:error:measured step: backward", "memgate rank 1: a fault injected by MEMGATE_TEST_RANK_FAULT"},
+           {"1:crash:warm-up", "rank 1 of 2 was killed by signal 11"},
+           {"0:exit:joining", "rank 0 of 2 exited with status 7"}}) {
+    SCOPED_TRACE(fault);
+    testing::TempDir tmp, out;
+    const auto o = profile_with(tmp, out, "vit_tiny_fsdp", {"MEMGATE_TEST_RANK_FAULT=" + fault});
+    EXPECT_EQ(exit_code(o), 3) << o.output;
+    EXPECT_THAT(o.output, HasSubstr(says));
+    EXPECT_THAT(o.output, HasSubstr("vit_tiny_fsdp.yaml at batch 1"));
+    EXPECT_THAT(o.output, Not(HasSubstr("frame #")));
+    expect_nothing_left(tmp);
+  }
+}
+
+TEST(RankFaultTest, ARankThatCannotStartEndsTheOnesStartedBefore) {
+  testing::TempDir tmp, out;
+  // Rank 0 starts and would train a minute; rank 1 cannot start.
+  const auto o = profile_with(tmp, out, "vit_tiny_ddp",
+                              {"MEMGATE_TEST_FAIL_START=1", "MEMGATE_TEST_RANK_FAULT=0:slow:joining"});
+  EXPECT_EQ(exit_code(o), 3) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("cannot start rank 1 of 2"));
+  EXPECT_LT(o.seconds, 20) << "rank 0 must not be waited for";
+  expect_nothing_left(tmp);
+}
+
+// Kills memgate once its ranks are in their measured step (rank 1 there for a minute), as CI cancels a job.
+void kill_mid_probe(int signal, bool group) {
+  testing::TempDir tmp, out;
+  Memgate m(fmt::format("profile --config {} --batch-sizes 1 --device cpu", fixture("vit_tiny_ddp")),
+            {"TMPDIR=" + tmp.path().string(), "MEMGATE_TEST_RANK_FAULT=1:slow:measured step"}, out);
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  auto in_step = [&] {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(tmp.path())) {
+      if (e.path().filename() == "rank1.beat" && testing::read_file(e.path()).find("measured step") != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  };
+  while (!in_step() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(in_step()) << "the ranks never reached their measured step";
+  EXPECT_EQ(processes_naming(tmp.path().string()).size(), 2U);
+  ASSERT_EQ(::kill(group ? -m.pid() : m.pid(), signal), 0);
+  const auto o = m.wait(std::chrono::seconds(30));
+  EXPECT_TRUE(WIFSIGNALED(o.status) && WTERMSIG(o.status) == signal) << "ended by the signal it got: " << o.status;
+  EXPECT_LT(o.seconds, 30);
+  expect_nothing_left(tmp);
+}
+
+TEST(RankFaultTest, KilledMemgateLeavesNoRankAndNoFile) { kill_mid_probe(SIGKILL, /*group=*/false); }
+TEST(RankFaultTest, TerminatedMemgateEndsItsRanksAndRemovesItsFiles) { kill_mid_probe(SIGTERM, /*group=*/false); }
+TEST(RankFaultTest, CtrlCToTheProcessGroupLeavesNothing) { kill_mid_probe(SIGINT, /*group=*/true); }
+
+TEST(RankFaultTest, TwoProbesInOneTemporaryDirectoryMeetNeitherEachOtherNorItsFiles) {
+  testing::TempDir tmp, out1, out2;
+  // What a probe of another container could have there, under the names memgate once used.
+  const auto theirs = tmp / "memgate-ranks-1-0/store";
+  testing::write_file(theirs, "another probe's store");
+  std::vector<std::string> env{"TMPDIR=" + tmp.path().string()};
+  const auto args = fmt::format("profile --config {} --batch-sizes 1 --device cpu", fixture("vit_tiny_ddp"));
+  Memgate a(args, env, out1), b(args, env, out2);
+  const auto oa = a.wait(std::chrono::seconds(120)), ob = b.wait(std::chrono::seconds(120));
+  EXPECT_EQ(exit_code(oa), 0) << oa.output;
+  EXPECT_EQ(exit_code(ob), 0) << ob.output;
+  EXPECT_EQ(testing::read_file(theirs), "another probe's store");
+  std::filesystem::remove_all(tmp / "memgate-ranks-1-0");
+  expect_nothing_left(tmp);
+}
+
+// Many short probes, each with a fault drawn at random (seeded) at a random phase of a random rank: none may hang,
+// each ends with 0 (no fault fired) or 3, and nothing is left behind.
+TEST(RankFaultTest, RandomFaultsInManyProbesNeverHangOrLeaveAnything) {
+  const std::vector<std::string> faults{"error", "exit", "crash", "stop", "none"};
+  const std::vector<std::string> phases{"joining", "building the model", "warm-up step: forward",
+                                        "warm-up step: backward", "measured step: forward", "measured step: backward",
+                                        "measured step: optimizer", "eval"};
+  const std::vector<std::string> fixtures{"vit_tiny_ddp", "vit_tiny_fsdp"};
+  std::mt19937 random(20261125);
+  for (int i = 0; i < 10; ++i) {
+    const auto fault = faults[random() % faults.size()];
+    const auto phase = phases[random() % phases.size()];
+    const auto rank = random() % 2;
+    const auto fixture_name = fixtures[random() % fixtures.size()];
+    SCOPED_TRACE(fmt::format("probe {}: {} rank {} {} at '{}'", i, fixture_name, rank, fault, phase));
+    testing::TempDir tmp, out;
+    std::vector<std::string> env;
+    if (fault != "none") env.push_back(fmt::format("MEMGATE_TEST_RANK_FAULT={}:{}:{}", rank, fault, phase));
+    const auto o = profile_with(tmp, out, fixture_name, env);
+    const int rc = exit_code(o);
+    EXPECT_TRUE(rc == 0 || (rc == 3 && fault != "none")) << o.output;
+    if (rc == 3) {
+      EXPECT_THAT(o.output, HasSubstr(fmt::format("rank {} of 2", rank))) << o.output;
+    }
+    EXPECT_LT(o.seconds, 3 + 30);
+    expect_nothing_left(tmp);
+  }
+}
+
+}  // namespace
+}  // namespace memgate
