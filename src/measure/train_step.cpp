@@ -103,7 +103,17 @@ void TrainingStep::run(StepObserver* observer) {
       // The root's inputs cast before its pre-forward; they live as long as the forward (and the graph) keeps them.
       const auto inputs = fsdp_->cast_forward_inputs(batch_);
       FullyShard::ForwardScope root(*fsdp_);
-      loss = root.finish(micro_batch_loss(*model_, inputs, training_, autocast_precision(), device_.type()));
+      if (model_->splits_loss()) {
+        // FSDP2's root post-forward runs when the root module's forward returns, before the loss: the last block's
+        // all-gather buffer (and, resharding after forward, the root's unsharded parameters) are gone by then. The
+        // output lives through the loss, as the training loop's `pred` does.
+        const AutocastScope autocast(device_.type(), autocast_precision());
+        const auto output = root.finish(model_->forward(inputs));
+        loss = model_->loss_of_output(inputs, output);
+        if (training_.accumulation_steps > 1) loss = loss / static_cast<double>(training_.accumulation_steps);
+      } else {
+        loss = root.finish(micro_batch_loss(*model_, inputs, training_, autocast_precision(), device_.type()));
+      }
     } else {
       loss = micro_batch_loss(*model_, batch_, training_, autocast_precision(), device_.type());
     }

@@ -144,8 +144,10 @@ class GptModel final : public Model {
     return {{tokens}, targets};
   }
   torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], checkpointing_); }
-  torch::Tensor loss(const Batch& batch) override {
-    auto logits = forward(batch).to(torch::kFloat32);
+  torch::Tensor loss(const Batch& batch) override { return loss_of_output(batch, forward(batch)); }
+  bool splits_loss() const override { return true; }
+  torch::Tensor loss_of_output(const Batch& batch, const torch::Tensor& output) override {
+    auto logits = output.to(torch::kFloat32);
     return torch::cross_entropy_loss(logits.flatten(0, 1), batch.target.flatten());
   }
   std::vector<std::string> block_prefixes() const override {

@@ -34,6 +34,10 @@ std::string some_parameter_names(torch::nn::Module& module) {
 
 }  // namespace
 
+torch::Tensor Model::loss_of_output(const Batch& /*batch*/, const torch::Tensor& /*output*/) {
+  throw Error("loss_of_output: this model's loss is not a function of its forward's one output (splits_loss())");
+}
+
 std::string TrainableSpec::str() const {
   switch (kind) {
     case Kind::kAll: return "all";

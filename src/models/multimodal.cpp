@@ -148,8 +148,10 @@ class MultimodalModel final : public Model {
   torch::Tensor forward(const Batch& batch) override {
     return net_->forward(batch.inputs[0], batch.inputs[1], checkpointing_);
   }
-  torch::Tensor loss(const Batch& batch) override {
-    return torch::binary_cross_entropy_with_logits(forward(batch).to(torch::kFloat32), batch.target);
+  torch::Tensor loss(const Batch& batch) override { return loss_of_output(batch, forward(batch)); }
+  bool splits_loss() const override { return true; }
+  torch::Tensor loss_of_output(const Batch& batch, const torch::Tensor& output) override {
+    return torch::binary_cross_entropy_with_logits(output.to(torch::kFloat32), batch.target);
   }
   std::vector<std::string> block_prefixes() const override {
     std::vector<std::string> out;

@@ -169,8 +169,10 @@ class ResNetModel final : public Model {
     return -(queries.unsqueeze(2) - prototypes.unsqueeze(1)).pow(2).sum(-1);
   }
 
-  torch::Tensor loss(const Batch& batch) override {
-    auto logits = forward(batch).to(torch::kFloat32);
+  torch::Tensor loss(const Batch& batch) override { return loss_of_output(batch, forward(batch)); }
+  bool splits_loss() const override { return true; }
+  torch::Tensor loss_of_output(const Batch& batch, const torch::Tensor& output) override {
+    auto logits = output.to(torch::kFloat32);
     if (!protonet()) return torch::cross_entropy_loss(logits, batch.target);
     return torch::cross_entropy_loss(logits.flatten(0, 1), batch.target.flatten());
   }

@@ -138,8 +138,10 @@ class VitModel final : public Model {
             torch::randint(s.num_classes, {batch_size}, opts.dtype(torch::kLong))};
   }
   torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], checkpointing_); }
-  torch::Tensor loss(const Batch& batch) override {
-    return torch::cross_entropy_loss(forward(batch).to(torch::kFloat32), batch.target);
+  torch::Tensor loss(const Batch& batch) override { return loss_of_output(batch, forward(batch)); }
+  bool splits_loss() const override { return true; }
+  torch::Tensor loss_of_output(const Batch& batch, const torch::Tensor& output) override {
+    return torch::cross_entropy_loss(output.to(torch::kFloat32), batch.target);
   }
   std::vector<std::string> block_prefixes() const override {
     std::vector<std::string> out;

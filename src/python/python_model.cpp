@@ -315,6 +315,14 @@ torch::Tensor PythonModel::loss(const Batch& batch) {
   }
 }
 
+bool PythonModel::splits_loss() const {
+  return !loss_ && spec_.task != TorchScriptOptions::Task::kSum;
+}
+
+torch::Tensor PythonModel::loss_of_output(const Batch& batch, const torch::Tensor& output) {
+  return task_loss(spec_.task, spec_.num_classes, {output}, batch, spec_.entry);
+}
+
 torch::Tensor PythonModel::forward(const Batch& batch) {
   py::gil_scoped_acquire gil;
   try {

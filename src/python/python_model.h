@@ -27,6 +27,9 @@ class PythonModel final : public Model {
   Batch make_batch(std::int64_t batch_size) override;
   torch::Tensor loss(const Batch& batch) override;
   torch::Tensor forward(const Batch& batch) override;
+  // The task's loss of forward's first tensor (classify, regress), where no `loss:` function takes the whole output.
+  bool splits_loss() const override;
+  torch::Tensor loss_of_output(const Batch& batch, const torch::Tensor& output) override;
   [[nodiscard]] std::vector<std::string> block_prefixes() const override;
   [[nodiscard]] std::vector<std::string> head_prefixes() const override { return {}; }
 

@@ -12,6 +12,7 @@
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/checkpoint.h"
+#include "memgate/models/registry.h"
 #include "memgate/models/zoo.h"
 #include "memgate/allocator/replay.h"
 #include "memgate/allocator/snapshot_pickle.h"
@@ -448,6 +449,80 @@ TEST(FsdpEstimateTest, RanksAlikeAreEstimatedOnce) {
   ASSERT_EQ(estimated.ranks.size(), 4096U);
   EXPECT_EQ(estimated.ranks.back().rank, 4095);
   EXPECT_EQ(estimated.ranks.back().components, estimated.ranks.front().components);
+}
+
+// FSDP2's root post-forward runs when the root module's forward returns, not after the loss: by the loss, the last
+// block's all-gather buffer is gone. A GPT with tied embeddings and a vocabulary large enough for the loss to be the
+// forward's peak, against the same model whose loss memgate cannot split from its forward (so the root's
+// post-forward waits for the loss, as it did for every model before): the peak differs by exactly that buffer.
+class UnsplitModel final : public Model {
+ public:
+  explicit UnsplitModel(std::unique_ptr<Model> inner) : inner_(std::move(inner)) {}
+  torch::nn::Module& module() override { return inner_->module(); }
+  Batch make_batch(std::int64_t batch_size) override { return inner_->make_batch(batch_size); }
+  torch::Tensor loss(const Batch& batch) override { return inner_->loss(batch); }
+  torch::Tensor forward(const Batch& batch) override { return inner_->forward(batch); }
+  std::vector<std::string> block_prefixes() const override { return inner_->block_prefixes(); }
+  std::vector<std::string> head_prefixes() const override { return inner_->head_prefixes(); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+};
+
+// The GPT (arch: gpt), or the registered one that builds the same GPT (its keys are the factory's).
+std::string big_vocab_gpt_yaml(const std::string& arch) {
+  const std::string keys = arch != "gpt" ? ""
+                                         : "  vocab_size: 4096\n  seq_len: 32\n  n_layer: 2\n  n_embd: 32\n  n_head: 4\n"
+                                           "  mlp: gelu\n  norm: layernorm\n  position: learned\n  bias: true\n"
+                                           "  tied_embeddings: true\n";
+  return "model:\n  arch: " + arch + "\n" + keys +
+         "training:\n  optimizer: adamw\n  trainable: all\n  distributed:\n    strategy: fsdp\n    world_size: 2\n"
+         "batch_sizes: [2]\n";
+}
+
+const bool kUnsplitGpt = register_architecture({
+    .name = "test_gpt_unsplit_loss",
+    .options = nlohmann::json::object(),
+    .factory = [](const nlohmann::json&, nn::ParamOptions param) -> std::unique_ptr<Model> {
+      return std::make_unique<UnsplitModel>(build_model(testing::fixture_from(big_vocab_gpt_yaml("gpt")).model,
+                                                        param.device));
+    }});
+
+TEST(FsdpTest, TheRootsPostForwardRunsWhenItsForwardReturnsNotAfterTheLoss) {
+  ASSERT_TRUE(kUnsplitGpt);
+  const auto split = testing::fixture_from(big_vocab_gpt_yaml("gpt"), "gpt");
+  const auto unsplit = testing::fixture_from(big_vocab_gpt_yaml("test_gpt_unsplit_loss"), "gpt_unsplit");
+  // The last block's padded unsharded parameters: its all-gather buffer (every row count divides by 2: no padding).
+  std::int64_t last_block_bytes = 0;
+  const auto model = build_model(split.model, c10::Device(c10::DeviceType::Meta));
+  for (const auto& p : model->module().named_parameters()) {
+    if (p.key().starts_with("h.1.")) last_block_bytes += p.value().numel() * 4;
+  }
+  ASSERT_GT(last_block_bytes, 0);
+  for (const auto target : {EstimateTarget::kCpu, EstimateTarget::kCuda}) {
+    const auto s = estimate_probe(split, 2, target);
+    const auto u = estimate_probe(unsplit, 2, target);
+    ASSERT_FALSE(s.oom || u.oom);
+    ASSERT_EQ(s.ranks.size(), 2U);
+    for (std::size_t r = 0; r < 2; ++r) {
+      const auto at = fmt::format("{} rank {}", target == EstimateTarget::kCpu ? "cpu" : "cuda", r);
+      // (The CUDA caching allocator's blocks are multiples of 512 bytes.)
+      const auto buffer = target == EstimateTarget::kCpu ? last_block_bytes : (last_block_bytes + 511) / 512 * 512;
+      EXPECT_EQ(u.ranks[r].components.forward_peak - s.ranks[r].components.forward_peak, buffer) << at;
+      EXPECT_LE(s.ranks[r].components.step_peak, u.ranks[r].components.step_peak) << at;
+      EXPECT_EQ(s.ranks[r].components.params, u.ranks[r].components.params) << at;
+    }
+  }
+  // And the measurement on Gloo ranks says the same.
+  testing::TempDir dir;
+  testing::write_file(dir / "gpt.yaml", big_vocab_gpt_yaml("gpt"));
+  const auto s = run_probe(load_fixture(dir / "gpt.yaml"), 2, kCpu);
+  ASSERT_FALSE(s.oom) << s.error;
+  ASSERT_EQ(s.ranks.size(), 2U);
+  const auto e = estimate_probe(split, 2, EstimateTarget::kCpu);
+  for (std::size_t r = 0; r < 2; ++r) {
+    EXPECT_LE(testing::error_pct(e.ranks[r].components.forward_peak, s.ranks[r].components.forward_peak), 1.0);
+  }
 }
 
 struct EstimateCase {

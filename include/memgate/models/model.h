@@ -50,6 +50,13 @@ class Model {
   [[nodiscard]] virtual torch::Tensor loss(const Batch& batch) = 0;
   /// Forward only, as in evaluation.
   [[nodiscard]] virtual torch::Tensor forward(const Batch& batch) = 0;
+  /// Whether loss(batch) is loss_of_output(batch, forward(batch)): a model whose loss is a function of its
+  /// forward's one output. A caller may then act when the forward returns (FSDP2's root post-forward runs there) and
+  /// keep the output through the loss, as the training loops that hold the model's output do (Hugging Face's
+  /// Trainer, torchtitan's: `pred = model(x); loss = loss_fn(pred, y); del pred`).
+  [[nodiscard]] virtual bool splits_loss() const { return false; }
+  /// The task's loss from forward(batch)'s `output`; only where splits_loss().
+  [[nodiscard]] virtual torch::Tensor loss_of_output(const Batch& batch, const torch::Tensor& output);
   /// Name prefixes of the repeated blocks, input to output ("blocks.0.", "blocks.1.", ...).
   [[nodiscard]] virtual std::vector<std::string> block_prefixes() const = 0;
   /// The blocks FSDP's `units: blocks` wraps, each a module whose forward runs through run_block (the hook FSDP
