@@ -42,7 +42,10 @@ torch::Tensor GptAttentionImpl::forward(const torch::Tensor& x) {
   const auto b = x.size(0), n = x.size(1), c = x.size(2);
   auto qkv = c_attn->forward(x).reshape({b, n, 3, heads, c / heads}).permute({2, 0, 3, 1, 4});
   auto y = nn::attention(qkv[0], qkv[1], qkv[2], /*fused=*/true, /*causal=*/true);
-  return c_proj->forward(y.transpose(1, 2).reshape({b, n, c}));
+  // Statement by statement, as the Python it stands for frees: a C++ temporary lives to the end of its whole
+  // expression, a Python one when its last reference goes (in eval, with nothing saved for backward, that is earlier).
+  y = y.transpose(1, 2).reshape({b, n, c});
+  return c_proj->forward(y);
 }
 
 GptMlpImpl::GptMlpImpl(const GptOptions& spec, nn::ParamOptions param) : swiglu(spec.mlp == GptOptions::Mlp::kSwiglu) {
@@ -67,9 +70,16 @@ GptMlpImpl::GptMlpImpl(const GptOptions& spec, nn::ParamOptions param) : swiglu(
 }
 
 torch::Tensor GptMlpImpl::forward(const torch::Tensor& x) {
-  if (swiglu) return down->forward(torch::silu(gate->forward(x)) * up->forward(x));
+  // As transformers writes them: c_fc's output (the gate's) is gone before c_proj (down) runs.
+  if (swiglu) {
+    auto h = torch::silu(gate->forward(x));
+    h = h * up->forward(x);
+    return down->forward(h);
+  }
   // GPT-2's gelu_new is the tanh approximation.
-  return c_proj->forward(torch::gelu(c_fc->forward(x), "tanh"));
+  auto h = c_fc->forward(x);
+  h = torch::gelu(h, "tanh");
+  return c_proj->forward(h);
 }
 
 GptBlockImpl::GptBlockImpl(const GptOptions& spec, nn::ParamOptions param) {
@@ -81,8 +91,11 @@ GptBlockImpl::GptBlockImpl(const GptOptions& spec, nn::ParamOptions param) {
 }
 
 torch::Tensor GptBlockImpl::forward(const torch::Tensor& x) {
-  auto y = x + attn->forward(ln_1->forward(x));
-  return y + mlp->forward(ln_2->forward(y));
+  // ln_1's (ln_2's) output is gone once attn (mlp) returns, the branch's once the residual is added.
+  auto y = attn->forward(ln_1->forward(x));
+  y = x + y;
+  auto z = mlp->forward(ln_2->forward(y));
+  return y + z;
 }
 
 GptImpl::GptImpl(const GptOptions& spec_, nn::ParamOptions param) : spec(spec_) {
@@ -102,8 +115,8 @@ GptImpl::GptImpl(const GptOptions& spec_, nn::ParamOptions param) : spec(spec_) 
   }
 }
 
-torch::Tensor GptImpl::forward_embeddings(const torch::Tensor& embeddings, bool checkpoint_blocks) {
-  auto x = embeddings;
+torch::Tensor GptImpl::forward_embeddings(torch::Tensor embeddings, bool checkpoint_blocks) {
+  auto x = std::move(embeddings);
   if (wpe) {
     auto positions = torch::arange(x.size(1), torch::TensorOptions().device(x.device()).dtype(torch::kLong));
     x = x + wpe->forward(positions).to(x.dtype());

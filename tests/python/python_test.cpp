@@ -57,6 +57,26 @@ void expect_twins(const std::string& python_name, const std::string& zoo_name, s
   }
 }
 
+// The zoo's GPT frees in eval what eager PyTorch frees: c_fc's output before c_proj runs, the embeddings once the
+// positions are added, ln_1's output once attn returns (a C++ temporary lives to the end of its whole expression; it
+// kept each of these alive: eval_peak 4.4%, 7.2% and 10.5% above PyTorch's at batch 1, 2 and 4). Equal to the byte
+// at batch 1; above it 256 bytes per sample but one stay unexplained (0.24% at batch 4).
+TEST(PythonFixtureTest, PlainPyTorchGptEvalForwardEqualsTheZoos) {
+  const auto python = fixture("py_gpt_tiny_plain");
+  const auto zoo = fixture("gpt_tiny");
+  for (const std::int64_t b : {1, 4}) {
+    const auto p = run_probe(python, b, kCpu);
+    const auto z = run_probe(zoo, b, kCpu);
+    ASSERT_FALSE(p.oom || z.oom) << p.error << z.error;
+    if (b == 1) {
+      EXPECT_EQ(z.components.eval_peak, p.components.eval_peak);
+    } else {
+      EXPECT_LE(testing::error_pct(z.components.eval_peak, p.components.eval_peak), 0.25) << "batch " << b;
+    }
+    EXPECT_EQ(p.components.params, z.components.params) << "batch " << b;
+  }
+}
+
 TEST(PythonFixtureTest, TimmVitWithPeftLoraEqualsTheZooTwinToTheByte) {
   expect_twins("py_vit_tiny_lora_timm", "vit_tiny_lora", {1, 4});
 }

@@ -99,7 +99,8 @@ class GptImpl : public torch::nn::Module {
   /// Final hidden states [B, T, n_embd] (after ln_f) of tokens [B, T].
   torch::Tensor forward_hidden(const torch::Tensor& tokens, bool checkpoint_blocks = false);
   /// Final hidden states of input embeddings [B, T, n_embd] (learned positions are added here).
-  torch::Tensor forward_embeddings(const torch::Tensor& embeddings, bool checkpoint_blocks = false);
+  /// (By value: the embeddings are let go once the positions are added, as `x = x + wpe(...)` lets them go.)
+  torch::Tensor forward_embeddings(torch::Tensor embeddings, bool checkpoint_blocks = false);
   /// Vocabulary logits [B, T, vocab] of final hidden states, in their dtype.
   torch::Tensor logits(const torch::Tensor& hidden);
   /// Vocabulary logits of tokens [B, T].
