@@ -405,6 +405,10 @@ void FullyShard::post_backward(Unit& unit) {
   auto input = torch::empty({numel}, grads.front().options().dtype(reduce_dtype));
   auto rows = input.view({world, -1});
   at::_chunk_cat_out(rows, grads, 0, world);
+  // foreach_reduce loops over the gradients whenever there are several ranks (to chunk Shard(i > 0) ones) and its
+  // loop variable stays on the last: unsharded_grads.clear() frees the others, the unit's last gradient lives until
+  // foreach_reduce returns (after the reduce-scatter and the copy into the sharded gradients), here the end of this.
+  const auto last_gradient = world > 1 ? grads.back() : torch::Tensor();
   grads.clear();
   // _get_gradient_divide_factors: fp16 risks overflow, so its sum is divided by about sqrt(N) before and the rest
   // after (in place); fp32 and bf16 are averaged by the collective.
