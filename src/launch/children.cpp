@@ -165,7 +165,7 @@ void Children::start(const ChildSpec& spec) {
   child.spec = spec;
   child.pid = pid;
   child.running = true;
-  child.started = child.last_beat = std::chrono::steady_clock::now();
+  child.last_beat = std::chrono::steady_clock::now();
   children_.push_back(std::move(child));
 }
 
@@ -211,7 +211,7 @@ std::string Children::silent_ones(std::chrono::steady_clock::time_point now, con
 bool Children::succeeded(const Child& c) { return WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0; }
 
 // When a child fails its peers soon fail too (a collective whose peer has gone): the first to fail is the one whose
-// log was written last earliest (it printed its error first); the others are ended.
+// log was last written first (it printed its error before they did); the others are ended.
 std::string Children::end_after_failure(std::chrono::steady_clock::time_point now) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   for (auto& c : children_) {

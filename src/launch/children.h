@@ -70,8 +70,7 @@ class Children {
     pid_t pid = -1;
     bool running = false;
     int status = 0;
-    std::chrono::steady_clock::time_point started;
-    std::chrono::steady_clock::time_point last_beat;
+    std::chrono::steady_clock::time_point last_beat;  ///< or its start, before its first heartbeat
     std::optional<std::uint64_t> beats;
     std::string activity;
   };
