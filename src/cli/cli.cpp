@@ -111,11 +111,7 @@ std::optional<std::vector<std::int64_t>> parse_batch_sizes(std::string_view text
 
 bool is_batch_sizes(std::string_view text) { return parse_batch_sizes(text).has_value(); }
 
-bool is_rank_timeout(std::string_view text) {
-  std::int64_t seconds = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
-  return ec == std::errc() && end == text.data() + text.size() && seconds >= 1 && seconds <= 86400;
-}
+bool is_rank_timeout(std::string_view text) { return memgate::parse_rank_timeout(text).has_value(); }
 
 bool is_finite_non_negative(std::string_view text) {
   const auto value = parse_whole<double>(text);
@@ -221,7 +217,7 @@ void add_rank_timeout_option(CLI::App& app, std::int64_t& seconds) {
                  "heartbeat, before the probe is ended as hung (exit 3)")
       ->envname("MEMGATE_RANK_TIMEOUT")
       ->type_name("SECONDS")
-      ->default_str("300")
+      ->default_str(std::to_string(memgate::kDefaultRankTimeout.count()))
       ->check(check_value(is_rank_timeout, "whole seconds from 1 to 86400 (--rank-timeout or MEMGATE_RANK_TIMEOUT)"));
 }
 

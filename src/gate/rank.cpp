@@ -107,7 +107,7 @@ int rank_main(int argc, char** argv) {
                               "processes must run the same memgate", MEMGATE_VERSION, args["memgate-version"]));
     }
     const auto timeout = args.contains("timeout-s") ? std::chrono::seconds(to_int(args, "timeout-s"))
-                                                    : std::chrono::seconds(300);
+                                                    : kDefaultRankTimeout;
     const auto world = static_cast<int>(to_int(args, "world-size"));
     const auto batch_size = to_int(args, "batch-size");
     auto fixture = load_fixture(args["fixture"]);

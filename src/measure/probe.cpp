@@ -221,16 +221,18 @@ void drop_failed_backward(c10::Device device) {
 
 }  // namespace
 
-std::chrono::seconds default_rank_timeout() {
-  const char* env = std::getenv("MEMGATE_RANK_TIMEOUT");
-  if (env == nullptr || *env == '\0') return std::chrono::seconds(300);
-  const std::string_view text(env);
+std::optional<std::chrono::seconds> parse_rank_timeout(std::string_view text) {
   std::int64_t seconds = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
-  if (ec != std::errc() || end != text.data() + text.size() || seconds < 1 || seconds > 86400) {
-    throw Error(fmt::format("MEMGATE_RANK_TIMEOUT={}: expected whole seconds from 1 to 86400", text));
-  }
+  if (ec != std::errc() || end != text.data() + text.size() || seconds < 1 || seconds > 86400) return std::nullopt;
   return std::chrono::seconds(seconds);
+}
+
+std::chrono::seconds default_rank_timeout() {
+  const char* env = std::getenv("MEMGATE_RANK_TIMEOUT");
+  if (env == nullptr || *env == '\0') return kDefaultRankTimeout;
+  if (const auto timeout = parse_rank_timeout(env)) return *timeout;
+  throw Error(fmt::format("MEMGATE_RANK_TIMEOUT={}: expected whole seconds from 1 to 86400", env));
 }
 
 ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,

@@ -346,15 +346,17 @@ TEST(ReplayTest, JsonHoldsTheContractsKeys) {
   EXPECT_THAT(html, HasSubstr("reserved, 50 MiB"));
 }
 
+// What read_snapshot says of `data` as the file bad.pickle: its error, or "no error".
+std::string error_of(const json& data) {
+  try {
+    (void)read_snapshot(data, "bad.pickle");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 TEST(ReplayTest, BadSnapshotsAreClearErrorsNamingTheKey) {
-  const auto error_of = [](const json& data) {
-    try {
-      (void)read_snapshot(data, "bad.pickle");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   auto snap = what_if_trace().snapshot();
   EXPECT_THAT(error_of(json::array()), HasSubstr("bad.pickle: expected a memory snapshot"));
   auto no_trace = snap;
@@ -381,14 +383,6 @@ TEST(ReplayTest, BadSnapshotsAreClearErrorsNamingTheKey) {
 // outside (0, 1)) are errors naming the file, the event or segment and the key, and what was expected; the values
 // a real snapshot can hold next to them still read.
 TEST(ReplayTest, ValuesPytorchCannotWriteAreErrorsNamingTheEventAndKey) {
-  const auto error_of = [](const json& data) {
-    try {
-      (void)read_snapshot(data, "bad.pickle");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   const auto snap = what_if_trace().snapshot();
   const auto with = [&](const json::json_pointer& key, const json& value) {
     auto s = snap;

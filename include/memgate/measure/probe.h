@@ -71,8 +71,14 @@ struct Profile {
 };
 
 /// Knobs of the protocol; the defaults are the protocol of DESIGN.md.
-/// How long a probe's processes may wait on one another or go silent: MEMGATE_RANK_TIMEOUT (whole seconds, 1 to
-/// 86400), else 300 s. A malformed MEMGATE_RANK_TIMEOUT throws memgate::Error naming it.
+/// A rank timeout unless the user gives one: PyTorch's default for Gloo.
+inline constexpr std::chrono::seconds kDefaultRankTimeout{300};
+
+/// A rank timeout as written (--rank-timeout, MEMGATE_RANK_TIMEOUT): whole seconds from 1 to 86400; nothing else.
+[[nodiscard]] std::optional<std::chrono::seconds> parse_rank_timeout(std::string_view text);
+
+/// How long a probe's processes may wait on one another or go silent: MEMGATE_RANK_TIMEOUT, else
+/// kDefaultRankTimeout. A malformed MEMGATE_RANK_TIMEOUT throws memgate::Error naming it.
 [[nodiscard]] std::chrono::seconds default_rank_timeout();
 
 struct ProbeOptions {
