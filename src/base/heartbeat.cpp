@@ -15,7 +15,6 @@ namespace {
 
 std::mutex g_mutex;
 std::string g_phase;
-std::string g_collective;
 
 // The heartbeat thread waits on this between beats; a new phase wakes it, so that the file says what the process
 // does now, not up to an interval ago (a process that stops right after a phase begins is found at that phase).
@@ -41,18 +40,9 @@ void set_phase(std::string_view phase) {
   wake_heartbeat();
 }
 
-void set_collective(std::string_view collective) {
-  {
-    const std::lock_guard lock(g_mutex);
-    g_collective = collective;
-  }
-  wake_heartbeat();
-}
-
 std::string current_activity() {
   const std::lock_guard lock(g_mutex);
-  if (g_collective.empty()) return g_phase.empty() ? "starting" : g_phase;
-  return (g_phase.empty() ? std::string("starting") : g_phase) + ", in " + g_collective;
+  return g_phase.empty() ? "starting" : g_phase;
 }
 
 Heartbeat::Heartbeat(std::string path, std::chrono::milliseconds interval)
@@ -83,7 +73,9 @@ Heartbeat::~Heartbeat() {
 // temporary file to leave behind.
 void Heartbeat::beat(std::uint64_t count) const {
   const auto line = std::to_string(count) + " " + current_activity() + "\n";
-  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  // Created by the first beat only: a file removed later (a rank whose launcher died clears the probe's folder, and
+  // this thread may still beat meanwhile) stays removed.
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | (count == 0 ? O_CREAT : 0), 0644);
   if (fd < 0) return;  // the supervisor will see no beat, and say so
   if (::pwrite(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size())) {
     (void)::ftruncate(fd, static_cast<off_t>(line.size()));

@@ -15,10 +15,7 @@ namespace memgate {
 /// Sets what this process is doing now ("measured step: backward"); cheap and thread-safe.
 void set_phase(std::string_view phase);
 
-/// Sets (or, empty, clears) the collective this process waits in, within its phase ("FSDP all-gather of unit 3").
-void set_collective(std::string_view collective);
-
-/// The phase, with the collective where there is one: "measured step: backward, in FSDP reduce-scatter of unit 2".
+/// The phase, "starting" before the first.
 [[nodiscard]] std::string current_activity();
 
 /// While it lives, a thread of its own rewrites `path` every `interval` with a beat count and current_activity(),
