@@ -38,13 +38,15 @@ function(memgate_add_library layer)
   target_link_libraries(memgate_${layer} PUBLIC ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE} memgate::warnings)
 endfunction()
 
-# memgate_add_test(<name> SOURCES <files...> LINK <targets...> LABEL <label> [GPU])
+# memgate_add_test(<name> SOURCES <files...> LINK <targets...> LABEL <label> [GPU] [PER_SUITE] [PROCESSORS <n>])
 # A unit-test executable linked to the layer it tests and GoogleTest, its tests registered with CTest under one
 # label (cpu, or gpu for the CUDA tests: gtest_discover_tests keeps one label per property value). It reuses the
 # precompiled LibTorch headers only when it links LibTorch. GPU: each test claims one GPU (CTest resource groups).
 # PROCESSORS n: each test claims n cores (tests that start rank processes), so ctest -j does not oversubscribe.
+# PER_SUITE: one CTest test per GoogleTest suite instead of one per test, for programs that load LibTorch (0.4 s per
+# process before any work: paid once per suite, not once per test); a failing test is named in its suite's output.
 function(memgate_add_test name)
-  cmake_parse_arguments(ARG "GPU" "LABEL;PROCESSORS" "SOURCES;LINK" ${ARGN})
+  cmake_parse_arguments(ARG "GPU;PER_SUITE" "LABEL;PROCESSORS" "SOURCES;LINK" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
   target_compile_definitions(${name} PRIVATE MEMGATE_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
@@ -59,6 +61,23 @@ function(memgate_add_test name)
   set(processors "")
   if(ARG_PROCESSORS)
     set(processors PROCESSORS ${ARG_PROCESSORS})
+  endif()
+  if(ARG_PER_SUITE)
+    set(properties LABELS "${ARG_LABEL}" ENVIRONMENT "MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}" ${gpu_resources}
+                   ${processors})
+    list(JOIN properties "|" properties)
+    set(suites "${CMAKE_CURRENT_BINARY_DIR}/${name}_suites.cmake")
+    add_custom_command(TARGET ${name} POST_BUILD
+      COMMAND "${CMAKE_COMMAND}" "-DPROGRAM=$<TARGET_FILE:${name}>" "-DOUTPUT=${suites}" "-DPROPERTIES=${properties}"
+              -P "${PROJECT_SOURCE_DIR}/cmake/MemgateTestSuites.cmake"
+      VERBATIM)
+    set(include "${CMAKE_CURRENT_BINARY_DIR}/${name}_include.cmake")
+    file(WRITE "${include}"
+      "if(EXISTS [==[${suites}]==])\n  include([==[${suites}]==])\nelse()\n"
+      "  add_test([==[${name}_NOT_BUILT]==] [==[${name}_NOT_BUILT]==])\n"
+      "  set_tests_properties([==[${name}_NOT_BUILT]==] PROPERTIES LABELS [==[${ARG_LABEL}]==])\nendif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${include}")
+    return()
   endif()
   include(GoogleTest)
   gtest_discover_tests(${name}

@@ -6,14 +6,14 @@ include(CMakePackageConfigHelpers)
 set(MEMGATE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/memgate")
 set(MEMGATE_INSTALL_DATADIR "${CMAKE_INSTALL_DATADIR}/memgate")
 
-foreach(layer base bench_tools allocator report models backend estimate distributed measure launch gate advise memory_suite core
+foreach(layer base bench_tools allocator report spec models backend estimate distributed measure launch gate advise memory_suite core
               warnings fmt)
   set_target_properties(memgate_${layer} PROPERTIES EXPORT_NAME ${layer})
 endforeach()
 set_target_properties(memgate_verdicts PROPERTIES EXPORT_NAME verdicts)
 set_target_properties(memgate PROPERTIES EXPORT_NAME cli)
 
-install(TARGETS memgate_base memgate_bench_tools memgate_allocator memgate_report memgate_models memgate_backend
+install(TARGETS memgate_base memgate_bench_tools memgate_allocator memgate_report memgate_spec memgate_models memgate_backend
                 memgate_estimate memgate_distributed memgate_measure memgate_launch memgate_gate memgate_advise
                 memgate_memory_suite memgate_core memgate_warnings memgate_fmt memgate_verdicts memgate
   EXPORT memgateTargets
@@ -21,6 +21,8 @@ install(TARGETS memgate_base memgate_bench_tools memgate_allocator memgate_repor
   LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"
   RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}"
   INCLUDES DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+# The measuring half of the memgate command, which bin/memgate hands profile, estimate, advise, check and ranks to.
+install(TARGETS memgate_measure_cli RUNTIME DESTINATION "${CMAKE_INSTALL_LIBEXECDIR}/memgate")
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/memgate" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 # The GPU fixtures (budgets and advice of every project), and memgate's own fixtures and suites as examples.
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/fixtures/gpus" "${PROJECT_SOURCE_DIR}/fixtures/models"

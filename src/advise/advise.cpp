@@ -295,7 +295,7 @@ std::vector<std::pair<VariantAdvice, Workload>> fit_variants(const Workload& wor
 }
 
 AdviceTarget target_of(const GpuSpec& gpu) {
-  return {gpu.id, gpu.name, gpu.usable_bytes() - gpu.outside_allocator_bytes};
+  return {gpu.id, gpu.name, gpu.allocator_bytes()};
 }
 
 Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets, c10::Device device,

@@ -37,4 +37,22 @@ Components max_over_ranks(const std::vector<RankComponents>& ranks) {
   return out;
 }
 
+std::string rank_component_name(int rank, std::string_view component) {
+  return "rank" + std::to_string(rank) + "_" + std::string(component);
+}
+
+std::optional<std::pair<int, std::string>> parse_rank_component(std::string_view name) {
+  if (!name.starts_with("rank")) return std::nullopt;
+  const auto underscore = name.find('_');
+  if (underscore == std::string_view::npos || underscore == 4) return std::nullopt;
+  int rank = 0;
+  for (const char c : name.substr(4, underscore - 4)) {
+    if (c < '0' || c > '9' || rank > 100000) return std::nullopt;
+    rank = rank * 10 + (c - '0');
+  }
+  const auto component = name.substr(underscore + 1);
+  if (find_component(component) == nullptr) return std::nullopt;
+  return std::pair<int, std::string>{rank, std::string(component)};
+}
+
 }  // namespace memgate

@@ -1,5 +1,5 @@
 // memgate advise: the largest batch that fits each GPU (or a capacity), predicted and confirmed by probes.
-#include "cli.h"
+#include "measure_cli.h"
 
 #include "memgate/base/files.h"
 #include "memgate/base/progress.h"

@@ -1,5 +1,5 @@
 // memgate check: the gate for fixtures or a suite outside CTest, with the memory suite's verdicts.
-#include "cli.h"
+#include "measure_cli.h"
 
 #include "memgate/base/progress.h"
 #include "memgate/gate/fixture.h"

@@ -1,19 +1,12 @@
-// What memgate's subcommands share: --help footers, flag value checks, GPU fixtures, a profile's report and files.
+// What memgate's subcommands share: --help footers, flag value checks, GPU fixtures. No LibTorch.
 #include "cli.h"
 
 #include "memgate/base/error.h"
-#include "memgate/base/files.h"
-#include "memgate/advise/advise.h"
-#include "memgate/gate/budget.h"
-#include "memgate/gate/fixture.h"
-#include "memgate/gate/report.h"
-#include "memgate/gate/suite.h"
-#include "memgate/backend/device.h"
-#include "memgate/measure/probe.h"
-#include "memgate/report/html_report.h"
 #include "memgate/report/profile_document.h"
+#include "memgate/spec/gpus.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <charconv>
 #include <cmath>
@@ -22,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace memgate::cli {
@@ -34,24 +28,6 @@ std::optional<T> parse_whole(std::string_view text) {
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
-}
-
-// The GPU fixtures of `dir`; none when `dir` is "" or not a folder (profile then prints no fits table).
-std::vector<memgate::GpuSpec> gpu_specs(const std::string& dir) {
-  if (dir.empty() || !std::filesystem::is_directory(dir)) return {};
-  return memgate::load_gpus(dir);
-}
-
-// `path` with `suffix` before its extension: <stem><suffix><extension>, beside it.
-std::string with_suffix(const std::string& path, const std::string& suffix) {
-  const std::filesystem::path p(path);
-  return (p.parent_path() / (p.stem().string() + suffix + p.extension().string())).string();
-}
-
-// Where the snapshot of batch size `batch` goes: `path` itself when it is the only batch size, else
-// <stem>_bs<batch><extension> beside it.
-std::string snapshot_path(const std::string& path, std::int64_t batch, std::size_t batches) {
-  return batches <= 1 ? path : with_suffix(path, fmt::format("_bs{}", batch));
 }
 
 }  // namespace
@@ -111,8 +87,6 @@ std::optional<std::vector<std::int64_t>> parse_batch_sizes(std::string_view text
 
 bool is_batch_sizes(std::string_view text) { return parse_batch_sizes(text).has_value(); }
 
-bool is_rank_timeout(std::string_view text) { return memgate::parse_rank_timeout(text).has_value(); }
-
 bool is_finite_non_negative(std::string_view text) {
   const auto value = parse_whole<double>(text);
   return value && std::isfinite(*value) && *value >= 0.0;
@@ -138,108 +112,87 @@ std::string default_gpus_dir() {
   }
 }
 
-std::vector<memgate::AdviceTarget> gpu_targets(const std::string& dir, const std::vector<std::string>& ids, bool all) {
-  std::vector<memgate::AdviceTarget> targets;
-  if (!all && ids.empty()) return targets;
-  const auto gpus = memgate::load_gpus(dir.empty() ? memgate::gpus_dir(memgate::project_dir()) : dir);
-  if (all) {
-    for (const auto& g : gpus) targets.push_back(memgate::target_of(g));
-  } else {
-    for (const auto& id : ids) targets.push_back(memgate::target_of(memgate::find_gpu(gpus, id)));
-  }
-  return targets;
+std::vector<memgate::GpuSpec> gpu_specs(const std::string& dir) {
+  if (dir.empty() || !std::filesystem::is_directory(dir)) return {};
+  return memgate::load_gpus(dir);
+}
+
+memgate::GpuSpec gpu_fixture(const std::string& dir, const std::string& id) {
+  return memgate::find_gpu(memgate::load_gpus(dir.empty() ? memgate::gpus_dir(memgate::project_dir()) : dir), id);
 }
 
 std::vector<memgate::GpuLine> gpu_lines(const std::string& dir) {
   std::vector<memgate::GpuLine> lines;
   for (const auto& g : gpu_specs(dir)) {
-    lines.push_back({g.id, g.name, g.memory_bytes, memgate::target_of(g).usable_bytes});
+    lines.push_back({g.id, g.name, g.memory_bytes, g.allocator_bytes()});
   }
   return lines;
 }
 
 std::string generator() { return std::string("memgate ") + MEMGATE_VERSION; }
 
-void write_profile(const memgate::Profile& profile, const nlohmann::json& json, const ProfileFiles& files,
-                   const std::string& config, std::string_view history) {
-  for (const auto& p : profile.probes) {
-    if (files.snapshot.empty()) break;
-    const auto path = snapshot_path(files.snapshot, p.batch_size, profile.probes.size());
-    // A distributed probe: one snapshot per rank, <stem>_rank<r><extension>.
-    for (std::size_t r = 0; r < p.rank_snapshots.size(); ++r) {
-      const auto rank_path = with_suffix(path, fmt::format("_rank{}", r));
-      if (p.rank_snapshots[r].empty()) {
-        fmt::print(stderr, "memgate: no snapshot of rank {} at batch size {} could be taken\n", r, p.batch_size);
-        continue;
-      }
-      memgate::write_file_atomically(rank_path, p.rank_snapshots[r]);
-      fmt::print(stderr, "memgate: wrote {} of rank {} at batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
-                 history, r, p.batch_size, rank_path);
+int run_command_line(int argc, char** argv, AddSubcommand (*adder)(std::string_view name)) {
+  CLI::App app{"memgate: memory regression tests for deep-learning training on LibTorch", "memgate"};
+  app.set_version_flag("--version", generator());
+  app.require_subcommand(1);
+  app.footer(kExitCodes);
+  std::vector<std::pair<CLI::App*, Run>> runs;
+  for (const auto& s : kSubcommands) {
+    auto* sub = app.add_subcommand(s.name, s.description);
+    if (const auto add = adder(s.name)) {
+      runs.emplace_back(sub, add(*sub));
+    } else {
+      sub->allow_extras();  // the other program's: listed, and refused below whatever its arguments
     }
-    if (!p.rank_snapshots.empty()) continue;
-    if (p.snapshot.empty()) {
-      fmt::print(stderr, "memgate: no snapshot of batch size {} could be taken\n", p.batch_size);
-      continue;
+  }
+  if (argc < 2) {
+    fmt::print(stderr, "{}", app.help());
+    return kUsageError;
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
+    const auto parsed = app.get_subcommands();
+    std::string message = e.what();
+    // CLI11 checks required options before unknown ones: `advise --bogus` would say "--config is required".
+    // An unknown argument is the first thing to fix, so say that.
+    if (const auto extra = app.remaining(/*recurse=*/true);
+        !extra.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && !parsed.empty()) {
+      message = fmt::format("unknown argument{} {}", extra.size() > 1 ? "s" : "", fmt::join(extra, " "));
     }
-    memgate::write_file_atomically(path, p.snapshot);
-    fmt::print(stderr, "memgate: wrote {} of batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
-               history, p.batch_size, path);
+    if (parsed.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      // CLI11 says "A subcommand is required"; name what was given instead.
+      std::vector<std::string_view> names;
+      for (const auto& s : kSubcommands) names.emplace_back(s.name);
+      const std::string_view given = argv[1];
+      message = fmt::format("{} '{}'; the subcommands are {}",
+                            given.starts_with('-') ? "a subcommand must come first, not" : "unknown subcommand", given,
+                            fmt::join(names, ", "));
+    }
+    const std::string command = parsed.empty() ? "memgate" : "memgate " + parsed.front()->get_name();
+    fmt::print(stderr, "memgate: {}\nRun '{} --help' for the options.\n", message, command);
+    return kUsageError;
   }
-  fmt::print("{}", memgate::format_profile(profile, gpu_specs(files.gpus)));
-  if (!files.output.empty()) {
-    memgate::write_file_atomically(files.output, json.dump(2) + "\n");
-    fmt::print("\nwrote {}\n", files.output);
-  }
-  if (!files.html.empty()) {
-    std::vector<memgate::ProfileDocument> docs{memgate::profile_document_from_json(json, config)};
-    docs.front().path = files.output;
-    memgate::label_documents(docs);
-    memgate::write_file_atomically(files.html, memgate::render_report_html(docs, gpu_lines(files.gpus),
-                                                                           {.title = "", .generator = generator()}));
-    fmt::print("wrote {}\n", files.html);
-  }
-}
 
-void add_cpu_kernels_option(CLI::App& app, std::string& kernels) {
-  app.add_option("--cpu-kernels", kernels,
-                 "On the CPU: portable (LibTorch's own kernels, the same bytes on every CPU; baselines/cpu) or host "
-                 "(what PyTorch runs on this CPU, oneDNN for its ISA class; baselines/cpu-<class>). Default: the "
-                 "fixture's training.cpu_kernels, portable unless it says otherwise")
-      ->envname("MEMGATE_CPU_KERNELS")
-      ->type_name("KERNELS")
-      ->check(CLI::IsMember(memgate::enum_words(memgate::kCpuKernelsNames)));
-}
-
-void add_rank_timeout_option(CLI::App& app, std::int64_t& seconds) {
-  app.add_option("--rank-timeout", seconds,
-                 "A probe in processes of its own (a distributed or a Python fixture's): how long a rank waits for "
-                 "the others, to join and in any one collective, and how long any of its processes may go without a "
-                 "heartbeat, before the probe is ended as hung (exit 3)")
-      ->envname("MEMGATE_RANK_TIMEOUT")
-      ->type_name("SECONDS")
-      ->default_str(std::to_string(memgate::kDefaultRankTimeout.count()))
-      ->check(check_value(is_rank_timeout, "whole seconds from 1 to 86400 (--rank-timeout or MEMGATE_RANK_TIMEOUT)"));
-}
-
-void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const std::string& config) {
-  if (world_size <= 0) return;
-  if (!fixture.training.distributed.enabled()) {
-    throw memgate::Error(fmt::format("--world-size {}: {} trains on one device (no training.distributed block)",
-                                     world_size, config));
+  try {
+    for (const auto& [sub, run] : runs) {
+      if (sub->parsed()) return run();
+    }
+    // A subcommand of the other program (main hands those over before parsing: only a direct call gets here).
+    fmt::print(stderr, "memgate: error: this program does not run '{}': run it with bin/memgate\n",
+               app.get_subcommands().front()->get_name());
+    return kError;
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "memgate: {}\n", e.what());
+    return kUsageError;
+  } catch (const memgate::Error& e) {
+    fmt::print(stderr, "memgate: error: {}\n", e.what());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "memgate: unexpected error: {}\n", e.what());
   }
-  const auto group = fixture.training.distributed.reshard_after_forward_group;
-  if (group > 0 && world_size % group != 0) {
-    throw memgate::Error(fmt::format("--world-size {}: {} reshards after forward to groups of {} ranks "
-                                     "(training.distributed.reshard_after_forward), which {} ranks do not divide into",
-                                     world_size, config, group, world_size));
-  }
-  fixture.training.distributed.world_size = world_size;
-}
-
-memgate::Fixture load_fixture_for_run(const std::string& path, const std::string& cpu_kernels) {
-  auto fixture = memgate::load_fixture(path);
-  memgate::override_cpu_kernels(fixture, cpu_kernels, "--cpu-kernels");
-  return fixture;
+  return kError;
 }
 
 }  // namespace memgate::cli

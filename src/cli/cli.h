@@ -1,10 +1,9 @@
-// What memgate's subcommands share: exit codes, --help footers, flag value checks, GPU fixtures and profile files.
+// What memgate's subcommands share: exit codes, --help footers, flag value checks, GPU fixtures. No LibTorch: the
+// subcommands that read files (bin/memgate itself) use it; measure_cli.h adds what the measuring ones share.
 #pragma once
 
-#include "memgate/advise/advise.h"
-#include "memgate/gate/fixture.h"
-#include "memgate/measure/probe.h"
 #include "memgate/report/profile_document.h"
+#include "memgate/spec/gpus.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -12,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <utility>
 #include <string>
@@ -55,13 +55,36 @@ void refuse_same_output(const std::vector<std::pair<std::string, std::string>>& 
 /// Runs a subcommand once its options are parsed; returns the exit code.
 using Run = std::function<int()>;
 
-/// One subcommand: registers its options on `app` (its description and footer included) and returns what runs
-/// it. Adding a subcommand is writing one of these and naming it in kSubcommands.
+/// Registers a subcommand's options on `app` (its description and footer included) and returns what runs it.
+using AddSubcommand = Run (*)(CLI::App& app);
+
+/// One subcommand of the memgate command. Adding one is writing its AddSubcommand (a file of its own) and naming it
+/// here and in the `adder` of the program that runs it.
 struct Subcommand {
   const char* name;
   const char* description;  ///< one line, for the list of subcommands
-  Run (*add)(CLI::App& app);
+  bool measures;            ///< needs LibTorch: run by libexec/memgate/memgate-measure, which bin/memgate hands it to
 };
+
+/// Every subcommand, in the order --help lists them.
+inline constexpr Subcommand kSubcommands[] = {
+    {"profile", "Measure one fixture's memory per component and batch size", true},
+    {"estimate", "Every component without a GPU: the protocol run on the Meta device", true},
+    {"advise", "The largest batch that fits each GPU (or a capacity), predicted and confirmed", true},
+    {"check", "Run the gate for fixtures or a suite outside CTest; exit 1 when it fails", true},
+    {"summary", "Markdown tables of the memory suite's results; exit 1 on a regression", false},
+    {"report", "An HTML report with plots from profile or advice JSON files", false},
+    {"compare", "Profiles side by side: every component, the differences, batch per GPU", false},
+    {"replay", "Replay a real GPU's memory snapshot through the allocator's model; what-if settings and sizes", false},
+    {"bench-compare", "Compare two memgate_bench runs: step time and peak memory; exit 1 when worse", false},
+    {"bench-merge", "Pool several memgate_bench runs of one build into one file", false},
+    {"bench-convert", "Peak memory of a memgate_bench run for github-action-benchmark", false},
+};
+
+/// A program's main: parses `argv` against kSubcommands and runs the one given, printing errors with the exit codes
+/// of the contract. `adder` gives the AddSubcommand of each subcommand this program runs (nullptr for the others,
+/// which --help still lists).
+int run_command_line(int argc, char** argv, AddSubcommand (*adder)(std::string_view name));
 
 // --- Values ---------------------------------------------------------------------------------------------------
 
@@ -87,53 +110,20 @@ bool is_device_spec(std::string_view text);
 // "" when there are none (profile then prints no fits table, advise says where it looked).
 std::string default_gpus_dir();
 
-// The GPUs a command targets: with `all` every fixture of `dir` (the project's when ""), else each of `ids` (an id
-// without a fixture is an error naming it); none when neither is given.
-std::vector<memgate::AdviceTarget> gpu_targets(const std::string& dir, const std::vector<std::string>& ids, bool all);
+// The GPU fixtures of `dir`; none when `dir` is "" or not a folder (profile then prints no fits table).
+std::vector<memgate::GpuSpec> gpu_specs(const std::string& dir);
+
+// The GPU fixture `id` of `dir` (the project's when ""); an id without a fixture is an error naming the known ones.
+memgate::GpuSpec gpu_fixture(const std::string& dir, const std::string& id);
 
 std::vector<memgate::GpuLine> gpu_lines(const std::string& dir);
 
 std::string generator();
 
-// Where a profile, measured or estimated, also goes (--output, --html, --snapshot), and the GPU fixtures its report
-// reads (--gpus).
-struct ProfileFiles {
-  std::string output;
-  std::string html;
-  std::string snapshot;
-  std::string gpus = default_gpus_dir();
-
-  /// Refuses, before any work, a file that is the fixture itself.
-  void refuse_onto(const std::string& config) const {
-    for (const auto* file : {&output, &html, &snapshot}) refuse_output_onto_input(*file, {config});
-    refuse_same_output({{"--output", output}, {"--html", html}, {"--snapshot", snapshot}});
-  }
-};
-
-// Prints a profile's report and writes its files: each probe's snapshot (`history` says what it holds), the JSON,
-// and the HTML page made from that JSON, as `memgate report` makes it.
-void write_profile(const memgate::Profile& profile, const nlohmann::json& json, const ProfileFiles& files,
-                   const std::string& config, std::string_view history);
-
-// --cpu-kernels (or MEMGATE_CPU_KERNELS): the kernels CPU probes run, over each fixture's `training.cpu_kernels`.
-void add_cpu_kernels_option(CLI::App& app, std::string& kernels);
-
-// --rank-timeout SECONDS (or MEMGATE_RANK_TIMEOUT) for the commands that run probes: 0 when not given.
-void add_rank_timeout_option(CLI::App& app, std::int64_t& seconds);
-
-// --world-size N (estimate, advise): a distributed fixture over N ranks instead of its world_size; 0 leaves it.
-void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const std::string& config);
-
-// A fixture as a run measures it: with the kernels the run asks for (--cpu-kernels).
-memgate::Fixture load_fixture_for_run(const std::string& path, const std::string& cpu_kernels);
-
 // --- Subcommands ----------------------------------------------------------------------------------------------
 
-// Each in a file of its own (profile.cpp, ...; bench.cpp holds the three bench-* ones), named in main's kSubcommands.
-Run add_profile(CLI::App& app);
-Run add_estimate(CLI::App& app);
-Run add_advise(CLI::App& app);
-Run add_check(CLI::App& app);
+// Each in a file of its own (report.cpp, ...; bench.cpp holds the three bench-* ones), named in main.cpp's table;
+// the measuring ones are in measure_cli.h.
 Run add_summary(CLI::App& app);
 Run add_report(CLI::App& app);
 Run add_compare(CLI::App& app);

@@ -1,5 +1,5 @@
 // memgate estimate: every component without a GPU (the protocol on the Meta device); a suite's budgets by estimate.
-#include "cli.h"
+#include "measure_cli.h"
 
 #include "memgate/base/error.h"
 #include "memgate/base/units.h"

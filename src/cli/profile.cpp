@@ -1,5 +1,5 @@
 // memgate profile: measures one fixture's memory per component and batch size, prints and writes its report.
-#include "cli.h"
+#include "measure_cli.h"
 
 #include "memgate/base/progress.h"
 #include "memgate/base/units.h"

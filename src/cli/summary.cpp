@@ -2,7 +2,7 @@
 #include "cli.h"
 
 #include "memgate/base/files.h"
-#include "memgate/gate/summary.h"
+#include "memgate/report/summary.h"
 #include "memgate/report/html_report.h"
 
 #include <fmt/format.h>

@@ -2,7 +2,7 @@
 #include "memgate/gate/fixture.h"
 
 #include "memgate/models/registry.h"
-#include "yaml_reader.h"
+#include "memgate/spec/yaml_reader.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

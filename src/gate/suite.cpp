@@ -3,7 +3,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/gate/fixture.h"
-#include "yaml_reader.h"
+#include "memgate/spec/yaml_reader.h"
 
 #include <algorithm>
 #include <cctype>
@@ -25,45 +25,6 @@ std::vector<SuiteFixture> suite_fixtures(const Suite& suite) {
   for (const auto& p : suite.probes) of(p.fixture, p.fixture_path).batch_sizes.push_back(p.batch_size);
   for (const auto& b : suite.budgets) of(b.fixture, b.fixture_path).budgets.push_back(b);
   return out;
-}
-
-namespace {
-
-std::string environment(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? value : "";
-}
-
-}  // namespace
-
-std::string project_dir() {
-  for (const char* name : {"MEMGATE_PROJECT_DIR", "MEMGATE_SOURCE_DIR"}) {
-    if (auto dir = environment(name); !dir.empty()) return dir;
-  }
-  return std::filesystem::current_path().string();
-}
-
-std::string data_dir() {
-  if (auto dir = environment("MEMGATE_DATA_DIR"); !dir.empty()) return dir;
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return "";
-  const auto share = exe.parent_path().parent_path() / "share" / "memgate";
-  return std::filesystem::is_directory(share, ec) ? share.string() : "";
-}
-
-std::string gpus_dir(const std::string& project) {
-  std::error_code ec;
-  const auto own = std::filesystem::path(project) / "fixtures" / "gpus";
-  if (std::filesystem::is_directory(own, ec)) return own.string();
-  const auto data = data_dir();
-  if (!data.empty() && std::filesystem::is_directory(std::filesystem::path(data) / "fixtures" / "gpus", ec)) {
-    return (std::filesystem::path(data) / "fixtures" / "gpus").string();
-  }
-  throw Error("no GPU fixtures: neither " + own.string() + " nor " +
-              (data.empty() ? std::string("memgate's data folder (set MEMGATE_DATA_DIR to <prefix>/share/memgate)")
-                            : data + "/fixtures/gpus") +
-              " exists");
 }
 
 std::string suite_models_dir(const std::string& suite_path) {

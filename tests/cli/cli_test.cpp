@@ -107,6 +107,37 @@ TEST(CliTest, ExitCodesFollowTheContract) {
   EXPECT_THAT(out, HasSubstr("missing.jsonl"));
 }
 
+// bin/memgate runs the subcommands that read files with no LibTorch in the process (issue 43: they start in
+// milliseconds), and hands the measuring ones to libexec/memgate/memgate-measure.
+TEST(CliTest, TheCommandLoadsNoLibTorchAndHandsMeasuringToItsOtherProgram) {
+  const std::string cli = MEMGATE_CLI;
+  std::string out;
+  ASSERT_EQ(testing::run("ldd " + cli, &out), 0) << out;
+  for (const auto& library : {"libtorch", "libc10", "libcuda", "libgloo", "libnccl", "libpython"}) {
+    EXPECT_THAT(out, Not(HasSubstr(library))) << "bin/memgate links " << library << ":\n" << out;
+  }
+  const auto measuring = fs::path(cli).parent_path().parent_path() / "libexec" / "memgate" / "memgate-measure";
+  ASSERT_TRUE(fs::is_regular_file(measuring)) << measuring;
+  ASSERT_EQ(testing::run("ldd " + measuring.string(), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("libtorch")) << "the measuring program is the one with LibTorch";
+
+  // Without its measuring program beside it, the command still reads files, and a measuring subcommand is an error
+  // that names what is missing (exit 3), not a crash.
+  testing::TempDir dir;
+  fs::create_directories(dir.path() / "bin");
+  fs::copy_file(cli, dir.path() / "bin" / "memgate");
+  const std::string alone = (dir.path() / "bin" / "memgate").string();
+  EXPECT_EQ(testing::run(alone + " --version", &out), 0) << out;
+  EXPECT_EQ(testing::run(alone + " summary --results " + (dir / "missing.jsonl"), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("missing.jsonl"));
+  EXPECT_EQ(testing::run(alone + " profile --config x.yaml", &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("memgate profile runs " + (dir.path() / "libexec" / "memgate" / "memgate-measure").string() +
+                             ", which cannot be started"));
+  // The measuring program run by hand refuses what it does not run, pointing at the command.
+  EXPECT_EQ(testing::run(measuring.string() + " summary --results x.jsonl", &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("run it with bin/memgate"));
+}
+
 TEST(ProfileCliTest, SameProbeInTwoProcessesGivesIdenticalBytes) {
   testing::TempDir dir;
   const auto fixture = dir / "twice.yaml";

@@ -6,7 +6,7 @@
 #include "memgate/gate/budget.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
-#include "memgate/gate/summary.h"
+#include "memgate/report/summary.h"
 #include "memgate/report/compare.h"
 #include "memgate/report/html_report.h"
 #include "memgate/report/profile_document.h"

@@ -6,6 +6,8 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -87,6 +89,11 @@ struct RankComponents {
 
 /// Rank `rank` among `ranks`, or nullptr.
 [[nodiscard]] const RankComponents* find_rank(const std::vector<RankComponents>& ranks, int rank);
+
+/// The name of one rank's component in verdicts and test names: `rank1_gradients`.
+[[nodiscard]] std::string rank_component_name(int rank, std::string_view component);
+/// The rank and component of such a name, or nullopt for a plain component name.
+[[nodiscard]] std::optional<std::pair<int, std::string>> parse_rank_component(std::string_view name);
 
 /// The largest value of each component over `ranks`: what a distributed probe's `components` hold.
 [[nodiscard]] Components max_over_ranks(const std::vector<RankComponents>& ranks);

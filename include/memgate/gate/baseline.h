@@ -93,10 +93,6 @@ struct Comparison {
   [[nodiscard]] std::string message() const;
 };
 
-/// The name of one rank's component in verdicts and test names: `rank1_gradients`.
-[[nodiscard]] std::string rank_component_name(int rank, std::string_view component);
-/// The rank and component of such a name, or nullopt for a plain component name.
-[[nodiscard]] std::optional<std::pair<int, std::string>> parse_rank_component(std::string_view name);
 
 /// measured vs baseline with the fixture's tolerance (the reserved tolerance for step_peak_reserved).
 [[nodiscard]] Comparison compare_component(const std::string& fixture, std::int64_t batch_size,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "memgate/base/enum_names.h"
+#include "memgate/spec/gpus.h"
 
 #include <cstdint>
 #include <ostream>
@@ -64,19 +65,6 @@ struct SuiteFixture {
 /// Loads a suite; fixtures are looked up as `<fixtures_dir>/<name>.yaml` and their batch sizes default to the
 /// fixture's own. Throws memgate::Error (file, key, line) for bad input or a fixture that does not exist.
 [[nodiscard]] Suite load_suite(const std::string& path, const std::string& fixtures_dir);
-
-/// The project memgate reads fixtures and baselines from (<project>/fixtures/{models,suites,gpus},
-/// <project>/baselines): $MEMGATE_PROJECT_DIR, else $MEMGATE_SOURCE_DIR (its older name), else the working folder.
-/// Nothing of the machine memgate was built on is compiled in.
-[[nodiscard]] std::string project_dir();
-
-/// memgate's own data (the GPU fixtures and model fixtures it ships): $MEMGATE_DATA_DIR, else
-/// <prefix>/share/memgate beside the running executable (<prefix>/bin/<exe>) when that exists, else "".
-[[nodiscard]] std::string data_dir();
-
-/// The GPU fixtures: <project>/fixtures/gpus when that exists, else <data_dir>/fixtures/gpus. Throws
-/// memgate::Error naming where it looked when neither exists.
-[[nodiscard]] std::string gpus_dir(const std::string& project);
 
 /// The model fixtures of a suite file: <its folder>/../models (fixtures/suites/cpu.yaml -> fixtures/models).
 [[nodiscard]] std::string suite_models_dir(const std::string& suite_path);

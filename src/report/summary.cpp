@@ -1,9 +1,10 @@
 // Markdown summaries of memory-suite results: the verdict first, then what changed, then everything folded.
-#include "memgate/gate/summary.h"
+#include "memgate/report/summary.h"
 
 #include "memgate/base/error.h"
 #include "memgate/base/units.h"
-#include "memgate/gate/verdict.h"
+#include "memgate/base/enum_names.h"
+#include "memgate/base/status.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

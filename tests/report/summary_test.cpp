@@ -1,6 +1,6 @@
 // `memgate summary`'s Markdown: the verdict first, then what changed, the rest folded; strict reading of rows.
 #include "memgate/base/error.h"
-#include "memgate/gate/summary.h"
+#include "memgate/report/summary.h"
 #include "test_util.h"
 
 #include <gmock/gmock.h>

@@ -1,5 +1,5 @@
 // Strict YAML map reading with file:line errors (see yaml_reader.h).
-#include "yaml_reader.h"
+#include "memgate/spec/yaml_reader.h"
 
 #include "memgate/base/files.h"
 

@@ -1,0 +1,47 @@
+// The GPUs that budgets and advice target (fixtures/gpus/*.yaml), and where memgate finds a project's files and its
+// own. No LibTorch: the subcommands that only read files (report, compare, replay) use it too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace memgate {
+
+/// A GPU that fixtures are budgeted against.
+struct GpuSpec {
+  std::string id;                      ///< the file's stem: `rtx_4090_24gb`
+  std::string name;                    ///< `NVIDIA GeForce RTX 4090`
+  std::string path;                    ///< the file it came from
+  std::int64_t memory_bytes = 0;       ///< total memory as CUDA reports it
+  double usable_fraction = 0.90;       ///< share of memory a training run may plan to use (headroom)
+  std::int64_t outside_allocator_bytes = 0;  ///< CUDA context and libraries, outside the caching allocator
+  /// usable_fraction x memory.
+  [[nodiscard]] std::int64_t usable_bytes() const;
+  /// What the caching allocator may reserve: usable_bytes() less what lives outside it (the target advice and
+  /// reports plan against).
+  [[nodiscard]] std::int64_t allocator_bytes() const { return usable_bytes() - outside_allocator_bytes; }
+};
+
+/// Loads one GPU fixture; bad input throws memgate::Error with file, key and line.
+[[nodiscard]] GpuSpec load_gpu(const std::string& path);
+/// Loads every *.yaml under `dir`, sorted by memory then id.
+[[nodiscard]] std::vector<GpuSpec> load_gpus(const std::string& dir);
+/// The GPU with this id from `gpus`; throws memgate::Error naming the known ids.
+[[nodiscard]] const GpuSpec& find_gpu(const std::vector<GpuSpec>& gpus, const std::string& id);
+
+/// The project memgate reads fixtures and baselines from (<project>/fixtures/{models,suites,gpus},
+/// <project>/baselines): $MEMGATE_PROJECT_DIR, else $MEMGATE_SOURCE_DIR (its older name), else the working folder.
+/// Nothing of the machine memgate was built on is compiled in.
+[[nodiscard]] std::string project_dir();
+
+/// memgate's own data (the GPU fixtures and model fixtures it ships): $MEMGATE_DATA_DIR, else
+/// <prefix>/share/memgate beside the running executable (<prefix>/bin/<exe> or <prefix>/libexec/memgate/<exe>)
+/// when that exists, else "".
+[[nodiscard]] std::string data_dir();
+
+/// The GPU fixtures: <project>/fixtures/gpus when that exists, else <data_dir>/fixtures/gpus. Throws
+/// memgate::Error naming where it looked when neither exists.
+[[nodiscard]] std::string gpus_dir(const std::string& project);
+
+}  // namespace memgate

@@ -1,0 +1,134 @@
+// What memgate's measuring subcommands share: GPU targets, a profile's report and files, the options of runs that
+// probe.
+#include "measure_cli.h"
+
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/gate/budget.h"
+#include "memgate/gate/report.h"
+#include "memgate/report/html_report.h"
+#include "memgate/report/profile_document.h"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memgate::cli {
+
+namespace {
+
+// `path` with `suffix` before its extension: <stem><suffix><extension>, beside it.
+std::string with_suffix(const std::string& path, const std::string& suffix) {
+  const std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + suffix + p.extension().string())).string();
+}
+
+// Where the snapshot of batch size `batch` goes: `path` itself when it is the only batch size, else
+// <stem>_bs<batch><extension> beside it.
+std::string snapshot_path(const std::string& path, std::int64_t batch, std::size_t batches) {
+  return batches <= 1 ? path : with_suffix(path, fmt::format("_bs{}", batch));
+}
+
+bool is_rank_timeout(std::string_view text) { return memgate::parse_rank_timeout(text).has_value(); }
+
+}  // namespace
+
+std::vector<memgate::AdviceTarget> gpu_targets(const std::string& dir, const std::vector<std::string>& ids, bool all) {
+  std::vector<memgate::AdviceTarget> targets;
+  if (!all && ids.empty()) return targets;
+  const auto gpus = memgate::load_gpus(dir.empty() ? memgate::gpus_dir(memgate::project_dir()) : dir);
+  if (all) {
+    for (const auto& g : gpus) targets.push_back(memgate::target_of(g));
+  } else {
+    for (const auto& id : ids) targets.push_back(memgate::target_of(memgate::find_gpu(gpus, id)));
+  }
+  return targets;
+}
+
+void write_profile(const memgate::Profile& profile, const nlohmann::json& json, const ProfileFiles& files,
+                   const std::string& config, std::string_view history) {
+  for (const auto& p : profile.probes) {
+    if (files.snapshot.empty()) break;
+    const auto path = snapshot_path(files.snapshot, p.batch_size, profile.probes.size());
+    // A distributed probe: one snapshot per rank, <stem>_rank<r><extension>.
+    for (std::size_t r = 0; r < p.rank_snapshots.size(); ++r) {
+      const auto rank_path = with_suffix(path, fmt::format("_rank{}", r));
+      if (p.rank_snapshots[r].empty()) {
+        fmt::print(stderr, "memgate: no snapshot of rank {} at batch size {} could be taken\n", r, p.batch_size);
+        continue;
+      }
+      memgate::write_file_atomically(rank_path, p.rank_snapshots[r]);
+      fmt::print(stderr, "memgate: wrote {} of rank {} at batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
+                 history, r, p.batch_size, rank_path);
+    }
+    if (!p.rank_snapshots.empty()) continue;
+    if (p.snapshot.empty()) {
+      fmt::print(stderr, "memgate: no snapshot of batch size {} could be taken\n", p.batch_size);
+      continue;
+    }
+    memgate::write_file_atomically(path, p.snapshot);
+    fmt::print(stderr, "memgate: wrote {} of batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
+               history, p.batch_size, path);
+  }
+  fmt::print("{}", memgate::format_profile(profile, gpu_specs(files.gpus)));
+  if (!files.output.empty()) {
+    memgate::write_file_atomically(files.output, json.dump(2) + "\n");
+    fmt::print("\nwrote {}\n", files.output);
+  }
+  if (!files.html.empty()) {
+    std::vector<memgate::ProfileDocument> docs{memgate::profile_document_from_json(json, config)};
+    docs.front().path = files.output;
+    memgate::label_documents(docs);
+    memgate::write_file_atomically(files.html, memgate::render_report_html(docs, gpu_lines(files.gpus),
+                                                                           {.title = "", .generator = generator()}));
+    fmt::print("wrote {}\n", files.html);
+  }
+}
+
+void add_cpu_kernels_option(CLI::App& app, std::string& kernels) {
+  app.add_option("--cpu-kernels", kernels,
+                 "On the CPU: portable (LibTorch's own kernels, the same bytes on every CPU; baselines/cpu) or host "
+                 "(what PyTorch runs on this CPU, oneDNN for its ISA class; baselines/cpu-<class>). Default: the "
+                 "fixture's training.cpu_kernels, portable unless it says otherwise")
+      ->envname("MEMGATE_CPU_KERNELS")
+      ->type_name("KERNELS")
+      ->check(CLI::IsMember(memgate::enum_words(memgate::kCpuKernelsNames)));
+}
+
+void add_rank_timeout_option(CLI::App& app, std::int64_t& seconds) {
+  app.add_option("--rank-timeout", seconds,
+                 "A probe in processes of its own (a distributed or a Python fixture's): how long a rank waits for "
+                 "the others, to join and in any one collective, and how long any of its processes may go without a "
+                 "heartbeat, before the probe is ended as hung (exit 3)")
+      ->envname("MEMGATE_RANK_TIMEOUT")
+      ->type_name("SECONDS")
+      ->default_str(std::to_string(memgate::kDefaultRankTimeout.count()))
+      ->check(check_value(is_rank_timeout, "whole seconds from 1 to 86400 (--rank-timeout or MEMGATE_RANK_TIMEOUT)"));
+}
+
+void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const std::string& config) {
+  if (world_size <= 0) return;
+  if (!fixture.training.distributed.enabled()) {
+    throw memgate::Error(fmt::format("--world-size {}: {} trains on one device (no training.distributed block)",
+                                     world_size, config));
+  }
+  const auto group = fixture.training.distributed.reshard_after_forward_group;
+  if (group > 0 && world_size % group != 0) {
+    throw memgate::Error(fmt::format("--world-size {}: {} reshards after forward to groups of {} ranks "
+                                     "(training.distributed.reshard_after_forward), which {} ranks do not divide into",
+                                     world_size, config, group, world_size));
+  }
+  fixture.training.distributed.world_size = world_size;
+}
+
+memgate::Fixture load_fixture_for_run(const std::string& path, const std::string& cpu_kernels) {
+  auto fixture = memgate::load_fixture(path);
+  memgate::override_cpu_kernels(fixture, cpu_kernels, "--cpu-kernels");
+  return fixture;
+}
+
+}  // namespace memgate::cli

@@ -1,0 +1,66 @@
+// What memgate's measuring subcommands share (profile, estimate, advise, check: libexec/memgate/memgate-measure):
+// their GPU targets, a profile's files, the options of runs that probe.
+#pragma once
+
+#include "cli.h"
+
+#include "memgate/advise/advise.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/measure/probe.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace memgate::cli {
+
+// The GPUs a command targets: with `all` every fixture of `dir` (the project's when ""), else each of `ids` (an id
+// without a fixture is an error naming it); none when neither is given.
+std::vector<memgate::AdviceTarget> gpu_targets(const std::string& dir, const std::vector<std::string>& ids, bool all);
+
+// Where a profile, measured or estimated, also goes (--output, --html, --snapshot), and the GPU fixtures its report
+// reads (--gpus).
+struct ProfileFiles {
+  std::string output;
+  std::string html;
+  std::string snapshot;
+  std::string gpus = default_gpus_dir();
+
+  /// Refuses, before any work, a file that is the fixture itself.
+  void refuse_onto(const std::string& config) const {
+    for (const auto* file : {&output, &html, &snapshot}) refuse_output_onto_input(*file, {config});
+    refuse_same_output({{"--output", output}, {"--html", html}, {"--snapshot", snapshot}});
+  }
+};
+
+// Prints a profile's report and writes its files: each probe's snapshot (`history` says what it holds), the JSON,
+// and the HTML page made from that JSON, as `memgate report` makes it.
+void write_profile(const memgate::Profile& profile, const nlohmann::json& json, const ProfileFiles& files,
+                   const std::string& config, std::string_view history);
+
+// --cpu-kernels (or MEMGATE_CPU_KERNELS): the kernels CPU probes run, over each fixture's `training.cpu_kernels`.
+void add_cpu_kernels_option(CLI::App& app, std::string& kernels);
+
+// --rank-timeout SECONDS (or MEMGATE_RANK_TIMEOUT) for the commands that run probes: 0 when not given.
+void add_rank_timeout_option(CLI::App& app, std::int64_t& seconds);
+
+// --world-size N (estimate, advise): a distributed fixture over N ranks instead of its world_size; 0 leaves it.
+void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const std::string& config);
+
+// A fixture as a run measures it: with the kernels the run asks for (--cpu-kernels).
+memgate::Fixture load_fixture_for_run(const std::string& path, const std::string& cpu_kernels);
+
+// --- Subcommands ----------------------------------------------------------------------------------------------
+
+// Each in a file of its own, named in measure_main.cpp's table.
+Run add_profile(CLI::App& app);
+Run add_estimate(CLI::App& app);
+Run add_advise(CLI::App& app);
+Run add_check(CLI::App& app);
+
+}  // namespace memgate::cli

@@ -1,0 +1,24 @@
+// libexec/memgate/memgate-measure: the subcommands of the memgate command that measure (LibTorch), and the ranks
+// of a probe. bin/memgate hands them over by exec; the arguments are the memgate command's own.
+#include "measure_cli.h"
+
+#include "memgate/gate/rank.h"
+
+#include <string_view>
+
+namespace {
+
+memgate::cli::AddSubcommand measures(std::string_view name) {
+  if (name == "profile") return memgate::cli::add_profile;
+  if (name == "estimate") return memgate::cli::add_estimate;
+  if (name == "advise") return memgate::cli::add_advise;
+  if (name == "check") return memgate::cli::add_check;
+  return nullptr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (memgate::is_rank_command(argc, argv)) return memgate::rank_main(argc, argv);
+  return memgate::cli::run_command_line(argc, argv, measures);
+}

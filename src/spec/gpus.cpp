@@ -1,0 +1,99 @@
+// GPU fixtures, and where a project's files and memgate's own data are.
+#include "memgate/spec/gpus.h"
+
+#include "memgate/base/error.h"
+#include "memgate/spec/yaml_reader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+namespace memgate {
+
+namespace {
+
+std::string environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+}  // namespace
+
+std::string project_dir() {
+  for (const char* name : {"MEMGATE_PROJECT_DIR", "MEMGATE_SOURCE_DIR"}) {
+    if (auto dir = environment(name); !dir.empty()) return dir;
+  }
+  return std::filesystem::current_path().string();
+}
+
+std::string data_dir() {
+  if (auto dir = environment("MEMGATE_DATA_DIR"); !dir.empty()) return dir;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  // <prefix>/bin/<exe>, or <prefix>/libexec/memgate/<exe> (the measuring half of the memgate command).
+  for (auto prefix = exe.parent_path().parent_path(); const int depth : {0, 1}) {
+    if (depth == 1) prefix = prefix.parent_path();
+    if (const auto share = prefix / "share" / "memgate"; std::filesystem::is_directory(share, ec)) return share.string();
+  }
+  return "";
+}
+
+std::string gpus_dir(const std::string& project) {
+  std::error_code ec;
+  const auto own = std::filesystem::path(project) / "fixtures" / "gpus";
+  if (std::filesystem::is_directory(own, ec)) return own.string();
+  const auto data = data_dir();
+  if (!data.empty() && std::filesystem::is_directory(std::filesystem::path(data) / "fixtures" / "gpus", ec)) {
+    return (std::filesystem::path(data) / "fixtures" / "gpus").string();
+  }
+  throw Error("no GPU fixtures: neither " + own.string() + " nor " +
+              (data.empty() ? std::string("memgate's data folder (set MEMGATE_DATA_DIR to <prefix>/share/memgate)")
+                            : data + "/fixtures/gpus") +
+              " exists");
+}
+
+std::int64_t GpuSpec::usable_bytes() const {
+  return static_cast<std::int64_t>(std::floor(usable_fraction * static_cast<double>(memory_bytes)));
+}
+
+GpuSpec load_gpu(const std::string& path) {
+  auto root = detail::load_yaml_file(path);
+  detail::MapReader r(root, path, "");
+  GpuSpec gpu;
+  gpu.path = path;
+  gpu.id = std::filesystem::path(path).stem().string();
+  gpu.name = r.get_string("name", std::nullopt);
+  gpu.memory_bytes = static_cast<std::int64_t>(r.get_double("memory_gib", std::nullopt, 0.01, 1 << 20) *
+                                               static_cast<double>(1LL << 30));
+  gpu.usable_fraction = r.get_double("usable_fraction", 0.90, 0.01, 1.0);
+  gpu.outside_allocator_bytes =
+      static_cast<std::int64_t>(r.get_double("outside_allocator_mib", 0.0, 0.0, 1 << 20) * (1 << 20));
+  (void)r.get_string("note", std::string());
+  r.finish();
+  return gpu;
+}
+
+std::vector<GpuSpec> load_gpus(const std::string& dir) {
+  std::vector<GpuSpec> gpus;
+  if (!std::filesystem::is_directory(dir)) throw Error(dir + ": no such folder of GPU fixtures");
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".yaml") gpus.push_back(load_gpu(entry.path().string()));
+  }
+  std::sort(gpus.begin(), gpus.end(), [](const GpuSpec& a, const GpuSpec& b) {
+    return a.memory_bytes != b.memory_bytes ? a.memory_bytes < b.memory_bytes : a.id < b.id;
+  });
+  return gpus;
+}
+
+const GpuSpec& find_gpu(const std::vector<GpuSpec>& gpus, const std::string& id) {
+  for (const auto& g : gpus) {
+    if (g.id == id) return g;
+  }
+  std::string known;
+  for (const auto& g : gpus) known += (known.empty() ? "" : ", ") + g.id;
+  throw Error("unknown GPU '" + id + "' (known: " + known + ")");
+}
+
+}  // namespace memgate
