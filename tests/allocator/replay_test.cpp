@@ -10,9 +10,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -88,6 +92,10 @@ class Trace {
   json events_ = json::array();
   json segments_ = json::array();
 };
+
+// An event's action as written, and where its request was made (alloc).
+std::string event_name(const Snapshot&, const TraceEvent& e) { return e.name; }
+std::string event_where(const Snapshot&, const TraceEvent& e) { return e.where; }
 
 std::string divergence_of(const DeviceReplay& d) {
   if (!d.first_divergence) return "none";
@@ -596,6 +604,110 @@ TEST(ReplayTest, RealGpuTracesReplayExactly) {
       ++replayed;
     }
     EXPECT_GE(replayed, committed ? 2 : 1) << folders[i];
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------------------------
+// Golden replays: tests/data/snapshots/<name>.replay.json holds what the replay of each committed trace gave when
+// the file was written (its JSON report under the recorded settings and six what-ifs, each series and the trace as
+// read), so that a faster reader or model must give the same results, event by event. MEMGATE_UPDATE_GOLDEN=1
+// rewrites the files from the code as it stands (only for a change of results that is meant, and reviewed).
+
+// FNV-1a over `text`, continuing from `h`.
+std::uint64_t fnv(std::string_view text, std::uint64_t h = 14695981039346656037ULL) {
+  for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  return h;
+}
+
+json series_json(const std::vector<ReplayPoint>& series) {
+  std::uint64_t h = fnv("");
+  ReplayPoint top;
+  for (const auto& p : series) {
+    h = fnv(fmt::format("{} {} {};", p.event, p.reserved, p.allocated), h);
+    if (p.reserved > top.reserved) top = p;
+  }
+  return {{"points", series.size()}, {"digest", fmt::format("{:016x}", h)},
+          {"peak", {top.event, top.reserved, top.allocated}}};
+}
+
+// The trace as read: per device, each action's count and a digest of every event's fields in order.
+json trace_json(const Snapshot& snap) {
+  json devices = json::array();
+  for (const auto& events : snap.device_traces) {
+    std::map<std::string, std::int64_t> actions;
+    std::uint64_t h = fnv("");
+    for (const auto& e : events) {
+      ++actions[event_name(snap, e)];
+      h = fnv(fmt::format("{} {} {} {} {} {};", event_name(snap, e), e.addr, e.size, e.stream, e.device_free,
+                          event_where(snap, e)), h);
+    }
+    devices.push_back({{"events", events.size()}, {"actions", actions}, {"digest", fmt::format("{:016x}", h)}});
+  }
+  std::uint64_t h = fnv("");
+  for (const auto& s : snap.segments) {
+    h = fnv(fmt::format("{} {} {} {} {} {} {};", s.device, s.address, s.size, s.stream, s.small, s.expandable,
+                        s.private_pool), h);
+    for (const auto& b : s.blocks) h = fnv(fmt::format("{} {} {} {};", b.address, b.size, b.requested, b.allocated), h);
+  }
+  return {{"segments", snap.segments.size()}, {"segments_digest", fmt::format("{:016x}", h)},
+          {"has_settings", snap.has_settings}, {"settings", snap.settings.to_string()},
+          {"settings_text", snap.settings_text}, {"device_traces", devices}};
+}
+
+// What-ifs that take the model through its other paths: a capacity below the recorded peak (out-of-memory retries),
+// oversize blocks, rounding to power-of-two divisions, expandable segments, garbage collection.
+std::vector<WhatIfSpec> golden_what_ifs(const Snapshot& snap) {
+  std::int64_t peak = 0;
+  for (const auto& d : replay_snapshot(snap).devices) peak = std::max(peak, d.recorded.peak_reserved);
+  const std::int64_t capacity = std::max<std::int64_t>(peak * 3 / 4 / kMiB, 1) * kMiB;
+  const auto settings = [&](const char* conf) { return AllocatorSettings::parse(conf, "golden", snap.settings); };
+  return {{"3/4 of the peak", std::nullopt, capacity},
+          {"max_split_size_mb:32", settings("max_split_size_mb:32"), std::nullopt},
+          {"max_split_size_mb:32 on 3/4 of the peak", settings("max_split_size_mb:32"), capacity},
+          {"roundup_power2_divisions:4", settings("roundup_power2_divisions:4"), std::nullopt},
+          {"expandable_segments:True", settings("expandable_segments:True"), std::nullopt},
+          {"garbage_collection_threshold:0.5 on 3/4 of the peak", settings("garbage_collection_threshold:0.5"),
+           capacity}};
+}
+
+json golden_of(const std::filesystem::path& file) {
+  const auto snap = load_snapshot(file.string());
+  const auto report = replay_snapshot(snap, golden_what_ifs(snap));
+  auto j = replay_to_json(report);
+  j["file"] = file.filename().string();
+  for (std::size_t i = 0; i < report.devices.size(); ++i) {
+    const auto& d = report.devices[i];
+    auto& out = j["devices"][i];
+    out["recorded_series"] = series_json(d.recorded_series);
+    out["replayed_series"] = series_json(d.replayed_series);
+    for (std::size_t w = 0; w < d.what_if.size(); ++w) out["what_if"][w]["series"] = series_json(d.what_if[w].series);
+  }
+  j["trace"] = trace_json(snap);
+  return j;
+}
+
+TEST(ReplayTest, CommittedTracesReplayAsTheirGoldenFilesSay) {
+  const auto folder = std::filesystem::path(MEMGATE_TEST_SOURCE_DIR) / "tests" / "data" / "snapshots";
+  const char* update = std::getenv("MEMGATE_UPDATE_GOLDEN");
+  int compared = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    if (entry.path().extension() != ".pickle") continue;
+    const auto golden_file = folder / (entry.path().stem().string() + ".replay.json");
+    const auto got = golden_of(entry.path());
+    if (update != nullptr && std::string(update) == "1") {
+      testing::write_file(golden_file.string(), got.dump(1) + "\n");
+      continue;
+    }
+    ASSERT_TRUE(std::filesystem::exists(golden_file))
+        << golden_file << " is missing: MEMGATE_UPDATE_GOLDEN=1 writes it from the code as it stands";
+    const auto want = json::parse(testing::read_file(golden_file.string()));
+    EXPECT_EQ(got, want) << entry.path() << ": the replay parts from its golden file; the difference (JSON patch):\n"
+                         << json::diff(want, got).dump(1);
+    ++compared;
+  }
+  if (update == nullptr) {
+    EXPECT_GE(compared, 3);
   }
 }
 
