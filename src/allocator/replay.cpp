@@ -165,7 +165,7 @@ InitialState reconstruct(const std::vector<RecordedSegment>& final_segments, con
 // ---------------------------------------------------------------------------------------------------------------
 // The replay of one device.
 
-std::string event_line(const std::vector<TraceEvent>& events, std::size_t i) {
+std::string event_line(const Snapshot& snap, const std::vector<TraceEvent>& events, std::size_t i) {
   const auto& e = events[i];
   if (e.action == TraceEvent::Action::oom) {
     return fmt::format("#{} oom size={} ({}) stream={:#x} device_free={}", i, e.size, format_bytes(e.size), e.stream,
@@ -173,17 +173,18 @@ std::string event_line(const std::vector<TraceEvent>& events, std::size_t i) {
   }
   if (e.action == TraceEvent::Action::other || e.action == TraceEvent::Action::snapshot ||
       e.action == TraceEvent::Action::user_defined) {
-    return fmt::format("#{} {}", i, e.name);
+    return fmt::format("#{} {}", i, snap.name(e));
   }
-  return fmt::format("#{} {} addr={:#x} size={} ({}) stream={:#x}{}", i, e.name, e.addr, e.size, format_bytes(e.size),
-                     e.stream, e.where.empty() ? "" : " at " + e.where);
+  const auto where = snap.where(e);
+  return fmt::format("#{} {} addr={:#x} size={} ({}) stream={:#x}{}{}", i, snap.name(e), e.addr, e.size,
+                     format_bytes(e.size), e.stream, where.empty() ? "" : " at ", where);
 }
 
-std::vector<std::string> context_of(const std::vector<TraceEvent>& events, std::int64_t at) {
+std::vector<std::string> context_of(const Snapshot& snap, const std::vector<TraceEvent>& events, std::int64_t at) {
   std::vector<std::string> lines;
   const auto n = static_cast<std::int64_t>(events.size());
   for (auto i = std::max<std::int64_t>(0, at - 4); i < std::min(n, at + 3); ++i) {
-    lines.push_back((i == at ? "> " : "  ") + event_line(events, static_cast<std::size_t>(i)));
+    lines.push_back((i == at ? "> " : "  ") + event_line(snap, events, static_cast<std::size_t>(i)));
   }
   return lines;
 }
@@ -284,10 +285,10 @@ class Timeline {
         fragmentation_(fragmentation_of(model, -1, origins_)), series_{{-1, model.reserved(), model.requested()}} {}
 
   /// The segments among `events` were made by the request of `size` at event `at`.
-  void made(const std::vector<SegmentEvent>& events, std::int64_t at, std::int64_t size, const std::string& where) {
+  void made(const std::vector<SegmentEvent>& events, std::int64_t at, std::int64_t size, std::string_view where) {
     for (const auto& s : events) {
       if (s.kind == SegmentEvent::Kind::alloc || s.kind == SegmentEvent::Kind::map) {
-        origins_[s.address] = {at, size, where};
+        origins_[s.address] = {at, size, std::string(where)};
       }
     }
   }
@@ -350,7 +351,7 @@ class DeviceReplayer {
   void name_what_is_not_followed(DeviceReplay& out) {
     std::map<std::string, std::int64_t> unknown;
     for (const auto& e : events_) {
-      if (e.action == TraceEvent::Action::other) ++unknown[e.name];
+      if (e.action == TraceEvent::Action::other) ++unknown[std::string(snap_.name(e))];
     }
     for (const auto& [name, count] : unknown) {
       out.not_followed.push_back(fmt::format("{} '{}' event(s): an action the model does not know", count, name));
@@ -443,8 +444,9 @@ class DeviceReplayer {
     const auto diverge = [&](std::int64_t at, std::string expected, std::string replayed) {
       if (out.first_divergence || !comparable_) return;
       out.first_divergence = Divergence{at, at < static_cast<std::int64_t>(events_.size())
-                                                ? events_[static_cast<std::size_t>(at)].name : "final state",
-                                        std::move(expected), std::move(replayed), context_of(events_, at)};
+                                                ? std::string(snap_.name(events_[static_cast<std::size_t>(at)]))
+                                                : "final state",
+                                        std::move(expected), std::move(replayed), context_of(snap_, events_, at)};
     };
     // The address a new segment gets: the real one, from the recorded segment_alloc of that size not yet matched.
     model.set_address_source([&](std::int64_t size, std::uint64_t stream) -> std::optional<std::uint64_t> {
@@ -510,7 +512,7 @@ class DeviceReplayer {
           }
           id_of[e.addr] = id;
           const auto address = model.malloc(id, e.size, e.stream);
-          timeline.made(model.segment_events(), at, e.size, e.where);
+          timeline.made(model.segment_events(), at, e.size, snap_.where(e));
           compare_events(at, model.segment_events(), pending);
           pending.clear();
           unused_allocs.clear();
@@ -633,7 +635,7 @@ class DeviceReplayer {
     Timeline timeline(model);
     bool releasing = false;  // inside a run of recorded segment frees no request explains
     // The segments a request made, and the model's log cleared for the next event.
-    const auto made = [&](std::int64_t at, const std::string& where, std::int64_t size) {
+    const auto made = [&](std::int64_t at, std::string_view where, std::int64_t size) {
       timeline.made(model.segment_events(), at, size, where);
       model.clear_segment_events();
     };
@@ -653,7 +655,7 @@ class DeviceReplayer {
         const auto id = replica.next_id++;
         id_of[e.addr] = id;
         const auto address = model.malloc(id, e.size, e.stream);
-        made(at, e.where, e.size);
+        made(at, snap_.where(e), e.size);
         if (!address) {
           ++r.ooms;
           id_of.erase(e.addr);

@@ -94,8 +94,8 @@ class Trace {
 };
 
 // An event's action as written, and where its request was made (alloc).
-std::string event_name(const Snapshot&, const TraceEvent& e) { return e.name; }
-std::string event_where(const Snapshot&, const TraceEvent& e) { return e.where; }
+std::string event_name(const Snapshot& snap, const TraceEvent& e) { return std::string(snap.name(e)); }
+std::string event_where(const Snapshot& snap, const TraceEvent& e) { return std::string(snap.where(e)); }
 
 std::string divergence_of(const DeviceReplay& d) {
   if (!d.first_divergence) return "none";
