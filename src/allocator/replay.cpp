@@ -201,21 +201,66 @@ std::string seg_list(const std::vector<SegmentEvent>& list) {
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-// Keeps at most kMaxSeriesPoints points, the highest reserved of each stretch, so that peaks survive.
-std::vector<ReplayPoint> thin(const std::vector<ReplayPoint>& points) {
-  if (points.size() <= kMaxSeriesPoints) return points;
-  std::vector<ReplayPoint> out;
-  const double per = static_cast<double>(points.size()) / static_cast<double>(kMaxSeriesPoints);
-  for (std::size_t b = 0; b < kMaxSeriesPoints; ++b) {
-    const auto lo = static_cast<std::size_t>(static_cast<double>(b) * per);
-    const auto hi = std::min(points.size(), static_cast<std::size_t>(static_cast<double>(b + 1) * per));
-    if (lo >= hi) continue;
-    const auto best = std::max_element(points.begin() + static_cast<std::ptrdiff_t>(lo),
-                                       points.begin() + static_cast<std::ptrdiff_t>(hi),
-                                       [](const ReplayPoint& a, const ReplayPoint& c) { return a.reserved < c.reserved; });
-    out.push_back(*best);
+// Keeps at most kMaxSeriesPoints of a series of `count` points, the highest reserved of each stretch (the first
+// among equals), so that peaks survive; as the points come, so that a trace of millions of events keeps 1,500.
+class Thinned {
+ public:
+  explicit Thinned(std::size_t count)
+      : count_(count), per_(static_cast<double>(count) / static_cast<double>(kMaxSeriesPoints)) {
+    if (count_ > kMaxSeriesPoints) {
+      out_.reserve(kMaxSeriesPoints);
+      next_bucket();
+    }
   }
-  return out;
+  void add(const ReplayPoint& p) {
+    if (count_ <= kMaxSeriesPoints) {
+      out_.push_back(p);
+      return;
+    }
+    while (seen_ >= hi_ && bucket_ < kMaxSeriesPoints) next_bucket();
+    if (seen_ >= lo_ && seen_ < hi_ && (!has_best_ || p.reserved > best_.reserved)) {
+      best_ = p;
+      has_best_ = true;
+    }
+    ++seen_;
+  }
+  [[nodiscard]] std::vector<ReplayPoint> take() {
+    if (count_ > kMaxSeriesPoints && has_best_) out_.push_back(best_);
+    has_best_ = false;
+    return std::move(out_);
+  }
+
+ private:
+  // Closes the stretch [lo_, hi_) and opens the next that is not empty.
+  void next_bucket() {
+    if (has_best_) out_.push_back(best_);
+    has_best_ = false;
+    for (; bucket_ < kMaxSeriesPoints; ++bucket_) {
+      lo_ = static_cast<std::size_t>(static_cast<double>(bucket_) * per_);
+      hi_ = std::min(count_, static_cast<std::size_t>(static_cast<double>(bucket_ + 1) * per_));
+      if (lo_ < hi_) {
+        ++bucket_;
+        return;
+      }
+    }
+    lo_ = hi_ = count_;
+  }
+
+  std::size_t count_;
+  double per_;
+  std::size_t bucket_ = 0, lo_ = 0, hi_ = 0, seen_ = 0;
+  bool has_best_ = false;
+  ReplayPoint best_;
+  std::vector<ReplayPoint> out_;
+};
+
+// The points a replay of `events` notes: one before the first event, one per request, free and out-of-memory event,
+// and `final` more.
+std::size_t series_points(const std::vector<TraceEvent>& events, std::size_t final) {
+  using A = TraceEvent::Action;
+  return 1 + final + static_cast<std::size_t>(std::count_if(events.begin(), events.end(), [](const TraceEvent& e) {
+           return e.action == A::alloc || e.action == A::free_completed || e.action == A::oom;
+         }));
 }
 
 // Which request made each segment (by the segment's address), for the fragmentation report.
@@ -280,9 +325,12 @@ struct Replica {
 // request that made each segment, and the plot.
 class Timeline {
  public:
-  explicit Timeline(const CachingAllocatorModel& model)
+  /// `points`: how many note() will be called, plus one (the state before the first event).
+  Timeline(const CachingAllocatorModel& model, std::size_t points)
       : peak_active_(model.requested()), peak_blocks_(model.allocated()), peak_reserved_(model.reserved()),
-        fragmentation_(fragmentation_of(model, -1, origins_)), series_{{-1, model.reserved(), model.requested()}} {}
+        fragmentation_(fragmentation_of(model, -1, origins_)), series_(points) {
+    series_.add({-1, model.reserved(), model.requested()});
+  }
 
   /// The segments among `events` were made by the request of `size` at event `at`.
   void made(const std::vector<SegmentEvent>& events, std::int64_t at, std::int64_t size, std::string_view where) {
@@ -300,12 +348,12 @@ class Timeline {
       peak_reserved_ = model.reserved();
       fragmentation_ = fragmentation_of(model, at, origins_);
     }
-    series_.push_back({at, model.reserved(), model.requested()});
+    series_.add({at, model.reserved(), model.requested()});
   }
   [[nodiscard]] std::int64_t peak_active() const { return peak_active_; }
   [[nodiscard]] std::int64_t peak_blocks() const { return peak_blocks_; }
   [[nodiscard]] const Fragmentation& fragmentation() const { return fragmentation_; }
-  [[nodiscard]] std::vector<ReplayPoint> series() const { return thin(series_); }
+  [[nodiscard]] std::vector<ReplayPoint> series() { return series_.take(); }
 
  private:
   std::unordered_map<std::uint64_t, SegmentOrigin> origins_;  // declared first: the constructor reads it
@@ -313,7 +361,7 @@ class Timeline {
   std::int64_t peak_blocks_;
   std::int64_t peak_reserved_;
   Fragmentation fragmentation_;
-  std::vector<ReplayPoint> series_;
+  Thinned series_;
 };
 
 class DeviceReplayer {
@@ -394,7 +442,8 @@ class DeviceReplayer {
     }
     out.recorded.peak_reserved = reserved;
     out.recorded.peak_allocated = active;
-    std::vector<ReplayPoint> series{{-1, reserved, active}};
+    Thinned series(events_.size() + 1);
+    series.add({-1, reserved, active});
     for (std::size_t i = 0; i < events_.size(); ++i) {
       const auto& e = events_[i];
       switch (e.action) {
@@ -423,9 +472,9 @@ class DeviceReplayer {
       }
       out.recorded.peak_reserved = std::max(out.recorded.peak_reserved, reserved);
       out.recorded.peak_allocated = std::max(out.recorded.peak_allocated, active);
-      series.push_back({static_cast<std::int64_t>(i), reserved, active});
+      series.add({static_cast<std::int64_t>(i), reserved, active});
     }
-    out.recorded_series = thin(series);
+    out.recorded_series = series.take();
   }
 
   // The recorded settings, compared: segment events in order (size, address), each request's address, reserved
@@ -435,7 +484,7 @@ class DeviceReplayer {
     Replica replica(snap_.settings, initial_);
     auto& model = replica.model;
     auto& id_of = replica.id_of;
-    Timeline timeline(model);
+    Timeline timeline(model, series_points(events_, 1));
 
     std::vector<std::size_t> pending;  // recorded segment events since the last request
     std::deque<std::size_t> unused_allocs;
@@ -632,7 +681,7 @@ class DeviceReplayer {
       }
       return std::nullopt;
     });
-    Timeline timeline(model);
+    Timeline timeline(model, series_points(events_, 0));
     bool releasing = false;  // inside a run of recorded segment frees no request explains
     // The segments a request made, and the model's log cleared for the next event.
     const auto made = [&](std::int64_t at, std::string_view where, std::int64_t size) {
