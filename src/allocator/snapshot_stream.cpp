@@ -15,11 +15,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -51,15 +54,81 @@ struct Value {
   [[nodiscard]] bool container() const { return tag() == Tag::list || tag() == Tag::tuple || tag() == Tag::dict; }
 };
 
-// A list, tuple or dict (items in pairs). Once a trace entry is converted, its dict keeps only the event's index;
-// its frames list only where it points (both `done`: a file that changes or reads them again goes the slow way).
-struct Container {
+// A list, tuple or dict (items in pairs), in 16 bytes. Once a trace entry is converted, its dict keeps only the
+// event's index; its frames list only where it points (both no longer open: a file that changes them or reads them
+// as something else goes the general way).
+class Container {
+ public:
   enum State : std::uint32_t { open, event, frames };
-  std::vector<Value> items;
-  State state = open;
-  // event: the index in records; frames: the text id of its `where`; open dict: a frame's rank and text, once known
-  // (rank in the low 2 bits, the text id above, 0: not yet).
-  std::uint32_t payload = 0;
+  Container() = default;
+  Container(Container&& o) noexcept { *this = std::move(o); }
+  Container(const Container&) = delete;
+  Container& operator=(const Container&) = delete;
+  Container& operator=(Container&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    std::swap(cap_, o.cap_);
+    return *this;
+  }
+  ~Container() { std::free(data_); }
+
+  [[nodiscard]] State state() const { return cap_ >= kEvent ? static_cast<State>(cap_ - kEvent + 1) : open; }
+  [[nodiscard]] std::span<const Value> items() const { return {data_, state() == open ? size_ : 0}; }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  void append(const Value* first, std::size_t n) {
+    if (n == 0) return;
+    if (size_ + n > cap_) {
+      auto cap = std::max<std::size_t>({4, size_ + n, std::size_t{cap_} * 2});
+      if (cap >= kEvent) throw Error("a pickle container of more than 2^32 - 3 items");
+      auto* data = static_cast<Value*>(std::realloc(data_, cap * sizeof(Value)));
+      if (data == nullptr) throw std::bad_alloc();
+      data_ = data;
+      cap_ = static_cast<std::uint32_t>(cap);
+    }
+    std::memcpy(data_ + size_, first, n * sizeof(Value));
+    size_ += static_cast<std::uint32_t>(n);
+  }
+  // Drops the items; keeps `payload` (event: the index in the records; frames: the text id of its `where`).
+  void close(State state, std::uint32_t payload) {
+    std::free(data_);
+    data_ = nullptr;
+    size_ = payload;
+    cap_ = kEvent + static_cast<std::uint32_t>(state) - 1;
+  }
+  [[nodiscard]] std::uint32_t payload() const { return size_; }
+ private:
+  static constexpr std::uint32_t kEvent = UINT32_MAX - 1;
+  Value* data_ = nullptr;
+  std::uint32_t size_ = 0;
+  std::uint32_t cap_ = 0;
+};
+
+// An array that grows by chunks of 1 MiB or so, never moving what it holds: no copy as it grows, and each chunk
+// its own allocation, given back to the system when freed (release_front) rather than kept by the heap.
+template <typename T>
+class Chunked {
+ public:
+  static constexpr std::size_t kChunk = (std::size_t{1} << 20) / sizeof(T);
+  T& operator[](std::size_t i) { return chunks_[i / kChunk - dropped_][i % kChunk]; }
+  const T& operator[](std::size_t i) const { return chunks_[i / kChunk - dropped_][i % kChunk]; }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  void push_back(T value) {
+    if (size_ % kChunk == 0) chunks_.push_back(std::make_unique<T[]>(kChunk));
+    chunks_.back()[size_ % kChunk] = std::move(value);
+    ++size_;
+  }
+  // Frees the chunks wholly before index `i`.
+  void release_before(std::size_t i) {
+    while ((dropped_ + 1) * kChunk <= i && !chunks_.empty()) {
+      chunks_.pop_front();
+      ++dropped_;
+    }
+  }
+
+ private:
+  std::deque<std::unique_ptr<T[]>> chunks_;
+  std::size_t size_ = 0;
+  std::size_t dropped_ = 0;
 };
 
 // A scalar decoded from its opcode.
@@ -192,14 +261,14 @@ class StreamReader {
         case 'a': {  // APPEND
           const auto item = pop(at);
           auto& list = list_at(at, top(at));
-          list.items.push_back(item);
+          list.append(&item, 1);
           taken(item);
           break;
         }
         case 'e': {  // APPENDS
           const auto mark = pop_mark(at);
           auto& list = list_at(at, below(at, mark));
-          list.items.insert(list.items.end(), stack_.begin() + static_cast<std::ptrdiff_t>(mark), stack_.end());
+          list.append(stack_.data() + mark, stack_.size() - mark);
           for (auto i = mark; i < stack_.size(); ++i) taken(stack_[i]);
           stack_.resize(mark);
           break;
@@ -209,8 +278,8 @@ class StreamReader {
           const auto key = pop(at);
           auto& dict = dict_at(at, top(at));
           check_key(key);
-          dict.items.push_back(key);
-          dict.items.push_back(value);
+          const std::array<Value, 2> pair{key, value};
+          dict.append(pair.data(), 2);
           break;
         }
         case 'u': {  // SETITEMS
@@ -218,7 +287,7 @@ class StreamReader {
           if ((stack_.size() - mark) % 2 != 0) fail(at, "SETITEMS with an odd number of keys and values");
           auto& dict = dict_at(at, below(at, mark));
           for (auto i = mark; i < stack_.size(); i += 2) check_key(stack_[i]);
-          dict.items.insert(dict.items.end(), stack_.begin() + static_cast<std::ptrdiff_t>(mark), stack_.end());
+          dict.append(stack_.data() + mark, stack_.size() - mark);
           stack_.resize(mark);
           break;
         }
@@ -349,7 +418,9 @@ class StreamReader {
   }
 
   void push_container(Tag tag, std::vector<Value> items) {
-    containers_.push_back(Container{std::move(items), Container::open, 0});
+    Container c;
+    c.append(items.data(), items.size());
+    containers_.push_back(std::move(c));
     stack_.push_back(Value::make(tag, containers_.size() - 1));
   }
   void push_tuple_of(std::size_t at, std::size_t n) {
@@ -381,7 +452,7 @@ class StreamReader {
   }
   Container& open_container(Value v) {
     auto& c = containers_[v.payload()];
-    if (c.state != Container::open) throw NeedsTree{};  // a converted entry changed after its list took it
+    if (c.state() != Container::open) throw NeedsTree{};  // a converted entry changed after its list took it
     return c;
   }
   Container& list_at(std::size_t at, Value v) {
@@ -457,11 +528,11 @@ class StreamReader {
   void taken(Value item) {
     if (item.tag() != Tag::dict) return;
     auto& c = containers_[item.payload()];
-    if (c.state != Container::open || c.items.empty()) return;
+    if (c.state() != Container::open || c.items().empty()) return;
     std::array<const Value*, k_count> at{};
-    for (std::size_t i = 0; i + 1 < c.items.size(); i += 2) {
-      const int k = key_of(c.items[i]);
-      if (k < k_filename) at[static_cast<std::size_t>(k)] = &c.items[i + 1];
+    for (std::size_t i = 0; i + 1 < c.items().size(); i += 2) {
+      const int k = key_of(c.items()[i]);
+      if (k < k_filename) at[static_cast<std::size_t>(k)] = &c.items()[i + 1];
     }
     if (at[k_action] == nullptr) return;
     const auto action = str_of(*at[k_action]);
@@ -497,20 +568,16 @@ class StreamReader {
       const auto frames = *at[k_frames];
       if (frames.tag() == Tag::list || frames.tag() == Tag::tuple) {
         auto& list = containers_[frames.payload()];
-        if (list.state == Container::open) {
-          list.payload = where_of(list);
-          list.state = Container::frames;
-          std::vector<Value>().swap(list.items);
-        } else if (list.state != Container::frames) {
+        if (list.state() == Container::open) {
+          list.close(Container::frames, where_of(list));
+        } else if (list.state() != Container::frames) {
           return;
         }
-        where = list.payload;
+        where = list.payload();
       }
     }
     if (ev.action == A::alloc) ev.text = where;
-    c.state = Container::event;
-    c.payload = static_cast<std::uint32_t>(records_.size());
-    std::vector<Value>().swap(c.items);
+    c.close(Container::event, static_cast<std::uint32_t>(records_.size()));
     records_.push_back(ev);
   }
 
@@ -526,36 +593,39 @@ class StreamReader {
   // where_of: the text id of the first frame of the highest rank, its text made once per frame dict.
   std::uint32_t where_of(const Container& frames) {
     Container* chosen = nullptr;
+    std::uint32_t* chosen_info = nullptr;
     int rank = 0;
-    for (const auto item : frames.items) {
+    for (const auto item : frames.items()) {
       if (item.tag() != Tag::dict) continue;
       auto& f = containers_[item.payload()];
-      if (f.state != Container::open) throw NeedsTree{};
-      if (f.payload == 0) f.payload = static_cast<std::uint32_t>(frame_rank(f));
-      const int r = static_cast<int>(f.payload & 3);
+      if (f.state() != Container::open) throw NeedsTree{};
+      auto& info = frame_info_[item.payload()];
+      if (info == 0) info = static_cast<std::uint32_t>(frame_rank(f));
+      const int r = static_cast<int>(info & 3);
       if (r > rank) {
         rank = r;
         chosen = &f;
+        chosen_info = &info;
         if (r == 3) break;
       }
     }
     if (chosen == nullptr) return 0;
-    if ((chosen->payload >> 2) == 0) {
+    if ((*chosen_info >> 2) == 0) {
       const auto file = text_at(*chosen, k_filename);
       std::int64_t line = 0;
       Scalar s;
       if (integer(last(*chosen, k_line), s)) line = s.kind == Scalar::u64 ? static_cast<std::int64_t>(s.u) : s.i;
       const auto id = texts_.intern(detail::where_text(file, line, text_at(*chosen, k_name)));
       if (id >= (1U << 30)) throw NeedsTree{};
-      chosen->payload |= id << 2;
+      *chosen_info |= id << 2;
     }
-    return chosen->payload >> 2;
+    return *chosen_info >> 2;
   }
   int frame_rank(const Container& f) { return detail::frame_rank(text_at(f, k_filename)); }
   const Value* last(const Container& dict, int key) {
     const Value* found = nullptr;
-    for (std::size_t i = 0; i + 1 < dict.items.size(); i += 2) {
-      if (key_of(dict.items[i]) == key) found = &dict.items[i + 1];
+    for (std::size_t i = 0; i + 1 < dict.items().size(); i += 2) {
+      if (key_of(dict.items()[i]) == key) found = &dict.items()[i + 1];
     }
     return found;
   }
@@ -577,8 +647,8 @@ class StreamReader {
       case Tag::list:
       case Tag::tuple: {
         const auto& c = containers_[v.payload()];
-        if (c.state != Container::open) throw NeedsTree{};
-        return fmt::format("a list of {}", c.items.size());
+        if (c.state() != Container::open) throw NeedsTree{};
+        return fmt::format("a list of {}", c.items().size());
       }
       case Tag::dict: return "a dict";
       case Tag::scalar: break;
@@ -622,19 +692,19 @@ class StreamReader {
       default: break;
     }
     const auto index = v.payload();
-    if (containers_[index].state != Container::open) throw NeedsTree{};
+    if (containers_[index].state() != Container::open) throw NeedsTree{};
     if (!open_.insert(index).second) fail_tree("a container that contains itself");
     json out;
     if (v.tag() == Tag::dict) {
       out = json::object();
-      const auto& items = containers_[index].items;
+      const auto& items = containers_[index].items();
       for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
         ++values_;
         out[key_text(items[i])] = to_json(items[i + 1], depth + 1);
       }
     } else {
       out = json::array();
-      for (const auto item : containers_[index].items) out.push_back(to_json(item, depth + 1));
+      for (const auto item : containers_[index].items()) out.push_back(to_json(item, depth + 1));
     }
     open_.erase(index);
     return out;
@@ -649,17 +719,17 @@ class StreamReader {
                     std::initializer_list<std::string_view> nested = {}) {
     if (v.tag() != Tag::dict) return to_json(v, depth);
     const auto index = v.payload();
-    if (containers_[index].state != Container::open) throw NeedsTree{};
+    if (containers_[index].state() != Container::open) throw NeedsTree{};
     json out = json::object();
-    const auto& items = containers_[index].items;
+    const auto& items = containers_[index].items();
     for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
       auto key = key_text(items[i]);
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) continue;
       const auto value = items[i + 1];
       if (!list_key.empty() && key == list_key && (value.tag() == Tag::list || value.tag() == Tag::tuple) &&
-          containers_[value.payload()].state == Container::open) {
+          containers_[value.payload()].state() == Container::open) {
         json list = json::array();
-        for (const auto item : containers_[value.payload()].items) list.push_back(to_json_only(item, depth + 2, nested));
+        for (const auto item : containers_[value.payload()].items()) list.push_back(to_json_only(item, depth + 2, nested));
         out[key] = std::move(list);
       } else {
         out[key] = to_json(value, depth + 1);
@@ -669,7 +739,7 @@ class StreamReader {
   }
   // The last value of `key` in a dict (a str key, as JSON's last-wins).
   const Value* member(Value dict, std::string_view key) {
-    const auto& items = containers_[dict.payload()].items;
+    const auto& items = containers_[dict.payload()].items();
     const Value* found = nullptr;
     for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
       if (key_text(items[i]) == key) found = &items[i + 1];
@@ -679,12 +749,12 @@ class StreamReader {
   const Container& list(Value v, const std::string& path, std::string_view expected = "a list") {
     if (v.tag() != Tag::list && v.tag() != Tag::tuple) fail(path, expected, v);
     const auto& c = containers_[v.payload()];
-    if (c.state != Container::open) throw NeedsTree{};
+    if (c.state() != Container::open) throw NeedsTree{};
     return c;
   }
 
   void walk(Value root) {
-    if (root.tag() != Tag::dict || containers_[root.payload()].state != Container::open) {
+    if (root.tag() != Tag::dict || containers_[root.payload()].state() != Container::open) {
       if (root.tag() == Tag::dict) throw NeedsTree{};
       throw Error(fmt::format("{}: expected a memory snapshot (a dict with 'segments' and 'device_traces', as "
                               "torch.cuda.memory._dump_snapshot writes), got {}{}", origin_, describe(root),
@@ -708,28 +778,29 @@ class StreamReader {
       }
     }
     std::map<int, std::int64_t> reserved_by_device;
-    for (std::size_t i = 0; i < segments.items.size(); ++i) {
-      const auto segment = to_json_only(segments.items[i], 2,
+    for (std::size_t i = 0; i < segments.items().size(); ++i) {
+      const auto segment = to_json_only(segments.items()[i], 2,
                                         {"device", "address", "total_size", "stream", "segment_type", "is_expandable",
                                          "segment_pool_id", "blocks"},
                                         "blocks", {"address", "size", "requested_size", "state"});
       snap_.segments.push_back(detail::read_segment(r_, segment, fmt::format("segments[{}]", i), reserved_by_device));
     }
     const auto& traces = list(*traces_value, "device_traces");
-    if (traces.items.size() > static_cast<std::size_t>(kMaxSnapshotDevices)) {
+    if (traces.items().size() > static_cast<std::size_t>(kMaxSnapshotDevices)) {
       fail("device_traces", fmt::format("a list of at most {} devices' traces", kMaxSnapshotDevices), *traces_value);
     }
-    for (std::size_t d = 0; d < traces.items.size(); ++d) {
+    for (std::size_t d = 0; d < traces.items().size(); ++d) {
       const auto dpath = fmt::format("device_traces[{}]", d);
-      const auto& trace = list(traces.items[d], dpath);
+      const auto& trace = list(traces.items()[d], dpath);
       std::vector<TraceEvent> events;
-      events.reserve(trace.items.size());
+      events.reserve(trace.items().size());
       std::int64_t traced = 0;
-      for (std::size_t i = 0; i < trace.items.size(); ++i) {
-        const auto item = trace.items[i];
-        if (item.tag() == Tag::dict && containers_[item.payload()].state == Container::event) {
-          const auto index = containers_[item.payload()].payload;
-          const auto& ev = records_[index - records_front_];
+      for (std::size_t i = 0; i < trace.items().size(); ++i) {
+        const auto item = trace.items()[i];
+        if (item.tag() == Tag::dict && containers_[item.payload()].state() == Container::event) {
+          const auto index = containers_[item.payload()].payload();
+          if (index < records_front_) throw NeedsTree{};  // an entry in two places, after its record was given back
+          const auto& ev = records_[index];
           using A = TraceEvent::Action;
           if (ev.action != A::other && ev.action != A::snapshot && ev.action != A::user_defined) {
             traced += ev.size <= kMaxSnapshotBytes ? ev.size : 0;
@@ -739,13 +810,9 @@ class StreamReader {
                       json(ev.size));
             }
           }
-          if (index < records_front_) throw NeedsTree{};  // an entry in two places, after its record was given back
           events.push_back(ev);
           // The common case, each entry once and in order: the records are given back as they are copied.
-          if (index == records_front_) {
-            records_.pop_front();
-            ++records_front_;
-          }
+          if (index == records_front_) records_.release_before(++records_front_);
           continue;
         }
         const auto path = fmt::format("{}[{}]", dpath, i);
@@ -768,10 +835,11 @@ class StreamReader {
   std::size_t pos_ = 0;
   std::vector<Value> stack_;
   std::vector<std::size_t> marks_;
-  std::vector<Value> dense_;
+  Chunked<Value> dense_;
   std::unordered_map<std::uint64_t, Value> sparse_;
-  std::deque<Container> containers_;
-  std::deque<TraceEvent> records_;
+  Chunked<Container> containers_;
+  Chunked<TraceEvent> records_;
+  std::unordered_map<std::uint64_t, std::uint32_t> frame_info_;  // an open dict read as a frame: rank, text id << 2
   std::uint32_t records_front_ = 0;  // the index of records_.front()
   std::vector<std::pair<std::uint64_t, int>> key_cache_;
   bool bad_key_ = false;
