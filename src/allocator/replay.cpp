@@ -59,7 +59,7 @@ InitialState reconstruct(const std::vector<RecordedSegment>& final_segments, con
     bool small;
   };
   std::map<std::uint64_t, Seg> segs;
-  std::map<std::uint64_t, LiveBlock> live;
+  std::unordered_map<std::uint64_t, LiveBlock> live;  // by address; sorted once the trace is undone
   // Expandable segments grow and shrink by pages (segment_map, segment_unmap): where the trace maps all they hold,
   // it began with none of them; a trace that began with some mapped is not rebuilt (named).
   std::int64_t net_mapped = 0, expandable_final = 0;
@@ -110,6 +110,9 @@ InitialState reconstruct(const std::vector<RecordedSegment>& final_segments, con
       default: break;
     }
   }
+  std::vector<std::pair<std::uint64_t, LiveBlock>> live_sorted(live.begin(), live.end());
+  live.clear();
+  std::sort(live_sorted.begin(), live_sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   // Where the trace allocates, and when: a block of unknown size ends where the trace allocates next to it.
   std::vector<std::pair<std::uint64_t, std::int64_t>> allocs;
   for (std::size_t i = 0; i < events.size(); ++i) {
@@ -121,11 +124,13 @@ InitialState reconstruct(const std::vector<RecordedSegment>& final_segments, con
                             .blocks = {}, .block_addresses = {}};
     const auto end = address + static_cast<std::uint64_t>(seg.size);
     std::uint64_t at = address;
-    for (auto it = live.lower_bound(address); it != live.end() && it->first < end; ++it) {
+    const auto first = std::lower_bound(live_sorted.begin(), live_sorted.end(), address,
+                                        [](const auto& b, std::uint64_t a) { return b.first < a; });
+    for (auto it = first; it != live_sorted.end() && it->first < end; ++it) {
       const auto [block_address, block] = *it;
       if (block_address > at) s.blocks.push_back({static_cast<std::int64_t>(block_address - at), std::nullopt, 0});
       const auto next = std::next(it);
-      const auto boundary = next != live.end() && next->first < end ? next->first : end;
+      const auto boundary = next != live_sorted.end() && next->first < end ? next->first : end;
       const auto room = static_cast<std::int64_t>(boundary - block_address);
       auto size = block.size;
       if (size == 0) {

@@ -538,10 +538,10 @@ class StreamReader {
     const auto action = str_of(*at[k_action]);
     if (!action) return;
     TraceEvent ev;
-    const auto text = utf8_text(*action);
-    ev.action = detail::action_of(text);
+    // A known name is ASCII, as utf8_text() leaves it; an unknown one is kept as utf8_text() makes it.
+    ev.action = detail::action_of(*action);
     using A = TraceEvent::Action;
-    if (ev.action == A::other) ev.text = texts_.intern(text);
+    if (ev.action == A::other) ev.text = texts_.intern(utf8_text(*action));
     Scalar a, b;
     if (ev.action == A::oom) {
       if (!integer(at[k_device_free], a) || !is_size(a) || !integer(at[k_size], b) || !is_count(b)) return;
