@@ -204,7 +204,7 @@ struct CachingAllocatorModel::Block {
 // Free blocks ordered as the allocator's BlockPool: by stream, size, then address.
 struct CachingAllocatorModel::Pool {
   std::set<std::tuple<std::uint64_t, std::int64_t, std::uint64_t>> free;  // (stream, size, address)
-  std::map<std::uint64_t, Block*> by_address;
+  std::unordered_map<std::uint64_t, Block*> by_address;
   std::int64_t get_free_blocks_calls = 0;  // for garbage collection: a block's age
   // Expandable segments, one per stream: the segment's last block and the end of what is mapped.
   struct Expandable {

@@ -59,7 +59,7 @@ InitialState reconstruct(const std::vector<RecordedSegment>& final_segments, con
     bool small;
   };
   std::map<std::uint64_t, Seg> segs;
-  std::map<std::uint64_t, LiveBlock> live;
+  std::unordered_map<std::uint64_t, LiveBlock> live;  // by address; sorted once the trace is undone
   // Expandable segments grow and shrink by pages (segment_map, segment_unmap): where the trace maps all they hold,
   // it began with none of them; a trace that began with some mapped is not rebuilt (named).
   std::int64_t net_mapped = 0, expandable_final = 0;
@@ -110,6 +110,9 @@ InitialState reconstruct(const std::vector<RecordedSegment>& final_segments, con
       default: break;
     }
   }
+  std::vector<std::pair<std::uint64_t, LiveBlock>> live_sorted(live.begin(), live.end());
+  live.clear();
+  std::sort(live_sorted.begin(), live_sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   // Where the trace allocates, and when: a block of unknown size ends where the trace allocates next to it.
   std::vector<std::pair<std::uint64_t, std::int64_t>> allocs;
   for (std::size_t i = 0; i < events.size(); ++i) {
@@ -121,11 +124,13 @@ InitialState reconstruct(const std::vector<RecordedSegment>& final_segments, con
                             .blocks = {}, .block_addresses = {}};
     const auto end = address + static_cast<std::uint64_t>(seg.size);
     std::uint64_t at = address;
-    for (auto it = live.lower_bound(address); it != live.end() && it->first < end; ++it) {
+    const auto first = std::lower_bound(live_sorted.begin(), live_sorted.end(), address,
+                                        [](const auto& b, std::uint64_t a) { return b.first < a; });
+    for (auto it = first; it != live_sorted.end() && it->first < end; ++it) {
       const auto [block_address, block] = *it;
       if (block_address > at) s.blocks.push_back({static_cast<std::int64_t>(block_address - at), std::nullopt, 0});
       const auto next = std::next(it);
-      const auto boundary = next != live.end() && next->first < end ? next->first : end;
+      const auto boundary = next != live_sorted.end() && next->first < end ? next->first : end;
       const auto room = static_cast<std::int64_t>(boundary - block_address);
       auto size = block.size;
       if (size == 0) {
@@ -165,7 +170,7 @@ InitialState reconstruct(const std::vector<RecordedSegment>& final_segments, con
 // ---------------------------------------------------------------------------------------------------------------
 // The replay of one device.
 
-std::string event_line(const std::vector<TraceEvent>& events, std::size_t i) {
+std::string event_line(const Snapshot& snap, const std::vector<TraceEvent>& events, std::size_t i) {
   const auto& e = events[i];
   if (e.action == TraceEvent::Action::oom) {
     return fmt::format("#{} oom size={} ({}) stream={:#x} device_free={}", i, e.size, format_bytes(e.size), e.stream,
@@ -173,17 +178,18 @@ std::string event_line(const std::vector<TraceEvent>& events, std::size_t i) {
   }
   if (e.action == TraceEvent::Action::other || e.action == TraceEvent::Action::snapshot ||
       e.action == TraceEvent::Action::user_defined) {
-    return fmt::format("#{} {}", i, e.name);
+    return fmt::format("#{} {}", i, snap.name(e));
   }
-  return fmt::format("#{} {} addr={:#x} size={} ({}) stream={:#x}{}", i, e.name, e.addr, e.size, format_bytes(e.size),
-                     e.stream, e.where.empty() ? "" : " at " + e.where);
+  const auto where = snap.where(e);
+  return fmt::format("#{} {} addr={:#x} size={} ({}) stream={:#x}{}{}", i, snap.name(e), e.addr, e.size,
+                     format_bytes(e.size), e.stream, where.empty() ? "" : " at ", where);
 }
 
-std::vector<std::string> context_of(const std::vector<TraceEvent>& events, std::int64_t at) {
+std::vector<std::string> context_of(const Snapshot& snap, const std::vector<TraceEvent>& events, std::int64_t at) {
   std::vector<std::string> lines;
   const auto n = static_cast<std::int64_t>(events.size());
   for (auto i = std::max<std::int64_t>(0, at - 4); i < std::min(n, at + 3); ++i) {
-    lines.push_back((i == at ? "> " : "  ") + event_line(events, static_cast<std::size_t>(i)));
+    lines.push_back((i == at ? "> " : "  ") + event_line(snap, events, static_cast<std::size_t>(i)));
   }
   return lines;
 }
@@ -200,21 +206,66 @@ std::string seg_list(const std::vector<SegmentEvent>& list) {
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-// Keeps at most kMaxSeriesPoints points, the highest reserved of each stretch, so that peaks survive.
-std::vector<ReplayPoint> thin(const std::vector<ReplayPoint>& points) {
-  if (points.size() <= kMaxSeriesPoints) return points;
-  std::vector<ReplayPoint> out;
-  const double per = static_cast<double>(points.size()) / static_cast<double>(kMaxSeriesPoints);
-  for (std::size_t b = 0; b < kMaxSeriesPoints; ++b) {
-    const auto lo = static_cast<std::size_t>(static_cast<double>(b) * per);
-    const auto hi = std::min(points.size(), static_cast<std::size_t>(static_cast<double>(b + 1) * per));
-    if (lo >= hi) continue;
-    const auto best = std::max_element(points.begin() + static_cast<std::ptrdiff_t>(lo),
-                                       points.begin() + static_cast<std::ptrdiff_t>(hi),
-                                       [](const ReplayPoint& a, const ReplayPoint& c) { return a.reserved < c.reserved; });
-    out.push_back(*best);
+// Keeps at most kMaxSeriesPoints of a series of `count` points, the highest reserved of each stretch (the first
+// among equals), so that peaks survive; as the points come, so that a trace of millions of events keeps 1,500.
+class Thinned {
+ public:
+  explicit Thinned(std::size_t count)
+      : count_(count), per_(static_cast<double>(count) / static_cast<double>(kMaxSeriesPoints)) {
+    if (count_ > kMaxSeriesPoints) {
+      out_.reserve(kMaxSeriesPoints);
+      next_bucket();
+    }
   }
-  return out;
+  void add(const ReplayPoint& p) {
+    if (count_ <= kMaxSeriesPoints) {
+      out_.push_back(p);
+      return;
+    }
+    while (seen_ >= hi_ && bucket_ < kMaxSeriesPoints) next_bucket();
+    if (seen_ >= lo_ && seen_ < hi_ && (!has_best_ || p.reserved > best_.reserved)) {
+      best_ = p;
+      has_best_ = true;
+    }
+    ++seen_;
+  }
+  [[nodiscard]] std::vector<ReplayPoint> take() {
+    if (count_ > kMaxSeriesPoints && has_best_) out_.push_back(best_);
+    has_best_ = false;
+    return std::move(out_);
+  }
+
+ private:
+  // Closes the stretch [lo_, hi_) and opens the next that is not empty.
+  void next_bucket() {
+    if (has_best_) out_.push_back(best_);
+    has_best_ = false;
+    for (; bucket_ < kMaxSeriesPoints; ++bucket_) {
+      lo_ = static_cast<std::size_t>(static_cast<double>(bucket_) * per_);
+      hi_ = std::min(count_, static_cast<std::size_t>(static_cast<double>(bucket_ + 1) * per_));
+      if (lo_ < hi_) {
+        ++bucket_;
+        return;
+      }
+    }
+    lo_ = hi_ = count_;
+  }
+
+  std::size_t count_;
+  double per_;
+  std::size_t bucket_ = 0, lo_ = 0, hi_ = 0, seen_ = 0;
+  bool has_best_ = false;
+  ReplayPoint best_;
+  std::vector<ReplayPoint> out_;
+};
+
+// The points a replay of `events` notes: one before the first event, one per request, free and out-of-memory event,
+// and `final` more.
+std::size_t series_points(const std::vector<TraceEvent>& events, std::size_t final) {
+  using A = TraceEvent::Action;
+  return 1 + final + static_cast<std::size_t>(std::count_if(events.begin(), events.end(), [](const TraceEvent& e) {
+           return e.action == A::alloc || e.action == A::free_completed || e.action == A::oom;
+         }));
 }
 
 // Which request made each segment (by the segment's address), for the fragmentation report.
@@ -279,15 +330,18 @@ struct Replica {
 // request that made each segment, and the plot.
 class Timeline {
  public:
-  explicit Timeline(const CachingAllocatorModel& model)
+  /// `points`: how many note() will be called, plus one (the state before the first event).
+  Timeline(const CachingAllocatorModel& model, std::size_t points)
       : peak_active_(model.requested()), peak_blocks_(model.allocated()), peak_reserved_(model.reserved()),
-        fragmentation_(fragmentation_of(model, -1, origins_)), series_{{-1, model.reserved(), model.requested()}} {}
+        fragmentation_(fragmentation_of(model, -1, origins_)), series_(points) {
+    series_.add({-1, model.reserved(), model.requested()});
+  }
 
   /// The segments among `events` were made by the request of `size` at event `at`.
-  void made(const std::vector<SegmentEvent>& events, std::int64_t at, std::int64_t size, const std::string& where) {
+  void made(const std::vector<SegmentEvent>& events, std::int64_t at, std::int64_t size, std::string_view where) {
     for (const auto& s : events) {
       if (s.kind == SegmentEvent::Kind::alloc || s.kind == SegmentEvent::Kind::map) {
-        origins_[s.address] = {at, size, where};
+        origins_[s.address] = {at, size, std::string(where)};
       }
     }
   }
@@ -299,12 +353,12 @@ class Timeline {
       peak_reserved_ = model.reserved();
       fragmentation_ = fragmentation_of(model, at, origins_);
     }
-    series_.push_back({at, model.reserved(), model.requested()});
+    series_.add({at, model.reserved(), model.requested()});
   }
   [[nodiscard]] std::int64_t peak_active() const { return peak_active_; }
   [[nodiscard]] std::int64_t peak_blocks() const { return peak_blocks_; }
   [[nodiscard]] const Fragmentation& fragmentation() const { return fragmentation_; }
-  [[nodiscard]] std::vector<ReplayPoint> series() const { return thin(series_); }
+  [[nodiscard]] std::vector<ReplayPoint> series() { return series_.take(); }
 
  private:
   std::unordered_map<std::uint64_t, SegmentOrigin> origins_;  // declared first: the constructor reads it
@@ -312,7 +366,7 @@ class Timeline {
   std::int64_t peak_blocks_;
   std::int64_t peak_reserved_;
   Fragmentation fragmentation_;
-  std::vector<ReplayPoint> series_;
+  Thinned series_;
 };
 
 class DeviceReplayer {
@@ -350,7 +404,7 @@ class DeviceReplayer {
   void name_what_is_not_followed(DeviceReplay& out) {
     std::map<std::string, std::int64_t> unknown;
     for (const auto& e : events_) {
-      if (e.action == TraceEvent::Action::other) ++unknown[e.name];
+      if (e.action == TraceEvent::Action::other) ++unknown[std::string(snap_.name(e))];
     }
     for (const auto& [name, count] : unknown) {
       out.not_followed.push_back(fmt::format("{} '{}' event(s): an action the model does not know", count, name));
@@ -393,7 +447,8 @@ class DeviceReplayer {
     }
     out.recorded.peak_reserved = reserved;
     out.recorded.peak_allocated = active;
-    std::vector<ReplayPoint> series{{-1, reserved, active}};
+    Thinned series(events_.size() + 1);
+    series.add({-1, reserved, active});
     for (std::size_t i = 0; i < events_.size(); ++i) {
       const auto& e = events_[i];
       switch (e.action) {
@@ -422,9 +477,9 @@ class DeviceReplayer {
       }
       out.recorded.peak_reserved = std::max(out.recorded.peak_reserved, reserved);
       out.recorded.peak_allocated = std::max(out.recorded.peak_allocated, active);
-      series.push_back({static_cast<std::int64_t>(i), reserved, active});
+      series.add({static_cast<std::int64_t>(i), reserved, active});
     }
-    out.recorded_series = thin(series);
+    out.recorded_series = series.take();
   }
 
   // The recorded settings, compared: segment events in order (size, address), each request's address, reserved
@@ -434,7 +489,7 @@ class DeviceReplayer {
     Replica replica(snap_.settings, initial_);
     auto& model = replica.model;
     auto& id_of = replica.id_of;
-    Timeline timeline(model);
+    Timeline timeline(model, series_points(events_, 1));
 
     std::vector<std::size_t> pending;  // recorded segment events since the last request
     std::deque<std::size_t> unused_allocs;
@@ -443,8 +498,9 @@ class DeviceReplayer {
     const auto diverge = [&](std::int64_t at, std::string expected, std::string replayed) {
       if (out.first_divergence || !comparable_) return;
       out.first_divergence = Divergence{at, at < static_cast<std::int64_t>(events_.size())
-                                                ? events_[static_cast<std::size_t>(at)].name : "final state",
-                                        std::move(expected), std::move(replayed), context_of(events_, at)};
+                                                ? std::string(snap_.name(events_[static_cast<std::size_t>(at)]))
+                                                : "final state",
+                                        std::move(expected), std::move(replayed), context_of(snap_, events_, at)};
     };
     // The address a new segment gets: the real one, from the recorded segment_alloc of that size not yet matched.
     model.set_address_source([&](std::int64_t size, std::uint64_t stream) -> std::optional<std::uint64_t> {
@@ -510,7 +566,7 @@ class DeviceReplayer {
           }
           id_of[e.addr] = id;
           const auto address = model.malloc(id, e.size, e.stream);
-          timeline.made(model.segment_events(), at, e.size, e.where);
+          timeline.made(model.segment_events(), at, e.size, snap_.where(e));
           compare_events(at, model.segment_events(), pending);
           pending.clear();
           unused_allocs.clear();
@@ -630,10 +686,10 @@ class DeviceReplayer {
       }
       return std::nullopt;
     });
-    Timeline timeline(model);
+    Timeline timeline(model, series_points(events_, 0));
     bool releasing = false;  // inside a run of recorded segment frees no request explains
     // The segments a request made, and the model's log cleared for the next event.
-    const auto made = [&](std::int64_t at, const std::string& where, std::int64_t size) {
+    const auto made = [&](std::int64_t at, std::string_view where, std::int64_t size) {
       timeline.made(model.segment_events(), at, size, where);
       model.clear_segment_events();
     };
@@ -653,7 +709,7 @@ class DeviceReplayer {
         const auto id = replica.next_id++;
         id_of[e.addr] = id;
         const auto address = model.malloc(id, e.size, e.stream);
-        made(at, e.where, e.size);
+        made(at, snap_.where(e), e.size);
         if (!address) {
           ++r.ooms;
           id_of.erase(e.addr);

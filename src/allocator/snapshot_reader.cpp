@@ -2,6 +2,8 @@
 // end, the allocator settings; every error names the file, the key's path and what was expected.
 #include "memgate/allocator/replay.h"
 
+#include "snapshot_json.h"
+
 #include "memgate/allocator/snapshot_pickle.h"
 #include "memgate/base/error.h"
 
@@ -14,7 +16,26 @@
 #include <map>
 
 namespace memgate {
-namespace {
+
+std::string_view action_name(TraceEvent::Action action) {
+  using A = TraceEvent::Action;
+  switch (action) {
+    case A::alloc: return "alloc";
+    case A::free_requested: return "free_requested";
+    case A::free_completed: return "free_completed";
+    case A::segment_alloc: return "segment_alloc";
+    case A::segment_free: return "segment_free";
+    case A::segment_map: return "segment_map";
+    case A::segment_unmap: return "segment_unmap";
+    case A::oom: return "oom";
+    case A::snapshot: return "snapshot";
+    case A::user_defined: return "user_defined";
+    case A::other: break;
+  }
+  return "other";
+}
+
+namespace detail {
 
 using nlohmann::json;
 
@@ -41,99 +62,6 @@ std::string describe(const json& v) {
   }
 }
 
-class Reader {
- public:
-  explicit Reader(const std::string& origin) : origin_(origin) {}
-
-  [[noreturn]] void fail(const std::string& path, std::string_view expected, const json& got) const {
-    throw Error(fmt::format("{}: {}: expected {}, got {}", origin_, path, expected, describe(got)));
-  }
-  [[noreturn]] void fail(const std::string& path, std::string_view message) const {
-    throw Error(fmt::format("{}: {}: {}", origin_, path, message));
-  }
-  const json& key(const json& obj, const std::string& path, const char* name) const {
-    const auto it = obj.find(name);
-    if (it == obj.end()) fail(path, fmt::format("the key '{}' is missing", name));
-    return *it;
-  }
-  const json* optional_key(const json& obj, const char* name) const {
-    const auto it = obj.find(name);
-    return it == obj.end() ? nullptr : &*it;
-  }
-  const json& object(const json& v, const std::string& path) const {
-    if (!v.is_object()) fail(path, "a dict", v);
-    return v;
-  }
-  const json& list(const json& v, const std::string& path) const {
-    if (!v.is_array()) fail(path, "a list", v);
-    return v;
-  }
-  // Sizes of memory that existed (blocks, segments, requests served, free memory): up to kMaxSnapshotBytes.
-  std::int64_t size(const json& v, const std::string& path) const {
-    const auto n = count(v, path, "a size in bytes (an integer from 0 to 2^60)");
-    if (n > kMaxSnapshotBytes) fail(path, "a size in bytes (an integer from 0 to 2^60: more than any GPU holds)", v);
-    return n;
-  }
-  // A request that failed: a program may ask for any size PyTorch's int64 holds.
-  std::int64_t request(const json& v, const std::string& path) const {
-    return count(v, path, "a size in bytes (an integer from 0)");
-  }
-  std::int64_t count(const json& v, const std::string& path, std::string_view expected) const {
-    if (v.is_number_integer() && !v.is_number_unsigned() && v.get<std::int64_t>() >= 0) return v.get<std::int64_t>();
-    if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX)) {
-      return static_cast<std::int64_t>(v.get<std::uint64_t>());
-    }
-    fail(path, expected, v);
-  }
-  // A CUDA device's index: PyTorch's DeviceIndex is 8 or 16 bits, never negative in a snapshot.
-  int device(const json& v, const std::string& path) const {
-    if (v.is_number_unsigned() && v.get<std::uint64_t>() < kMaxSnapshotDevices) {
-      return static_cast<int>(v.get<std::uint64_t>());
-    }
-    if (v.is_number_integer() && v.get<std::int64_t>() >= 0 && v.get<std::int64_t>() < kMaxSnapshotDevices) {
-      return static_cast<int>(v.get<std::int64_t>());
-    }
-    fail(path, fmt::format("a device index (an integer from 0 to {})", kMaxSnapshotDevices - 1), v);
-  }
-  std::int64_t integer(const json& v, const std::string& path) const {
-    if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<std::int64_t>();
-    if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX)) {
-      return static_cast<std::int64_t>(v.get<std::uint64_t>());
-    }
-    fail(path, "an integer", v);
-  }
-  // Streams: 64 bits, as PyTorch casts the cudaStream_t to int64.
-  std::uint64_t word(const json& v, const std::string& path) const {
-    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
-    if (v.is_number_integer()) return static_cast<std::uint64_t>(v.get<std::int64_t>());
-    fail(path, "a stream (an integer)", v);
-  }
-  // Addresses: a device pointer, never negative (PyTorch writes it as an int64; no GPU maps memory from 2^63).
-  std::uint64_t address(const json& v, const std::string& path) const {
-    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
-    if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
-    fail(path, "an address (an integer from 0)", v);
-  }
-  // The memory from `address` for `size` bytes must not wrap past the top of the 64-bit address space.
-  void fits_address_space(std::uint64_t address, std::int64_t size, const std::string& path) const {
-    if (address > UINT64_MAX - static_cast<std::uint64_t>(size)) {
-      fail(path, fmt::format("expected memory that ends within the 64-bit address space, not {:#x} + {} bytes",
-                             address, size));
-    }
-  }
-  std::string string(const json& v, const std::string& path) const {
-    if (!v.is_string()) fail(path, "a string", v);
-    return v.get<std::string>();
-  }
-  bool boolean(const json& v, const std::string& path) const {
-    if (!v.is_boolean()) fail(path, "True or False", v);
-    return v.get<bool>();
-  }
-
- private:
-  const std::string& origin_;
-};
-
 TraceEvent::Action action_of(std::string_view name) {
   using A = TraceEvent::Action;
   // c10/cuda/CUDACachingAllocator.h's TraceEntry::Action, as torch/csrc/cuda/memory_snapshot.cpp names them.
@@ -151,6 +79,13 @@ std::string text_at(const json& obj, const char* key) {
   return it != obj.end() && it->is_string() ? it->get_ref<const std::string&>() : std::string();
 }
 
+int frame_rank(std::string_view file) {
+  const bool python = file.ends_with(".py");
+  const bool library = file.find("/torch/") != std::string::npos || file.find("site-packages") != std::string::npos ||
+                       file.find("dist-packages") != std::string::npos;
+  return python && !library ? 3 : python ? 2 : 1;
+}
+
 // The first frame of the program rather than of torch or C++: "file:line function".
 std::string where_of(const json& frames) {
   if (!frames.is_array()) return {};
@@ -158,11 +93,7 @@ std::string where_of(const json& frames) {
   int rank = 0;  // 3: the program's Python, 2: any Python, 1: any frame
   for (const auto& f : frames) {
     if (!f.is_object()) continue;
-    const auto file = text_at(f, "filename");
-    const bool python = file.ends_with(".py");
-    const bool library = file.find("/torch/") != std::string::npos || file.find("site-packages") != std::string::npos ||
-                         file.find("dist-packages") != std::string::npos;
-    const int r = python && !library ? 3 : python ? 2 : 1;
+    const int r = frame_rank(text_at(f, "filename"));
     if (r > rank) {
       rank = r;
       chosen = &f;
@@ -170,10 +101,12 @@ std::string where_of(const json& frames) {
     }
   }
   if (chosen == nullptr) return {};
-  const auto file = text_at(*chosen, "filename");
   const auto line_it = chosen->find("line");
   const auto line = line_it != chosen->end() && line_it->is_number_integer() ? line_it->get<std::int64_t>() : 0;
-  const auto name = text_at(*chosen, "name");
+  return where_text(text_at(*chosen, "filename"), line, text_at(*chosen, "name"));
+}
+
+std::string where_text(const std::string& file, std::int64_t line, const std::string& name) {
   // The last separator, '/' or Windows' '\', but not the '\' of a byte utf8_text() escaped as \xNN.
   auto slash = file.find_last_of('/');
   const auto hex = [&](std::size_t i) { return i < file.size() && std::isxdigit(static_cast<unsigned char>(file[i])); };
@@ -238,9 +171,104 @@ AllocatorSettings read_settings(const Reader& r, const json& s, const std::strin
   return settings;
 }
 
-}  // namespace
+RecordedSegment read_segment(const Reader& r, const json& segment, const std::string& path,
+                             std::map<int, std::int64_t>& reserved_by_device) {
+  const auto& s = r.object(segment, path);
+  RecordedSegment seg;
+  seg.device = r.device(r.key(s, path, "device"), path + ".device");
+  seg.address = r.address(r.key(s, path, "address"), path + ".address");
+  seg.size = r.size(r.key(s, path, "total_size"), path + ".total_size");
+  r.fits_address_space(seg.address, seg.size, path + ".total_size");
+  auto& reserved = reserved_by_device[seg.device];
+  reserved += seg.size;  // each at most 2^60, checked as it goes: no overflow
+  if (reserved > kMaxSnapshotBytes) {
+    r.fail(path + ".total_size", fmt::format("segments of device {} that sum to at most 2^60 bytes, not {}",
+                                             seg.device, reserved));
+  }
+  if (const auto* v = r.optional_key(s, "stream")) seg.stream = r.word(*v, path + ".stream");
+  if (const auto* v = r.optional_key(s, "segment_type")) {
+    const auto type = r.string(*v, path + ".segment_type");
+    if (type != "small" && type != "large") r.fail(path + ".segment_type", "'small' or 'large'", *v);
+    seg.small = type == "small";
+  } else {
+    seg.small = seg.size == CachingAllocatorModel::kSmallBuffer;
+  }
+  if (const auto* v = r.optional_key(s, "is_expandable")) seg.expandable = r.boolean(*v, path + ".is_expandable");
+  if (const auto* v = r.optional_key(s, "segment_pool_id")) {
+    if (v->is_array() && v->size() == 2 && ((*v)[0] != 0 || (*v)[1] != 0)) seg.private_pool = true;
+  }
+  const auto& blocks = r.list(r.key(s, path, "blocks"), path + ".blocks");
+  std::uint64_t at = seg.address;
+  std::int64_t total = 0;
+  for (std::size_t j = 0; j < blocks.size(); ++j) {
+    const auto bpath = fmt::format("{}.blocks[{}]", path, j);
+    const auto& b = r.object(blocks[j], bpath);
+    RecordedBlock block;
+    block.size = r.size(r.key(b, bpath, "size"), bpath + ".size");
+    block.address = at;
+    if (const auto* v = r.optional_key(b, "address")) block.address = r.address(*v, bpath + ".address");
+    if (block.address != at) {
+      r.fail(bpath + ".address", fmt::format("{:#x}, the end of the block before it", at), b["address"]);
+    }
+    r.fits_address_space(block.address, block.size, bpath + ".size");
+    total += block.size;  // each at most 2^60, checked as it goes: no overflow
+    if (total > kMaxSnapshotBytes || (!seg.expandable && total > seg.size)) {
+      r.fail(bpath + ".size", fmt::format("blocks that end within the segment's total_size {}, not at {} bytes",
+                                          seg.size, total));
+    }
+    if (const auto* v = r.optional_key(b, "requested_size")) block.requested = r.size(*v, bpath + ".requested_size");
+    const auto state = r.string(r.key(b, bpath, "state"), bpath + ".state");
+    if (state != "active_allocated" && state != "active_pending_free" && state != "inactive") {
+      r.fail(bpath + ".state", "'active_allocated', 'active_pending_free' or 'inactive'", b["state"]);
+    }
+    block.allocated = state != "inactive";
+    // A free block keeps the request of its last use, larger or not; a live one was rounded up from its request.
+    if (block.allocated && block.requested > block.size) {
+      r.fail(bpath + ".requested_size", fmt::format("at most the block's size {}", block.size), b["requested_size"]);
+    }
+    at += static_cast<std::uint64_t>(block.size);
+    seg.blocks.push_back(block);
+  }
+  if (total != seg.size && !seg.expandable) {
+    r.fail(path + ".blocks", fmt::format("blocks that sum to total_size {}, not {}", seg.size, total));
+  }
+  return seg;
+}
 
-Snapshot read_snapshot(const json& data, const std::string& origin) {
+TraceEvent read_event(const Reader& r, const json& entry, const std::string& path, std::int64_t& traced,
+                      TextTable& texts) {
+  const auto& e = r.object(entry, path);
+  TraceEvent ev;
+  const auto name = r.string(r.key(e, path, "action"), path + ".action");
+  ev.action = action_of(name);
+  using A = TraceEvent::Action;
+  if (ev.action == A::other) ev.text = texts.intern(name);
+  if (ev.action == A::other || ev.action == A::snapshot || ev.action == A::user_defined) return ev;
+  if (ev.action == A::oom) {
+    ev.device_free = r.size(r.key(e, path, "device_free"), path + ".device_free");
+    ev.size = r.request(r.key(e, path, "size"), path + ".size");
+  } else {
+    ev.addr = r.address(r.key(e, path, "addr"), path + ".addr");
+    ev.size = r.size(r.key(e, path, "size"), path + ".size");
+    r.fits_address_space(ev.addr, ev.size, path + ".size");
+  }
+  // A failed request past 2^60 is never modelled (it fits nowhere); every other size may make a segment.
+  traced += ev.size <= kMaxSnapshotBytes ? ev.size : 0;  // each at most 2^60, checked as it goes: no overflow
+  if (traced > (std::int64_t{1} << 62)) {
+    r.fail(path + ".size", "sizes that sum to at most 2^62 bytes over the trace (more than any real trace moves)",
+           e["size"]);
+  }
+  if (const auto* v = r.optional_key(e, "stream")) ev.stream = r.word(*v, path + ".stream");
+  if (ev.action == TraceEvent::Action::alloc) {
+    if (const auto* f = r.optional_key(e, "frames")) ev.text = texts.intern(where_of(*f));
+  }
+  return ev;
+}
+
+}  // namespace detail
+
+Snapshot read_snapshot(const nlohmann::json& data, const std::string& origin) {
+  using namespace detail;
   const Reader r(origin);
   Snapshot snap;
   snap.origin = origin;
@@ -261,69 +289,10 @@ Snapshot read_snapshot(const json& data, const std::string& origin) {
     if (settings->is_object() && settings->contains("memgate_allocator")) snap.settings_text = "memgate:" +
         r.string((*settings)["memgate_allocator"], "allocator_settings.memgate_allocator");
   }
+  detail::TextTable texts(snap.texts);
   std::map<int, std::int64_t> reserved_by_device;  // the final segments' bytes
   for (std::size_t i = 0; i < segments.size(); ++i) {
-    const auto path = fmt::format("segments[{}]", i);
-    const auto& s = r.object(segments[i], path);
-    RecordedSegment seg;
-    seg.device = r.device(r.key(s, path, "device"), path + ".device");
-    seg.address = r.address(r.key(s, path, "address"), path + ".address");
-    seg.size = r.size(r.key(s, path, "total_size"), path + ".total_size");
-    r.fits_address_space(seg.address, seg.size, path + ".total_size");
-    auto& reserved = reserved_by_device[seg.device];
-    reserved += seg.size;  // each at most 2^60, checked as it goes: no overflow
-    if (reserved > kMaxSnapshotBytes) {
-      r.fail(path + ".total_size", fmt::format("segments of device {} that sum to at most 2^60 bytes, not {}",
-                                               seg.device, reserved));
-    }
-    if (const auto* v = r.optional_key(s, "stream")) seg.stream = r.word(*v, path + ".stream");
-    if (const auto* v = r.optional_key(s, "segment_type")) {
-      const auto type = r.string(*v, path + ".segment_type");
-      if (type != "small" && type != "large") r.fail(path + ".segment_type", "'small' or 'large'", *v);
-      seg.small = type == "small";
-    } else {
-      seg.small = seg.size == CachingAllocatorModel::kSmallBuffer;
-    }
-    if (const auto* v = r.optional_key(s, "is_expandable")) seg.expandable = r.boolean(*v, path + ".is_expandable");
-    if (const auto* v = r.optional_key(s, "segment_pool_id")) {
-      if (v->is_array() && v->size() == 2 && ((*v)[0] != 0 || (*v)[1] != 0)) seg.private_pool = true;
-    }
-    const auto& blocks = r.list(r.key(s, path, "blocks"), path + ".blocks");
-    std::uint64_t at = seg.address;
-    std::int64_t total = 0;
-    for (std::size_t j = 0; j < blocks.size(); ++j) {
-      const auto bpath = fmt::format("{}.blocks[{}]", path, j);
-      const auto& b = r.object(blocks[j], bpath);
-      RecordedBlock block;
-      block.size = r.size(r.key(b, bpath, "size"), bpath + ".size");
-      block.address = at;
-      if (const auto* v = r.optional_key(b, "address")) block.address = r.address(*v, bpath + ".address");
-      if (block.address != at) {
-        r.fail(bpath + ".address", fmt::format("{:#x}, the end of the block before it", at), b["address"]);
-      }
-      r.fits_address_space(block.address, block.size, bpath + ".size");
-      total += block.size;  // each at most 2^60, checked as it goes: no overflow
-      if (total > kMaxSnapshotBytes || (!seg.expandable && total > seg.size)) {
-        r.fail(bpath + ".size", fmt::format("blocks that end within the segment's total_size {}, not at {} bytes",
-                                            seg.size, total));
-      }
-      if (const auto* v = r.optional_key(b, "requested_size")) block.requested = r.size(*v, bpath + ".requested_size");
-      const auto state = r.string(r.key(b, bpath, "state"), bpath + ".state");
-      if (state != "active_allocated" && state != "active_pending_free" && state != "inactive") {
-        r.fail(bpath + ".state", "'active_allocated', 'active_pending_free' or 'inactive'", b["state"]);
-      }
-      block.allocated = state != "inactive";
-      // A free block keeps the request of its last use, larger or not; a live one was rounded up from its request.
-      if (block.allocated && block.requested > block.size) {
-        r.fail(bpath + ".requested_size", fmt::format("at most the block's size {}", block.size), b["requested_size"]);
-      }
-      at += static_cast<std::uint64_t>(block.size);
-      seg.blocks.push_back(block);
-    }
-    if (total != seg.size && !seg.expandable) {
-      r.fail(path + ".blocks", fmt::format("blocks that sum to total_size {}, not {}", seg.size, total));
-    }
-    snap.segments.push_back(std::move(seg));
+    snap.segments.push_back(read_segment(r, segments[i], fmt::format("segments[{}]", i), reserved_by_device));
   }
   r.list(*traces, "device_traces");
   if (traces->size() > static_cast<std::size_t>(kMaxSnapshotDevices)) {
@@ -338,41 +307,12 @@ Snapshot read_snapshot(const json& data, const std::string& origin) {
     // (reserved, allocated, the state before the trace) can pass 64 bits.
     std::int64_t traced = 0;
     for (std::size_t i = 0; i < trace.size(); ++i) {
-      const auto path = fmt::format("{}[{}]", dpath, i);
-      const auto& e = r.object(trace[i], path);
-      TraceEvent ev;
-      ev.name = r.string(r.key(e, path, "action"), path + ".action");
-      ev.action = action_of(ev.name);
-      using A = TraceEvent::Action;
-      if (ev.action == A::other || ev.action == A::snapshot || ev.action == A::user_defined) {
-        events.push_back(std::move(ev));
-        continue;
-      }
-      if (ev.action == A::oom) {
-        ev.device_free = r.size(r.key(e, path, "device_free"), path + ".device_free");
-        ev.size = r.request(r.key(e, path, "size"), path + ".size");
-      } else {
-        ev.addr = r.address(r.key(e, path, "addr"), path + ".addr");
-        ev.size = r.size(r.key(e, path, "size"), path + ".size");
-        r.fits_address_space(ev.addr, ev.size, path + ".size");
-      }
-      // A failed request past 2^60 is never modelled (it fits nowhere); every other size may make a segment.
-      traced += ev.size <= kMaxSnapshotBytes ? ev.size : 0;  // each at most 2^60, checked as it goes: no overflow
-      if (traced > (std::int64_t{1} << 62)) {
-        r.fail(path + ".size", "sizes that sum to at most 2^62 bytes over the trace (more than any real trace moves)",
-               e["size"]);
-      }
-      if (const auto* v = r.optional_key(e, "stream")) ev.stream = r.word(*v, path + ".stream");
-      if (ev.action == TraceEvent::Action::alloc) {
-        if (const auto* f = r.optional_key(e, "frames")) ev.where = where_of(*f);
-      }
-      events.push_back(std::move(ev));
+      events.push_back(read_event(r, trace[i], fmt::format("{}[{}]", dpath, i), traced, texts));
     }
     snap.device_traces.push_back(std::move(events));
   }
   return snap;
 }
 
-Snapshot load_snapshot(const std::string& path) { return read_snapshot(load_plain_pickle(path), path); }
 
 }  // namespace memgate

@@ -10,9 +10,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -88,6 +94,10 @@ class Trace {
   json events_ = json::array();
   json segments_ = json::array();
 };
+
+// An event's action as written, and where its request was made (alloc).
+std::string event_name(const Snapshot& snap, const TraceEvent& e) { return std::string(snap.name(e)); }
+std::string event_where(const Snapshot& snap, const TraceEvent& e) { return std::string(snap.where(e)); }
 
 std::string divergence_of(const DeviceReplay& d) {
   if (!d.first_divergence) return "none";
@@ -597,6 +607,273 @@ TEST(ReplayTest, RealGpuTracesReplayExactly) {
     }
     EXPECT_GE(replayed, committed ? 2 : 1) << folders[i];
   }
+}
+
+
+// ---------------------------------------------------------------------------------------------------------------
+// Golden replays: tests/data/snapshots/<name>.replay.json holds what the replay of each committed trace gave when
+// the file was written (its JSON report under the recorded settings and six what-ifs, each series and the trace as
+// read), so that a faster reader or model must give the same results, event by event. MEMGATE_UPDATE_GOLDEN=1
+// rewrites the files from the code as it stands (only for a change of results that is meant, and reviewed).
+
+// FNV-1a over `text`, continuing from `h`.
+std::uint64_t fnv(std::string_view text, std::uint64_t h = 14695981039346656037ULL) {
+  for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  return h;
+}
+
+json series_json(const std::vector<ReplayPoint>& series) {
+  std::uint64_t h = fnv("");
+  ReplayPoint top;
+  for (const auto& p : series) {
+    h = fnv(fmt::format("{} {} {};", p.event, p.reserved, p.allocated), h);
+    if (p.reserved > top.reserved) top = p;
+  }
+  return {{"points", series.size()}, {"digest", fmt::format("{:016x}", h)},
+          {"peak", {top.event, top.reserved, top.allocated}}};
+}
+
+// The trace as read: per device, each action's count and a digest of every event's fields in order.
+json trace_json(const Snapshot& snap) {
+  json devices = json::array();
+  for (const auto& events : snap.device_traces) {
+    std::map<std::string, std::int64_t> actions;
+    std::uint64_t h = fnv("");
+    for (const auto& e : events) {
+      ++actions[event_name(snap, e)];
+      h = fnv(fmt::format("{} {} {} {} {} {};", event_name(snap, e), e.addr, e.size, e.stream, e.device_free,
+                          event_where(snap, e)), h);
+    }
+    devices.push_back({{"events", events.size()}, {"actions", actions}, {"digest", fmt::format("{:016x}", h)}});
+  }
+  std::uint64_t h = fnv("");
+  for (const auto& s : snap.segments) {
+    h = fnv(fmt::format("{} {} {} {} {} {} {};", s.device, s.address, s.size, s.stream, s.small, s.expandable,
+                        s.private_pool), h);
+    for (const auto& b : s.blocks) h = fnv(fmt::format("{} {} {} {};", b.address, b.size, b.requested, b.allocated), h);
+  }
+  return {{"segments", snap.segments.size()}, {"segments_digest", fmt::format("{:016x}", h)},
+          {"has_settings", snap.has_settings}, {"settings", snap.settings.to_string()},
+          {"settings_text", snap.settings_text}, {"device_traces", devices}};
+}
+
+// What-ifs that take the model through its other paths: a capacity below the recorded peak (out-of-memory retries),
+// oversize blocks, rounding to power-of-two divisions, expandable segments, garbage collection.
+std::vector<WhatIfSpec> golden_what_ifs(const Snapshot& snap) {
+  std::int64_t peak = 0;
+  for (const auto& d : replay_snapshot(snap).devices) peak = std::max(peak, d.recorded.peak_reserved);
+  const std::int64_t capacity = std::max<std::int64_t>(peak * 3 / 4 / kMiB, 1) * kMiB;
+  const auto settings = [&](const char* conf) { return AllocatorSettings::parse(conf, "golden", snap.settings); };
+  return {{"3/4 of the peak", std::nullopt, capacity},
+          {"max_split_size_mb:32", settings("max_split_size_mb:32"), std::nullopt},
+          {"max_split_size_mb:32 on 3/4 of the peak", settings("max_split_size_mb:32"), capacity},
+          {"roundup_power2_divisions:4", settings("roundup_power2_divisions:4"), std::nullopt},
+          {"expandable_segments:True", settings("expandable_segments:True"), std::nullopt},
+          {"garbage_collection_threshold:0.5 on 3/4 of the peak", settings("garbage_collection_threshold:0.5"),
+           capacity}};
+}
+
+json golden_of(const std::filesystem::path& file) {
+  const auto snap = load_snapshot(file.string());
+  const auto report = replay_snapshot(snap, golden_what_ifs(snap));
+  auto j = replay_to_json(report);
+  j["file"] = file.filename().string();
+  for (std::size_t i = 0; i < report.devices.size(); ++i) {
+    const auto& d = report.devices[i];
+    auto& out = j["devices"][i];
+    out["recorded_series"] = series_json(d.recorded_series);
+    out["replayed_series"] = series_json(d.replayed_series);
+    for (std::size_t w = 0; w < d.what_if.size(); ++w) out["what_if"][w]["series"] = series_json(d.what_if[w].series);
+  }
+  j["trace"] = trace_json(snap);
+  return j;
+}
+
+TEST(ReplayTest, CommittedTracesReplayAsTheirGoldenFilesSay) {
+  const auto folder = std::filesystem::path(MEMGATE_TEST_SOURCE_DIR) / "tests" / "data" / "snapshots";
+  const char* update = std::getenv("MEMGATE_UPDATE_GOLDEN");
+  int compared = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    if (entry.path().extension() != ".pickle") continue;
+    const auto golden_file = folder / (entry.path().stem().string() + ".replay.json");
+    const auto got = golden_of(entry.path());
+    if (update != nullptr && std::string(update) == "1") {
+      testing::write_file(golden_file.string(), got.dump(1) + "\n");
+      continue;
+    }
+    ASSERT_TRUE(std::filesystem::exists(golden_file))
+        << golden_file << " is missing: MEMGATE_UPDATE_GOLDEN=1 writes it from the code as it stands";
+    const auto want = json::parse(testing::read_file(golden_file.string()));
+    EXPECT_EQ(got, want) << entry.path() << ": the replay parts from its golden file; the difference (JSON patch):\n"
+                         << json::diff(want, got).dump(1);
+    ++compared;
+  }
+  if (update == nullptr) {
+    EXPECT_GE(compared, 3);
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------------------------
+// The streamed reader (load_snapshot, read_snapshot_pickle) against read_snapshot of the whole JSON tree: the same
+// Snapshot, field by field and event by event, and the same error for each kind of bad file.
+
+// The error `read` throws, or "no error".
+std::string error_of(const std::function<void()>& read) {
+  try {
+    read();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+void expect_same_snapshot(const Snapshot& streamed, const Snapshot& tree, const std::string& what) {
+  EXPECT_EQ(streamed.origin, tree.origin) << what;
+  EXPECT_EQ(streamed.has_settings, tree.has_settings) << what;
+  EXPECT_EQ(streamed.settings, tree.settings) << what;
+  EXPECT_EQ(streamed.settings_text, tree.settings_text) << what;
+  ASSERT_EQ(streamed.segments.size(), tree.segments.size()) << what;
+  for (std::size_t i = 0; i < tree.segments.size(); ++i) {
+    const auto& a = streamed.segments[i];
+    const auto& b = tree.segments[i];
+    EXPECT_EQ(std::tie(a.device, a.address, a.size, a.stream, a.small, a.expandable, a.private_pool),
+              std::tie(b.device, b.address, b.size, b.stream, b.small, b.expandable, b.private_pool))
+        << what << " segments[" << i << "]";
+    ASSERT_EQ(a.blocks.size(), b.blocks.size()) << what << " segments[" << i << "]";
+    for (std::size_t j = 0; j < b.blocks.size(); ++j) {
+      EXPECT_EQ(std::tie(a.blocks[j].address, a.blocks[j].size, a.blocks[j].requested, a.blocks[j].allocated),
+                std::tie(b.blocks[j].address, b.blocks[j].size, b.blocks[j].requested, b.blocks[j].allocated))
+          << what << " segments[" << i << "].blocks[" << j << "]";
+    }
+  }
+  ASSERT_EQ(streamed.device_traces.size(), tree.device_traces.size()) << what;
+  for (std::size_t d = 0; d < tree.device_traces.size(); ++d) {
+    const auto& x = streamed.device_traces[d];
+    const auto& y = tree.device_traces[d];
+    ASSERT_EQ(x.size(), y.size()) << what << " device_traces[" << d << "]";
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      EXPECT_EQ(std::tie(x[i].action, x[i].addr, x[i].size, x[i].stream, x[i].device_free),
+                std::tie(y[i].action, y[i].addr, y[i].size, y[i].stream, y[i].device_free))
+          << what << " device_traces[" << d << "][" << i << "]";
+      EXPECT_EQ(streamed.name(x[i]), tree.name(y[i])) << what << " device_traces[" << d << "][" << i << "]";
+      EXPECT_EQ(streamed.where(x[i]), tree.where(y[i])) << what << " device_traces[" << d << "][" << i << "]";
+      if (::testing::Test::HasFailure()) return;  // the first event that differs is enough
+    }
+  }
+}
+
+TEST(ReplayTest, CommittedTracesStreamAsTheirJsonTreeReads) {
+  const auto folder = std::filesystem::path(MEMGATE_TEST_SOURCE_DIR) / "tests" / "data" / "snapshots";
+  int read = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    if (entry.path().extension() != ".pickle") continue;
+    const auto path = entry.path().string();
+    expect_same_snapshot(load_snapshot(path), read_snapshot(load_plain_pickle(path), path), path);
+    const auto data = testing::read_file(path);
+    expect_same_snapshot(read_snapshot_pickle(data, path), read_snapshot(read_plain_pickle(data, path), path), path);
+    ++read;
+  }
+  EXPECT_GE(read, 3);
+}
+
+// Bad snapshots, each with one fault, and odd ones PyTorch does not write but read_snapshot takes (an entry listed
+// twice, tuples for lists, integer keys, an entry filled after its list took it): the streamed reader gives
+// read_snapshot's Snapshot or its error, word for word.
+TEST(ReplayTest, StreamedReaderGivesTheTreeReadersResultsAndErrors) {
+  testing::TempDir dir;
+  const auto script = dir / "make.py";
+  testing::write_file(script, R"(import copy, pickle, sys, os
+out = sys.argv[1]
+frames = [{'filename': '/home/u/train.py', 'line': 7, 'name': 'step'},
+          {'filename': '/usr/lib/python3/site-packages/torch/nn/modules/linear.py', 'line': 3, 'name': 'forward'}]
+def good():
+    trace = [{'action': 'segment_alloc', 'addr': 2**40, 'size': 20 << 20, 'stream': 0, 'time_us': 1, 'frames': frames},
+             {'action': 'alloc', 'addr': 2**40, 'size': 5 << 20, 'stream': 0, 'time_us': 2, 'frames': frames},
+             {'action': 'free_requested', 'addr': 2**40, 'size': 5 << 20, 'stream': 0, 'frames': frames},
+             {'action': 'free_completed', 'addr': 2**40, 'size': 5 << 20, 'stream': 0, 'frames': frames},
+             {'action': 'alloc', 'addr': 2**40, 'size': 5 << 20, 'stream': 0, 'frames': []},
+             {'action': 'oom', 'device_free': 1 << 20, 'size': 2**62, 'stream': 0},
+             {'action': 'snapshot', 'frames': frames}, {'action': 'user_defined', 'name': 'step 1'},
+             {'action': 'segment_compact', 'addr': 7}]
+    blocks = [{'address': 2**40, 'size': 5 << 20, 'requested_size': 5 << 20, 'state': 'active_allocated', 'frames': frames},
+              {'address': 2**40 + (5 << 20), 'size': 15 << 20, 'requested_size': 0, 'state': 'inactive', 'frames': []}]
+    return {'segments': [{'device': 0, 'address': 2**40, 'total_size': 20 << 20, 'stream': 0, 'segment_type': 'large',
+                          'segment_pool_id': (0, 0), 'is_expandable': False, 'frames': frames, 'blocks': blocks}],
+            'device_traces': [trace, []],
+            'allocator_settings': {'PYTORCH_CUDA_ALLOC_CONF': 'max_split_size_mb:64', 'max_split_size': 64 << 20,
+                                   'garbage_collection_threshold': 0.0, 'expandable_segments': False,
+                                   'roundup_power2_divisions': {'1': 0, '2': 4}}}
+cases = {}
+def case(name, change):
+    s = good()
+    change(s)
+    cases[name] = s
+case('good', lambda s: None)
+case('negative_size', lambda s: s['device_traces'][0][1].update(size=-5))
+case('string_addr', lambda s: s['device_traces'][0][2].update(addr='0x10'))
+case('float_size', lambda s: s['device_traces'][0][1].update(size=5.0))
+case('bool_stream', lambda s: s['device_traces'][0][1].update(stream=True))
+case('big_stream', lambda s: s['device_traces'][0][1].update(stream=2**64 - 1))
+case('no_action', lambda s: s['device_traces'][0][3].pop('action'))
+case('int_action', lambda s: s['device_traces'][0][3].update(action=3))
+case('no_addr', lambda s: s['device_traces'][0][0].pop('addr'))
+case('oom_no_free', lambda s: s['device_traces'][0][5].pop('device_free'))
+case('oom_negative', lambda s: s['device_traces'][0][5].update(size=-1))
+case('past_address_space', lambda s: s['device_traces'][0][1].update(addr=2**64 - 100))
+case('exabytes', lambda s: [e.update(size=2**60) for e in s['device_traces'][0][:5]])
+case('entry_not_dict', lambda s: s['device_traces'][0].insert(2, [1, 2]))
+case('trace_not_list', lambda s: s['device_traces'].__setitem__(1, 'x'))
+case('no_segments', lambda s: s.pop('segments'))
+case('segments_dict', lambda s: s.__setitem__('segments', {}))
+case('no_traces', lambda s: s.pop('device_traces'))
+case('bad_state', lambda s: s['segments'][0]['blocks'][0].update(state='gone'))
+case('block_past_segment', lambda s: s['segments'][0]['blocks'][1].update(size=16 << 20))
+case('bad_settings', lambda s: s['allocator_settings'].update(garbage_collection_threshold=1.5))
+case('bad_divisions', lambda s: s['allocator_settings']['roundup_power2_divisions'].update({'4': 3}))
+case('tuples', lambda s: s['device_traces'].__setitem__(0, tuple(s['device_traces'][0])))
+case('int_keys', lambda s: s['device_traces'][0][1].update({5: 'x'}))
+case('frames_tuple', lambda s: s['device_traces'][0][1].update(frames=tuple(frames)))
+case('frames_odd', lambda s: s['device_traces'][0][1].update(frames=[1, None, {'line': 3}]))
+case('not_utf8_action', lambda s: s['device_traces'][0][8].update(action='caf\udce9'))
+def twice(s):
+    s['device_traces'][0].append(s['device_traces'][0][1])
+case('entry_twice', twice)
+def shared_frames(s):
+    s['device_traces'][0][4]['frames'] = s['device_traces'][0][2]['frames'] = [frames[1], frames[0]]
+case('shared_frames', shared_frames)
+def entry_as_segment(s):
+    s['segments'].append(s['device_traces'][0][1])
+case('entry_as_segment', entry_as_segment)
+for name, s in cases.items():
+    open(os.path.join(out, name + '.pickle'), 'wb').write(pickle.dumps(s, protocol=4))
+open(os.path.join(out, 'root_list.pickle'), 'wb').write(pickle.dumps([1, 2, 3], protocol=4))
+open(os.path.join(out, 'protocol2.pickle'), 'wb').write(pickle.dumps(good(), protocol=2))
+data = pickle.dumps(good(), protocol=4)
+open(os.path.join(out, 'truncated.pickle'), 'wb').write(data[:len(data) // 2])
+open(os.path.join(out, 'global.pickle'), 'wb').write(pickle.dumps({'segments': [], 'device_traces': [[os.getcwd]]}))
+)");
+  std::string log;
+  ASSERT_EQ(testing::run(std::string(MEMGATE_TEST_PYTHON) + " " + script + " " + dir.path().string(), &log), 0) << log;
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    if (entry.path().extension() != ".pickle") continue;
+    const auto path = entry.path().string();
+    const auto name = entry.path().stem().string();
+    Snapshot streamed, tree;
+    const auto streamed_error = error_of([&] { streamed = load_snapshot(path); });
+    const auto tree_error = error_of([&] { tree = read_snapshot(load_plain_pickle(path), path); });
+    EXPECT_EQ(streamed_error, tree_error) << name;
+    if (name == "good" || name == "tuples" || name == "protocol2") {
+      EXPECT_EQ(tree_error, "no error") << name;
+    }
+    if (name == "negative_size") {
+      EXPECT_THAT(tree_error, HasSubstr("device_traces[0][1].size: expected a size"));
+    }
+    if (tree_error == "no error") expect_same_snapshot(streamed, tree, name);
+    ++files;
+  }
+  EXPECT_EQ(files, 34);
 }
 
 }  // namespace

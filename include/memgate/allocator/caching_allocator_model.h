@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace memgate {
@@ -193,7 +194,7 @@ class CachingAllocatorModel {
   std::vector<SegmentEvent> events_;
   std::unique_ptr<Pool> small_;
   std::unique_ptr<Pool> large_;
-  std::map<std::uint64_t, Block*> live_;
+  std::unordered_map<std::uint64_t, Block*> live_;
   std::map<std::uint64_t, std::int64_t> segment_ranges_;  // address -> size, of the segments the model holds
   std::vector<std::unique_ptr<Block>> storage_;
   std::uint64_t next_address_ = std::uint64_t{1} << 56;  // far above any real GPU address

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace memgate {
@@ -20,24 +21,30 @@ namespace memgate {
 inline constexpr std::int64_t kMaxSnapshotBytes = std::int64_t{1} << 60;
 inline constexpr std::int64_t kMaxSnapshotDevices = std::int64_t{1} << 16;
 
-/// One entry of a device's trace, as the snapshot records it.
+/// One entry of a device's trace, as the snapshot records it: 40 bytes, so that a trace of millions of events
+/// takes less memory than its pickle. Its texts (an unknown action's name, where a request was made) are kept once
+/// per snapshot: Snapshot::name() and Snapshot::where() read them.
 struct TraceEvent {
   /// PyTorch's TraceEntry::Action; `snapshot` (a snapshot was taken) and `user_defined` (an annotation, e.g.
   /// record_function) change no memory; `other` is an action this memgate does not know.
-  enum class Action {
+  enum class Action : std::uint8_t {
     alloc, free_requested, free_completed, segment_alloc, segment_free, segment_map, segment_unmap, oom, snapshot,
     user_defined, other
   };
-  Action action = Action::other;
-  std::string name;          ///< the action as written (kept for actions the replay does not know)
   std::uint64_t addr = 0;
   /// The request (alloc, free_*), the segment (segment_*), each up to kMaxSnapshotBytes; the failed request (oom),
   /// which may ask for more than any GPU holds.
   std::int64_t size = 0;
   std::uint64_t stream = 0;
   std::int64_t device_free = 0;  ///< oom: what CUDA said was free
-  std::string where;         ///< alloc: the first frame outside torch ("file:line function"), when recorded
+  /// An index into Snapshot::texts (0: none): the action as written for an action the replay does not know
+  /// (other); for alloc, the first frame outside torch ("file:line function"), when recorded.
+  std::uint32_t text = 0;
+  Action action = Action::other;
 };
+
+/// The name PyTorch writes for a known action ("alloc", "segment_free", ...); "other" for Action::other.
+[[nodiscard]] std::string_view action_name(TraceEvent::Action action);
 
 /// A block of a segment in the snapshot's final state.
 struct RecordedBlock {
@@ -66,6 +73,17 @@ struct Snapshot {
   std::string settings_text;  ///< PYTORCH_CUDA_ALLOC_CONF as recorded
   std::vector<RecordedSegment> segments;
   std::vector<std::vector<TraceEvent>> device_traces;  ///< per device index
+  /// The texts events name (TraceEvent::text), each once; texts[0] is "".
+  std::vector<std::string> texts{std::string()};
+
+  /// An event's action as written.
+  [[nodiscard]] std::string_view name(const TraceEvent& e) const {
+    return e.action == TraceEvent::Action::other ? std::string_view(texts[e.text]) : action_name(e.action);
+  }
+  /// Where an alloc's request was made ("file:line function"); "" when not recorded, or for another action.
+  [[nodiscard]] std::string_view where(const TraceEvent& e) const {
+    return e.action == TraceEvent::Action::alloc ? std::string_view(texts[e.text]) : std::string_view();
+  }
 };
 
 /// A snapshot from the plain data of its pickle (read_plain_pickle). Strict: a value of the wrong type, a missing
@@ -75,7 +93,16 @@ struct Snapshot {
 /// naming `origin`, the key's path (`device_traces[0][12].size`) and what was expected. Keys it does not use are
 /// ignored, as newer PyTorch adds them.
 [[nodiscard]] Snapshot read_snapshot(const nlohmann::json& data, const std::string& origin);
-/// read_snapshot of a file (load_plain_pickle).
+/// The same Snapshot read_snapshot(read_plain_pickle(data, origin), origin) gives, with the same errors, read in one
+/// pass over the pickle without building its whole tree: each trace entry becomes a TraceEvent as soon as its list
+/// holds it, texts are kept once, and frames only as far as `where` needs them. Memory stays below the pickle's
+/// size for real snapshots, and nothing the file holds is expanded: memo references cost what they cost in the file,
+/// so a snapshot of any size PyTorch writes is read (read_plain_pickle refuses more than PickleLimits::max_values).
+/// Only a file PyTorch does not write (a trace entry changed after its list took it, or used again as something
+/// other than a trace entry) is read through read_plain_pickle instead.
+[[nodiscard]] Snapshot read_snapshot_pickle(std::string_view data, const std::string& origin);
+/// read_snapshot_pickle of a file, mapped rather than read where the system can (the pages the reader has passed
+/// are given back as it goes).
 [[nodiscard]] Snapshot load_snapshot(const std::string& path);
 
 struct ReplayTotals {
