@@ -43,8 +43,9 @@ endfunction()
 # label (cpu, or gpu for the CUDA tests: gtest_discover_tests keeps one label per property value). It reuses the
 # precompiled LibTorch headers only when it links LibTorch. GPU: each test claims one GPU (CTest resource groups).
 # PROCESSORS n: each test claims n cores (tests that start rank processes), so ctest -j does not oversubscribe.
-# PER_SUITE: one CTest test per GoogleTest suite instead of one per test, for programs that load LibTorch (0.4 s per
-# process before any work: paid once per suite, not once per test); a failing test is named in its suite's output.
+# PER_SUITE: one CTest test per GoogleTest suite instead of one per test (a parameterized suite in shards of at most 4
+# tests), for programs that load LibTorch (0.4 s per process before any work: paid once per suite or shard, not once
+# per test); a failing test is named in its suite's output (cmake/MemgateTestSuites.cmake).
 function(memgate_add_test name)
   cmake_parse_arguments(ARG "GPU;PER_SUITE" "LABEL;PROCESSORS" "SOURCES;LINK" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
@@ -63,14 +64,18 @@ function(memgate_add_test name)
     set(processors PROCESSORS ${ARG_PROCESSORS})
   endif()
   if(ARG_PER_SUITE)
-    set(properties LABELS "${ARG_LABEL}" ENVIRONMENT "MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}" ${gpu_resources}
-                   ${processors})
+    set(properties ${gpu_resources} ${processors})
     list(JOIN properties "|" properties)
     set(suites "${CMAKE_CURRENT_BINARY_DIR}/${name}_suites.cmake")
-    add_custom_command(TARGET ${name} POST_BUILD
-      COMMAND "${CMAKE_COMMAND}" "-DPROGRAM=$<TARGET_FILE:${name}>" "-DOUTPUT=${suites}" "-DPROPERTIES=${properties}"
+    # Listed again whenever the program or the script changes.
+    add_custom_command(OUTPUT "${suites}"
+      COMMAND "${CMAKE_COMMAND}" "-DPROGRAM=$<TARGET_FILE:${name}>" "-DOUTPUT=${suites}" "-DLABELS=${ARG_LABEL}"
+              "-DENVIRONMENT=MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}" "-DPROPERTIES=${properties}"
               -P "${PROJECT_SOURCE_DIR}/cmake/MemgateTestSuites.cmake"
+      DEPENDS ${name} "${PROJECT_SOURCE_DIR}/cmake/MemgateTestSuites.cmake"
+      COMMENT "Listing the test suites of ${name}"
       VERBATIM)
+    add_custom_target(${name}_suites ALL DEPENDS "${suites}")
     set(include "${CMAKE_CURRENT_BINARY_DIR}/${name}_include.cmake")
     file(WRITE "${include}"
       "if(EXISTS [==[${suites}]==])\n  include([==[${suites}]==])\nelse()\n"

@@ -23,9 +23,11 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace memgate {
 namespace {
@@ -109,7 +111,18 @@ int rank_main(int argc, char** argv) {
     const auto timeout = args.contains("timeout-s") ? std::chrono::seconds(to_int(args, "timeout-s"))
                                                     : kDefaultRankTimeout;
     const auto world = static_cast<int>(to_int(args, "world-size"));
-    const auto batch_size = to_int(args, "batch-size");
+    // One batch size, or (the whole probe of a Python fixture) several, probed in turn in this process: result i
+    // then goes to <output>.<i> (and its snapshot to <snapshot>.<i>), each written as soon as it is known.
+    std::vector<std::int64_t> batch_sizes;
+    {
+      std::map<std::string, std::string> one;
+      std::stringstream list(args.contains("batch-size") ? args["batch-size"] : std::string());
+      for (std::string item; std::getline(list, item, ',');) {
+        one["batch-size"] = item;
+        batch_sizes.push_back(to_int(one, "batch-size"));
+      }
+      if (batch_sizes.empty()) throw std::invalid_argument("--batch-size is required");
+    }
     auto fixture = load_fixture(args["fixture"]);
     override_cpu_kernels(fixture, args["cpu-kernels"], "--cpu-kernels");
     // With a store this process is one rank of a distributed probe; without, it runs the whole probe (a Python
@@ -137,39 +150,47 @@ int rank_main(int argc, char** argv) {
     // a training script, and are not counted as the model's (its ranks count them for that alone).
     std::optional<ParamCounts> counts;
     if (!is_rank || fixture.model.arch == Arch::kPython) counts = workload_param_counts(fixture);
-    ProbeResult result;
-    if (args.contains("estimate-for")) {
-      const auto& target = args["estimate-for"];
-      if (target != "cpu" && target != "cuda") throw std::invalid_argument("--estimate-for: expected cpu or cuda");
-      result = estimate_probe(fixture, batch_size, target == "cpu" ? EstimateTarget::kCpu : EstimateTarget::kCuda,
-                              options);
-    } else {
-      // The CPU (Gloo), or the GPU of this rank's own (NCCL): cuda:N, which the probe gave it.
-      const c10::Device device(args.contains("device") ? args["device"] : std::string("cpu"));
-      if (!device.is_cpu() && !(device.is_cuda() && device.has_index())) {
-        throw std::invalid_argument("--device: expected cpu or cuda:N, got " + args["device"]);
+    if (is_rank && batch_sizes.size() > 1) throw std::invalid_argument("--batch-size: a rank probes one batch size");
+    const auto of_probe = [&](const std::string& path, std::size_t i) {
+      return batch_sizes.size() == 1 ? path : path + "." + std::to_string(i);
+    };
+    for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
+      const auto batch_size = batch_sizes[i];
+      ProbeResult result;
+      if (args.contains("estimate-for")) {
+        const auto& target = args["estimate-for"];
+        if (target != "cpu" && target != "cuda") throw std::invalid_argument("--estimate-for: expected cpu or cuda");
+        result = estimate_probe(fixture, batch_size, target == "cpu" ? EstimateTarget::kCpu : EstimateTarget::kCuda,
+                                options);
+      } else {
+        // The CPU (Gloo), or the GPU of this rank's own (NCCL): cuda:N, which the probe gave it.
+        const c10::Device device(args.contains("device") ? args["device"] : std::string("cpu"));
+        if (!device.is_cpu() && !(device.is_cuda() && device.has_index())) {
+          throw std::invalid_argument("--device: expected cpu or cuda:N, got " + args["device"]);
+        }
+        if (is_rank) {
+          options.on_phase("joining the process group");
+          group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, timeout)
+                                   : join_gloo_group(args["store"], rank, world, timeout);
+          options.rank_group = &*group;
+        }
+        result = cap > 0 ? run_probe_capped(fixture, batch_size, device, cap, options)
+                         : run_probe(fixture, batch_size, device, options);
+        if (group) {
+          result.communicator_bytes = communicator_bytes();
+          shut_down_nccl(*group);
+        }
       }
-      if (is_rank) {
-        options.on_phase("joining the process group");
-        group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, timeout)
-                                 : join_gloo_group(args["store"], rank, world, timeout);
-        options.rank_group = &*group;
+      if (!is_rank) result.param_counts = counts;
+      if (args.contains("snapshot")) {
+        const auto snapshot = of_probe(args["snapshot"], i);
+        if (!result.snapshot.empty()) write_file_atomically(snapshot, result.snapshot);
+        for (std::size_t r = 0; r < result.rank_snapshots.size(); ++r) {
+          write_file_atomically(fmt::format("{}.rank{}", snapshot, r), result.rank_snapshots[r]);
+        }
       }
-      result = cap > 0 ? run_probe_capped(fixture, batch_size, device, cap, options)
-                       : run_probe(fixture, batch_size, device, options);
-      if (group) {
-        result.communicator_bytes = communicator_bytes();
-        shut_down_nccl(*group);
-      }
+      write_file_atomically(of_probe(args["output"], i), rank_result_text(rank, result));
     }
-    if (!is_rank) result.param_counts = counts;
-    if (args.contains("snapshot")) {
-      if (!result.snapshot.empty()) write_file_atomically(args["snapshot"], result.snapshot);
-      for (std::size_t r = 0; r < result.rank_snapshots.size(); ++r) {
-        write_file_atomically(fmt::format("{}.rank{}", args["snapshot"], r), result.rank_snapshots[r]);
-      }
-    }
-    write_file_atomically(args["output"], rank_result_text(rank, result));
     return 0;
   } catch (const c10::Error& e) {
     // The message, not LibTorch's C++ stack after it: the launcher shows the line that says what went wrong.

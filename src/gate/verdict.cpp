@@ -11,6 +11,7 @@
 #include <climits>
 #include <filesystem>
 #include <optional>
+#include <vector>
 
 namespace memgate {
 
@@ -150,12 +151,11 @@ ComponentVerdict evaluate_budget(const Fixture& fixture, const ProbeResult& prob
 
 RecordedBaseline record_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes, c10::Device device,
                                 const std::string& baselines_dir, const ProbeOptions& options) {
-  std::vector<ProbeResult> probes;
-  for (const auto batch_size : batch_sizes) {
-    probes.push_back(run_probe(fixture, batch_size, device, options));
-    if (probes.back().oom) {
+  auto probes = run_probes(fixture, batch_sizes, device, options);
+  for (const auto& probe : probes) {
+    if (probe.oom) {
       throw Error(fmt::format("{} at batch {} ran out of memory: there is nothing to record.\n{}", fixture.name,
-                              batch_size, probes.back().error));
+                              probe.batch_size, probe.error));
     }
   }
   const auto info = describe_probe_device(device, fixture);
@@ -172,18 +172,26 @@ FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64
   out.baseline_file = baseline_path(baselines_dir, out.device.slug, fixture.name);
   std::optional<Baseline> baseline;
   if (std::filesystem::exists(out.baseline_file)) baseline = load_baseline(out.baseline_file, fixture.name, out.device.slug);
-  auto measure = [&](std::int64_t batch_size) -> const ProbeResult& {
-    if (const auto* done = find_probe(out, batch_size)) return *done;
-    out.probes.push_back(run_probe(fixture, batch_size, device, options));
-    return out.probes.back();
+  // A missing or changed baseline is judged without a probe: the verdict needs no numbers.
+  const auto judged = [&](std::int64_t batch_size) {
+    const auto* recorded = baseline ? baseline->find(batch_size) : nullptr;
+    return recorded != nullptr && recorded->fixture_hash() == fixture.hash;
+  };
+  // What to measure, each once, in order (the budgets' batch sizes last), in one run_probes: a Python fixture's
+  // probes then share one Python process.
+  std::vector<std::int64_t> measured;
+  const auto add = [&](std::int64_t b) {
+    if (std::find(measured.begin(), measured.end(), b) == measured.end()) measured.push_back(b);
   };
   for (const auto batch_size : batch_sizes) {
-    const auto* recorded = baseline ? baseline->find(batch_size) : nullptr;
+    if (judged(batch_size)) add(batch_size);
+  }
+  for (const auto batch_size : extra_batch_sizes) add(batch_size);
+  out.probes = run_probes(fixture, measured, device, options);
+  for (const auto batch_size : batch_sizes) {
     ProbeResult unmeasured;
     unmeasured.batch_size = batch_size;
-    // A missing or changed baseline is judged without a probe: the verdict needs no numbers.
-    const bool judged = recorded != nullptr && recorded->fixture_hash() == fixture.hash;
-    const ProbeResult probe = judged ? measure(batch_size) : unmeasured;
+    const ProbeResult probe = judged(batch_size) ? *find_probe(out, batch_size) : unmeasured;
     // A distributed fixture is gated rank by rank: each rank's components against that rank's record.
     const auto ranks = fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0;
     for (std::int64_t r = 0; r < std::max<std::int64_t>(ranks, 1); ++r) {
@@ -194,7 +202,6 @@ FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64
       }
     }
   }
-  for (const auto batch_size : extra_batch_sizes) (void)measure(batch_size);
   return out;
 }
 

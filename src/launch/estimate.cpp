@@ -11,6 +11,10 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <span>
+#include <utility>
+#include <vector>
+
 namespace memgate {
 
 namespace {
@@ -76,14 +80,20 @@ Profile estimate_profile(const Workload& workload, const std::vector<std::int64_
   }
   profile.device.torch_version = TORCH_VERSION;
   profile.fixture = workload.name;
-  if (!runs_in_python(workload)) profile.params = workload_param_counts(workload);
-  for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
-    if (on_probe) on_probe(i, batch_sizes[i], nullptr);
-    profile.probes.push_back(estimate_probe(workload, batch_sizes[i], target, options));
-    if (profile.probes.back().param_counts) profile.params = *profile.probes.back().param_counts;
-    if (on_probe) on_probe(i, batch_sizes[i], &profile.probes.back());
-  }
-  return profile;
+  const bool python = runs_in_python(workload);
+  if (!python) profile.params = workload_param_counts(workload);
+  // A Python fixture's estimates in one Python process (its imports paid once).
+  return collect_profile(
+      batch_sizes, python,
+      [&](std::span<const std::int64_t> sizes) {
+        if (python) {
+          return run_python_probes(workload, sizes, c10::Device(c10::DeviceType::Meta), options, target);
+        }
+        std::vector<ProbeResult> results;
+        for (const auto batch_size : sizes) results.push_back(estimate_probe(workload, batch_size, target, options));
+        return results;
+      },
+      on_probe, std::move(profile));
 }
 
 }  // namespace memgate

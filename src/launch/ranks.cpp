@@ -13,6 +13,7 @@
 #include "memgate/models/zoo.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -26,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <span>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -127,15 +129,21 @@ std::vector<std::string> child_command(const Workload& workload) {
 }
 
 // The environment of a probe's processes: this one's, with memgate's Python package first on PYTHONPATH so that
-// `python -m memgate` finds the extension this memgate built: MEMGATE_PYTHONPATH, else a build tree's python/ beside
-// this program's folder (bin/ and tests/ of build/<preset>), else none (an installed package: pip install).
+// `python -m memgate` finds the extension this memgate built: MEMGATE_PYTHONPATH, else a build tree's python/ (beside
+// bin/ and tests/ of build/<preset>, or above libexec/memgate/), else none (an installed package: pip install).
 std::vector<std::string> child_environment() {
   std::string package;
   if (const char* env = std::getenv("MEMGATE_PYTHONPATH"); env != nullptr && *env != '\0') package = env;
   std::error_code ec;
   if (const auto self = std::filesystem::read_symlink("/proc/self/exe", ec); package.empty() && !ec) {
-    const auto build = self.parent_path().parent_path() / "python";
-    if (std::filesystem::is_regular_file(build / "memgate" / "__init__.py", ec)) package = build.string();
+    // build/<preset>/{bin,tests}/<program>, or build/<preset>/libexec/memgate/memgate-measure.
+    for (const auto& build : {self.parent_path().parent_path() / "python",
+                              self.parent_path().parent_path().parent_path() / "python"}) {
+      if (std::filesystem::is_regular_file(build / "memgate" / "__init__.py", ec)) {
+        package = build.string();
+        break;
+      }
+    }
   }
   std::vector<std::string> env;
   std::string pythonpath = package;
@@ -254,58 +262,87 @@ std::string rank_result_text(int rank, const ProbeResult& r) {
   return out.dump();
 }
 
-ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
-                             const ProbeOptions& options, std::optional<EstimateTarget> estimate,
-                             std::int64_t cap_bytes) {
-  require_batch_size(workload, batch_size);
+std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<const std::int64_t> batch_sizes,
+                                           c10::Device device, const ProbeOptions& options,
+                                           std::optional<EstimateTarget> estimate, std::int64_t cap_bytes) {
+  if (batch_sizes.empty()) return {};
+  for (const auto batch_size : batch_sizes) require_batch_size(workload, batch_size);
   auto command = child_command(workload);
   const auto env = child_environment();
   RunDir run;
   const auto& dir = run.path();
   const auto& spec = workload.training.distributed;
-  const auto arguments = probe_arguments(workload, batch_size, 0, spec.enabled() ? spec.world_size : 1,
-                                         dir / "rank0.json", options, cap_bytes, device.str());
+  auto arguments = probe_arguments(workload, batch_sizes.front(), 0, spec.enabled() ? spec.world_size : 1,
+                                   dir / "rank0.json", options, cap_bytes, device.str());
+  // Every batch size in the one process, in order: its imports (torch, the user's libraries) are paid once.
+  const auto at = std::find(arguments.begin(), arguments.end(), "--batch-size");
+  *(at + 1) = fmt::format("{}", fmt::join(batch_sizes, ","));
   command.insert(command.end(), arguments.begin(), arguments.end());
   if (estimate) command.insert(command.end(), {"--estimate-for", *estimate == EstimateTarget::kCpu ? "cpu" : "cuda"});
   const auto snapshot = dir / "probe.pickle";
   if (options.snapshot) command.insert(command.end(), {"--snapshot", snapshot.string()});
+  // What the process writes for its i-th batch size (rank_main: a file per batch size when it probes several).
+  const auto of_probe = [&](const std::filesystem::path& path, std::size_t i) {
+    return batch_sizes.size() == 1 ? path : std::filesystem::path(path.string() + "." + std::to_string(i));
+  };
   Children children(run, options.rank_timeout);
   children.start({.name = "its Python probe", .argv = command, .env = env, .log = (dir / "rank0.log").string(),
                   .heartbeat = (dir / "rank0.beat").string()});
   if (auto failure = children.wait()) {
-    throw Error(fmt::format("{} at batch {}: {} (-m memgate): {}", workload.source, batch_size, command.front(),
-                            *failure));
-  }
-  const auto j = read_rank_result(dir, 0);
-  require_same_version(j, "the Python probe", command.front() + " -m memgate");
-  ProbeResult result;
-  result.batch_size = batch_size;
-  result.oom = j.at("oom").get<bool>();
-  result.error = j.at("error").get<std::string>();
-  result.components = components_from(j.at("components"));
-  result.comm_buffer_bytes = j.at("comm_buffer_bytes").get<std::int64_t>();
-  result.comm_buffers = j.at("comm_buffers").get<std::int64_t>();
-  result.communicator_bytes = j.at("communicator_bytes").get<std::int64_t>();
-  result.outside_allocator_bytes = j.at("outside_allocator_bytes").get<std::int64_t>();
-  result.library_workspace_bytes = j.at("library_workspace_bytes").get<std::int64_t>();
-  result.seconds = j.at("seconds").get<double>();
-  result.step_seconds = j.at("step_seconds").get<double>();
-  for (const auto& r : j.at("ranks")) result.ranks.push_back(rank_components_from(r));
-  if (j.contains("params")) {
-    const auto& p = j.at("params");
-    result.param_counts = ParamCounts{p.at("total").get<std::int64_t>(), p.at("trainable").get<std::int64_t>(),
-                                      p.at("frozen").get<std::int64_t>()};
-  }
-  if (options.snapshot) {
+    // The batch size it was at: the first whose result it had not written.
+    std::size_t done = 0;
     std::error_code ec;
-    if (std::filesystem::is_regular_file(snapshot, ec)) result.snapshot = read_text_file(snapshot, "a memory snapshot");
-    for (std::size_t r = 0; r < result.ranks.size(); ++r) {
-      const auto path = dir / fmt::format("probe.pickle.rank{}", r);
-      result.rank_snapshots.push_back(std::filesystem::is_regular_file(path, ec) ? read_text_file(path, "a memory snapshot")
-                                                                                : std::string());
+    while (done < batch_sizes.size() && std::filesystem::is_regular_file(of_probe(dir / "rank0.json", done), ec)) {
+      ++done;
     }
+    throw Error(fmt::format("{} at batch {}: {} (-m memgate): {}", workload.source,
+                            batch_sizes[std::min(done, batch_sizes.size() - 1)], command.front(), *failure));
   }
-  return result;
+  std::vector<ProbeResult> results;
+  for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
+    const auto j = nlohmann::json::parse(read_text_file(of_probe(dir / "rank0.json", i).string(), "a probe's result file"));
+    require_same_version(j, "the Python probe", command.front() + " -m memgate");
+    ProbeResult result;
+    result.batch_size = batch_sizes[i];
+    result.oom = j.at("oom").get<bool>();
+    result.error = j.at("error").get<std::string>();
+    result.components = components_from(j.at("components"));
+    result.comm_buffer_bytes = j.at("comm_buffer_bytes").get<std::int64_t>();
+    result.comm_buffers = j.at("comm_buffers").get<std::int64_t>();
+    result.communicator_bytes = j.at("communicator_bytes").get<std::int64_t>();
+    result.outside_allocator_bytes = j.at("outside_allocator_bytes").get<std::int64_t>();
+    result.library_workspace_bytes = j.at("library_workspace_bytes").get<std::int64_t>();
+    result.seconds = j.at("seconds").get<double>();
+    result.step_seconds = j.at("step_seconds").get<double>();
+    for (const auto& r : j.at("ranks")) result.ranks.push_back(rank_components_from(r));
+    if (j.contains("params")) {
+      const auto& p = j.at("params");
+      result.param_counts = ParamCounts{p.at("total").get<std::int64_t>(), p.at("trainable").get<std::int64_t>(),
+                                        p.at("frozen").get<std::int64_t>()};
+    }
+    if (options.snapshot) {
+      std::error_code ec;
+      const auto probe_snapshot = of_probe(snapshot, i);
+      if (std::filesystem::is_regular_file(probe_snapshot, ec)) {
+        result.snapshot = read_text_file(probe_snapshot.string(), "a memory snapshot");
+      }
+      for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+        const auto path = std::filesystem::path(fmt::format("{}.rank{}", probe_snapshot.string(), r));
+        result.rank_snapshots.push_back(std::filesystem::is_regular_file(path, ec)
+                                            ? read_text_file(path.string(), "a memory snapshot")
+                                            : std::string());
+      }
+    }
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
+ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                             const ProbeOptions& options, std::optional<EstimateTarget> estimate,
+                             std::int64_t cap_bytes) {
+  const std::int64_t batch_sizes[] = {batch_size};
+  return std::move(run_python_probes(workload, batch_sizes, device, options, estimate, cap_bytes).front());
 }
 
 namespace {

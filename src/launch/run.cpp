@@ -8,6 +8,10 @@
 #include "memgate/launch/ranks.h"
 
 #include <algorithm>
+#include <functional>
+#include <span>
+#include <utility>
+#include <vector>
 
 namespace memgate {
 
@@ -53,20 +57,51 @@ ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, 
 }
 
 
+std::vector<ProbeResult> run_probes(const Workload& workload, std::span<const std::int64_t> batch_sizes,
+                                    c10::Device device, const ProbeOptions& options) {
+  if (options.rank_group == nullptr && runs_in_python(workload) &&
+      (device.is_meta() || !workload.training.distributed.enabled())) {
+    return run_python_probes(workload, batch_sizes, device, options, std::nullopt);
+  }
+  std::vector<ProbeResult> results;
+  for (const auto batch_size : batch_sizes) results.push_back(run_probe(workload, batch_size, device, options));
+  return results;
+}
+
+Profile collect_profile(const std::vector<std::int64_t>& batch_sizes, bool in_one_process,
+                        const std::function<std::vector<ProbeResult>(std::span<const std::int64_t>)>& probe,
+                        const ProbeCallback& on_probe, Profile profile) {
+  if (in_one_process && batch_sizes.size() > 1) {
+    // One process probes them all: told before the first, then after each.
+    if (on_probe) on_probe(0, batch_sizes.front(), nullptr);
+    profile.probes = probe(batch_sizes);
+    for (std::size_t i = 0; i < profile.probes.size(); ++i) {
+      if (profile.probes[i].param_counts) profile.params = *profile.probes[i].param_counts;
+      if (on_probe) on_probe(i, batch_sizes[i], &profile.probes[i]);
+    }
+    return profile;
+  }
+  for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
+    if (on_probe) on_probe(i, batch_sizes[i], nullptr);
+    profile.probes.push_back(std::move(probe(std::span(batch_sizes).subspan(i, 1)).front()));
+    if (profile.probes.back().param_counts) profile.params = *profile.probes.back().param_counts;
+    if (on_probe) on_probe(i, batch_sizes[i], &profile.probes.back());
+  }
+  return profile;
+}
+
 Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes, c10::Device device,
                     const ProbeOptions& options, const ProbeCallback& on_probe) {
   Profile profile;
   profile.device = describe_probe_device(device, workload, options);
   profile.fixture = workload.name;
-  // A Python fixture's model is built in its probes' Python processes, which count its parameters.
-  if (!runs_in_python(workload)) profile.params = workload_param_counts(workload);
-  for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
-    if (on_probe) on_probe(i, batch_sizes[i], nullptr);
-    profile.probes.push_back(run_probe(workload, batch_sizes[i], device, options));
-    if (profile.probes.back().param_counts) profile.params = *profile.probes.back().param_counts;
-    if (on_probe) on_probe(i, batch_sizes[i], &profile.probes.back());
-  }
-  return profile;
+  // A Python fixture's model is built in its probes' Python process, which counts its parameters.
+  const bool python = runs_in_python(workload);
+  if (!python) profile.params = workload_param_counts(workload);
+  return collect_profile(
+      batch_sizes, python && options.rank_group == nullptr && !workload.training.distributed.enabled(),
+      [&](std::span<const std::int64_t> sizes) { return run_probes(workload, sizes, device, options); }, on_probe,
+      std::move(profile));
 }
 
 }  // namespace memgate

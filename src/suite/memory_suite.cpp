@@ -61,13 +61,14 @@ struct MeasureCase {
   [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
 };
 
-/// The fixtures one measuring test measures, in one process. On the CPU, the whole suite: LibTorch's start
-/// (about 0.35 s) costs more than most tiny twins' probes, so one process measures them all (about 1.7 s for the
-/// CPU suite). On a GPU, one fixture each: each holds a GPU (CTest resource groups) and `ctest -R` on one
+/// The fixtures one measuring test measures, in one process. On the CPU, the whole suite but its distributed and
+/// Python fixtures (a test each: they start processes of their own): LibTorch's start (about 0.4 s) costs more than
+/// most tiny twins' probes, so one process measures them all. On a GPU, one fixture each: each holds a GPU (CTest resource groups) and `ctest -R` on one
 /// component measures only its fixture.
 struct MeasureGroup {
   std::string suite;
-  std::string name;  ///< `<suite>_suite` on the CPU (cpu_suite), or the fixture's name on a GPU
+  std::string name;  ///< `<suite>_suite` on the CPU (cpu_suite), or the fixture's name (a GPU's, a distributed or a
+                     ///< Python fixture's)
   std::vector<MeasureCase> fixtures;
   bool on_gpu = false;
   std::int64_t world_size = 0;  ///< a distributed fixture's measuring test starts this many rank processes
@@ -173,6 +174,15 @@ std::int64_t distributed_world_size(const std::string& fixture_path) {
   }
 }
 
+// A Python fixture (its probes run in a Python process of its own, started by its measuring test).
+bool is_python_fixture(const std::string& fixture_path) {
+  try {
+    return load_fixture(fixture_path).model.arch == Arch::kPython;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // The measuring tests of the CPU suites (gpu = false: one per suite) or the GPU suites (one per fixture). Two
 // measuring tests of one name (a fixture in two GPU suites, two CPU suites of one stem) are an error.
 std::vector<MeasureGroup> measure_groups(bool gpu) {
@@ -187,10 +197,12 @@ std::vector<MeasureGroup> measure_groups(bool gpu) {
                        std::move(f.budgets), on_gpu, world_size});
     }
     if (!gpu) {
-      // A distributed fixture measures in a test of its own, which starts its ranks (CTest PROCESSORS).
+      // A distributed fixture measures in a test of its own, which starts its ranks (CTest PROCESSORS); so does a
+      // Python fixture, whose probes wait on a Python process (its imports take seconds): ctest -j runs them beside
+      // the rest of the suite, whose bytes do not depend on it.
       std::vector<MeasureCase> together;
       for (auto& c : cases) {
-        if (c.world_size > 0) {
+        if (c.world_size > 0 || is_python_fixture(c.fixture_path)) {
           const auto ranks = c.world_size;
           out.push_back({suite.name, c.fixture, {std::move(c)}, false, ranks});
         } else {

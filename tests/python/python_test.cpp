@@ -320,6 +320,34 @@ std::vector<BadPython> bad_inputs() {
   };
 }
 
+// A Python fixture's profile probes every batch size in one Python process, its imports paid once (issue 43: three
+// processes each importing torch and the user's libraries cost seconds), and each probe there gives the bytes of a
+// Python process of its own.
+TEST(PythonProfileTest, ProbesEveryBatchSizeInOnePythonProcessWithEachProbesOwnBytes) {
+  testing::TempDir dir;
+  const auto imports = dir / "imports.txt";
+  testing::write_file(dir / "models.py", "import torch\n\nwith open(r'" + imports + "', 'a') as f:\n"
+                                         "    f.write('imported\\n')\n\n"
+                                         "def build():\n"
+                                         "    return torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(),\n"
+                                         "                               torch.nn.Linear(64, 2))\n");
+  testing::write_file(dir / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n" + kInputs +
+                                          "batch_sizes: [1, 2, 4]\n");
+  const auto f = load_fixture(dir / "f.yaml");
+  const auto profile = run_profile(f, {1, 2, 4}, kCpu);
+  EXPECT_EQ(testing::count(testing::read_file(imports), "imported"), 1) << "one Python process for the profile";
+  ASSERT_EQ(profile.probes.size(), 3U);
+  EXPECT_GT(profile.params.total, 0);
+  for (const auto& p : profile.probes) {
+    ASSERT_FALSE(p.oom) << p.error;
+    const auto alone = run_probe(f, p.batch_size, kCpu);
+    expect_equal_components(p.components, alone.components,
+                            "batch " + std::to_string(p.batch_size) + " in the profile's process and in its own");
+  }
+  EXPECT_EQ(testing::count(testing::read_file(imports), "imported"), 4);
+  EXPECT_GT(profile.probes[2].components.activations, profile.probes[0].components.activations);
+}
+
 class BadPythonTest : public ::testing::TestWithParam<BadPython> {};
 
 TEST_P(BadPythonTest, ExitsWithThreeNamingTheFixtureTheKeyAndThePythonError) {

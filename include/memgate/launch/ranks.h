@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 namespace memgate {
@@ -35,6 +36,15 @@ namespace memgate {
 [[nodiscard]] ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                                            const ProbeOptions& options, std::optional<EstimateTarget> estimate,
                                            std::int64_t cap_bytes = 0);
+
+/// run_python_probe at each of `batch_sizes` in turn, all in one Python process (its imports, several seconds with
+/// the user's libraries, paid once); the next batch size still runs after an out-of-memory, as in one process of
+/// the zoo's. A process that fails is an error naming the batch size it was at.
+[[nodiscard]] std::vector<ProbeResult> run_python_probes(const Workload& workload,
+                                                         std::span<const std::int64_t> batch_sizes, c10::Device device,
+                                                         const ProbeOptions& options,
+                                                         std::optional<EstimateTarget> estimate,
+                                                         std::int64_t cap_bytes = 0);
 
 /// For an estimate of a distributed workload's ranks: for each rank, the first rank that makes the same requests (its
 /// own index when none before it does), which the estimate reuses. DDP's ranks are all rank 0's; FSDP's are alike when

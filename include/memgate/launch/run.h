@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 namespace memgate {
@@ -29,6 +30,18 @@ namespace memgate {
 
 /// Told before each probe of a profile (`done` null) and after it (its result): for progress.
 using ProbeCallback = std::function<void(std::size_t index, std::int64_t batch_size, const ProbeResult* done)>;
+
+/// run_probe at each of `batch_sizes` in turn (the next still runs after an out-of-memory). A Python fixture on one
+/// device probes them all in one Python process (run_python_probes): its imports are paid once.
+[[nodiscard]] std::vector<ProbeResult> run_probes(const Workload& workload, std::span<const std::int64_t> batch_sizes,
+                                                  c10::Device device, const ProbeOptions& options = {});
+
+/// A profile's probes, from `probe` (which probes the batch sizes it is given): all at once when `in_one_process`,
+/// else one batch size at a time; `on_probe` is told before each (before the first only, at once) and after each.
+/// run_profile and estimate_profile share it.
+[[nodiscard]] Profile collect_profile(const std::vector<std::int64_t>& batch_sizes, bool in_one_process,
+                                      const std::function<std::vector<ProbeResult>(std::span<const std::int64_t>)>& probe,
+                                      const ProbeCallback& on_probe, Profile profile);
 
 /// Probes each batch size in turn (the next batch size still runs after an out-of-memory).
 [[nodiscard]] Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes,
