@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -326,8 +327,9 @@ std::vector<BadPython> bad_inputs() {
 TEST(PythonProfileTest, ProbesEveryBatchSizeInOnePythonProcessWithEachProbesOwnBytes) {
   testing::TempDir dir;
   const auto imports = dir / "imports.txt";
-  testing::write_file(dir / "models.py", "import torch\n\nwith open(r'" + imports + "', 'a') as f:\n"
-                                         "    f.write('imported\\n')\n\n"
+  // Each process that builds the model leaves its pid (the model's module may run more than once in a process).
+  testing::write_file(dir / "models.py", "import os\nimport torch\n\nwith open(r'" + imports + "', 'a') as f:\n"
+                                         "    f.write(f'{os.getpid()}\\n')\n\n"
                                          "def build():\n"
                                          "    return torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(),\n"
                                          "                               torch.nn.Linear(64, 2))\n");
@@ -335,7 +337,13 @@ TEST(PythonProfileTest, ProbesEveryBatchSizeInOnePythonProcessWithEachProbesOwnB
                                           "batch_sizes: [1, 2, 4]\n");
   const auto f = load_fixture(dir / "f.yaml");
   const auto profile = run_profile(f, {1, 2, 4}, kCpu);
-  EXPECT_EQ(testing::count(testing::read_file(imports), "imported"), 1) << "one Python process for the profile";
+  const auto processes = [&] {
+    std::set<std::string> pids;
+    std::istringstream lines(testing::read_file(imports));
+    for (std::string line; std::getline(lines, line);) pids.insert(line);
+    return pids.size();
+  };
+  EXPECT_EQ(processes(), 1U) << "one Python process for the profile";
   ASSERT_EQ(profile.probes.size(), 3U);
   EXPECT_GT(profile.params.total, 0);
   for (const auto& p : profile.probes) {
@@ -344,7 +352,7 @@ TEST(PythonProfileTest, ProbesEveryBatchSizeInOnePythonProcessWithEachProbesOwnB
     expect_equal_components(p.components, alone.components,
                             "batch " + std::to_string(p.batch_size) + " in the profile's process and in its own");
   }
-  EXPECT_EQ(testing::count(testing::read_file(imports), "imported"), 4);
+  EXPECT_EQ(processes(), 4U) << "and one for each probe of its own";
   EXPECT_GT(profile.probes[2].components.activations, profile.probes[0].components.activations);
 }
 
