@@ -54,11 +54,12 @@ Run run_once(const std::vector<std::string>& args, int expected) {
   return {std::chrono::duration<double>(end - start).count(), static_cast<double>(usage.ru_maxrss) / 1024.0};
 }
 
-void command(benchmark::State& state, std::vector<std::string> args, int expected) {
-  args.insert(args.begin(), MEMGATE_BENCH_CLI);
+void command(benchmark::State& state, const std::vector<std::string>& args, int expected) {
+  std::vector<std::string> line{MEMGATE_BENCH_CLI};
+  line.insert(line.end(), args.begin(), args.end());
   double rss = 0;
   for (auto _ : state) {
-    const auto r = run_once(args, expected);
+    const auto r = run_once(line, expected);
     state.SetIterationTime(r.seconds);
     rss = std::max(rss, r.max_rss_mib);
   }

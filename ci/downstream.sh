@@ -56,8 +56,11 @@ cmake -S examples/downstream -B "$fetch" -G Ninja -DDOWNSTREAM_FETCH_MEMGATE=ON 
 python3 - "$fetch/compile_commands.json" <<'PY'
 import json, re, sys
 commands = json.load(open(sys.argv[1]))
-own = [c for c in commands if "/_deps/" not in c["directory"]]
-memgate = [c for c in commands if "/_deps/" in c["directory"]]
+def output(c):  # the object file, relative to the build folder: memgate's are under _deps/memgate-build
+    match = re.search(r"(?:^| )-o (\S+)", c["command"])
+    return c.get("output") or (match.group(1) if match else "")
+memgate = [c for c in commands if output(c).startswith("_deps/")]
+own = [c for c in commands if not output(c).startswith("_deps/")]
 bad = [c["file"] for c in memgate + own if not re.search(r"-std=(c|gnu)\+\+20", c["command"])]
 if not memgate or not own or bad:
     sys.exit(f"downstream: {len(memgate)} memgate files, {len(own)} of the example's; not C++20: {bad[:5]}")
