@@ -17,10 +17,18 @@ if(MEMGATE_PYTHON_EXTENSION)
   target_compile_options(memgate_warnings INTERFACE $<$<CXX_COMPILER_ID:GNU,Clang>:-fPIC>)
 endif()
 
-# LibTorch's headers are heavy: memgate_models precompiles them once, the other LibTorch targets reuse that.
+# LibTorch's headers are heavy: memgate_models precompiles them once, the other LibTorch targets reuse that. Even so a
+# file that includes them costs about 18 s to compile (torch/torch.h's templates instantiated and its inline
+# functions generated, in every file), so a LibTorch target's files are also compiled a few at a time as one
+# (UNITY_BUILD, MEMGATE_UNITY): that cost is paid once per batch. A file whose file-local names clash with another's
+# of its target opts out with SKIP_UNITY_BUILD_INCLUSION.
+option(MEMGATE_UNITY "Compile a LibTorch target's files in batches of 6 (unity builds: much faster builds)" ON)
 function(memgate_use_pch target)
   if(MEMGATE_PCH)
     target_precompile_headers(${target} REUSE_FROM memgate_models)
+  endif()
+  if(MEMGATE_UNITY)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 6)
   endif()
 endfunction()
 

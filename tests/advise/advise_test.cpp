@@ -16,7 +16,7 @@
 namespace memgate {
 namespace {
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 std::vector<std::string> cpu_suite_fixtures() {
   std::vector<std::string> names;

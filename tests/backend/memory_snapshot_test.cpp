@@ -22,7 +22,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 // The checker of tests/backend: Python's pickle and, where this Python has torch, torch.cuda._memory_viz.
 int check_in_python(const std::string& pickle, const std::string& flags, std::string* out) {

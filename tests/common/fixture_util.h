@@ -11,6 +11,9 @@
 
 namespace memgate::testing {
 
+/// The device CPU probes run on.
+inline const c10::Device kCpu(c10::DeviceType::CPU);
+
 /// A fixture from YAML text, loaded through a temporary file named `<name>.yaml`.
 inline Fixture fixture_from(const std::string& yaml, const std::string& name = "probe_fixture") {
   TempDir dir;

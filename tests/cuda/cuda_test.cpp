@@ -30,7 +30,7 @@ namespace {
 using testing::fixture_from;
 using testing::tiny_vit_yaml;
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 // The CUDA backend end to end: allocated bytes repeat, reserved covers allocated, params are the tensors' bytes
 // rounded up to the caching allocator's 512-byte blocks.

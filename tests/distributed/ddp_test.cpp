@@ -22,7 +22,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 // The CPU suite's DDP twin with `world_size` ranks, written beside the test (its ranks load it from there).
 Fixture ddp_twin(const testing::TempDir& dir, std::int64_t world_size) {

@@ -32,7 +32,7 @@
 namespace memgate {
 namespace {
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 // The CPU suite's FSDP twin with `world_size` ranks, `extra` keys under `distributed` and `training_extra` under
 // `training`, written beside the test.

@@ -72,7 +72,7 @@ std::string stack_yaml(const std::string& model_extra, const std::string& traini
          "batch_sizes: [4]\n";
 }
 
-std::string load_error(const std::string& yaml) {
+std::string registry_load_error(const std::string& yaml) {
   try {
     (void)testing::fixture_from(yaml, "stack");
   } catch (const Error& e) {
@@ -106,14 +106,14 @@ TEST(RegistryTest, HeadAndLastBlocksUseTheModelsPrefixes) {
 }
 
 TEST(RegistryTest, OptionsAreReadAsStrictlyAsTheZoos) {
-  EXPECT_THAT(load_error(stack_yaml("  widht: 32\n")), HasSubstr("widht"));
-  EXPECT_THAT(load_error(stack_yaml("  width: wide\n")), HasSubstr("model.width: expected an integer"));
-  EXPECT_THAT(load_error(stack_yaml("  biased: maybe\n")), HasSubstr("model.biased"));
-  EXPECT_THAT(load_error(stack_yaml("  depth: 0\n")), HasSubstr("model (test_stack): depth: expected >= 1"));
-  EXPECT_THAT(load_error(stack_yaml("  depth: 0\n")), HasSubstr("stack.yaml"));
-  EXPECT_THAT(load_error("model:\n  arch: no_such_net\nbatch_sizes: [1]\n"),
+  EXPECT_THAT(registry_load_error(stack_yaml("  widht: 32\n")), HasSubstr("widht"));
+  EXPECT_THAT(registry_load_error(stack_yaml("  width: wide\n")), HasSubstr("model.width: expected an integer"));
+  EXPECT_THAT(registry_load_error(stack_yaml("  biased: maybe\n")), HasSubstr("model.biased"));
+  EXPECT_THAT(registry_load_error(stack_yaml("  depth: 0\n")), HasSubstr("model (test_stack): depth: expected >= 1"));
+  EXPECT_THAT(registry_load_error(stack_yaml("  depth: 0\n")), HasSubstr("stack.yaml"));
+  EXPECT_THAT(registry_load_error("model:\n  arch: no_such_net\nbatch_sizes: [1]\n"),
               HasSubstr("model.arch: expected one of vit, resnet, unet, gpt, segnet, multimodal, torchscript, "));
-  EXPECT_THAT(load_error("model:\n  arch: no_such_net\nbatch_sizes: [1]\n"), HasSubstr("test_stack"));
+  EXPECT_THAT(registry_load_error("model:\n  arch: no_such_net\nbatch_sizes: [1]\n"), HasSubstr("test_stack"));
 }
 
 TEST(RegistryTest, OptionsArePartOfTheHash) {

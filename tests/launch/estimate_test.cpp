@@ -26,7 +26,7 @@
 namespace memgate {
 namespace {
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 TEST(CountingMetaAllocatorTest, CountsRequestsAndHandsOutNoMemory) {
   auto& meta = CountingMetaAllocator::install();

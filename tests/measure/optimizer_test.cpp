@@ -16,7 +16,7 @@ namespace {
 using testing::fixture_from;
 using testing::tiny_vit_yaml;
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 Components measure(const std::string& training, const std::string& impl, std::int64_t batch_size = 1) {
   const auto f = fixture_from(tiny_vit_yaml(training + "  optimizer_impl: " + impl + "\n"));

@@ -18,7 +18,7 @@ namespace {
 using testing::fixture_from;
 using testing::tiny_vit_yaml;
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 ProbeResult probe(const Fixture& f, std::int64_t bs) {
   auto r = run_probe(f, bs, kCpu);

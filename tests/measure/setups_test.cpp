@@ -14,7 +14,7 @@ namespace {
 using testing::fixture_from;
 using testing::tiny_vit_yaml;
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 // A ViT wide enough that activations dominate the fixed overheads.
 std::string vit(const std::string& training) {

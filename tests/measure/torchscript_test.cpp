@@ -19,7 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 Fixture repo_fixture(const std::string& name) { return load_fixture(testing::source_dir() + "/fixtures/models/" + name + ".yaml"); }
 

@@ -9,6 +9,7 @@
 #include "memgate/gate/verdict.h"
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
+#include "fixture_util.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -29,7 +30,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const c10::Device kCpu(c10::DeviceType::CPU);
+using testing::kCpu;
 
 Fixture fixture(const std::string& name) {
   return load_fixture(testing::source_dir() + "/fixtures/models/" + name + ".yaml");
