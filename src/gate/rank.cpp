@@ -35,13 +35,17 @@ namespace {
 // How often a probe process tells its supervisor it is alive (launch/children.h reads it).
 constexpr std::chrono::milliseconds kHeartbeatInterval{250};
 
+std::int64_t parse_int(const std::string& text, const std::string& key) {
+  std::size_t used = 0;
+  const auto value = std::stoll(text, &used);
+  if (used != text.size()) throw std::invalid_argument("--" + key + ": expected an integer, got " + text);
+  return value;
+}
+
 std::int64_t to_int(const std::map<std::string, std::string>& args, const std::string& key) {
   const auto it = args.find(key);
   if (it == args.end()) throw std::invalid_argument("--" + key + " is required");
-  std::size_t used = 0;
-  const auto value = std::stoll(it->second, &used);
-  if (used != it->second.size()) throw std::invalid_argument("--" + key + ": expected an integer, got " + it->second);
-  return value;
+  return parse_int(it->second, key);
 }
 
 // memgate's tests of the launcher: MEMGATE_TEST_RANK_FAULT=<rank>:<fault>:<phase> makes rank <rank> fail when a
@@ -114,15 +118,9 @@ int rank_main(int argc, char** argv) {
     // One batch size, or (the whole probe of a Python fixture) several, probed in turn in this process: result i
     // then goes to <output>.<i> (and its snapshot to <snapshot>.<i>), each written as soon as it is known.
     std::vector<std::int64_t> batch_sizes;
-    {
-      std::map<std::string, std::string> one;
-      std::stringstream list(args.contains("batch-size") ? args["batch-size"] : std::string());
-      for (std::string item; std::getline(list, item, ',');) {
-        one["batch-size"] = item;
-        batch_sizes.push_back(to_int(one, "batch-size"));
-      }
-      if (batch_sizes.empty()) throw std::invalid_argument("--batch-size is required");
-    }
+    std::stringstream list(args.contains("batch-size") ? args["batch-size"] : std::string());
+    for (std::string item; std::getline(list, item, ',');) batch_sizes.push_back(parse_int(item, "batch-size"));
+    if (batch_sizes.empty()) throw std::invalid_argument("--batch-size is required");
     auto fixture = load_fixture(args["fixture"]);
     override_cpu_kernels(fixture, args["cpu-kernels"], "--cpu-kernels");
     // With a store this process is one rank of a distributed probe; without, it runs the whole probe (a Python

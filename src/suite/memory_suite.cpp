@@ -57,6 +57,8 @@ struct MeasureCase {
   bool on_gpu = false;  ///< the suite's device is cuda
   /// A distributed fixture's ranks (its components are gated per rank), 0 for one device.
   std::int64_t world_size = 0;
+  /// A Python fixture: its probes run in a Python process of its own.
+  bool python = false;
   [[nodiscard]] bool gpu() const { return on_gpu; }
   [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
 };
@@ -163,25 +165,25 @@ const std::vector<Suite>& suites() {
   return loaded;
 }
 
-// A distributed fixture's world size, 0 for one device (or a fixture that does not load: its measuring test says
-// why).
-std::int64_t distributed_world_size(const std::string& fixture_path) {
+// What decides where a fixture measures: a distributed fixture's world size (0 for one device), and whether it is a
+// Python fixture (its probes run in a Python process of its own). A fixture that does not load is neither: its
+// measuring test says why.
+struct FixtureKind {
+  std::int64_t world_size = 0;
+  bool python = false;
+};
+
+FixtureKind fixture_kind(const std::string& fixture_path) {
   try {
     const auto fixture = load_fixture(fixture_path);
-    return fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0;
+    return {fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0,
+            fixture.model.arch == Arch::kPython};
   } catch (const std::exception&) {
-    return 0;
+    return {};
   }
 }
 
-// A Python fixture (its probes run in a Python process of its own, started by its measuring test).
-bool is_python_fixture(const std::string& fixture_path) {
-  try {
-    return load_fixture(fixture_path).model.arch == Arch::kPython;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
+std::int64_t distributed_world_size(const std::string& fixture_path) { return fixture_kind(fixture_path).world_size; }
 
 // The measuring tests of the CPU suites (gpu = false: one per suite) or the GPU suites (one per fixture). Two
 // measuring tests of one name (a fixture in two GPU suites, two CPU suites of one stem) are an error.
@@ -192,9 +194,9 @@ std::vector<MeasureGroup> measure_groups(bool gpu) {
     if (on_gpu != gpu) continue;
     std::vector<MeasureCase> cases;
     for (auto& f : suite_fixtures(suite)) {
-      const auto world_size = distributed_world_size(f.path);
+      const auto kind = fixture_kind(f.path);
       cases.push_back({suite.name, std::move(f.name), std::move(f.path), std::move(f.batch_sizes),
-                       std::move(f.budgets), on_gpu, world_size});
+                       std::move(f.budgets), on_gpu, kind.world_size, kind.python});
     }
     if (!gpu) {
       // A distributed fixture measures in a test of its own, which starts its ranks (CTest PROCESSORS); so does a
@@ -202,7 +204,7 @@ std::vector<MeasureGroup> measure_groups(bool gpu) {
       // the rest of the suite, whose bytes do not depend on it.
       std::vector<MeasureCase> together;
       for (auto& c : cases) {
-        if (c.world_size > 0 || is_python_fixture(c.fixture_path)) {
+        if (c.world_size > 0 || c.python) {
           const auto ranks = c.world_size;
           out.push_back({suite.name, c.fixture, {std::move(c)}, false, ranks});
         } else {
