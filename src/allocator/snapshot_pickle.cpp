@@ -4,6 +4,8 @@
 // then referenced), measured (size, depth, cycles) against the limits, and only then turned into JSON.
 #include "memgate/allocator/snapshot_pickle.h"
 
+#include "pickle_cursor.h"
+
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 
@@ -40,31 +42,9 @@ struct Node {
   bool tuple = false;  // a tuple is a list that no opcode may append to
 };
 
-// The opcodes of pickle protocols 0-5 that memgate refuses: each would run code or make an object.
-const char* refused_opcode(unsigned char op) {
-  switch (op) {
-    case 'c': return "GLOBAL";
-    case 0x93: return "STACK_GLOBAL";
-    case 'R': return "REDUCE";
-    case 'b': return "BUILD";
-    case 'i': return "INST";
-    case 'o': return "OBJ";
-    case 0x81: return "NEWOBJ";
-    case 0x92: return "NEWOBJ_EX";
-    case 'P': return "PERSID";
-    case 'Q': return "BINPERSID";
-    case 0x82: return "EXT1";
-    case 0x83: return "EXT2";
-    case 0x84: return "EXT4";
-    case 0x97: return "NEXT_BUFFER";
-    case 0x98: return "READONLY_BUFFER";
-    default: return nullptr;
-  }
-}
-
-class Machine {
+class Machine : detail::PickleCursor {
  public:
-  Machine(std::string_view data, const std::string& origin) : data_(data), origin_(origin) {}
+  Machine(std::string_view data, const std::string& origin) : PickleCursor(data, origin) {}
   // A container may hold itself (a hostile file's cycle): emptying every container frees them all.
   ~Machine() {
     for (const auto& node : containers_) {
@@ -79,7 +59,7 @@ class Machine {
     while (true) {
       const auto at = pos_;
       const auto op = byte();
-      if (const char* name = refused_opcode(op)) {
+      if (const char* name = detail::refused_opcode(op)) {
         fail(at, fmt::format("opcode {} names Python code or builds an object; a memory snapshot is plain data "
                              "(dicts, lists, strings, numbers), so memgate does not run it", name));
       }
@@ -165,30 +145,10 @@ class Machine {
   }
 
  private:
-  [[noreturn]] void fail(std::size_t at, const std::string& what) const {
-    throw Error(fmt::format("{}: not a memory snapshot pickle memgate can read: at byte {}: {}", origin_, at, what));
-  }
-
-  unsigned char byte() {
-    if (pos_ >= data_.size()) fail(pos_, "the file ends before the pickle's STOP (truncated?)");
-    return static_cast<unsigned char>(data_[pos_++]);
-  }
-  std::string_view take(std::uint64_t n) {
-    if (n > data_.size() - pos_) {
-      fail(pos_, fmt::format("a length of {} bytes runs past the end of the file ({} left: truncated?)", n,
-                             data_.size() - pos_));
-    }
-    const auto out = data_.substr(pos_, n);
-    pos_ += n;
-    return out;
-  }
-  // An unsigned little-endian integer of `n` bytes.
+  // An unsigned little-endian integer of `n` bytes, as T.
   template <typename T>
   T fixed(int n) {
-    const auto raw = take(static_cast<std::uint64_t>(n));
-    std::uint64_t v = 0;
-    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(raw[static_cast<std::size_t>(i)]);
-    return static_cast<T>(v);
+    return static_cast<T>(PickleCursor::fixed(n));
   }
   // LONG1/LONG4: little-endian two's complement of `n` bytes. memgate takes -2^63 to 2^64 - 1 (snapshots hold
   // unsigned 64-bit values, e.g. 2^64 - 1 for "none"): an int64, or a uint64 from 2^63 up.
@@ -274,9 +234,6 @@ class Machine {
     stack_.push_back(it->second);
   }
 
-  std::string_view data_;
-  const std::string& origin_;
-  std::size_t pos_ = 0;
   std::vector<NodePtr> stack_;
   std::vector<std::size_t> marks_;
   std::unordered_map<std::uint64_t, NodePtr> memo_;

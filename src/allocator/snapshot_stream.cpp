@@ -5,6 +5,7 @@
 // for the checks read_snapshot makes. The result and every error are read_snapshot's.
 #include "memgate/allocator/replay.h"
 
+#include "pickle_cursor.h"
 #include "snapshot_json.h"
 
 #include "memgate/allocator/snapshot_pickle.h"
@@ -144,34 +145,12 @@ struct Scalar {
 // the snapshot is then read the general way.
 struct NeedsTree {};
 
-// The opcodes of pickle protocols 0-5 that memgate refuses: each would run code or make an object.
-const char* refused_opcode(unsigned char op) {
-  switch (op) {
-    case 'c': return "GLOBAL";
-    case 0x93: return "STACK_GLOBAL";
-    case 'R': return "REDUCE";
-    case 'b': return "BUILD";
-    case 'i': return "INST";
-    case 'o': return "OBJ";
-    case 0x81: return "NEWOBJ";
-    case 0x92: return "NEWOBJ_EX";
-    case 'P': return "PERSID";
-    case 'Q': return "BINPERSID";
-    case 0x82: return "EXT1";
-    case 0x83: return "EXT2";
-    case 0x84: return "EXT4";
-    case 0x97: return "NEXT_BUFFER";
-    case 0x98: return "READONLY_BUFFER";
-    default: return nullptr;
-  }
-}
-
 constexpr std::int64_t kDeviceTracesDepth = 3;  // the root, device_traces, a device's trace: an entry's depth
 
-class StreamReader {
+class StreamReader : detail::PickleCursor {
  public:
   StreamReader(std::string_view data, const std::string& origin, std::function<void(std::size_t)> progress)
-      : data_(data), origin_(origin), progress_(std::move(progress)), r_(origin), texts_(snap_.texts) {
+      : PickleCursor(data, origin), progress_(std::move(progress)), r_(origin), texts_(snap_.texts) {
     snap_.origin = origin;
     constexpr std::int64_t kFloor = std::int64_t{1} << 16;
     const PickleLimits limits;
@@ -295,7 +274,7 @@ class StreamReader {
         case '1': stack_.resize(pop_mark(at)); break;         // POP_MARK
         case '2': stack_.push_back(top(at)); break;           // DUP
         default:
-          if (const char* name = refused_opcode(op)) {
+          if (const char* name = detail::refused_opcode(op)) {
             fail(at, fmt::format("opcode {} names Python code or builds an object; a memory snapshot is plain data "
                                  "(dicts, lists, strings, numbers), so memgate does not run it", name));
           }
@@ -304,36 +283,11 @@ class StreamReader {
     }
   }
 
-  [[noreturn]] void fail(std::size_t at, const std::string& what) const {
-    throw Error(fmt::format("{}: not a memory snapshot pickle memgate can read: at byte {}: {}", origin_, at, what));
-  }
+  using PickleCursor::fail;  // beside fail(path, expected, got) below
   [[noreturn]] void fail_tree(const std::string& what) const {
     throw Error(fmt::format("{}: not a memory snapshot pickle memgate can read: {}", origin_, what));
   }
 
-  unsigned char byte() {
-    if (pos_ >= data_.size()) fail(pos_, "the file ends before the pickle's STOP (truncated?)");
-    return static_cast<unsigned char>(data_[pos_++]);
-  }
-  std::string_view take(std::uint64_t n) {
-    if (n > data_.size() - pos_) {
-      fail(pos_, fmt::format("a length of {} bytes runs past the end of the file ({} left: truncated?)", n,
-                             data_.size() - pos_));
-    }
-    const auto out = data_.substr(pos_, n);
-    pos_ += n;
-    return out;
-  }
-  // An unsigned little-endian integer of `n` bytes.
-  std::uint64_t fixed(int n) {
-    const auto raw = take(static_cast<std::uint64_t>(n));
-    return le(raw.data(), n);
-  }
-  static std::uint64_t le(const char* p, int n) {
-    std::uint64_t v = 0;
-    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-    return v;
-  }
   void skip_scalar(std::size_t at, int n) {
     (void)take(static_cast<std::uint64_t>(n));
     stack_.push_back(Value::make(Tag::scalar, at));
@@ -826,13 +780,10 @@ class StreamReader {
 
   static constexpr std::size_t kProgressStep = std::size_t{16} << 20;
 
-  std::string_view data_;
-  const std::string& origin_;
   std::function<void(std::size_t)> progress_;
   Snapshot snap_;
   Reader r_;
   detail::TextTable texts_;
-  std::size_t pos_ = 0;
   std::vector<Value> stack_;
   std::vector<std::size_t> marks_;
   Chunked<Value> dense_;

@@ -150,7 +150,7 @@ int rank_main(int argc, char** argv) {
     if (!is_rank || fixture.model.arch == Arch::kPython) counts = workload_param_counts(fixture);
     if (is_rank && batch_sizes.size() > 1) throw std::invalid_argument("--batch-size: a rank probes one batch size");
     const auto of_probe = [&](const std::string& path, std::size_t i) {
-      return batch_sizes.size() == 1 ? path : path + "." + std::to_string(i);
+      return probe_file(path, i, batch_sizes.size());
     };
     for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
       const auto batch_size = batch_sizes[i];

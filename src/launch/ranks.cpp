@@ -229,6 +229,10 @@ RankComponents rank_components_from(const nlohmann::json& j) {
 
 }  // namespace
 
+std::string probe_file(const std::string& path, std::size_t index, std::size_t count) {
+  return count == 1 ? path : path + "." + std::to_string(index);
+}
+
 std::string rank_result_text(int rank, const ProbeResult& r) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& one : r.ranks) {
@@ -283,7 +287,7 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   if (options.snapshot) command.insert(command.end(), {"--snapshot", snapshot.string()});
   // What the process writes for its i-th batch size (rank_main: a file per batch size when it probes several).
   const auto of_probe = [&](const std::filesystem::path& path, std::size_t i) {
-    return batch_sizes.size() == 1 ? path : std::filesystem::path(path.string() + "." + std::to_string(i));
+    return std::filesystem::path(probe_file(path.string(), i, batch_sizes.size()));
   };
   Children children(run, options.rank_timeout);
   children.start({.name = "its Python probe", .argv = command, .env = env, .log = (dir / "rank0.log").string(),

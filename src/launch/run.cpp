@@ -15,14 +15,24 @@
 
 namespace memgate {
 
+namespace {
+
+// Whether a probe runs whole in a Python process of its own: a Python fixture's, from its launcher (a distributed
+// one's ranks each run in one, started by run_distributed_probe; on the Meta device the process estimates them).
+bool whole_probe_in_python(const Workload& workload, c10::Device device, const ProbeOptions& options) {
+  return options.rank_group == nullptr && runs_in_python(workload) &&
+         (device.is_meta() || !workload.training.distributed.enabled());
+}
+
+}  // namespace
+
 ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                       const ProbeOptions& options) {
-  if (options.rank_group == nullptr) {
-    // A Python fixture in a Python process of its own; a distributed one's ranks each in one.
-    if (runs_in_python(workload) && (device.is_meta() || !workload.training.distributed.enabled())) {
-      return run_python_probe(workload, batch_size, device, options, std::nullopt);
-    }
-    if (workload.training.distributed.enabled()) return run_distributed_probe(workload, batch_size, device, options);
+  if (whole_probe_in_python(workload, device, options)) {
+    return run_python_probe(workload, batch_size, device, options, std::nullopt);
+  }
+  if (options.rank_group == nullptr && workload.training.distributed.enabled()) {
+    return run_distributed_probe(workload, batch_size, device, options);
   }
   return measure_probe(workload, batch_size, device, options);
 }
@@ -59,8 +69,7 @@ ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, 
 
 std::vector<ProbeResult> run_probes(const Workload& workload, std::span<const std::int64_t> batch_sizes,
                                     c10::Device device, const ProbeOptions& options) {
-  if (options.rank_group == nullptr && runs_in_python(workload) &&
-      (device.is_meta() || !workload.training.distributed.enabled())) {
+  if (whole_probe_in_python(workload, device, options)) {
     return run_python_probes(workload, batch_sizes, device, options, std::nullopt);
   }
   std::vector<ProbeResult> results;
@@ -96,10 +105,9 @@ Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& b
   profile.device = describe_probe_device(device, workload, options);
   profile.fixture = workload.name;
   // A Python fixture's model is built in its probes' Python process, which counts its parameters.
-  const bool python = runs_in_python(workload);
-  if (!python) profile.params = workload_param_counts(workload);
+  if (!runs_in_python(workload)) profile.params = workload_param_counts(workload);
   return collect_profile(
-      batch_sizes, python && options.rank_group == nullptr && !workload.training.distributed.enabled(),
+      batch_sizes, whole_probe_in_python(workload, device, options),
       [&](std::span<const std::int64_t> sizes) { return run_probes(workload, sizes, device, options); }, on_probe,
       std::move(profile));
 }

@@ -8,6 +8,7 @@
 
 #include <c10/core/Device.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -54,6 +55,10 @@ namespace memgate {
 /// What a probe's process leaves for its parent: its result as one JSON object (its ranks' and the model's
 /// parameter counts too where it has them).
 [[nodiscard]] std::string rank_result_text(int rank, const ProbeResult& result);
+
+/// Where a probe's process writes what it has of the `index`-th of `count` batch sizes (its result, its snapshot):
+/// `path` itself for one batch size, else `<path>.<index>`. The process and its launcher both name files by it.
+[[nodiscard]] std::string probe_file(const std::string& path, std::size_t index, std::size_t count);
 
 /// Says that this program's main() runs a rank when started with --memgate-rank (gate/rank.h's is_rank_command
 /// calls it): distributed probes then start their ranks from this program, with its registered architectures.
