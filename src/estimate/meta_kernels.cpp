@@ -603,6 +603,14 @@ at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar
   return at::meta::add(self, other, alpha);
 }
 
+// The fused optimizers (_fused_adamw_, _fused_adam_, _fused_sgd_: optimizer_impl fused) update their lists in place
+// and return nothing; on the CPU and on CUDA they allocate nothing either (one pass over each parameter's tensors), so
+// on Meta there is nothing to do but take the arguments off the stack. LibTorch registers no Meta kernel for them
+// (Python's are in torch/_meta_registrations.py), and an estimate of a fused fixture failed there.
+void fused_optimizer_in_place(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  torch::jit::drop(*stack, op.schema().arguments().size());
+}
+
 }  // namespace
 
 EstimateTarget meta_kernels_target() { return g_target.load(); }
@@ -643,6 +651,10 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("_amp_foreach_non_finite_check_and_unscale_", TORCH_FN(amp_unscale));
     lib.impl("_amp_update_scale_", TORCH_FN(amp_update_scale));
     lib.impl("add.Tensor", TORCH_FN(add));
+    for (const auto* op : {"_fused_adamw_", "_fused_adamw_.tensor_lr", "_fused_adam_", "_fused_adam_.tensor_lr",
+                           "_fused_sgd_", "_fused_sgd_.tensor_lr"}) {
+      lib.impl(op, torch::CppFunction::makeFromBoxedFunction<&fused_optimizer_in_place>());
+    }
     at::addGlobalCallback(at::RecordFunctionCallback(&enter_backward_function, &exit_backward_function)
                               .scopes({at::RecordScope::BACKWARD_FUNCTION}));
   });
