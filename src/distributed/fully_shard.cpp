@@ -42,8 +42,11 @@ struct FullyShard::Unit {
   torch::Tensor all_gather;  ///< an all-gather issued and not yet copied out (a prefetch)
   std::int64_t all_gather_ranks = 0;  ///< the ranks `all_gather` was gathered from
   std::vector<std::size_t> post_forward_indices;
-  /// Holds `post_forward` parts (ShardedState.SHARDED_POST_FORWARD).
-  [[nodiscard]] bool post_forward_sharded() const { return !params.empty() && params.front().post_forward.defined(); }
+  /// ShardedState.SHARDED_POST_FORWARD: unsharded from the `post_forward` parts next. A unit resharded from there to
+  /// its shards (FSDPParam.to_sharded: a frozen unit's post-backward, which no pre-backward unsharded) keeps those
+  /// parts until its next post-forward replaces them, as FSDP2 does (to_unsharded frees them only in that state).
+  bool sharded_post_forward = false;
+  [[nodiscard]] bool post_forward_sharded() const { return sharded_post_forward; }
 };
 
 namespace {
@@ -309,13 +312,17 @@ void FullyShard::wait_for_unshard(Unit& unit, bool forward) {
   }
   at::split_with_sizes_copy_out(outs, unit.all_gather.view({ranks, -1}), sizes, 1);
   unit.unsharded = true;
-  // FSDPParam.to_unsharded: the post-forward parts (if any) freed after the copy-out.
-  for (auto& p : unit.params) p.post_forward = torch::Tensor();
+  // FSDPParam.to_unsharded: the post-forward parts freed after the copy-out, when it was from them.
+  if (unit.sharded_post_forward) {
+    for (auto& p : unit.params) p.post_forward = torch::Tensor();
+    unit.sharded_post_forward = false;
+  }
   if (forward) forward_all_gather_ = unit.all_gather;
   unit.all_gather = torch::Tensor();
 }
 
 void FullyShard::reshard(Unit& unit) {
+  unit.sharded_post_forward = false;  // FSDPParam.to_sharded: the post-forward parts stay where they are
   if (!unit.unsharded) return;
   for (const auto& p : unit.params) free_storage(p.full);
   unit.unsharded = false;
@@ -334,6 +341,7 @@ void FullyShard::reshard_to_post_forward_group(Unit& unit) {
     free_storage(p.full);
   }
   unit.unsharded = false;
+  unit.sharded_post_forward = true;
 }
 
 void FullyShard::pre_forward(Unit& unit) {
