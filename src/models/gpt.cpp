@@ -117,8 +117,11 @@ GptImpl::GptImpl(const GptOptions& spec_, nn::ParamOptions param) : spec(spec_) 
 
 torch::Tensor GptImpl::forward_embeddings(torch::Tensor embeddings, bool checkpoint_blocks) {
   auto x = std::move(embeddings);
+  // The positions are a local of the body's forward (transformers' position_ids, nanoGPT's pos): they live until it
+  // returns, through the blocks (in eval, or with wpe frozen, nothing else holds them).
+  torch::Tensor positions;
   if (wpe) {
-    auto positions = torch::arange(x.size(1), torch::TensorOptions().device(x.device()).dtype(torch::kLong));
+    positions = torch::arange(x.size(1), torch::TensorOptions().device(x.device()).dtype(torch::kLong));
     x = x + wpe->forward(positions).to(x.dtype());
   }
   for (const auto& module : *h) {
@@ -134,7 +137,7 @@ torch::Tensor GptImpl::forward_hidden(const torch::Tensor& tokens, bool checkpoi
 
 torch::Tensor GptImpl::logits(const torch::Tensor& hidden) {
   if (lm_head) return lm_head->forward(hidden);
-  return torch::nn::functional::linear(hidden, wte->weight);
+  return torch::linear(hidden, wte->weight);
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens, bool checkpoint_blocks) {

@@ -30,12 +30,20 @@ void LinearImpl::add_lora(std::int64_t rank, double alpha) {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  auto y = torch::nn::functional::linear(x, weight, bias);
+  // aten::linear, as nn.Linear and F.linear call it: autocast casts the input, the weight and the bias to the lower
+  // precision and caches a trainable weight's cast for the whole region. LibTorch's functional::linear is
+  // `input.matmul(weight.t())` then `output += bias` for 3-D inputs: the transposed view is cast anew on every call
+  // and never cached, and the fp32 bias added into a bf16 output made two fp32 temporaries of the output's size.
+  auto y = torch::linear(x, weight, bias);
   if (lora_a.defined()) {
     // As PEFT's `result + lora_B(lora_A(x)) * scaling` runs in eager Python: lora_A's output is freed once lora_B has
     // returned, lora_B's once the product exists, the product once the sum does (one C++ expression would keep all
     // three through the sum).
-    auto update = torch::nn::functional::linear(torch::nn::functional::linear(x, lora_a), lora_b);
+    // PEFT first casts the input to the adapter's dtype (LoraLayer._cast_input_dtype): under autocast a bf16 input
+    // (an attention output, a GELU's) becomes an fp32 copy, which autocast casts back for lora_A, and that copy is
+    // what lora_A's backward saves.
+    const auto input = x.scalar_type() == lora_a.scalar_type() ? x : x.to(lora_a.scalar_type());
+    auto update = torch::linear(torch::linear(input, lora_a), lora_b);
     // Python's `* scaling` multiplies by a wrapped number, a 0-dim double on the host that MulBackward0 saves (8
     // bytes a layer on the CPU); LibTorch's mul(Scalar) would save nothing.
     auto scale = c10::scalar_to_tensor(lora_scale);

@@ -63,8 +63,9 @@ void expect_twins(const std::string& python_name, const std::string& zoo_name, s
 
 // The zoo's GPT frees in eval what eager PyTorch frees: c_fc's output before c_proj runs, the embeddings once the
 // positions are added, ln_1's output once attn returns (a C++ temporary lives to the end of its whole expression; it
-// kept each of these alive: eval_peak 4.4%, 7.2% and 10.5% above PyTorch's at batch 1, 2 and 4). Equal to the byte
-// at batch 1; above it 256 bytes per sample but one stay unexplained (0.24% at batch 4).
+// kept each of these alive: eval_peak 4.4%, 7.2% and 10.5% above PyTorch's at batch 1, 2 and 4), and it keeps the
+// positions until the body returns, as a Python local. The plain GPT's task (sum) has no targets: the zoo's batch
+// holds B x seq_len int64 targets more, and that is the whole difference.
 TEST(PythonFixtureTest, PlainPyTorchGptEvalForwardEqualsTheZoos) {
   const auto python = fixture("py_gpt_tiny_plain");
   const auto zoo = fixture("gpt_tiny");
@@ -72,20 +73,28 @@ TEST(PythonFixtureTest, PlainPyTorchGptEvalForwardEqualsTheZoos) {
     const auto p = run_probe(python, b, kCpu);
     const auto z = run_probe(zoo, b, kCpu);
     ASSERT_FALSE(p.oom || z.oom) << p.error << z.error;
-    if (b == 1) {
-      EXPECT_EQ(z.components.eval_peak, p.components.eval_peak);
-    } else {
-      EXPECT_LE(testing::error_pct(z.components.eval_peak, p.components.eval_peak), 0.25) << "batch " << b;
-    }
+    const std::int64_t targets = b * std::get<GptOptions>(zoo.model.options).seq_len * 8;
+    EXPECT_EQ(z.components.eval_peak, p.components.eval_peak + targets) << "batch " << b;
     EXPECT_EQ(p.components.params, z.components.params) << "batch " << b;
   }
+}
+
+// The zoo's linear layers are aten::linear, as nn.Linear's: under autocast the input, weight and bias are cast, a
+// trainable weight's cast cached for the region (LibTorch's functional::linear cast a transposed view anew on every
+// call and added the fp32 bias into the bf16 output through two fp32 temporaries: eval_peak up to 34% and
+// forward_peak up to 269% away from eager PyTorch's on generated GPTs). Its LoRA casts a bf16 input to the adapter's
+// fp32 first, as PEFT does. Every component of a plain-PyTorch twin, in bf16 with LoRA on qkv, proj and fc2, equals it.
+TEST(PythonFixtureTest, PlainPyTorchGptTwinInBf16WithLoraEqualsTheZooToTheByte) {
+  expect_twins("py_gpt_tiny_twin_bf16_lora", "gpt_tiny_bf16_lora", {1, 3});
 }
 
 // FSDP2 itself (tools/fsdp_reference.py: torch's fully_shard over Gloo ranks, timm's ViT, measured as memgate
 // measures) against memgate's FSDP with bf16 parameters, an fp32 reduce and 4 ranks resharding to 2: there the
 // unit's last gradient, which foreach_reduce's loop variable keeps until it returns, is part of the step's peak
 // (memgate freed it and was 140 bytes low on every rank). 12 bytes of step_peak stay unexplained.
-TEST(FsdpReferenceTest, ForeachReduceKeepsTheLastGradientAsFsdp2Does) {
+// vit_tiny_fsdp over 4 ranks in bf16, resharding to groups of 2 after forward with an fp32 reduce, `trainable` as
+// given, against FSDP2's own run: every component of every rank equal (step_peak within 16 bytes).
+void expect_fsdp_reference(const std::string& trainable) {
   testing::TempDir dir;
   auto yaml = read_text_file(testing::source_dir() + "/fixtures/models/vit_tiny_fsdp.yaml", "a fixture");
   const auto replace = [&yaml](const std::string& from, const std::string& to) {
@@ -93,7 +102,7 @@ TEST(FsdpReferenceTest, ForeachReduceKeepsTheLastGradientAsFsdp2Does) {
   };
   replace("world_size: 2", "world_size: 4");
   replace("    units: blocks\n", "    units: blocks\n    reshard_after_forward: 2\n    reduce_dtype: fp32\n");
-  replace("  trainable: all\n", "  trainable: all\n  precision: bf16\n");
+  replace("  trainable: all\n", "  trainable: " + trainable + "\n  precision: bf16\n");
   const auto path = dir / "vit_fsdp_bf16.yaml";
   write_file_atomically(path, yaml);
   std::string out;
@@ -117,6 +126,16 @@ TEST(FsdpReferenceTest, ForeachReduceKeepsTheLastGradientAsFsdp2Does) {
     }
   }
 }
+
+TEST(FsdpReferenceTest, ForeachReduceKeepsTheLastGradientAsFsdp2Does) { expect_fsdp_reference("all"); }
+
+// Frozen blocks (only the head trains): no gradient reaches them, so no pre-backward unshards them, and FSDP2's final
+// post-backward reshards them from their post-forward parts to their shards without freeing those parts
+// (FSDPParam.to_sharded; to_unsharded frees them only from SHARDED_POST_FORWARD). The next forward all-gathers the
+// shards (a copy-in of a quarter of the unit) while the stale parts live on until the post-forward replaces them.
+// memgate all-gathered from the stale parts (a copy-in of half): forward_peak and step_peak one quarter of a block's
+// bf16 parameters too high (+6.8% and +4.4% on a generated ViT in the corpus's first sweep).
+TEST(FsdpReferenceTest, FrozenUnitsReshardedToAGroupAllGatherTheirShardsAsFsdp2Does) { expect_fsdp_reference("head"); }
 
 TEST(PythonFixtureTest, TimmVitWithPeftLoraEqualsTheZooTwinToTheByte) {
   expect_twins("py_vit_tiny_lora_timm", "vit_tiny_lora", {1, 4});
