@@ -5,7 +5,7 @@ The reference for memgate's FSDP probes: timm's VisionTransformer (what memgate'
 tools/timm_reference.py) sharded with torch.distributed.fsdp.fully_shard over N processes that meet through a
 FileStore, each measured as tools/timm_reference.py measures one device (one thread, oneDNN off, torch.profiler's
 allocation events), with one warm-up step. Each block is a unit, then the root (patch embedding, tokens, final
-norm, head), all with the fixture's reshard_after_forward and, where training.precision is bf16, FSDP2's
+norm, head) (`units: root`: the root alone, one unit), all with the fixture's reshard_after_forward and, where training.precision is bf16, FSDP2's
 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=<training.distributed.reduce_dtype, else None>) in place of
 autocast (as memgate and torchtitan train under FSDP; --precision and --reduce-dtype override); AdamW steps the sharded
 parameters (DTensors). params is the level after fully_shard (each rank's padded dim-0 shards, the full parameters
@@ -100,12 +100,12 @@ def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, fsd
                                      reduce_dtype=dtypes[fsdp["reduce_dtype"]])
 
     def wrap(model):
-        blocks = list(model.blocks)
+        blocks = list(model.blocks) if fsdp["units"] == "blocks" else []
         for unit in blocks + [model]:
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
             unit.set_custom_all_gather(FencedAllGather())
             unit.set_custom_reduce_scatter(FencedReduceScatter())
-        if prefetch > 1:
+        if prefetch > 1 and blocks:
             for i, block in enumerate(blocks):
                 block.set_modules_to_backward_prefetch(blocks[max(i - prefetch, 0):i][::-1])
             model.set_modules_to_backward_prefetch(blocks[-prefetch:][::-1])
@@ -150,10 +150,10 @@ def main(argv=None) -> int:
                    help="MixedPrecisionPolicy.reduce_dtype (default: the fixture's reduce_dtype, else None)")
     a = p.parse_args(argv)
     d = timm_reference.distributed_block(a.config, "fsdp", p.error)
-    if d.get("units", "blocks") != "blocks":
-        p.error(f"{a.config}: only units: blocks is mirrored")
+    if d.get("units", "blocks") not in ("blocks", "root"):
+        p.error(f"{a.config}: training.distributed.units: {d['units']!r}, expected blocks or root")
     world = a.world_size or d["world_size"]
-    fsdp = {"units": "blocks",
+    fsdp = {"units": d.get("units", "blocks"),
             "reshard_after_forward": (a.reshard_after_forward if a.reshard_after_forward is not None
                                       else reshard_arg(d["reshard_after_forward"]) if "reshard_after_forward" in d
                                       else None),
