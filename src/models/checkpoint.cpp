@@ -4,9 +4,11 @@
 #include "memgate/models/autocast.h"
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -19,16 +21,32 @@ struct BlockHolder : torch::CustomClassHolder {
   BlockFn fn;
 };
 
+// The autocast states a recompute restores: the CPU's, CUDA's, and an estimate's on the Meta device (PrivateUse1's);
+// without the last, an estimate recomputed a checkpointed bf16 block uncast and failed ("expected m1 and m2 to have
+// the same dtype").
+constexpr std::array<torch::DeviceType, 3> kAutocastTypes{torch::kCPU, torch::kCUDA, torch::kPrivateUse1};
+
+const char* autocast_key(torch::DeviceType type) {
+  return type == torch::kCPU ? "cpu_autocast" : type == torch::kCUDA ? "cuda_autocast" : "meta_autocast";
+}
+
+const char* dtype_key(torch::DeviceType type) {
+  return type == torch::kCPU ? "cpu_dtype" : type == torch::kCUDA ? "cuda_dtype" : "meta_dtype";
+}
+
 // Forward runs the block with grad off (nothing is kept but the input); backward recomputes it with grad on,
 // in the autocast state of the forward, and back-propagates into the block's parameters and the input.
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
                                                 torch::Tensor /*anchor*/, c10::intrusive_ptr<BlockHolder> holder) {
-    for (auto type : {torch::kCPU, torch::kCUDA}) {
-      const bool on = at::autocast::is_autocast_enabled(type);
-      ctx->saved_data[type == torch::kCPU ? "cpu_autocast" : "cuda_autocast"] = on;
-      ctx->saved_data[type == torch::kCPU ? "cpu_dtype" : "cuda_dtype"] =
-          static_cast<int64_t>(at::autocast::get_autocast_dtype(type));
+    for (auto type : kAutocastTypes) {
+      // An estimate's autocast on the Meta device is PrivateUse1's, with its key included on this thread
+      // (AutocastScope): a real PrivateUse1 backend's autocast is not one memgate runs.
+      const bool on = at::autocast::is_autocast_enabled(type) &&
+                      (type != torch::kPrivateUse1 ||
+                       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::AutocastPrivateUse1));
+      ctx->saved_data[autocast_key(type)] = on;
+      ctx->saved_data[dtype_key(type)] = static_cast<int64_t>(at::autocast::get_autocast_dtype(type));
     }
     ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
     ctx->save_for_backward({x});
@@ -45,13 +63,12 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     {
       torch::AutoGradMode grad_on(true);
       std::vector<std::unique_ptr<AutocastScope>> scopes;
-      for (auto type : {torch::kCPU, torch::kCUDA}) {
-        const char* on = type == torch::kCPU ? "cpu_autocast" : "cuda_autocast";
-        const char* dt = type == torch::kCPU ? "cpu_dtype" : "cuda_dtype";
-        if (ctx->saved_data[on].toBool()) {
-          const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data[dt].toInt());
-          scopes.push_back(std::make_unique<AutocastScope>(
-              type, dtype == torch::kHalf ? Precision::kFp16 : Precision::kBf16));
+      for (auto type : kAutocastTypes) {
+        if (ctx->saved_data[autocast_key(type)].toBool()) {
+          const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data[dtype_key(type)].toInt());
+          // The Meta device's scope is PrivateUse1's with the key included (AutocastScope maps it).
+          scopes.push_back(std::make_unique<AutocastScope>(type == torch::kPrivateUse1 ? torch::kMeta : type,
+                                                           dtype == torch::kHalf ? Precision::kFp16 : Precision::kBf16));
         }
       }
       output = holder->fn(input);

@@ -162,6 +162,29 @@ TEST(EstimateTest, FusedOptimizersAreEstimatedAsMeasured) {
   }
 }
 
+// A checkpointed block recomputed in backward restores the forward's autocast: on the Meta device that is
+// PrivateUse1's with its key included. Without it a bf16 ViT's recompute ran uncast and the estimate failed ("expected
+// m1 and m2 to have the same dtype", the corpus's first sweep).
+TEST(EstimateTest, CheckpointedBlocksRecomputeUnderTheEstimatesAutocast) {
+  auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/vit_tiny_full.yaml");
+  fixture.training.gradient_checkpointing = true;
+  for (const auto precision : {Precision::kBf16, Precision::kFp16}) {
+    fixture.training.precision = precision;
+    const auto measured = run_probe(fixture, 2, kCpu);
+    const auto estimated = estimate_probe(fixture, 2, EstimateTarget::kCpu);
+    ASSERT_FALSE(measured.oom || estimated.oom) << measured.error << estimated.error;
+    const auto* what = precision == Precision::kBf16 ? "bf16" : "fp16";
+    const auto& e = estimated.components;
+    const auto& m = measured.components;
+    EXPECT_EQ(e.params, m.params) << what;
+    EXPECT_EQ(e.gradients, m.gradients) << what;
+    EXPECT_EQ(e.optimizer_state, m.optimizer_state) << what;
+    for (const auto* c : {"activations", "forward_peak", "eval_peak", "step_peak"}) {
+      EXPECT_LE(error_pct(e.get(c), m.get(c)), 1.0) << what << ": " << c << " " << e.get(c) << " vs " << m.get(c);
+    }
+  }
+}
+
 TEST(EstimateTest, ForCudaCountsWholeBlocksAndLeavesHostMemoryOut) {
   const auto fixture = testing::fixture_from(testing::tiny_vit_yaml());
   const auto cpu = estimate_probe(fixture, 2, EstimateTarget::kCpu);
