@@ -263,13 +263,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     }
     return {gi, gw, gb};
   }
-  if (mask[0]) gi = at::empty_like(input, input.suggest_memory_format());
+  // _slow_conv2d_backward's templates (the input's gradient, then the weight's) each start from
+  // grad_output.contiguous(): a copy where it is not (a ViT's patch embedding gets its gradient through
+  // flatten(2).transpose(1, 2)), alive while that gradient is computed (step_peak 1.1-2.4% low without it).
+  const bool copy_grad_output = cpu_2d && !grad_output.is_contiguous();
+  if (mask[0]) {
+    auto gy = copy_grad_output ? at::empty_like(grad_output, at::MemoryFormat::Contiguous) : at::Tensor();
+    gi = at::empty_like(input, input.suggest_memory_format());
+  }
   if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
   if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
-  if (cpu_2d && mask[1] && !unit_1x1(weight, stride, padding)) {
-    // _slow_conv2d_backward unfolds the input again for the weight's gradient: one column buffer per image.
-    auto columns = at::empty({input.size(0), input.size(1) / groups * weight.size(2) * weight.size(3),
-                              grad_output.size(2) * grad_output.size(3)}, input.options());
+  if (cpu_2d && mask[1]) {
+    auto gy = copy_grad_output ? at::empty_like(grad_output, at::MemoryFormat::Contiguous) : at::Tensor();
+    if (!unit_1x1(weight, stride, padding)) {
+      // _slow_conv2d_backward unfolds the input again for the weight's gradient: one column buffer per image.
+      auto columns = at::empty({input.size(0), input.size(1) / groups * weight.size(2) * weight.size(3),
+                                grad_output.size(2) * grad_output.size(3)}, input.options());
+    }
   }
   return {gi, gw, gb};
 }
@@ -488,9 +498,12 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_cpu(const at::Tensor& query, 
   const auto acc = query.options().dtype(accumulate_type(query.scalar_type()));
   auto out = at::empty({b, l, h, e}, query.options());
   auto lse = at::empty({b, l, h}, acc);
-  // The kernel's per-thread scratch (one thread): q-block x kv-block scores, max and sum, and a q-block output.
+  // The kernel's per-thread scratch (one thread, cpu_flash_attention): q-block x kv-block scores, max and sum, and a
+  // q-block output in the accumulation type; for bf16 and fp16 also the scores in the input's type (buf_reduced).
   const auto [qs, ks] = flash_blocks(query, key);
-  (void)at::empty({1, qs * ks + qs + qs + qs * e}, acc);
+  auto buf = at::empty({1, qs * ks + qs + qs + qs * e}, acc);
+  const bool reduced = query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf;
+  auto buf_reduced = at::empty({1, qs, reduced ? ks : 0}, query.options());
   return {out.transpose(1, 2), lse.transpose(1, 2)};
 }
 
@@ -500,9 +513,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_cpu_backward(
   auto gq = at::empty({query.size(0), query.size(2), query.size(1), query.size(3)}, query.options());
   auto gk = at::empty({key.size(0), key.size(2), key.size(1), key.size(3)}, key.options());
   auto gv = at::empty({value.size(0), value.size(2), value.size(1), value.size(3)}, value.options());
-  // Its scratch: the attention and its gradient for a block, and a q-block of gradient.
+  // Its scratch (cpu_flash_attention_backward, one thread): the attention and its gradient for a block in the
+  // accumulation type, the same two in the input's type for bf16 and fp16 (buf_reduced), and a q-block's row sums.
   const auto [qs, ks] = flash_blocks(query, key);
-  (void)at::empty({1, 2 * qs * ks + qs * query.size(3)}, query.options().dtype(accumulate_type(query.scalar_type())));
+  const auto acc = query.options().dtype(accumulate_type(query.scalar_type()));
+  const bool reduced = query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf;
+  auto buf = at::empty({1, 2 * qs * ks}, acc);
+  auto buf_reduced = at::empty({1, reduced ? 2 * qs * ks : 0}, query.options());
+  auto dsum = at::empty({qs}, acc);
   return {gq.transpose(1, 2), gk.transpose(1, 2), gv.transpose(1, 2)};
 }
 
@@ -595,10 +613,21 @@ bool holds_last_reference(const at::Tensor& t) {
   return t.is_non_overlapping_and_dense() && t.use_count() == 1 && t.has_storage() && t.storage().use_count() == 1;
 }
 
+// On the CPU an input of another dtype than the sum's is cast into a temporary first (TensorIterator's compute_types,
+// promote_inputs_to_common_dtype: the CPU's loops take one dtype), freed once the sum exists; CUDA's kernels cast as
+// they load. A residual sum of an fp32 stream and a bf16 or fp16 branch (autocast's linear output) holds one more
+// stream in fp32 at that moment: an fp16 GPT's eval_peak was estimated 2.8% low without it (the corpus).
 at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   if (in_engine_sum() && holds_last_reference(self) && self.sizes() == other.sizes() &&
       self.scalar_type() == other.scalar_type()) {
     return at::meta::add_(const_cast<at::Tensor&>(self), other, alpha);
+  }
+  std::vector<at::Tensor> casts;
+  if (for_cpu() && self.scalar_type() != other.scalar_type()) {
+    const auto common = at::result_type(self, other);
+    for (const auto* t : {&self, &other}) {
+      if (t->scalar_type() != common && t->dim() > 0) casts.push_back(at::empty_like(*t, t->options().dtype(common)));
+    }
   }
   return at::meta::add(self, other, alpha);
 }
