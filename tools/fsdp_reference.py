@@ -100,7 +100,7 @@ def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, fsd
                                      reduce_dtype=dtypes[fsdp["reduce_dtype"]])
 
     def wrap(model):
-        blocks = list(model.blocks) if fsdp["units"] == "blocks" else []
+        blocks = list(model.h if a.arch == "gpt" else model.blocks) if fsdp["units"] == "blocks" else []
         for unit in blocks + [model]:
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
             unit.set_custom_all_gather(FencedAllGather())

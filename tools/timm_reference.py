@@ -10,6 +10,11 @@ total). Components mean what DESIGN.md's "The measurement protocol" says, in byt
 existed before the model was built: params, gradients, optimizer_state, activations, forward_peak, eval_peak
 (absolute: parameters and the batch included), step_peak (absolute).
 
+A fixture of the zoo's GPT (`--config` with `arch: gpt`) builds fixtures/models/python/models.py's gpt_twin instead
+(the zoo's GPT in plain PyTorch, equal to it to the byte), with tokens and next-token targets for a batch and the
+logits' fp32 cross-entropy for a loss; its head (`trainable: head`) is ln_f and lm_head. tools/ddp_reference.py and
+tools/fsdp_reference.py take it too (FSDP's units: the blocks `h.N`, then the root).
+
 Optional LoRA (`--lora-rank`, `--lora-targets qkv,...`, `--trainable lora`) wraps timm's Linear layers as memgate's
 nn::Linear computes them: y = linear(x, W, b) + linear(linear(x, A), B) * alpha / rank.
 
@@ -61,7 +66,28 @@ def import_timm():
     return VisionTransformer
 
 
+GPT_KEYS = ("vocab_size", "seq_len", "n_layer", "n_embd", "n_head", "mlp_hidden", "mlp", "norm", "position", "bias",
+            "tied_embeddings")
+
+
+def gpt_twin():
+    """fixtures/models/python/models.py's gpt_twin: the zoo's GPT in plain PyTorch (equal to it to the byte)."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "models", "python", "models.py")
+    spec = importlib.util.spec_from_file_location("memgate_fixture_models", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.gpt_twin
+
+
 def build_model(a: argparse.Namespace) -> nn.Module:
+    if a.arch == "gpt":
+        args = dict(a.gpt)
+        if a.lora_rank > 0:
+            args.update(lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_targets=a.lora_targets)
+        return gpt_twin()(**args)
     model = import_timm()(img_size=a.img_size, patch_size=a.patch_size, embed_dim=a.embed_dim, depth=a.depth,
                           num_heads=a.num_heads, mlp_ratio=a.mlp_ratio, num_classes=a.num_classes,
                           qkv_bias=True, class_token=True, global_pool="token")
@@ -76,8 +102,9 @@ def build_model(a: argparse.Namespace) -> nn.Module:
 
 def select_trainable(model: nn.Module, trainable: str) -> list[nn.Parameter]:
     out = []
+    heads = ("ln_f.", "lm_head.") if isinstance(model, nn.Module) and hasattr(model, "ln_f") else ("head.",)
     for name, p in model.named_parameters():
-        head = name.startswith("head.")
+        head = name.startswith(heads)
         train = {"all": True, "head": head, "lora": head or "lora_" in name}[trainable]
         p.requires_grad_(train)
         if train:
@@ -142,8 +169,12 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=No
                 trainable = [p for p in model.parameters() if p.requires_grad]
         torch.manual_seed(1)
         with record_function("memgate::batch"):
-            images = torch.randn(batch_size, 3, a.img_size, a.img_size)
-            target = torch.randint(a.num_classes, (batch_size,))
+            if a.arch == "gpt":  # the zoo GPT's batch: tokens and next-token targets
+                images = torch.randint(a.gpt["vocab_size"], (batch_size, a.gpt["seq_len"]))
+                target = torch.randint(a.gpt["vocab_size"], (batch_size, a.gpt["seq_len"]))
+            else:
+                images = torch.randn(batch_size, 3, a.img_size, a.img_size)
+                target = torch.randint(a.num_classes, (batch_size,))
         model.train()
         optimizer = torch.optim.AdamW(trainable, lr=a.lr, weight_decay=a.weight_decay, foreach=False)
         model.eval()
@@ -154,7 +185,10 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=No
         for step in range(a.warmup_steps + 1):
             tag = "measured" if step == a.warmup_steps else f"warmup{step}"
             with record_function(f"memgate::{tag}:forward"):
-                loss = F.cross_entropy(model(images).float(), target)
+                if a.arch == "gpt":  # the logits cast to fp32 for the loss, as the zoo's (and gpt_twin_loss)
+                    loss = F.cross_entropy(model(images).float().flatten(0, 1), target.flatten())
+                else:
+                    loss = F.cross_entropy(model(images).float(), target)
             with record_function(f"memgate::{tag}:backward"):
                 loss.backward()
                 del loss  # memgate's loss dies with its loop iteration, before the optimizer
@@ -224,6 +258,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default="2")
     p.add_argument("--timeline", help="write every allocation/free (phase, bytes, running total, op) here")
     a = p.parse_args(argv)
+    a.arch, a.gpt = "vit", {}
 
     defaults = {"img_size": 224, "patch_size": 16, "embed_dim": 768, "depth": 12, "num_heads": 12,
                 "num_classes": 1000, "mlp_ratio": 4.0, "trainable": "all", "lora_rank": 0, "lora_alpha": 1.0,
@@ -234,8 +269,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         with open(a.config) as f:
             fixture = yaml.safe_load(f)
         m, t = fixture.get("model", {}), fixture.get("training", {})
-        if m.get("arch") != "vit":
-            p.error(f"{a.config}: arch {m.get('arch')!r}, expected vit")
+        if m.get("arch") not in ("vit", "gpt"):
+            p.error(f"{a.config}: arch {m.get('arch')!r}, expected vit or gpt")
+        if m["arch"] == "gpt":
+            a.arch = "gpt"
+            a.gpt = {k: m[k] for k in GPT_KEYS if k in m}
         for key in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "num_classes", "mlp_ratio"):
             if key in m:
                 defaults[key] = m[key]
