@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <atomic>
@@ -264,17 +265,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     return {gi, gw, gb};
   }
   // _slow_conv2d_backward's templates (the input's gradient, then the weight's) each start from
-  // grad_output.contiguous(): a copy where it is not (a ViT's patch embedding gets its gradient through
+  // grad_output.contiguous(format), the format channels last where the input or the weight is
+  // (thnn_conv_use_channels_last): a copy where it is not (a ViT's patch embedding gets its gradient through
   // flatten(2).transpose(1, 2)), alive while that gradient is computed (step_peak 1.1-2.4% low without it).
-  const bool copy_grad_output = cpu_2d && !grad_output.is_contiguous();
+  const auto format = input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+                              weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast
+                          ? at::MemoryFormat::ChannelsLast
+                          : at::MemoryFormat::Contiguous;
+  const bool copy_grad_output = cpu_2d && !grad_output.is_contiguous(format);
   if (mask[0]) {
-    auto gy = copy_grad_output ? at::empty_like(grad_output, at::MemoryFormat::Contiguous) : at::Tensor();
+    auto gy = copy_grad_output ? at::empty_like(grad_output, format) : at::Tensor();
     gi = at::empty_like(input, input.suggest_memory_format());
   }
   if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
   if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
   if (cpu_2d && mask[1]) {
-    auto gy = copy_grad_output ? at::empty_like(grad_output, at::MemoryFormat::Contiguous) : at::Tensor();
+    auto gy = copy_grad_output ? at::empty_like(grad_output, format) : at::Tensor();
     if (!unit_1x1(weight, stride, padding)) {
       // _slow_conv2d_backward unfolds the input again for the weight's gradient: one column buffer per image.
       auto columns = at::empty({input.size(0), input.size(1) / groups * weight.size(2) * weight.size(3),
@@ -632,6 +638,15 @@ at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar
   return at::meta::add(self, other, alpha);
 }
 
+// arange into a fresh tensor (at::arange is empty({0}) then arange_out): Meta's resize_ grows a storage by setting its
+// size, past the allocator, so positions (a GPT's arange over its sequence) were counted as 0 bytes. Here the result
+// takes a storage the allocator counts, as on the device.
+at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
+  const auto n = static_cast<int64_t>(std::ceil((end.to<double>() - start.to<double>()) / step.to<double>()));
+  if (out.numel() != n) out.set_(at::empty({std::max<int64_t>(n, 0)}, out.options()));
+  return out;
+}
+
 // The fused optimizers (_fused_adamw_, _fused_adam_, _fused_sgd_: optimizer_impl fused) update their lists in place
 // and return nothing; on the CPU and on CUDA they allocate nothing either (one pass over each parameter's tensors), so
 // on Meta there is nothing to do but take the arguments off the stack. LibTorch registers no Meta kernel for them
@@ -680,6 +695,7 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("_amp_foreach_non_finite_check_and_unscale_", TORCH_FN(amp_unscale));
     lib.impl("_amp_update_scale_", TORCH_FN(amp_update_scale));
     lib.impl("add.Tensor", TORCH_FN(add));
+    lib.impl("arange.start_out", TORCH_FN(arange_out));
     for (const auto* op : {"_fused_adamw_", "_fused_adamw_.tensor_lr", "_fused_adam_", "_fused_adam_.tensor_lr",
                            "_fused_sgd_", "_fused_sgd_.tensor_lr"}) {
       lib.impl(op, torch::CppFunction::makeFromBoxedFunction<&fused_optimizer_in_place>());
