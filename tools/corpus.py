@@ -230,7 +230,11 @@ def python_twin(fixture: dict) -> dict | None:
     if m["arch"] == "vit":
         args = {k: m[k] for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes")}
         if lora:
-            args.update(lora_rank=lora["rank"], lora_alpha=lora["alpha"], lora_targets=lora["targets"])
+            # PEFT matches a target by the end of a module's name: a bare "proj" would also take timm's
+            # patch_embed.proj (a convolution the zoo's LoRA does not adapt).
+            qualified = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
+            args.update(lora_rank=lora["rank"], lora_alpha=lora["alpha"],
+                        lora_targets=[qualified[t] for t in lora["targets"]])
         model = {"arch": "python", "entry": entry + "timm_vit_lora", "args": args,
                  "inputs": [{"shape": ["B", 3, m["img_size"], m["img_size"]], "dtype": "float32"}],
                  "task": "classify", "num_classes": m["num_classes"], "blocks": "*blocks.*"}
