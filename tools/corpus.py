@@ -171,7 +171,9 @@ def gen_gpt(rng: random.Random, distributed: str | None = None) -> tuple[dict, d
 
 def gen_resnet(rng: random.Random) -> tuple[dict, dict, list[str]]:
     depth = pick(rng, [(18, 3), (34, 1)])
-    model = {"arch": "resnet", "depth": depth, "img_size": pick(rng, [32, 40, 56, 64]), "width": pick(rng, [4, 6, 8]),
+    # At least 40 px: at 32 the last stage is 1x1, and PyTorch refuses to train its BatchNorm on one sample per channel
+    # ("Expected more than 1 value per channel when training") where LibTorch's C++ batch_norm runs.
+    model = {"arch": "resnet", "depth": depth, "img_size": pick(rng, [48, 40, 56, 64]), "width": pick(rng, [4, 6, 8]),
              "task": "classify", "num_classes": rng.randint(2, 20)}
     training, tf = training_axes(rng, {18: 8, 34: 16}[depth], None, True)
     return model, training, [f"resnet={depth}"] + tf
@@ -463,6 +465,11 @@ def default_python() -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
+    merge = sub.add_parser("report", help="one report of several sweeps' results.json (a later one's fixture wins)")
+    merge.add_argument("--seed", type=int, default=1)
+    merge.add_argument("--sample", action="store_true")
+    merge.add_argument("--out", required=True, type=Path)
+    merge.add_argument("results", nargs="+", type=Path, help="folders of earlier sweeps")
     for name in ("generate", "sweep"):
         s = sub.add_parser(name)
         s.add_argument("--seed", type=int, default=1)
@@ -477,6 +484,17 @@ def main(argv=None) -> int:
             s.add_argument("--checks", default=",".join(CHECKS),
                            help=f"a comma-separated subset of {','.join(CHECKS)} (default: all three)")
     a = p.parse_args(argv)
+    if a.command == "report":
+        merged = {}
+        for folder in a.results:
+            for r in json.loads((folder / "results.json").read_text()):
+                merged[r["name"]] = r
+        results = sorted(merged.values(), key=lambda r: r["name"])
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "results.json").write_text(json.dumps(results, indent=1))
+        (a.out / "report.md").write_text(report(results, a))
+        print(f"wrote {a.out / 'report.md'}: {sum(r['ok'] for r in results)} of {len(results)} within bounds")
+        return 0 if all(r["ok"] for r in results) else 1
     if a.count < 1:
         p.error(f"--count: {a.count}, expected at least 1")
     cases = generate(a.seed, a.count)
