@@ -185,10 +185,15 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=No
         for step in range(a.warmup_steps + 1):
             tag = "measured" if step == a.warmup_steps else f"warmup{step}"
             with record_function(f"memgate::{tag}:forward"):
+                # The output lives through the loss, as a training loop's `logits = model(x)` (Hugging Face's and
+                # torchtitan's: their loss casts bf16 logits to fp32 while the caller holds them) and memgate's
+                # protocol keep it; it is gone before backward.
+                output = model(images)
                 if a.arch == "gpt":  # the logits cast to fp32 for the loss, as the zoo's (and gpt_twin_loss)
-                    loss = F.cross_entropy(model(images).float().flatten(0, 1), target.flatten())
+                    loss = F.cross_entropy(output.float().flatten(0, 1), target.flatten())
                 else:
-                    loss = F.cross_entropy(model(images).float(), target)
+                    loss = F.cross_entropy(output.float(), target)
+                del output
             with record_function(f"memgate::{tag}:backward"):
                 loss.backward()
                 del loss  # memgate's loss dies with its loop iteration, before the optimizer
