@@ -205,7 +205,10 @@ void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
       const auto to = it->second == Policy::kLowerPrecision ? lower_precision()
                       : it->second == Policy::kFp32         ? at::kFloat
                                                             : promote_type(args);
-      for (std::size_t i = stack->size() - n; i < stack->size(); ++i) (*stack)[i] = cast_value(to, (*stack)[i]);
+      // Last argument first: torch's autocast wrappers cast `cached_cast(args)...` as one call's arguments, which the
+      // GCC that builds torch evaluates right to left (a linear's bias, then its weight, then its input). The order
+      // decides which cast is made first and so which ToCopyBackward the engine runs first in backward.
+      for (std::size_t i = stack->size(); i-- > stack->size() - n;) (*stack)[i] = cast_value(to, (*stack)[i]);
       break;
     }
     case Policy::kFp32SetOptDtype:
