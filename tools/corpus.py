@@ -488,6 +488,16 @@ def main(argv=None) -> int:
         merged = {}
         for folder in a.results:
             for r in json.loads((folder / "results.json").read_text()):
+                # A later sweep's checks replace the earlier's, fixture by fixture and check by check (a rerun with
+                # --checks estimate keeps the earlier reference and repeat rows).
+                earlier = merged.get(r["name"])
+                if earlier is not None and not r["errors"]:
+                    redone = {row["check"] for row in r["rows"]}
+                    kept = [row for row in earlier["rows"] if row["check"] not in redone]
+                    r = {**earlier, **r, "rows": kept + r["rows"],
+                         "errors": [] if redone >= set(CHECKS) else earlier["errors"],
+                         "reference": r.get("reference", earlier.get("reference"))}
+                    r["ok"] = not r["errors"] and all(row["ok"] for row in r["rows"])
                 merged[r["name"]] = r
         results = sorted(merged.values(), key=lambda r: r["name"])
         a.out.mkdir(parents=True, exist_ok=True)
