@@ -59,7 +59,7 @@ def pick(rng: random.Random, weighted):
     return rng.choice(weighted)
 
 
-def training_axes(rng: random.Random, depth: int, lora: dict | None, single: bool) -> tuple[dict, list[str]]:
+def training_axes(rng: random.Random, depth: int, lora: dict | None) -> tuple[dict, list[str]]:
     """The training block of a single-device fixture, and its axis values (what the sample covers)."""
     t: dict = {}
     opt = pick(rng, [("adamw", 3), ("sgd", 2)])
@@ -112,9 +112,9 @@ def gen_vit(rng: random.Random, distributed: str | None) -> tuple[dict, dict, li
         model["lora"] = lora
     feats = [f"head_dim={head_dim}", *lora_features(lora)]
     if distributed is None:
-        training, tf = training_axes(rng, depth, lora, True)
-        return model, training, feats + tf
-    training, tf = distributed_axes(rng, distributed, lora)
+        training, tf = training_axes(rng, depth, lora)
+    else:
+        training, tf = distributed_axes(rng, distributed, lora)
     return model, training, feats + tf
 
 
@@ -160,7 +160,7 @@ def gen_gpt(rng: random.Random, distributed: str | None = None) -> tuple[dict, d
     if lora:
         model["lora"] = lora
     if distributed is None:
-        training, tf = training_axes(rng, depth, lora, True)
+        training, tf = training_axes(rng, depth, lora)
     else:
         training, tf = distributed_axes(rng, distributed, lora)
         tf.append(f"vocab_divides_world={model['vocab_size'] % training['distributed']['world_size'] == 0}")
@@ -175,7 +175,7 @@ def gen_resnet(rng: random.Random) -> tuple[dict, dict, list[str]]:
     # ("Expected more than 1 value per channel when training") where LibTorch's C++ batch_norm runs.
     model = {"arch": "resnet", "depth": depth, "img_size": pick(rng, [48, 40, 56, 64]), "width": pick(rng, [4, 6, 8]),
              "task": "classify", "num_classes": rng.randint(2, 20)}
-    training, tf = training_axes(rng, {18: 8, 34: 16}[depth], None, True)
+    training, tf = training_axes(rng, {18: 8, 34: 16}[depth], None)
     return model, training, [f"resnet={depth}"] + tf
 
 
@@ -337,13 +337,32 @@ def compare(measured: dict, other: dict, check: str, exact_all: bool = False) ->
 CHECKS = ("estimate", "reference", "repeat")
 
 
-def sweep_one(case: dict, out: Path, tools: Tools, checks=CHECKS) -> dict:
+def reference(fixture: dict, path: Path, work: Path, tools: Tools) -> tuple[str, dict] | None:
+    """PyTorch's own run of the fixture at `path`: its Python twin measured by memgate's protocol, or, over ranks,
+    tools/<strategy>_reference.py. Returns what it is and its components per (batch, rank); None where the corpus has
+    no reference for the fixture."""
     import yaml
 
+    bs = ",".join(map(str, fixture["batch_sizes"]))
+    twin = python_twin(fixture)
+    if twin is not None:
+        twin_path = path.with_name(f"{twin['name']}.yaml")
+        twin_path.write_text(yaml.safe_dump(twin, sort_keys=False))
+        doc = tools.memgate_json(["profile"], twin_path, fixture["batch_sizes"], work / "twin.json", "the Python twin")
+        return "python twin: " + twin["model"]["entry"].rsplit(":", 1)[1], per_rank(doc)
+    if "distributed" not in fixture["training"]:
+        return None
+    strategy = fixture["training"]["distributed"]["strategy"]
+    script = ROOT / "tools" / f"{strategy}_reference.py"
+    text = tools.run([tools.python, str(script), "--config", str(path), "--batch-sizes", bs],
+                     f"tools/{strategy}_reference.py")
+    return f"torch {strategy} ({script.name})", reference_per_rank(json.loads(text))
+
+
+def sweep_one(case: dict, out: Path, tools: Tools, checks=CHECKS) -> dict:
     start = time.monotonic()
     name, fixture = case["name"], case["fixture"]
-    folder = out / "fixtures"
-    path = folder / f"{name}.yaml"
+    path = out / "fixtures" / f"{name}.yaml"
     bs = fixture["batch_sizes"]
     result = {"name": name, "family": case["family"], "features": case["features"], "rows": [], "errors": []}
     work = out / "work" / name
@@ -358,22 +377,10 @@ def sweep_one(case: dict, out: Path, tools: Tools, checks=CHECKS) -> dict:
             estimate = tools.memgate_json(["estimate", "--for", "cpu"], path, bs, work / "estimate.json",
                                           "memgate estimate")
             result["rows"] += compare(measured, per_rank(estimate), "estimate")
-        twin = python_twin(fixture)
-        if "reference" not in checks:
-            pass
-        elif twin is not None:
-            twin_path = folder / f"{twin['name']}.yaml"
-            twin_path.write_text(yaml.safe_dump(twin, sort_keys=False))
-            ref = per_rank(tools.memgate_json(["profile"], twin_path, bs, work / "twin.json", "the Python twin"))
-            result["reference"] = "python twin: " + twin["model"]["entry"].rsplit(":", 1)[1]
-            result["rows"] += compare(measured, ref, "reference")
-        elif "distributed" in fixture["training"]:
-            strategy = fixture["training"]["distributed"]["strategy"]
-            script = ROOT / "tools" / f"{strategy}_reference.py"
-            text = tools.run([tools.python, str(script), "--config", str(path), "--batch-sizes",
-                              ",".join(map(str, bs))], f"tools/{strategy}_reference.py")
-            result["reference"] = f"torch {strategy} ({script.name})"
-            result["rows"] += compare(measured, reference_per_rank(json.loads(text)), "reference")
+        found = reference(fixture, path, work, tools) if "reference" in checks else None
+        if found is not None:
+            result["reference"] = found[0]
+            result["rows"] += compare(measured, found[1], "reference")
     except Exception as e:  # noqa: BLE001: a probe that fails is a result of the sweep, named with its fixture
         result["errors"].append(str(e))
     result["seconds"] = round(time.monotonic() - start, 2)
@@ -507,6 +514,9 @@ def main(argv=None) -> int:
         return 0 if all(r["ok"] for r in results) else 1
     if a.count < 1:
         p.error(f"--count: {a.count}, expected at least 1")
+    checks = a.checks.split(",") if a.command == "sweep" else []
+    if a.command == "sweep" and any(c not in CHECKS for c in checks):
+        p.error(f"--checks: {a.checks!r}, expected a comma-separated subset of {','.join(CHECKS)}")
     cases = generate(a.seed, a.count)
     if a.sample:
         cases = sample(cases)
@@ -520,9 +530,6 @@ def main(argv=None) -> int:
     if not Path(a.memgate).is_file():
         p.error(f"--memgate: {a.memgate} is not there (build memgate first: cmake --workflow --preset cpu)")
     tools = Tools(a.memgate, a.python)
-    checks = a.checks.split(",")
-    if not checks or any(c not in CHECKS for c in checks):
-        p.error(f"--checks: {a.checks!r}, expected a comma-separated subset of {','.join(CHECKS)}")
     results = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
         futures = {pool.submit(sweep_one, c, a.out, tools, checks): c for c in cases}

@@ -2,17 +2,18 @@
 """PyTorch's own FSDP2 (fully_shard) on CPU ranks (Gloo), measured per rank with memgate's probe protocol.
 
 The reference for memgate's FSDP probes: timm's VisionTransformer (what memgate's ViT equals byte for byte,
-tools/timm_reference.py) sharded with torch.distributed.fsdp.fully_shard over N processes that meet through a
-FileStore, each measured as tools/timm_reference.py measures one device (one thread, oneDNN off, torch.profiler's
-allocation events), with one warm-up step. Each block is a unit, then the root (patch embedding, tokens, final
-norm, head) (`units: root`: the root alone, one unit), all with the fixture's reshard_after_forward and, where training.precision is bf16, FSDP2's
-MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=<training.distributed.reduce_dtype, else None>) in place of
-autocast (as memgate and torchtitan train under FSDP; --precision and --reduce-dtype override); AdamW steps the sharded
-parameters (DTensors). params is the level after fully_shard (each rank's padded dim-0 shards, the full parameters
-freed). Prints one JSON object per rank and batch size, with the rank's padded shard bytes. A fixture without
-reshard_after_forward leaves fully_shard's default (None: the blocks reshard after forward, the root keeps its
-parameters gathered from forward to backward); with true, false or an integer (the size of the group of ranks to
-reshard to: FSDP2 builds the post-forward DeviceMesh) every unit gets it, the root too.
+tools/timm_reference.py) sharded with torch.distributed.fsdp.fully_shard over N processes that meet through a FileStore,
+each measured as tools/timm_reference.py measures one device (one thread, oneDNN off, torch.profiler's allocation
+events), with one warm-up step. Each block is a unit, then the root (patch embedding, tokens, final norm, head; with
+`units: root` the root alone is the one unit), all with the fixture's reshard_after_forward and, where
+training.precision is bf16, FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=<training.distributed.reduce_dtype, else None>) in place of autocast (as memgate and torchtitan train under
+FSDP; --precision and --reduce-dtype override); AdamW steps the sharded parameters (DTensors). params is the level after
+fully_shard (each rank's padded dim-0 shards, the full parameters freed). Prints one JSON object per rank and batch
+size, with the rank's padded shard bytes. A fixture without reshard_after_forward leaves fully_shard's default (None:
+the blocks reshard after forward, the root keeps its parameters gathered from forward to backward); with true, false or
+an integer (the size of the group of ranks to reshard to: FSDP2 builds the post-forward DeviceMesh) every unit gets it,
+the root too.
 
 Gloo on the CPU has every collective FSDP2 uses, with temporaries of its own: all_gather_into_tensor allocates a
 flat output of the unit's size on Gloo's worker thread, reduce_scatter_tensor clones the whole input and all-reduces

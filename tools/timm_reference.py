@@ -102,7 +102,7 @@ def build_model(a: argparse.Namespace) -> nn.Module:
 
 def select_trainable(model: nn.Module, trainable: str) -> list[nn.Parameter]:
     out = []
-    heads = ("ln_f.", "lm_head.") if isinstance(model, nn.Module) and hasattr(model, "ln_f") else ("head.",)
+    heads = ("ln_f.", "lm_head.") if hasattr(model, "ln_f") else ("head.",)  # gpt_twin's head, or timm's
     for name, p in model.named_parameters():
         head = name.startswith(heads)
         train = {"all": True, "head": head, "lora": head or "lora_" in name}[trainable]
