@@ -508,7 +508,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_cpu(const at::Tensor& query, 
   // q-block output in the accumulation type; for bf16 and fp16 also the scores in the input's type (buf_reduced).
   const auto [qs, ks] = flash_blocks(query, key);
   auto buf = at::empty({1, qs * ks + qs + qs + qs * e}, acc);
-  const bool reduced = query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf;
+  const bool reduced = accumulate_type(query.scalar_type()) != query.scalar_type();  // bf16, fp16
   auto buf_reduced = at::empty({1, qs, reduced ? ks : 0}, query.options());
   return {out.transpose(1, 2), lse.transpose(1, 2)};
 }
@@ -523,7 +523,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_cpu_backward(
   // accumulation type, the same two in the input's type for bf16 and fp16 (buf_reduced), and a q-block's row sums.
   const auto [qs, ks] = flash_blocks(query, key);
   const auto acc = query.options().dtype(accumulate_type(query.scalar_type()));
-  const bool reduced = query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf;
+  const bool reduced = accumulate_type(query.scalar_type()) != query.scalar_type();  // bf16, fp16
   auto buf = at::empty({1, 2 * qs * ks}, acc);
   auto buf_reduced = at::empty({1, reduced ? 2 * qs * ks : 0}, query.options());
   auto dsum = at::empty({qs}, acc);
