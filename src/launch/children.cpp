@@ -1,6 +1,7 @@
 // A probe's child processes: its run folder, starting them, watching their heartbeats and ending them together.
 #include "children.h"
 
+#include "fork_server.h"
 #include "memgate/base/error.h"
 #include "memgate/base/heartbeat.h"
 
@@ -135,12 +136,29 @@ void Children::start(const ChildSpec& spec) {
     throw Error(fmt::format("cannot start {}: cannot create its log {}: {}", spec.name, spec.log,
                             std::strerror(errno)));
   }
+  if (spec.server != nullptr) {
+    auto argv = spec.argv;
+    argv.insert(argv.end(), {"--parent-pid", std::to_string(spec.server->pid())});
+    if (const auto pid = spec.server->spawn(argv, spec.env, spec.log)) {
+      ::close(log);
+      Child child;
+      child.spec = spec;
+      child.pid = *pid;
+      child.forked_by = spec.server;
+      child.running = true;
+      child.last_beat = std::chrono::steady_clock::now();
+      children_.push_back(std::move(child));
+      return;
+    }
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, log, STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&actions, log, STDERR_FILENO);
+  auto argv = spec.argv;
+  argv.insert(argv.end(), {"--parent-pid", std::to_string(::getpid())});
   std::vector<char*> args;
-  for (const auto& a : spec.argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::vector<char*> envp;
   for (const auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
@@ -182,14 +200,13 @@ void Children::reap_all(std::chrono::milliseconds grace) {
     bool any = false;
     for (auto& c : children_) {
       if (!c.running) continue;
-      if (::waitpid(c.pid, &c.status, WNOHANG) == c.pid) c.running = false;
-      else any = true;
+      if (!reap(c, false)) any = true;
     }
     if (!any) return;
     if (std::chrono::steady_clock::now() >= deadline) {
       end_all(SIGKILL);  // a stopped child, or one that ignores SIGTERM
       for (auto& c : children_) {
-        if (c.running && ::waitpid(c.pid, &c.status, 0) == c.pid) c.running = false;
+        if (c.running) reap(c, true);
       }
       return;
     }
@@ -208,6 +225,18 @@ std::string Children::silent_ones(std::chrono::steady_clock::time_point now, con
   return out;
 }
 
+bool Children::reap(Child& c, bool block) {
+  if (c.forked_by != nullptr) {
+    const auto status = c.forked_by->status(c.pid, block);
+    if (!status) return false;
+    c.status = *status;
+  } else if (::waitpid(c.pid, &c.status, block ? 0 : WNOHANG) != c.pid) {
+    return false;
+  }
+  c.running = false;
+  return true;
+}
+
 bool Children::succeeded(const Child& c) { return WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0; }
 
 // When a child fails its peers soon fail too (a collective whose peer has gone): the first to fail is the one whose
@@ -215,7 +244,7 @@ bool Children::succeeded(const Child& c) { return WIFEXITED(c.status) && WEXITST
 std::string Children::end_after_failure(std::chrono::steady_clock::time_point now) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   for (auto& c : children_) {
-    if (c.running && ::waitpid(c.pid, &c.status, WNOHANG) == c.pid) c.running = false;
+    if (c.running) reap(c, false);
   }
   const Child* first = nullptr;
   timespec first_time{};
@@ -258,9 +287,7 @@ std::optional<std::string> Children::wait() {
         c.last_beat = now;
         c.activity = reading->activity;
       }
-      const pid_t done = ::waitpid(c.pid, &c.status, WNOHANG);
-      if (done == c.pid) {
-        c.running = false;
+      if (reap(c, false)) {
         if (!succeeded(c)) return end_after_failure(now);
         continue;
       }

@@ -33,14 +33,19 @@ class RunDir {
   std::filesystem::path path_;
 };
 
+class PythonForkServer;
+
 /// One process to start: what it is called in messages ("rank 1 of 4"), its command and environment, and the files
-/// it writes its output and its heartbeat to.
+/// it writes its output and its heartbeat to. The command is a rank's (rank_main's arguments): Children adds
+/// `--parent-pid P`, P the process it ends with (this one, or the fork server that forks it).
 struct ChildSpec {
   std::string name;
   std::vector<std::string> argv;
   std::vector<std::string> env;
   std::string log;
   std::string heartbeat;
+  /// A Python probe's (`python -m memgate ...`): forked from this server when it can, else started directly.
+  PythonForkServer* server = nullptr;
 };
 
 /// The processes of one probe. While it lives, SIGINT, SIGTERM and SIGHUP are deferred: wait() then ends every
@@ -68,6 +73,7 @@ class Children {
   struct Child {
     ChildSpec spec;
     pid_t pid = -1;
+    PythonForkServer* forked_by = nullptr;  ///< its parent, when not this process
     bool running = false;
     int status = 0;
     std::chrono::steady_clock::time_point last_beat;  ///< or its start, before its first heartbeat
@@ -75,6 +81,8 @@ class Children {
     std::string activity;
   };
   [[nodiscard]] static bool succeeded(const Child& c);
+  /// Whether `c` has ended (its status then in c.status, and no longer running); `block`: waits until it has.
+  static bool reap(Child& c, bool block);
   [[nodiscard]] std::string end_after_failure(std::chrono::steady_clock::time_point now);
   void end_all(int signal);
   void reap_all(std::chrono::milliseconds grace);

@@ -4,6 +4,7 @@
 #include "memgate/launch/ranks.h"
 
 #include "children.h"
+#include "fork_server.h"
 
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
@@ -180,7 +181,7 @@ std::vector<std::string> probe_arguments(const Workload& workload, std::int64_t 
           "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
           "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
           "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(cap_bytes), "--device", device,
-          "--timeout-s", std::to_string(options.rank_timeout.count()), "--parent-pid", std::to_string(::getpid()),
+          "--timeout-s", std::to_string(options.rank_timeout.count()),
           "--heartbeat", fmt::format("{}/rank{}.beat", output.parent_path().string(), rank),
           "--memgate-version", MEMGATE_VERSION};
 }
@@ -291,7 +292,7 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   };
   Children children(run, options.rank_timeout);
   children.start({.name = "its Python probe", .argv = command, .env = env, .log = (dir / "rank0.log").string(),
-                  .heartbeat = (dir / "rank0.beat").string()});
+                  .heartbeat = (dir / "rank0.beat").string(), .server = PythonForkServer::of(command.front(), env)});
   if (auto failure = children.wait()) {
     // The batch size it was at: the first whose result it had not written.
     std::size_t done = 0;
@@ -493,6 +494,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
   if (device.is_cpu()) require_cpu_room(workload, world);
   const auto command = child_command(workload);
   const auto env = child_environment();
+  auto* const server = workload.model.arch == Arch::kPython ? PythonForkServer::of(command.front(), env) : nullptr;
   RunDir run;
   const auto& dir = run.path();
   const auto start = std::chrono::steady_clock::now();
@@ -509,7 +511,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     try {
       children.start({.name = fmt::format("rank {} of {}", r, world), .argv = std::move(argv), .env = env,
                       .log = (dir / fmt::format("rank{}.log", r)).string(),
-                      .heartbeat = (dir / fmt::format("rank{}.beat", r)).string()});
+                      .heartbeat = (dir / fmt::format("rank{}.beat", r)).string(), .server = server});
     } catch (const Error& e) {
       throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, e.what()));
     }

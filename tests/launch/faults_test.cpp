@@ -32,20 +32,53 @@ using ::testing::Not;
 
 std::string fixture(const std::string& name) { return testing::source_dir() + "/fixtures/models/" + name + ".yaml"; }
 
-// The processes whose command line names `dir` (a rank's store and result files are in the probe's folder there).
+// The processes whose command line contains `text`.
+std::vector<pid_t> processes_with(const std::string& text) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(text) != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// A probe's rank processes: those whose command line names `dir` (a rank's store and result files are in the
+// probe's folder there), or whose output is a log there (a Python rank forked from memgate's fork server has the
+// server's command line).
 std::vector<pid_t> processes_naming(const std::string& dir) {
   std::vector<pid_t> out;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const auto name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (cmdline.find(dir) != std::string::npos && cmdline.find("--memgate-rank") != std::string::npos) {
+    const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::error_code ec;
+    const auto output = std::filesystem::read_symlink(entry.path() / "fd" / "1", ec).string();
+    if ((cmdline.find(dir) != std::string::npos && cmdline.find("--memgate-rank") != std::string::npos) ||
+        (!ec && output.starts_with(dir + "/"))) {
       out.push_back(std::stoi(name));
     }
   }
   return out;
 }
+
+// py_resnet_tiny_torchvision over 2 DDP ranks, in `dir`: Python ranks, forked from memgate's fork server. (Torch
+// makes its compile cache, torchinductor_<user>, in the temporary directory, to keep: inductor_cache_in(dir) puts it
+// in `dir`.)
+std::string python_ddp_fixture(const testing::TempDir& dir) {
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  auto text = testing::read_file(models + "py_resnet_tiny_torchvision.yaml");
+  text.replace(text.find("  trainable: all\n"), 17,
+               "  trainable: all\n  distributed:\n    strategy: ddp\n    world_size: 2\n");
+  text.replace(text.find("entry: python/"), 14, "entry: " + models + "python/");
+  testing::write_file(dir / "py_ddp.yaml", text);
+  return dir / "py_ddp.yaml";
+}
+
+std::string inductor_cache_in(const testing::TempDir& dir) { return "TORCHINDUCTOR_CACHE_DIR=" + (dir / "inductor"); }
 
 // What is left of a probe after it ended: its rank processes (given a moment to go) and the files in its TMPDIR.
 void expect_nothing_left(const testing::TempDir& tmp) {
@@ -131,13 +164,14 @@ int exit_code(const Outcome& o) { return WIFEXITED(o.status) ? WEXITSTATUS(o.sta
 // The probes' --rank-timeout: short, yet long enough for two ranks to start and meet on a loaded CI machine.
 constexpr int kTimeout = 5;
 
+// `fixture_name`: one of fixtures/models, or a fixture's path.
 Outcome profile_with(const testing::TempDir& tmp, const testing::TempDir& out, const std::string& fixture_name,
                      const std::vector<std::string>& env, int timeout_s = kTimeout) {
   auto all = env;
   all.push_back("TMPDIR=" + tmp.path().string());
-  Memgate m(fmt::format("profile --config {} --batch-sizes 1 --device cpu --rank-timeout {}", fixture(fixture_name),
-                        timeout_s),
-            all, out);
+  const auto path = fixture_name.ends_with(".yaml") ? fixture_name : fixture(fixture_name);
+  Memgate m(fmt::format("profile --config {} --batch-sizes 1 --device cpu --rank-timeout {}", path, timeout_s), all,
+            out);
   return m.wait(std::chrono::seconds(timeout_s + 60));
 }
 
@@ -183,10 +217,13 @@ TEST(RankFaultTest, ARankThatCannotStartEndsTheOnesStartedBefore) {
 }
 
 // Kills memgate once its ranks are in their measured step (rank 1 there for a minute), as CI cancels a job.
-void kill_mid_probe(int signal, bool group) {
+// `python`: the ranks are a Python fixture's, forked from memgate's fork server, which must be gone too.
+void kill_mid_probe(int signal, bool group, bool python = false) {
   testing::TempDir tmp, out;
-  Memgate m(fmt::format("profile --config {} --batch-sizes 1 --device cpu", fixture("vit_tiny_ddp")),
-            {"TMPDIR=" + tmp.path().string(), "MEMGATE_TEST_RANK_FAULT=1:slow:measured step"}, out);
+  const auto path = python ? python_ddp_fixture(out) : fixture("vit_tiny_ddp");
+  Memgate m(fmt::format("profile --config {} --batch-sizes 1 --device cpu", path),
+            {"TMPDIR=" + tmp.path().string(), "MEMGATE_TEST_RANK_FAULT=1:slow:measured step", inductor_cache_in(out)},
+            out);
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   auto in_step = [&] {
     for (const auto& e : std::filesystem::recursive_directory_iterator(tmp.path())) {
@@ -199,16 +236,48 @@ void kill_mid_probe(int signal, bool group) {
   while (!in_step() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_TRUE(in_step()) << "the ranks never reached their measured step";
   EXPECT_EQ(processes_naming(tmp.path().string()).size(), 2U);
+  const auto server = fmt::format("memgate._forkserver{0}{1}{0}", '\0', m.pid());
+  EXPECT_EQ(processes_with(server).size() - (python ? 2 : 0), python ? 1U : 0U)
+      << "a fork server for Python ranks only (its forked ranks have its command line)";
   ASSERT_EQ(::kill(group ? -m.pid() : m.pid(), signal), 0);
   const auto o = m.wait(std::chrono::seconds(30));
   EXPECT_TRUE(WIFSIGNALED(o.status) && WTERMSIG(o.status) == signal) << "ended by the signal it got: " << o.status;
   EXPECT_LT(o.seconds, 30);
   expect_nothing_left(tmp);
+  const auto gone_by = Clock::now() + std::chrono::seconds(5);
+  while (!processes_with(server).empty() && Clock::now() < gone_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_THAT(processes_with(server), ::testing::IsEmpty()) << "the fork server left running";
 }
 
 TEST(RankFaultTest, KilledMemgateLeavesNoRankAndNoFile) { kill_mid_probe(SIGKILL, /*group=*/false); }
 TEST(RankFaultTest, TerminatedMemgateEndsItsRanksAndRemovesItsFiles) { kill_mid_probe(SIGTERM, /*group=*/false); }
 TEST(RankFaultTest, CtrlCToTheProcessGroupLeavesNothing) { kill_mid_probe(SIGINT, /*group=*/true); }
+TEST(RankFaultTest, KilledMemgateLeavesNoForkedPythonRankNoForkServerAndNoFile) {
+  kill_mid_probe(SIGKILL, /*group=*/false, /*python=*/true);
+}
+TEST(RankFaultTest, CtrlCLeavesNoForkedPythonRankAndNoForkServer) {
+  kill_mid_probe(SIGINT, /*group=*/true, /*python=*/true);
+}
+
+// Python ranks forked from the fork server fail as ranks started directly do: named, with their cause.
+TEST(RankFaultTest, AForkedPythonRankThatFailsIsNamedWithItsCause) {
+  testing::TempDir out;
+  const auto path = python_ddp_fixture(out);
+  for (const auto& [fault, says] : std::vector<std::pair<std::string, std::string>>{
+           {"1:crash:warm-up", "rank 1 of 2 was killed by signal 11"},
+           {"0:exit:joining", "rank 0 of 2 exited with status 7"},
+           {"1:stop:measured step: forward", "rank 1 of 2 stopped answering"}}) {
+    SCOPED_TRACE(fault);
+    testing::TempDir tmp;
+    const auto o = profile_with(tmp, out, path, {"MEMGATE_TEST_RANK_FAULT=" + fault, inductor_cache_in(out)});
+    EXPECT_EQ(exit_code(o), 3) << o.output;
+    EXPECT_THAT(o.output, HasSubstr(says));
+    EXPECT_THAT(o.output, HasSubstr("py_ddp.yaml at batch 1"));
+    expect_nothing_left(tmp);
+  }
+}
 
 TEST(RankFaultTest, TwoProbesInOneTemporaryDirectoryMeetNeitherEachOtherNorItsFiles) {
   testing::TempDir tmp, out1, out2;

@@ -3,6 +3,7 @@
 // torchvision's ResNet equal the zoo's twins to the byte, per rank under DDP too; a transformers LLaMA that
 // TorchScript cannot take is estimated within 1% and gated; bad input names the fixture, the key and the Python
 // error's last line.
+#include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/fixture.h"
@@ -17,6 +18,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -280,6 +284,11 @@ TEST(PythonFixtureTest, TheGateFailsAPythonCodeChangeThatKeepsMoreActivations) {
 // are the module's and the optimizer's, as in eager; what the forward keeps and the peaks are Inductor's (fused
 // kernels save other tensors than eager's ops), and repeat to the byte.
 TEST(PythonCompileTest, ACompiledStepIsMeasuredAndItsActivationsAreInductors) {
+  // Inductor checks every x86 vector ISA the CPU has by loading a test library in a Python subprocess that imports
+  // torch, in each process that compiles (ten of them here, 13 s of a compiled probe's 18 s with its caches warm).
+  // TORCHINDUCTOR_VEC_ISA_OK=1 skips the checks of the plain ISAs, which cpuid has already vouched for; the ISA it
+  // picks, its kernels and their bytes are the same.
+  ::setenv("TORCHINDUCTOR_VEC_ISA_OK", "1", 0);
   const auto eager = fixture("py_resnet_tiny_torchvision");
   const auto compiled = fixture("py_resnet_tiny_torchvision_compiled");
   const std::int64_t b = 4;
@@ -297,6 +306,90 @@ TEST(PythonCompileTest, ACompiledStepIsMeasuredAndItsActivationsAreInductors) {
     std::cout << fmt::format("[ COMPILE  ] {:<20} eager {:>10} compiled {:>10} ({:+.1f}%)\n", info.name, x, y,
                              x == 0 ? 0.0 : 100.0 * static_cast<double>(y - x) / static_cast<double>(x));
   }
+}
+
+// --- The fork server: a process's Python probes forked from one warm Python (src/launch/fork_server.h) -----------
+
+// py_vit_tiny_lora_timm through a models.py that notes each process importing it (its pid and its parent's).
+std::string noting_fixture(const testing::TempDir& dir, const std::string& build_code = "") {
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  testing::write_file(dir / "noting.py", "import os\nimport sys\n\nsys.path.insert(0, r'" + models + "python')\n" +
+                                             "with open(r'" + (dir / "pids.txt") + "', 'a') as f:\n" +
+                                             "    f.write(f'{os.getpid()} {os.getppid()}\\n')\n" +
+                                             "from models import timm_vit_lora  # noqa: E402\n" + build_code);
+  auto yaml = read_text_file(models + "py_vit_tiny_lora_timm.yaml", "a fixture");
+  yaml.replace(yaml.find("entry: python/models.py:"), 24, "entry: " + (dir / "noting.py:"));
+  write_file_atomically(dir / "f.yaml", yaml);
+  return dir / "f.yaml";
+}
+
+// The processes that imported the model's module, in order, each with its parent (pids.txt has a line per import:
+// a process may import it more than once).
+std::vector<std::pair<long, long>> noted(const testing::TempDir& dir) {
+  std::vector<std::pair<long, long>> out;
+  std::istringstream lines(testing::read_file(dir / "pids.txt"));
+  for (long pid = 0, parent = 0; lines >> pid >> parent;) {
+    if (std::find(out.begin(), out.end(), std::pair{pid, parent}) == out.end()) out.emplace_back(pid, parent);
+  }
+  return out;
+}
+
+// Three probes in this process are three processes, each forked from the same Python (not this process): the first
+// imports timm and PEFT itself, the later ones find them imported in the server. Each measures to the byte what a
+// process started directly measures (MEMGATE_PYTHON_FORK_SERVER=0).
+TEST(PythonForkServerTest, ProbesAreForkedFromOneWarmPythonAndMeasureAsProcessesStartedDirectly) {
+  testing::TempDir dir;
+  const auto f = load_fixture(noting_fixture(dir));
+  const std::vector<std::int64_t> batches{1, 2, 1};
+  std::vector<ProbeResult> forked, direct;
+  for (const auto b : batches) forked.push_back(run_probe(f, b, kCpu));
+  const auto forks = noted(dir);
+  ASSERT_EQ(forks.size(), 3U);
+  for (const auto& [pid, parent] : forks) {
+    EXPECT_EQ(parent, forks.front().second) << "one server";
+    EXPECT_NE(parent, static_cast<long>(::getpid())) << "forked by the server, not started by this process";
+  }
+  EXPECT_NE(forks[0].first, forks[2].first) << "a process per probe";
+  ::setenv("MEMGATE_PYTHON_FORK_SERVER", "0", 1);
+  for (const auto b : batches) direct.push_back(run_probe(f, b, kCpu));
+  ::unsetenv("MEMGATE_PYTHON_FORK_SERVER");
+  const auto all = noted(dir);
+  ASSERT_EQ(all.size(), 6U);
+  for (std::size_t i = 3; i < 6; ++i) EXPECT_EQ(all[i].second, static_cast<long>(::getpid())) << "started directly";
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    ASSERT_FALSE(forked[i].oom || direct[i].oom) << forked[i].error << direct[i].error;
+    expect_equal_components(forked[i].components, direct[i].components,
+                            fmt::format("probe {} (batch {}) forked and started directly", i, batches[i]));
+  }
+}
+
+// A forked probe that dies is named as one started directly is, with the same cause; the server forks the next.
+TEST(PythonForkServerTest, AForkedProbeThatIsKilledIsNamedWithItsSignal) {
+  testing::TempDir dir;
+  const auto path = noting_fixture(dir, "\n\ndef killed(**kwargs):\n    import signal\n"
+                                        "    os.kill(os.getpid(), signal.SIGSEGV)\n");
+  auto yaml = testing::read_file(path);
+  yaml.replace(yaml.find("noting.py:timm_vit_lora"), 23, "noting.py:killed");
+  testing::write_file(dir / "killed.yaml", yaml);
+  const auto messages = [&] {
+    try {
+      (void)run_probe(load_fixture(dir / "killed.yaml"), 1, kCpu);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto forked = messages();
+  EXPECT_THAT(forked, HasSubstr("its Python probe was killed by signal 11"));
+  ::setenv("MEMGATE_PYTHON_FORK_SERVER", "0", 1);
+  const auto direct = messages();
+  ::unsetenv("MEMGATE_PYTHON_FORK_SERVER");
+  EXPECT_THAT(direct, HasSubstr("its Python probe was killed by signal 11"));
+  const auto after = run_probe(load_fixture(path), 1, kCpu);
+  EXPECT_FALSE(after.oom) << after.error;
+  const auto pids = noted(dir);
+  ASSERT_EQ(pids.size(), 3U);
+  EXPECT_EQ(pids[2].second, pids[0].second) << "the same server forks the next probe";
 }
 
 // --- Bad input: exit 3, naming the fixture, the key and the Python error's last line -------------------------------

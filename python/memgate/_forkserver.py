@@ -1,0 +1,216 @@
+"""`python -m memgate._forkserver PARENT_PID`: the warm Python that a memgate process forks its Python probes from.
+
+memgate starts one per Python and environment, on the first Python probe it runs, with a socket as file descriptor 3.
+It imports torch and memgate's extension once; each probe is then a fork of it (os.fork) that runs what
+`python -m memgate --memgate-rank ...` would, so that a probe pays no import of torch. After a probe has ended, the
+server also imports the installed packages that probe imported (timm, transformers, peft: seconds each), never the
+user's own modules: the next probe of the same models starts with them imported. A probe is still a process of its
+own: its memory, its allocator and its counting start fresh, as they did when it was started directly.
+
+The protocol, one JSON object per line:
+  server -> memgate: {"ready": pid}, or {"error": why} and the server exits (memgate then starts its probes directly)
+  memgate -> server: {"spawn": {"argv": [...], "env": [...], "cwd": ..., "log": ...}}
+  server -> memgate: {"pid": pid}, or {"error": why} (memgate starts that probe directly)
+  server -> memgate: {"exit": pid, "status": wait status}, once a probe has ended (it stays a zombie until reaped)
+  memgate -> server: {"reap": pid}
+The server ends when memgate closes its socket or ends (PR_SET_PDEATHSIG); its probes end with it in turn.
+"""
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import sysconfig
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+class Server:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buffer = b""
+        self.children = {}  # pid -> the read end of its pipe of imported packages
+        self.reported = set()
+        self.preloaded = set()
+        self.threads = 0
+        self.forkable = True
+        paths = sysconfig.get_paths()
+        self.installed = tuple({os.path.realpath(paths[k]) + os.sep for k in ("purelib", "platlib") if k in paths})
+
+    def send(self, message: dict) -> None:
+        self.sock.sendall((json.dumps(message) + "\n").encode())
+
+    def spawn(self, request: dict) -> dict:
+        argv = request["argv"]
+        if argv[1:3] != ["-m", "memgate"]:
+            return {"error": f"not a memgate probe: {argv[:3]}"}
+        if not self.forkable:
+            return {"error": "a package it imported started a thread, so it no longer forks"}
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_end)
+            self.child(argv, request, write_end)  # never returns
+        os.close(write_end)
+        self.children[pid] = read_end
+        return {"pid": pid}
+
+    def child(self, argv: list, request: dict, packages: int) -> None:
+        code = 1
+        try:
+            self.sock.close()
+            for fd in self.children.values():
+                if fd >= 0:
+                    os.close(fd)
+            log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(kv.split("=", 1) for kv in request["env"] if "=" in kv)
+            # As a process started directly: Python's SIGINT handler, the others by default, none blocked.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+                signal.signal(s, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            import memgate.__main__
+
+            sys.argv = [memgate.__main__.__file__] + argv[3:]
+            try:
+                code = memgate.__main__.main()
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            with os.fdopen(packages, "w") as f:
+                f.write(json.dumps(self.packages_of(sys.modules)))
+            import atexit
+
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001: as an uncaught exception ends a Python process: its traceback, 1
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code if isinstance(code, int) else 1)
+
+    def packages_of(self, modules: dict) -> list:
+        """The installed top-level packages among `modules` (from site-packages: never the user's own files)."""
+        names = set()
+        for name, module in list(modules.items()):
+            top = name.partition(".")[0]
+            if top in names or top == "memgate" or top in self.preloaded:
+                continue
+            where = getattr(module, "__file__", None)
+            if where and os.path.realpath(where).startswith(self.installed):
+                names.add(top)
+        return sorted(names)
+
+    def preload(self, names: list) -> None:
+        import contextlib
+        import importlib
+
+        for name in names:
+            if name in self.preloaded:
+                continue
+            self.preloaded.add(name)
+            try:
+                with contextlib.redirect_stdout(sys.stderr):
+                    importlib.import_module(name)
+            except BaseException:  # noqa: BLE001: a package that does not import here is imported by the probe
+                pass
+        # fork() copies one thread: a package that started one (a pool, a watcher) could leave its locks held
+        # in every probe. Then no more forks: memgate starts the probes directly.
+        if _threads() > self.threads:
+            self.forkable = False
+
+    def reap_exited(self) -> None:
+        for pid in list(self.children):
+            if pid in self.reported:
+                continue
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is None:
+                continue
+            if info.si_code == os.CLD_EXITED:
+                status = (info.si_status & 0xFF) << 8
+            else:
+                status = info.si_status | (0x80 if info.si_code == os.CLD_DUMPED else 0)
+            self.reported.add(pid)
+            self.send({"exit": pid, "status": status})
+            read_end = self.children[pid]
+            try:
+                data = os.read(read_end, 1 << 20)
+                names = json.loads(data) if data else []
+            except (OSError, ValueError):
+                names = []
+            os.close(read_end)
+            self.children[pid] = -1
+            if names and self.forkable:
+                self.preload(names)
+
+    def reap(self, pid: int) -> None:
+        if pid in self.children:
+            os.waitpid(pid, 0)
+            del self.children[pid]
+            self.reported.discard(pid)
+
+    def serve(self) -> int:
+        selector = selectors.DefaultSelector()
+        selector.register(self.sock, selectors.EVENT_READ)
+        while True:
+            ready = selector.select(timeout=0.02)
+            self.reap_exited()
+            if not ready:
+                continue
+            data = self.sock.recv(1 << 16)
+            if not data:
+                return 0
+            self.buffer += data
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                message = json.loads(line)
+                if "spawn" in message:
+                    try:
+                        self.send(self.spawn(message["spawn"]))
+                    except OSError as e:
+                        self.send({"error": f"cannot fork: {e}"})
+                elif "reap" in message:
+                    self.reap(message["reap"])
+
+
+def main() -> int:
+    sock = socket.socket(fileno=3)
+    # Ends with the memgate that started it, however that ends; one already gone ends this at once.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if len(sys.argv) < 2 or os.getppid() != int(sys.argv[1]):
+        return 3
+    # Ctrl-C reaches the whole process group: memgate ends its probes itself, and then closes this.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    server = Server(sock)
+    try:
+        from memgate import check_torch
+
+        check_torch()
+        import torch  # noqa: F401
+
+        from memgate import _core  # noqa: F401
+    except BaseException as e:  # noqa: BLE001: memgate then starts its probes directly, with their own errors
+        server.send({"error": f"{type(e).__name__}: {e}"})
+        return 3
+    server.threads = _threads()
+    server.send({"ready": os.getpid()})
+    return server.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

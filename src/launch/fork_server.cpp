@@ -1,0 +1,208 @@
+// Python probes forked from a warm Python: the memgate side of python/memgate/_forkserver.py's protocol.
+#include "fork_server.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string_view>
+
+namespace memgate {
+
+namespace {
+
+// How long the server may take to answer: its start imports torch and memgate's extension, and before a spawn it
+// may be importing the packages the last probe imported (seconds each on a busy machine).
+constexpr int kAnswerMs = 300'000;
+
+bool send_all(int fd, const std::string& text) {
+  std::size_t sent = 0;
+  while (sent < text.size()) {
+    const auto n = ::send(fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+void end_process(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+PythonForkServer* PythonForkServer::of(const std::string& python, const std::vector<std::string>& env) {
+  if (const char* off = std::getenv("MEMGATE_PYTHON_FORK_SERVER"); off != nullptr && std::string_view(off) == "0") {
+    return nullptr;
+  }
+  static std::mutex mutex;
+  // One per Python and environment; nullptr where one could not start (it is not tried again).
+  static std::map<std::string, std::unique_ptr<PythonForkServer>> servers;
+  std::lock_guard lock(mutex);
+  std::string key = python;
+  for (const auto& e : env) key += '\n' + e;
+  if (const auto it = servers.find(key); it != servers.end()) {
+    return it->second && !it->second->gone_ ? it->second.get() : nullptr;
+  }
+  auto& slot = servers[key];
+
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return nullptr;
+  // Its end of the socket becomes its descriptor 3 (dup2 onto itself would keep close-on-exec).
+  if (fds[1] == 3) {
+    const int moved = ::fcntl(fds[1], F_DUPFD_CLOEXEC, 10);
+    ::close(fds[1]);
+    fds[1] = moved;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 3);
+  // What its imports print (warnings) goes nowhere: each probe writes to its own log.
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t defaults, none;
+  sigemptyset(&defaults);
+  for (const int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&defaults, s);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  const std::vector<std::string> argv{python, "-m", "memgate._forkserver", std::to_string(::getpid())};
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, args[0], &actions, &attributes, args.data(), envp.data());
+  posix_spawnattr_destroy(&attributes);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    return nullptr;
+  }
+  std::unique_ptr<PythonForkServer> server(new PythonForkServer(pid, fds[0]));
+  // Ready, or an error (no torch, another torch, no extension): then none, and the probes start directly.
+  const auto first = server->read_line(kAnswerMs);
+  const auto message = first ? nlohmann::json::parse(*first, nullptr, false) : nlohmann::json();
+  if (!message.is_object() || !message.contains("ready")) return nullptr;  // its destructor ends it
+  slot = std::move(server);
+  return slot.get();
+}
+
+PythonForkServer::~PythonForkServer() {
+  // Its probes have ended (each Children reaps its own); it may be importing what the last one imported, for a
+  // probe that will not come: it is ended now rather than waited for.
+  ::close(fd_);
+  end_process(pid_);
+}
+
+std::optional<std::string> PythonForkServer::read_line(int timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  for (;;) {
+    if (const auto at = buffer_.find('\n'); at != std::string::npos) {
+      auto line = buffer_.substr(0, at);
+      buffer_.erase(0, at + 1);
+      return line;
+    }
+    if (gone_) return std::nullopt;
+    int wait_ms = -1;  // for ever
+    if (timeout_ms >= 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      wait_ms = static_cast<int>(std::max<std::int64_t>(left, 0));
+    }
+    pollfd p{.fd = fd_, .events = POLLIN, .revents = 0};
+    const int n = ::poll(&p, 1, wait_ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;
+    char chunk[4096];
+    const auto got = ::recv(fd_, chunk, sizeof chunk, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      gone_ = true;
+      return std::nullopt;
+    }
+    buffer_.append(chunk, static_cast<std::size_t>(got));
+  }
+}
+
+void PythonForkServer::take(const std::string& line) {
+  const auto message = nlohmann::json::parse(line, nullptr, false);
+  if (message.is_object() && message.contains("exit")) {
+    exited_[message.at("exit").get<pid_t>()] = message.at("status").get<int>();
+  } else {
+    reply_ = line;
+  }
+}
+
+std::optional<pid_t> PythonForkServer::spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                                             const std::string& log) {
+  std::lock_guard lock(mutex_);
+  if (gone_) return std::nullopt;
+  std::error_code ec;
+  const nlohmann::json request{
+      {"spawn", {{"argv", argv}, {"env", env}, {"cwd", std::filesystem::current_path(ec).string()}, {"log", log}}}};
+  if (ec || !send_all(fd_, request.dump() + "\n")) return std::nullopt;
+  reply_.reset();
+  while (!reply_) {
+    const auto line = read_line(kAnswerMs);
+    if (!line) {
+      // No answer: a server that hangs is ended, and this and later probes start directly.
+      gone_ = true;
+      return std::nullopt;
+    }
+    take(*line);
+  }
+  const auto message = nlohmann::json::parse(*reply_, nullptr, false);
+  if (!message.is_object() || !message.contains("pid")) return std::nullopt;
+  const auto pid = message.at("pid").get<pid_t>();
+  forked_.insert(pid);
+  return pid;
+}
+
+std::optional<int> PythonForkServer::status(pid_t probe, bool block) {
+  std::lock_guard lock(mutex_);
+  for (;;) {
+    if (const auto it = exited_.find(probe); it != exited_.end()) {
+      const int status = it->second;
+      exited_.erase(it);
+      forked_.erase(probe);
+      send_all(fd_, nlohmann::json{{"reap", probe}}.dump() + "\n");
+      return status;
+    }
+    if (gone_) {
+      // The server ended first: its probes were sent SIGTERM (they end with it), and their statuses went with it.
+      if (forked_.erase(probe) == 0) return std::nullopt;
+      return SIGTERM;  // a wait status: killed by SIGTERM
+    }
+    const auto line = read_line(block ? -1 : 0);
+    if (line) {
+      take(*line);
+    } else if (!block || gone_) {
+      if (!gone_) return std::nullopt;
+    }
+  }
+}
+
+}  // namespace memgate
