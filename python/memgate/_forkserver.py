@@ -31,6 +31,20 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _cuda_touched() -> bool:
+    """Whether CUDA's driver is loaded here (a package asked for the device count, say): a process forked after that
+    cannot use CUDA, so none is forked."""
+    try:
+        import torch
+
+        if torch.cuda.is_initialized():
+            return True
+        with open("/proc/self/maps") as f:
+            return any("libcuda.so" in line for line in f)
+    except (OSError, ImportError):
+        return True
+
+
 class Server:
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -51,7 +65,7 @@ class Server:
         if argv[1:3] != ["-m", "memgate"]:
             return {"error": f"not a memgate probe: {argv[:3]}"}
         if not self.forkable:
-            return {"error": "a package it imported started a thread, so it no longer forks"}
+            return {"error": "a package it imported started a thread or loaded CUDA's driver: it no longer forks"}
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -130,8 +144,9 @@ class Server:
             except BaseException:  # noqa: BLE001: a package that does not import here is imported by the probe
                 pass
         # fork() copies one thread: a package that started one (a pool, a watcher) could leave its locks held
-        # in every probe. Then no more forks: memgate starts the probes directly.
-        if _threads() > self.threads:
+        # in every probe; and a process forked after CUDA's driver was loaded cannot use CUDA. Then no more forks:
+        # memgate starts the probes directly.
+        if _threads() > self.threads or _cuda_touched():
             self.forkable = False
 
     def reap_exited(self) -> None:
@@ -206,6 +221,9 @@ def main() -> int:
         from memgate import _core  # noqa: F401
     except BaseException as e:  # noqa: BLE001: memgate then starts its probes directly, with their own errors
         server.send({"error": f"{type(e).__name__}: {e}"})
+        return 3
+    if _cuda_touched():
+        server.send({"error": "CUDA's driver was loaded by the imports: a forked process could not use it"})
         return 3
     server.threads = _threads()
     server.send({"ready": os.getpid()})
