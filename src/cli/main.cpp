@@ -32,7 +32,7 @@ AddSubcommand reads_files(std::string_view name) {
 // A measuring subcommand, or a rank of a probe (memgate-measure starts ranks from itself; a program that runs no
 // ranks of its own starts them through bin/memgate: launch/ranks.cpp).
 bool measures(std::string_view first) {
-  if (first == "--memgate-rank") return true;
+  if (first == "--memgate-rank" || first == "--memgate-fork-server") return true;
   for (const auto& s : memgate::cli::kSubcommands) {
     if (s.measures && first == s.name) return true;
   }

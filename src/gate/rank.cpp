@@ -2,6 +2,8 @@
 // fixture in a Python process (python -m memgate), started by the launcher (launch/ranks.h).
 #include "memgate/gate/rank.h"
 
+#include "fork_server_main.h"
+
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/base/heartbeat.h"
@@ -76,10 +78,11 @@ void inject_fault(int rank, std::string_view phase) {
 
 bool is_rank_command(int argc, char** argv) {
   declare_rank_host();
-  return argc > 1 && std::string(argv[1]) == "--memgate-rank";
+  return argc > 1 && (std::string(argv[1]) == "--memgate-rank" || is_fork_server_command(argc, argv));
 }
 
 int rank_main(int argc, char** argv) {
+  if (is_fork_server_command(argc, argv)) return fork_server_main(argc, argv);
   std::map<std::string, std::string> args;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string key = argv[i];

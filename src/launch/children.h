@@ -33,7 +33,7 @@ class RunDir {
   std::filesystem::path path_;
 };
 
-class PythonForkServer;
+class ForkServer;
 
 /// One process to start: what it is called in messages ("rank 1 of 4"), its command and environment, and the files
 /// it writes its output and its heartbeat to. The command is a rank's (rank_main's arguments): Children adds
@@ -44,8 +44,8 @@ struct ChildSpec {
   std::vector<std::string> env;
   std::string log;
   std::string heartbeat;
-  /// A Python probe's (`python -m memgate ...`): forked from this server when it can, else started directly.
-  PythonForkServer* server = nullptr;
+  /// Forked from this server when it can (launch/fork_server.h), else started directly.
+  ForkServer* server = nullptr;
 };
 
 /// The processes of one probe. While it lives, SIGINT, SIGTERM and SIGHUP are deferred: wait() then ends every
@@ -73,7 +73,7 @@ class Children {
   struct Child {
     ChildSpec spec;
     pid_t pid = -1;
-    PythonForkServer* forked_by = nullptr;  ///< its parent, when not this process
+    ForkServer* forked_by = nullptr;  ///< its parent, when not this process
     bool running = false;
     int status = 0;
     std::chrono::steady_clock::time_point last_beat;  ///< or its start, before its first heartbeat

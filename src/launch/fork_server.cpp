@@ -1,4 +1,4 @@
-// Python probes forked from a warm Python: the memgate side of python/memgate/_forkserver.py's protocol.
+// A probe's processes forked from a warm one: memgate's side of the protocol (python/memgate/_forkserver.py).
 #include "fork_server.h"
 
 #include <nlohmann/json.hpp>
@@ -47,15 +47,16 @@ void end_process(pid_t pid) {
 
 }  // namespace
 
-PythonForkServer* PythonForkServer::of(const std::string& python, const std::vector<std::string>& env) {
-  if (const char* off = std::getenv("MEMGATE_PYTHON_FORK_SERVER"); off != nullptr && std::string_view(off) == "0") {
+ForkServer* ForkServer::of(const std::vector<std::string>& start, const std::vector<std::string>& env) {
+  if (const char* off = std::getenv("MEMGATE_FORK_SERVER"); off != nullptr && std::string_view(off) == "0") {
     return nullptr;
   }
   static std::mutex mutex;
-  // One per Python and environment; nullptr where one could not start (it is not tried again).
-  static std::map<std::string, std::unique_ptr<PythonForkServer>> servers;
+  // One per command and environment; nullptr where one could not start (it is not tried again).
+  static std::map<std::string, std::unique_ptr<ForkServer>> servers;
   std::lock_guard lock(mutex);
-  std::string key = python;
+  std::string key;
+  for (const auto& a : start) key += a + '\n';
   for (const auto& e : env) key += '\n' + e;
   if (const auto it = servers.find(key); it != servers.end()) {
     return it->second && !it->second->gone_ ? it->second.get() : nullptr;
@@ -85,7 +86,8 @@ PythonForkServer* PythonForkServer::of(const std::string& python, const std::vec
   posix_spawnattr_setsigdefault(&attributes, &defaults);
   posix_spawnattr_setsigmask(&attributes, &none);
   posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  const std::vector<std::string> argv{python, "-m", "memgate._forkserver", std::to_string(::getpid())};
+  auto argv = start;
+  argv.push_back(std::to_string(::getpid()));
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -101,8 +103,9 @@ PythonForkServer* PythonForkServer::of(const std::string& python, const std::vec
     ::close(fds[0]);
     return nullptr;
   }
-  std::unique_ptr<PythonForkServer> server(new PythonForkServer(pid, fds[0]));
-  // Ready, or an error (no torch, another torch, no extension): then none, and the probes start directly.
+  std::unique_ptr<ForkServer> server(new ForkServer(pid, fds[0]));
+  // Ready, or an error (no torch, another torch, no extension, CUDA's driver loaded): then none, and the probes start
+  // directly.
   const auto first = server->read_line(kAnswerMs);
   const auto message = first ? nlohmann::json::parse(*first, nullptr, false) : nlohmann::json();
   if (!message.is_object() || !message.contains("ready")) return nullptr;  // its destructor ends it
@@ -110,14 +113,14 @@ PythonForkServer* PythonForkServer::of(const std::string& python, const std::vec
   return slot.get();
 }
 
-PythonForkServer::~PythonForkServer() {
+ForkServer::~ForkServer() {
   // Its probes have ended (each Children reaps its own); it may be importing what the last one imported, for a
   // probe that will not come: it is ended now rather than waited for.
   ::close(fd_);
   end_process(pid_);
 }
 
-std::optional<std::string> PythonForkServer::read_line(int timeout_ms) {
+std::optional<std::string> ForkServer::read_line(int timeout_ms) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
   for (;;) {
@@ -147,7 +150,7 @@ std::optional<std::string> PythonForkServer::read_line(int timeout_ms) {
   }
 }
 
-void PythonForkServer::take(const std::string& line) {
+void ForkServer::take(const std::string& line) {
   const auto message = nlohmann::json::parse(line, nullptr, false);
   if (message.is_object() && message.contains("exit")) {
     exited_[message.at("exit").get<pid_t>()] = message.at("status").get<int>();
@@ -156,7 +159,7 @@ void PythonForkServer::take(const std::string& line) {
   }
 }
 
-std::optional<pid_t> PythonForkServer::spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+std::optional<pid_t> ForkServer::spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                                              const std::string& log) {
   std::lock_guard lock(mutex_);
   if (gone_) return std::nullopt;
@@ -181,7 +184,7 @@ std::optional<pid_t> PythonForkServer::spawn(const std::vector<std::string>& arg
   return pid;
 }
 
-std::optional<int> PythonForkServer::status(pid_t probe, bool block) {
+std::optional<int> ForkServer::status(pid_t probe, bool block) {
   std::lock_guard lock(mutex_);
   for (;;) {
     if (const auto it = exited_.find(probe); it != exited_.end()) {

@@ -1,6 +1,8 @@
-// Python probes forked from a warm Python (python/memgate/_forkserver.py): one per Python and environment in this
-// process, started on its first Python probe, so that each later probe pays no import of torch or of the packages
-// the earlier ones imported. Each probe is still a process of its own, started fresh from that Python.
+// A probe's processes forked from a warm one: a rank program's (`<program> --memgate-fork-server`, gate's
+// fork_server_main.cpp), whose ranks then pay neither an exec nor LibTorch's loading, or a Python's
+// (python/memgate/_forkserver.py), whose probes pay no import of torch or of the packages the earlier ones imported.
+// One per command and environment in this process, started on its first probe. Each probe is still a process of its
+// own, started fresh from that server.
 #pragma once
 
 #include <sys/types.h>
@@ -14,22 +16,22 @@
 
 namespace memgate {
 
-class PythonForkServer {
+class ForkServer {
  public:
-  /// The server for `python` with `env` (its probes' environment), started now if this process has none; nullptr
-  /// where it cannot run (that Python has no torch, or another torch, or MEMGATE_PYTHON_FORK_SERVER=0): the probes
-  /// are then started directly, with the errors they give.
-  [[nodiscard]] static PythonForkServer* of(const std::string& python, const std::vector<std::string>& env);
+  /// The server that `start` starts (with this process's pid added) with `env` (its probes' environment), started
+  /// now if this process has none; nullptr where it cannot run (a Python without torch or with another torch, CUDA's
+  /// driver loaded, MEMGATE_FORK_SERVER=0): the probes are then started directly, with the errors they give.
+  [[nodiscard]] static ForkServer* of(const std::vector<std::string>& start, const std::vector<std::string>& env);
 
-  ~PythonForkServer();
-  PythonForkServer(const PythonForkServer&) = delete;
-  PythonForkServer& operator=(const PythonForkServer&) = delete;
+  ~ForkServer();
+  ForkServer(const ForkServer&) = delete;
+  ForkServer& operator=(const ForkServer&) = delete;
 
   /// The server's process: its probes' parent (the pid they end with).
   [[nodiscard]] pid_t pid() const { return pid_; }
 
-  /// Forks `argv` (python -m memgate ...) with `env`, its output into `log`; nothing where the server cannot
-  /// (start it directly then).
+  /// Forks `argv` (`<program> --memgate-rank ...`, `python -m memgate ...`) with `env`, its output into `log`;
+  /// nothing where the server cannot (start it directly then).
   [[nodiscard]] std::optional<pid_t> spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                                            const std::string& log);
 
@@ -37,7 +39,7 @@ class PythonForkServer {
   [[nodiscard]] std::optional<int> status(pid_t probe, bool block);
 
  private:
-  PythonForkServer(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  ForkServer(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
   // The next message (a JSON line), waiting at most `timeout_ms` (-1: for ever); nothing when none came or the
   // server has gone (then `gone_`).
   std::optional<std::string> read_line(int timeout_ms);

@@ -114,6 +114,15 @@ std::string python_executable(const PythonOptions& py) {
 
 // What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
 // which calls rank_main); else the rank executable. Each process reads the fixture from its file.
+// The server a probe's processes are forked from (launch/fork_server.h): for `python -m memgate`, the Python's;
+// for a rank program, its own.
+ForkServer* fork_server_of(const std::vector<std::string>& command, const std::vector<std::string>& env) {
+  if (command.size() == 3 && command[1] == "-m" && command[2] == "memgate") {
+    return ForkServer::of({command[0], "-m", "memgate._forkserver"}, env);
+  }
+  return ForkServer::of({command.front(), "--memgate-fork-server"}, env);
+}
+
 std::vector<std::string> child_command(const Workload& workload) {
   if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
     throw Error(fmt::format("{}: a probe in processes of its own (a distributed or a Python fixture's) starts each from "
@@ -292,7 +301,7 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   };
   Children children(run, options.rank_timeout);
   children.start({.name = "its Python probe", .argv = command, .env = env, .log = (dir / "rank0.log").string(),
-                  .heartbeat = (dir / "rank0.beat").string(), .server = PythonForkServer::of(command.front(), env)});
+                  .heartbeat = (dir / "rank0.beat").string(), .server = fork_server_of(command, env)});
   if (auto failure = children.wait()) {
     // The batch size it was at: the first whose result it had not written.
     std::size_t done = 0;
@@ -494,7 +503,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
   if (device.is_cpu()) require_cpu_room(workload, world);
   const auto command = child_command(workload);
   const auto env = child_environment();
-  auto* const server = workload.model.arch == Arch::kPython ? PythonForkServer::of(command.front(), env) : nullptr;
+  auto* const server = fork_server_of(command, env);
   RunDir run;
   const auto& dir = run.path();
   const auto start = std::chrono::steady_clock::now();

@@ -54,6 +54,32 @@ TEST(DdpTest, EachRankKeepsAReplicaAndBucketsHoldingEveryGradient) {
   EXPECT_GT(probe.components.step_peak, 4 * trainable_bytes);
 }
 
+// A probe's ranks are forked from a fork server of the rank program (launch/fork_server.h), which loaded LibTorch
+// once: each rank of DDP and of FSDP measures to the byte what a rank started directly measures (every component,
+// its buckets, its communicator), twice in a row (the server's second ranks too).
+TEST(ForkServerTest, ForkedRanksMeasureAsRanksStartedDirectly) {
+  for (const auto* name : {"vit_tiny_ddp", "vit_tiny_fsdp"}) {
+    const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/" + name + ".yaml");
+    const auto forked = run_probe(fixture, 2, kCpu), again = run_probe(fixture, 2, kCpu);
+    ::setenv("MEMGATE_FORK_SERVER", "0", 1);
+    const auto direct = run_probe(fixture, 2, kCpu);
+    ::unsetenv("MEMGATE_FORK_SERVER");
+    ASSERT_FALSE(forked.oom || again.oom || direct.oom) << forked.error << again.error << direct.error;
+    ASSERT_EQ(forked.ranks.size(), 2U);
+    ASSERT_EQ(direct.ranks.size(), 2U);
+    for (const auto* probe : {&forked, &again}) {
+      for (std::size_t r = 0; r < 2; ++r) {
+        const auto& f = probe->ranks[r];
+        const auto& d = direct.ranks[r];
+        EXPECT_EQ(f.components, d.components) << name << " rank " << r;
+        EXPECT_EQ(f.comm_buffer_bytes, d.comm_buffer_bytes) << name << " rank " << r;
+        EXPECT_EQ(f.comm_buffers, d.comm_buffers) << name << " rank " << r;
+        EXPECT_EQ(f.communicator_bytes, d.communicator_bytes) << name << " rank " << r;
+      }
+    }
+  }
+}
+
 class DdpEstimateTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(DdpEstimateTest, EqualsEachRanksMeasurement) {

@@ -216,8 +216,8 @@ TEST(RankFaultTest, ARankThatCannotStartEndsTheOnesStartedBefore) {
   expect_nothing_left(tmp);
 }
 
-// Kills memgate once its ranks are in their measured step (rank 1 there for a minute), as CI cancels a job.
-// `python`: the ranks are a Python fixture's, forked from memgate's fork server, which must be gone too.
+// Kills memgate once its ranks are in their measured step (rank 1 there for a minute), as CI cancels a job. The
+// ranks are forked from a fork server (launch/fork_server.h), which must be gone too; `python`: a Python fixture's.
 void kill_mid_probe(int signal, bool group, bool python = false) {
   testing::TempDir tmp, out;
   const auto path = python ? python_ddp_fixture(out) : fixture("vit_tiny_ddp");
@@ -236,9 +236,10 @@ void kill_mid_probe(int signal, bool group, bool python = false) {
   while (!in_step() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_TRUE(in_step()) << "the ranks never reached their measured step";
   EXPECT_EQ(processes_naming(tmp.path().string()).size(), 2U);
-  const auto server = fmt::format("memgate._forkserver{0}{1}{0}", '\0', m.pid());
-  EXPECT_EQ(processes_with(server).size() - (python ? 2 : 0), python ? 1U : 0U)
-      << "a fork server for Python ranks only (its forked ranks have its command line)";
+  // The server its ranks were forked from (they have its command line): Python's, or the rank program's own.
+  const auto server = fmt::format("{0}{1}{2}{1}", python ? "memgate._forkserver" : "--memgate-fork-server", '\0',
+                                  m.pid());
+  EXPECT_EQ(processes_with(server).size(), 3U) << "the fork server and its two ranks";
   ASSERT_EQ(::kill(group ? -m.pid() : m.pid(), signal), 0);
   const auto o = m.wait(std::chrono::seconds(30));
   EXPECT_TRUE(WIFSIGNALED(o.status) && WTERMSIG(o.status) == signal) << "ended by the signal it got: " << o.status;

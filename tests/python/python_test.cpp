@@ -336,7 +336,7 @@ std::vector<std::pair<long, long>> noted(const testing::TempDir& dir) {
 
 // Two probes in this process are two processes, each forked from the same Python (not this process): the first
 // imports timm and PEFT itself, the second finds them imported in the server. Each measures to the byte what a
-// process started directly measures (MEMGATE_PYTHON_FORK_SERVER=0).
+// process started directly measures (MEMGATE_FORK_SERVER=0).
 TEST(PythonForkServerTest, ProbesAreForkedFromOneWarmPythonAndMeasureAsProcessesStartedDirectly) {
   testing::TempDir dir;
   const auto f = load_fixture(noting_fixture(dir));
@@ -350,9 +350,9 @@ TEST(PythonForkServerTest, ProbesAreForkedFromOneWarmPythonAndMeasureAsProcesses
     EXPECT_NE(parent, static_cast<long>(::getpid())) << "forked by the server, not started by this process";
   }
   EXPECT_NE(forks[0].first, forks[1].first) << "a process per probe";
-  ::setenv("MEMGATE_PYTHON_FORK_SERVER", "0", 1);
+  ::setenv("MEMGATE_FORK_SERVER", "0", 1);
   for (const auto b : batches) direct.push_back(run_probe(f, b, kCpu));
-  ::unsetenv("MEMGATE_PYTHON_FORK_SERVER");
+  ::unsetenv("MEMGATE_FORK_SERVER");
   const auto all = noted(dir);
   ASSERT_EQ(all.size(), 4U);
   for (std::size_t i = 2; i < 4; ++i) EXPECT_EQ(all[i].second, static_cast<long>(::getpid())) << "started directly";
@@ -381,9 +381,9 @@ TEST(PythonForkServerTest, AForkedProbeThatIsKilledIsNamedWithItsSignal) {
   };
   const auto forked = messages();
   EXPECT_THAT(forked, HasSubstr("its Python probe was killed by signal 11"));
-  ::setenv("MEMGATE_PYTHON_FORK_SERVER", "0", 1);
+  ::setenv("MEMGATE_FORK_SERVER", "0", 1);
   const auto direct = messages();
-  ::unsetenv("MEMGATE_PYTHON_FORK_SERVER");
+  ::unsetenv("MEMGATE_FORK_SERVER");
   EXPECT_THAT(direct, HasSubstr("its Python probe was killed by signal 11"));
   const auto after = run_probe(load_fixture(path), 1, kCpu);
   EXPECT_FALSE(after.oom) << after.error;

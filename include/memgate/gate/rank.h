@@ -5,8 +5,9 @@
 
 namespace memgate {
 
-/// Whether this process was started as a rank of a distributed probe (its first argument is --memgate-rank). Calling
-/// it also says that this program runs ranks: its distributed probes start their ranks from it.
+/// Whether this process was started as a rank of a distributed probe (its first argument is --memgate-rank), or as
+/// the fork server its ranks are forked from (--memgate-fork-server). Calling it also says that this program runs
+/// ranks: its distributed probes start their ranks from it.
 [[nodiscard]] bool is_rank_command(int argc, char** argv);
 
 /// Runs the rank: loads the fixture, joins the other ranks through the c10d::FileStore it is given, measures its own
