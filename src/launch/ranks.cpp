@@ -114,12 +114,14 @@ std::string python_executable(const PythonOptions& py) {
 
 // What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
 // which calls rank_main); else the rank executable. Each process reads the fixture from its file.
-// The server a probe's processes are forked from (launch/fork_server.h): for `python -m memgate`, the Python's;
-// for a rank program, its own.
+// The server a probe's processes are forked from (launch/fork_server.h): for `python -m memgate ...`, the Python's;
+// for a rank program, its own, unless MEMGATE_RANK_EXECUTABLE names one: a program of the user's own (a wrapper
+// that sets something up per rank) is started for each rank, as it says.
 ForkServer* fork_server_of(const std::vector<std::string>& command, const std::vector<std::string>& env) {
-  if (command.size() == 3 && command[1] == "-m" && command[2] == "memgate") {
+  if (command.size() >= 3 && command[1] == "-m" && command[2] == "memgate") {
     return ForkServer::of({command[0], "-m", "memgate._forkserver"}, env);
   }
+  if (const char* exe = std::getenv("MEMGATE_RANK_EXECUTABLE"); exe != nullptr && *exe != '\0') return nullptr;
   return ForkServer::of({command.front(), "--memgate-fork-server"}, env);
 }
 
