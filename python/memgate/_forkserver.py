@@ -54,6 +54,7 @@ class Server:
         self.preloaded = set()
         self.threads = 0
         self.forkable = True
+        self.cwd = os.getcwd()  # sys.path[0] of `python -m`
         paths = sysconfig.get_paths()
         self.installed = tuple({os.path.realpath(paths[k]) + os.sep for k in ("purelib", "platlib") if k in paths})
 
@@ -87,11 +88,14 @@ class Server:
             os.dup2(log, 2)
             os.close(log)
             os.chdir(request["cwd"])
+            if sys.path and sys.path[0] == self.cwd:
+                sys.path[0] = request["cwd"]  # as `python -m memgate` started there would have it
             os.environ.clear()
             os.environ.update(kv.split("=", 1) for kv in request["env"] if "=" in kv)
-            # As a process started directly: Python's SIGINT handler, the others by default, none blocked.
+            # As a process started directly (launch/children.cpp): Python's SIGINT handler, SIGTERM and SIGHUP at
+            # their defaults, none blocked; the others as Python's start leaves them in both (SIGPIPE ignored).
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+            for s in (signal.SIGTERM, signal.SIGHUP):
                 signal.signal(s, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             import memgate.__main__

@@ -70,7 +70,9 @@ bool cuda_driver_loaded() {
       ::setenv(text.substr(0, at).c_str(), text.substr(at + 1).c_str(), 1);
     }
   }
-  for (const int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) ::signal(s, SIG_DFL);
+  // As memgate starts a rank directly (launch/children.cpp): these three at their defaults, none blocked; the others
+  // as this process has them, inherited from memgate as a rank started directly inherits them.
+  for (const int s : {SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);

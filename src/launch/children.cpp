@@ -88,6 +88,29 @@ std::filesystem::path make_run_dir() {
 
 }  // namespace
 
+pid_t spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                    const posix_spawn_file_actions_t& actions) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t defaults, none;
+  sigemptyset(&defaults);
+  for (const int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&defaults, s);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, args[0], &actions, &attributes, args.data(), envp.data());
+  posix_spawnattr_destroy(&attributes);
+  return rc == 0 ? pid : -rc;
+}
+
 RunDir::RunDir() : path_(make_run_dir()) {}
 
 RunDir::~RunDir() { remove(); }
@@ -157,28 +180,10 @@ void Children::start(const ChildSpec& spec) {
   posix_spawn_file_actions_adddup2(&actions, log, STDERR_FILENO);
   auto argv = spec.argv;
   argv.insert(argv.end(), {"--parent-pid", std::to_string(::getpid())});
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  // The child starts with the default dispositions of the signals this process handles, none blocked.
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t defaults, none;
-  sigemptyset(&defaults);
-  for (const int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&defaults, s);
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attributes, &defaults);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, args[0], &actions, &attributes, args.data(), envp.data());
-  posix_spawnattr_destroy(&attributes);
+  const pid_t pid = spawn_process(argv, spec.env, actions);
   posix_spawn_file_actions_destroy(&actions);
   ::close(log);
-  if (rc != 0) throw Error(fmt::format("cannot start {} ({}): {}", spec.name, spec.argv.front(), std::strerror(rc)));
+  if (pid < 0) throw Error(fmt::format("cannot start {} ({}): {}", spec.name, spec.argv.front(), std::strerror(-pid)));
   Child child;
   child.spec = spec;
   child.pid = pid;

@@ -4,6 +4,7 @@
 
 #include "memgate/base/signals.h"
 
+#include <spawn.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -92,6 +93,11 @@ class Children {
   std::chrono::seconds timeout_;
   std::vector<Child> children_;
 };
+
+/// Starts `argv` with `env` and the descriptors `actions` arranges, the signals this process handles (SIGINT,
+/// SIGTERM, SIGHUP) at their defaults and none blocked: its pid, or posix_spawn's error number (negated).
+[[nodiscard]] pid_t spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                                  const posix_spawn_file_actions_t& actions);
 
 /// What a child process said went wrong: the line where memgate's rank main names the error, else the end of its
 /// log without C++ stack frames.

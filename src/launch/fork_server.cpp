@@ -1,6 +1,8 @@
 // A probe's processes forked from a warm one: memgate's side of the protocol (python/memgate/_forkserver.py).
 #include "fork_server.h"
 
+#include "children.h"
+
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -77,29 +79,12 @@ ForkServer* ForkServer::of(const std::vector<std::string>& start, const std::vec
   // What its imports print (warnings) goes nowhere: each probe writes to its own log.
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t defaults, none;
-  sigemptyset(&defaults);
-  for (const int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&defaults, s);
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attributes, &defaults);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
   auto argv = start;
   argv.push_back(std::to_string(::getpid()));
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, args[0], &actions, &attributes, args.data(), envp.data());
-  posix_spawnattr_destroy(&attributes);
+  const pid_t pid = spawn_process(argv, env, actions);
   posix_spawn_file_actions_destroy(&actions);
   ::close(fds[1]);
-  if (rc != 0) {
+  if (pid < 0) {
     ::close(fds[0]);
     return nullptr;
   }

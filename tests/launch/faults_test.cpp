@@ -32,37 +32,36 @@ using ::testing::Not;
 
 std::string fixture(const std::string& name) { return testing::source_dir() + "/fixtures/models/" + name + ".yaml"; }
 
-// The processes whose command line contains `text`.
-std::vector<pid_t> processes_with(const std::string& text) {
+// The processes for which `pick(its /proc folder, its command line)` holds.
+template <typename Pick>
+std::vector<pid_t> processes_where(Pick pick) {
   std::vector<pid_t> out;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const auto name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::ifstream in(entry.path() / "cmdline", std::ios::binary);
     const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (cmdline.find(text) != std::string::npos) out.push_back(std::stoi(name));
+    if (pick(entry.path(), cmdline)) out.push_back(std::stoi(name));
   }
   return out;
 }
 
+// The processes whose command line contains `text`.
+std::vector<pid_t> processes_with(const std::string& text) {
+  return processes_where(
+      [&](const auto&, const std::string& cmdline) { return cmdline.find(text) != std::string::npos; });
+}
+
 // A probe's rank processes: those whose command line names `dir` (a rank's store and result files are in the
-// probe's folder there), or whose output is a log there (a Python rank forked from memgate's fork server has the
-// server's command line).
+// probe's folder there), or whose output is a log there (a rank forked from a fork server has the server's command
+// line).
 std::vector<pid_t> processes_naming(const std::string& dir) {
-  std::vector<pid_t> out;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const auto name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return processes_where([&](const std::filesystem::path& proc, const std::string& cmdline) {
     std::error_code ec;
-    const auto output = std::filesystem::read_symlink(entry.path() / "fd" / "1", ec).string();
-    if ((cmdline.find(dir) != std::string::npos && cmdline.find("--memgate-rank") != std::string::npos) ||
-        (!ec && output.starts_with(dir + "/"))) {
-      out.push_back(std::stoi(name));
-    }
-  }
-  return out;
+    const auto output = std::filesystem::read_symlink(proc / "fd" / "1", ec).string();
+    return (cmdline.find(dir) != std::string::npos && cmdline.find("--memgate-rank") != std::string::npos) ||
+           (!ec && output.starts_with(dir + "/"));
+  });
 }
 
 // py_resnet_tiny_torchvision over 2 DDP ranks, in `dir`: Python ranks, forked from memgate's fork server. (Torch
