@@ -52,8 +52,8 @@ endfunction()
 # precompiled LibTorch headers only when it links LibTorch. GPU: each test claims one GPU (CTest resource groups).
 # PROCESSORS n: each test claims n cores (tests that start rank processes), so ctest -j does not oversubscribe.
 # PER_SUITE: one CTest test per GoogleTest suite instead of one per test (a parameterized suite in up to 4 shards of
-# 4 tests or more), for programs that load LibTorch (0.4 s per process before any work: paid once per suite or shard, not once
-# per test); a failing test is named in its suite's output (cmake/MemgateTestSuites.cmake).
+# 4 tests or more), for programs that load LibTorch (0.4 s per process before any work: paid once per suite or shard,
+# not once per test); a failing test is named in its suite's output (cmake/MemgateTestSuites.cmake).
 function(memgate_add_test name)
   cmake_parse_arguments(ARG "GPU;PER_SUITE" "LABEL;PROCESSORS" "SOURCES;LINK" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})

@@ -3,7 +3,7 @@
 # once per suite, not once per test. A parameterized suite (Prefix/Suite: one test per fixture or case, often
 # seconds each) is split into up to 4 shards of 4 tests or more (GoogleTest's GTEST_TOTAL_SHARDS and
 # GTEST_SHARD_INDEX), Suite.shard<k>of<n>, so that ctest -j spreads it over the cores; more shards would pay the 0.4 s
-# more often (the 134 bad inputs of 0.3 s each were 34 shards, 47 s). A failing test is named in its test's output.
+# more often (the 134 bad inputs of 0.3 s each were 34 shards, 45 s). A failing test is named in its test's output.
 #   cmake -D PROGRAM=<test program> -D OUTPUT=<file.cmake> -D LABELS=<labels> -D ENVIRONMENT=<VAR=value|...>
 #         -D PROPERTIES=<more set_tests_properties arguments, |-joined> -P MemgateTestSuites.cmake
 execute_process(COMMAND "${PROGRAM}" --gtest_list_tests OUTPUT_VARIABLE listing ERROR_VARIABLE errors

@@ -49,8 +49,7 @@ class Server:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.buffer = b""
-        self.children = {}  # pid -> the read end of its pipe of imported packages
-        self.reported = set()
+        self.children = {}  # pid -> the read end of its pipe of imported packages; -1 once its end is reported
         self.preloaded = set()
         self.threads = 0
         self.forkable = True
@@ -154,8 +153,8 @@ class Server:
             self.forkable = False
 
     def reap_exited(self) -> None:
-        for pid in list(self.children):
-            if pid in self.reported:
+        for pid, read_end in list(self.children.items()):
+            if read_end < 0:
                 continue
             info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             if info is None:
@@ -164,9 +163,7 @@ class Server:
                 status = (info.si_status & 0xFF) << 8
             else:
                 status = info.si_status | (0x80 if info.si_code == os.CLD_DUMPED else 0)
-            self.reported.add(pid)
             self.send({"exit": pid, "status": status})
-            read_end = self.children[pid]
             try:
                 data = os.read(read_end, 1 << 20)
                 names = json.loads(data) if data else []
@@ -181,7 +178,6 @@ class Server:
         if pid in self.children:
             os.waitpid(pid, 0)
             del self.children[pid]
-            self.reported.discard(pid)
 
     def serve(self) -> int:
         selector = selectors.DefaultSelector()

@@ -93,8 +93,8 @@ int rank_main(int argc, char** argv) {
     args[key.substr(2)] = argv[i + 1];
   }
   // A rank whose peer has gone gets an error from its collective, which it prints, rather than dying of SIGPIPE with
-  // an empty log (Gloo writes to its peers' sockets): the launcher then names the rank that failed first, by its
-  // log, and not the one that wrote to it last (RankFaultTest.RandomFaults...: a peer's error at warm-up backward).
+  // an empty log (a write to the peer's socket): the launcher then names the rank that failed first, by its log, and
+  // not the one that wrote to it last (RankFaultTest.RandomFaults...: a peer's error at warm-up backward).
   ::signal(SIGPIPE, SIG_IGN);
   int rank = -1;
   // The group outlives the result's write: a peer whose group closes fails its collective, and the launcher then

@@ -159,34 +159,30 @@ void Children::start(const ChildSpec& spec) {
     throw Error(fmt::format("cannot start {}: cannot create its log {}: {}", spec.name, spec.log,
                             std::strerror(errno)));
   }
+  // Forked by its server where it has one and the server can; else started here.
+  std::optional<pid_t> forked;
   if (spec.server != nullptr) {
     auto argv = spec.argv;
     argv.insert(argv.end(), {"--parent-pid", std::to_string(spec.server->pid())});
-    if (const auto pid = spec.server->spawn(argv, spec.env, spec.log)) {
-      ::close(log);
-      Child child;
-      child.spec = spec;
-      child.pid = *pid;
-      child.forked_by = spec.server;
-      child.running = true;
-      child.last_beat = std::chrono::steady_clock::now();
-      children_.push_back(std::move(child));
-      return;
-    }
+    forked = spec.server->spawn(argv, spec.env, spec.log);
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, log, STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, log, STDERR_FILENO);
-  auto argv = spec.argv;
-  argv.insert(argv.end(), {"--parent-pid", std::to_string(::getpid())});
-  const pid_t pid = spawn_process(argv, spec.env, actions);
-  posix_spawn_file_actions_destroy(&actions);
+  pid_t pid = forked.value_or(-1);
+  if (!forked) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, log, STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, log, STDERR_FILENO);
+    auto argv = spec.argv;
+    argv.insert(argv.end(), {"--parent-pid", std::to_string(::getpid())});
+    pid = spawn_process(argv, spec.env, actions);
+    posix_spawn_file_actions_destroy(&actions);
+  }
   ::close(log);
   if (pid < 0) throw Error(fmt::format("cannot start {} ({}): {}", spec.name, spec.argv.front(), std::strerror(-pid)));
   Child child;
   child.spec = spec;
   child.pid = pid;
+  child.forked_by = forked ? spec.server : nullptr;
   child.running = true;
   child.last_beat = std::chrono::steady_clock::now();
   children_.push_back(std::move(child));

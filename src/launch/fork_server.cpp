@@ -184,11 +184,10 @@ std::optional<int> ForkServer::status(pid_t probe, bool block) {
       if (forked_.erase(probe) == 0) return std::nullopt;
       return SIGTERM;  // a wait status: killed by SIGTERM
     }
-    const auto line = read_line(block ? -1 : 0);
-    if (line) {
+    if (const auto line = read_line(block ? -1 : 0)) {
       take(*line);
-    } else if (!block || gone_) {
-      if (!gone_) return std::nullopt;
+    } else if (!gone_ && !block) {
+      return std::nullopt;
     }
   }
 }

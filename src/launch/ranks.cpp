@@ -112,8 +112,6 @@ std::string python_executable(const PythonOptions& py) {
                           name, where));
 }
 
-// What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
-// which calls rank_main); else the rank executable. Each process reads the fixture from its file.
 // The server a probe's processes are forked from (launch/fork_server.h): for `python -m memgate ...`, the Python's;
 // for a rank program, its own, unless MEMGATE_RANK_EXECUTABLE names one: a program of the user's own (a wrapper
 // that sets something up per rank) is started for each rank, as it says.
@@ -125,6 +123,8 @@ ForkServer* fork_server_of(const std::vector<std::string>& command, const std::v
   return ForkServer::of({command.front(), "--memgate-fork-server"}, env);
 }
 
+// What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
+// which calls rank_main); else the rank executable. Each process reads the fixture from its file.
 std::vector<std::string> child_command(const Workload& workload) {
   if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
     throw Error(fmt::format("{}: a probe in processes of its own (a distributed or a Python fixture's) starts each from "
