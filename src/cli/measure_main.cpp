@@ -2,6 +2,7 @@
 // of a probe. bin/memgate hands them over by exec; the arguments are the memgate command's own.
 #include "measure_cli.h"
 
+#include "memgate/base/process.h"
 #include "memgate/gate/rank.h"
 
 #include <string_view>
@@ -18,7 +19,8 @@ memgate::cli::AddSubcommand measures(std::string_view name) {
 
 }  // namespace
 
+// Without LibTorch's static destructors (base/process.h): a third of what `memgate profile` of a bad fixture costs.
 int main(int argc, char** argv) {
-  if (memgate::is_rank_command(argc, argv)) return memgate::rank_main(argc, argv);
-  return memgate::cli::run_command_line(argc, argv, measures);
+  if (memgate::is_rank_command(argc, argv)) memgate::exit_fast(memgate::rank_main(argc, argv));
+  memgate::exit_fast(memgate::cli::run_command_line(argc, argv, measures));
 }

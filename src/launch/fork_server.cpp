@@ -47,15 +47,35 @@ void end_process(pid_t pid) {
   }
 }
 
+// One server per command and environment; nullptr where one could not start (it is not tried again). Static
+// destructors end them as memgate ends, and so does exit_fast (base/process.h), which runs none: at_quick_exit.
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, std::unique_ptr<ForkServer>> servers;
+};
+
+Registry& registry() {
+  static Registry r;
+  static const bool at_quick_exit = [] {
+    std::at_quick_exit([] {
+      // A thread of this process could be starting a server as it ends: then the lock is not taken (that server
+      // ends with it: PR_SET_PDEATHSIG).
+      std::unique_lock lock(r.mutex, std::try_to_lock);
+      if (lock.owns_lock()) r.servers.clear();
+    });
+    return true;
+  }();
+  (void)at_quick_exit;
+  return r;
+}
+
 }  // namespace
 
 ForkServer* ForkServer::of(const std::vector<std::string>& start, const std::vector<std::string>& env) {
   if (const char* off = std::getenv("MEMGATE_FORK_SERVER"); off != nullptr && std::string_view(off) == "0") {
     return nullptr;
   }
-  static std::mutex mutex;
-  // One per command and environment; nullptr where one could not start (it is not tried again).
-  static std::map<std::string, std::unique_ptr<ForkServer>> servers;
+  auto& [mutex, servers] = registry();
   std::lock_guard lock(mutex);
   std::string key;
   for (const auto& a : start) key += a + '\n';

@@ -18,6 +18,7 @@
 //                          (a distributed probe: <fixture>_bs<N>_rank<r>.pickle, the failing rank's)
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
+#include "memgate/base/process.h"
 #include "memgate/base/status.h"
 #include "memgate/base/verdict_file.h"
 #include "memgate/gate/baseline.h"
@@ -510,7 +511,9 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
 }  // namespace
 }  // namespace memgate
 
-int main(int argc, char** argv) {
+namespace {
+
+int suite_main(int argc, char** argv) {
   // A rank of a distributed fixture's probe: this executable, so that the project's architectures are there.
   if (memgate::is_rank_command(argc, argv)) return memgate::rank_main(argc, argv);
   bool list = false;
@@ -535,3 +538,8 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
+
+}  // namespace
+
+// Without LibTorch's static destructors (base/process.h): each of the suite's CTest tests is a process of this.
+int main(int argc, char** argv) { memgate::exit_fast(suite_main(argc, argv)); }

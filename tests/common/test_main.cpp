@@ -1,0 +1,12 @@
+// The test programs' main: GoogleTest's, ended without the destructors of static objects (base/process.h). A test
+// program that loads LibTorch spends a third of an empty run (0.13 s of 0.44 s) unregistering LibTorch's operators
+// as it exits, once per CTest test (a suite or a shard of one).
+#include "memgate/base/process.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleMock(&argc, argv);
+  memgate::exit_fast(RUN_ALL_TESTS());
+}
