@@ -278,6 +278,19 @@ def python_twin(fixture: dict) -> dict | None:
 # Running
 
 
+def run_reference(script: str, argv: list[str], out: str, err: str) -> None:
+    """tools/<strategy>_reference.py with `argv`, in this process (forked from the forkserver that imported torch and
+    timm), its output into `out` and `err`; it ends the process (exit_fast)."""
+    import runpy
+
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.argv = [script, *argv]
+    runpy.run_path(script, run_name="__main__")
+
+
 class Tools:
     def __init__(self, memgate: str, python: str):
         self.memgate = memgate
@@ -286,6 +299,30 @@ class Tools:
         pkg = Path(memgate).resolve().parent.parent / "python"
         if pkg.is_dir():
             self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pkg), os.environ.get("PYTHONPATH")]))
+        # The references run in processes forked from one Python that has imported torch and timm (multiprocessing's
+        # forkserver), where `python` is this one: each was a Python of its own that imported them (2.7 s here, of a
+        # reference's 4.6 s). Each is still a process of its own, started fresh from that server.
+        self.forkserver = None
+        import importlib.util
+        import multiprocessing
+
+        if Path(python).resolve() == Path(sys.executable).resolve() and importlib.util.find_spec("torch"):
+            self.forkserver = multiprocessing.get_context("forkserver")
+            self.forkserver.set_forkserver_preload(["torch", "torch.distributed.fsdp", "timm_reference"])
+
+    def reference(self, script: Path, argv: list[str], what: str) -> str:
+        """What tools/<strategy>_reference.py with `argv` prints (JSON)."""
+        if self.forkserver is None:
+            return self.run([self.python, str(script), *argv], what)
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+            p = self.forkserver.Process(target=run_reference, args=(str(script), argv, out, err))
+            p.start()
+            p.join()
+            if p.exitcode != 0:
+                tail = "\n".join(Path(err).read_text(errors="replace").strip().splitlines()[-6:])
+                raise RuntimeError(f"{what} exited {p.exitcode}: {tail}")
+            return Path(out).read_text()
 
     def run(self, argv: list[str], what: str) -> str:
         p = subprocess.run(argv, env=self.env, capture_output=True, text=True)
@@ -354,8 +391,7 @@ def reference(fixture: dict, path: Path, work: Path, tools: Tools) -> tuple[str,
         return None
     strategy = fixture["training"]["distributed"]["strategy"]
     script = ROOT / "tools" / f"{strategy}_reference.py"
-    text = tools.run([tools.python, str(script), "--config", str(path), "--batch-sizes", bs],
-                     f"tools/{strategy}_reference.py")
+    text = tools.reference(script, ["--config", str(path), "--batch-sizes", bs], f"tools/{strategy}_reference.py")
     return f"torch {strategy} ({script.name})", reference_per_rank(json.loads(text))
 
 

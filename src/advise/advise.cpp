@@ -66,6 +66,7 @@ ProbeResult probe(const Workload& w, std::int64_t batch, c10::Device device, std
   static const AdviseOptions kNone;
   const auto& o = t_options != nullptr ? *t_options : kNone;
   if (o.on_probe) o.on_probe(fmt::format("{} batch {} {}", w.name, batch, why));
+  if (o.run) return o.run(w, batch, device, cap, o.probe);
   return cap ? run_probe_capped(w, batch, device, *cap, o.probe) : run_probe(w, batch, device, o.probe);
 }
 

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <iostream>
 #include <map>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace memgate {
@@ -34,8 +36,19 @@ class AdviseTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(AdviseTest, AdvisesTheLargestBatchThatRunsUnderTheCap) {
   const auto fixture = load_fixture(testing::source_dir() + "/fixtures/models/" + GetParam() + ".yaml");
+  // Each distinct probe (batch, cap) runs once, here and in the searches: a probe gives the same bytes each time it
+  // runs (MeasureTest, check --exact), so the exhaustive search below and advise's own searches see the same outcomes
+  // as if each had run its probes itself, for half the probes.
+  std::map<std::pair<std::int64_t, std::int64_t>, ProbeResult> ran;
+  const auto run = [&](const Workload& w, std::int64_t batch, c10::Device device, std::optional<std::int64_t> cap,
+                       const ProbeOptions& options) {
+    const std::pair key{batch, cap.value_or(-1)};
+    if (const auto it = ran.find(key); it != ran.end()) return it->second;
+    auto r = cap ? run_probe_capped(w, batch, device, *cap, options) : run_probe(w, batch, device, options);
+    return ran[key] = r;
+  };
   // Two capacities from the fixture's own growth: about 4 and about 13 samples above batch 1's peak.
-  const auto one = run_probe(fixture, 1, kCpu), two = run_probe(fixture, 2, kCpu);
+  const auto one = run(fixture, 1, kCpu, std::nullopt, {}), two = run(fixture, 2, kCpu, std::nullopt, {});
   ASSERT_FALSE(one.oom || two.oom);
   const auto peak = [](const ProbeResult& r) {
     return std::max(r.components.step_peak_reserved, r.components.eval_peak);
@@ -50,20 +63,18 @@ TEST_P(AdviseTest, AdvisesTheLargestBatchThatRunsUnderTheCap) {
   for (const double samples : capacities) {
     const auto usable = peak(one) + static_cast<std::int64_t>(samples * static_cast<double>(per_sample));
     const AdviceTarget target{"capacity", std::to_string(usable) + " bytes", usable};
-    const auto advice = advise(fixture, {target}, kCpu);
+    AdviseOptions options;
+    options.run = run;
+    const auto advice = advise(fixture, {target}, kCpu, options);
     ASSERT_EQ(advice.targets.size(), 1U);
     const auto& t = advice.targets.front();
-    AdviseOptions guided;
+    AdviseOptions guided = options;
     guided.from_estimates = true;
     const auto from_estimates = advise(fixture, {target}, kCpu, guided);
     const auto& te = from_estimates.targets.front();
 
     // The exhaustive answer: every batch from 1 up, under the same cap, until one does not run.
-    std::map<std::int64_t, bool> runs;
-    auto fits = [&](std::int64_t b) {
-      if (!runs.contains(b)) runs[b] = !run_probe_capped(fixture, b, kCpu, usable).oom;
-      return runs[b];
-    };
+    auto fits = [&](std::int64_t b) { return !run(fixture, b, kCpu, usable, {}).oom; };
     std::int64_t exhaustive = 0;
     while (fits(exhaustive + 1)) ++exhaustive;
     ASSERT_TRUE(t.batch_size.has_value()) << "batch 1 fits by construction";

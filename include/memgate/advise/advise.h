@@ -108,6 +108,12 @@ struct AdviseOptions {
   /// estimate knows where the peak is not affine in the batch (an optimizer step that dominates small batches).
   /// Every answer is still confirmed by real probes under the cap.
   bool from_estimates = false;
+  /// Runs each probe of the search: run_probe, or run_probe_capped where `cap` is given (unset: those). A probe gives
+  /// the same bytes each time it runs, so a caller that runs the same probes elsewhere too (a test's exhaustive search
+  /// under the same cap) may give one that runs each distinct probe once.
+  std::function<ProbeResult(const Workload& workload, std::int64_t batch_size, c10::Device device,
+                            std::optional<std::int64_t> cap, const ProbeOptions& options)>
+      run;
 };
 
 /// Finds, per target, the largest batch whose whole protocol (eval, the first and the measured optimizer steps)
