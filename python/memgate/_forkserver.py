@@ -1,4 +1,5 @@
-"""`python -m memgate._forkserver PARENT_PID`: the warm Python that a memgate process forks its Python probes from.
+"""`python -m memgate._forkserver [--inductor] PARENT_PID`: the warm Python that a memgate process forks its Python
+probes from.
 
 memgate starts one per Python and environment, on the first Python probe it runs, with a socket as file descriptor 3.
 It imports torch and memgate's extension once; each probe is then a fork of it (os.fork) that runs what
@@ -6,6 +7,10 @@ It imports torch and memgate's extension once; each probe is then a fork of it (
 server also imports the installed packages that probe imported (timm, transformers, peft: seconds each), never the
 user's own modules: the next probe of the same models starts with them imported. A probe is still a process of its
 own: its memory, its allocator and its counting start fresh, as they did when it was started directly.
+
+With --inductor (the probes of a model trained as torch.compile(module) compiles it), the server also runs, before it
+is ready, the checks Inductor makes once per process of which vector ISAs the CPU can build and load (a compiler run
+and a Python importing torch per ISA: 11 s here), so that its probes find them made.
 
 The protocol, one JSON object per line:
   server -> memgate: {"ready": pid}, or {"error": why} and the server exits (memgate then starts its probes directly)
@@ -203,11 +208,25 @@ class Server:
                     self.reap(message["reap"])
 
 
+def _warm_inductor() -> None:
+    """Inductor's per-process checks of the CPU's vector ISAs, made here so that each forked probe inherits them (what
+    the probe would find; a check that fails here is made again by the probe)."""
+    import contextlib
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            from torch._inductor import cpu_vec_isa
+
+            cpu_vec_isa.valid_vec_isa_list()
+    except BaseException:  # noqa: BLE001: the probe compiles as it would have, making the checks itself
+        pass
+
+
 def main() -> int:
     sock = socket.socket(fileno=3)
     # Ends with the memgate that started it, however that ends; one already gone ends this at once.
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if len(sys.argv) < 2 or os.getppid() != int(sys.argv[1]):
+    if len(sys.argv) < 2 or os.getppid() != int(sys.argv[-1]):
         return 3
     # Ctrl-C reaches the whole process group: memgate ends its probes itself, and then closes this.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -226,6 +245,11 @@ def main() -> int:
         server.send({"error": "CUDA's driver was loaded by the imports: a forked process could not use it"})
         return 3
     server.threads = _threads()
+    if "--inductor" in sys.argv[1:-1]:
+        _warm_inductor()
+        if _threads() > server.threads or _cuda_touched():
+            server.send({"error": "Inductor's checks left a thread or loaded CUDA's driver: a fork could not use it"})
+            return 3
     server.send({"ready": os.getpid()})
     return server.serve()
 

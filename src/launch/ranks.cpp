@@ -115,8 +115,12 @@ std::string python_executable(const PythonOptions& py) {
 // The server a probe's processes are forked from (launch/fork_server.h): for `python -m memgate ...`, the Python's;
 // for a rank program, its own, unless MEMGATE_RANK_EXECUTABLE names one: a program of the user's own (a wrapper
 // that sets something up per rank) is started for each rank, as it says.
-ForkServer* fork_server_of(const std::vector<std::string>& command, const std::vector<std::string>& env) {
+ForkServer* fork_server_of(const std::vector<std::string>& command, const std::vector<std::string>& env,
+                           bool compiles = false) {
   if (command.size() >= 3 && command[1] == "-m" && command[2] == "memgate") {
+    // A compiled model's probes come from a server of their own that has run Inductor's per-process checks of the
+    // CPU's vector ISAs first (each a Python that imports torch: 11 s here), so that each probe does not.
+    if (compiles) return ForkServer::of({command[0], "-m", "memgate._forkserver", "--inductor"}, env);
     return ForkServer::of({command[0], "-m", "memgate._forkserver"}, env);
   }
   if (const char* exe = std::getenv("MEMGATE_RANK_EXECUTABLE"); exe != nullptr && *exe != '\0') return nullptr;
@@ -303,7 +307,8 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   };
   Children children(run, options.rank_timeout);
   children.start({.name = "its Python probe", .argv = command, .env = env, .log = (dir / "rank0.log").string(),
-                  .heartbeat = (dir / "rank0.beat").string(), .server = fork_server_of(command, env)});
+                  .heartbeat = (dir / "rank0.beat").string(),
+                  .server = fork_server_of(command, env, workload.training.compile)});
   if (auto failure = children.wait()) {
     // The batch size it was at: the first whose result it had not written.
     std::size_t done = 0;
@@ -505,7 +510,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
   if (device.is_cpu()) require_cpu_room(workload, world);
   const auto command = child_command(workload);
   const auto env = child_environment();
-  auto* const server = fork_server_of(command, env);
+  auto* const server = fork_server_of(command, env, workload.training.compile);
   RunDir run;
   const auto& dir = run.path();
   const auto start = std::chrono::steady_clock::now();

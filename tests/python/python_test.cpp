@@ -287,7 +287,8 @@ TEST(PythonCompileTest, ACompiledStepIsMeasuredAndItsActivationsAreInductors) {
   // Inductor checks every x86 vector ISA the CPU has by loading a test library in a Python subprocess that imports
   // torch, in each process that compiles (ten of them here, 13 s of a compiled probe's 18 s with its caches warm).
   // TORCHINDUCTOR_VEC_ISA_OK=1 skips the checks of the plain ISAs, which cpuid has already vouched for; the ISA it
-  // picks, its kernels and their bytes are the same.
+  // picks, its kernels and their bytes are the same. The checks of the AVX-512 extensions remain (six, 11 s): the
+  // compiled probes' fork server (_forkserver.py --inductor) makes them once for both.
   ::setenv("TORCHINDUCTOR_VEC_ISA_OK", "1", 0);
   const auto eager = fixture("py_resnet_tiny_torchvision");
   const auto compiled = fixture("py_resnet_tiny_torchvision_compiled");
