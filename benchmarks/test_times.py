@@ -6,9 +6,9 @@
     benchmarks/test_times.py --memory-runs 0      # the whole run only
 
 Prints a Markdown report: the run's wall time, its cost in core-seconds (each test's seconds times the cores it
-claims: what a 2-core runner must fit), the longest tests and the cost per test program; then the memory suite's
-wall time (`ctest --preset cpu -L memory`, the median of the runs). Run it from the source tree after
-`cmake --workflow --preset cpu` (or configure and build), on an otherwise idle machine.
+claims: what a 2-core runner must fit) and the CPU it really used, the longest tests and the cost per test program;
+then the memory suite's wall time (`ctest --preset cpu -L memory`, the median of the runs). Run it from the source
+tree after `cmake --workflow --preset cpu` (or configure and build), on an otherwise idle machine.
 """
 from __future__ import annotations
 
@@ -28,10 +28,17 @@ LABEL = re.compile(r"^cpu +=\s+([\d.]+) sec\*proc", re.M)
 TOTAL = re.compile(r"Total Test time \(real\) = +([\d.]+) sec")
 
 
-def ctest(args: list[str]) -> tuple[str, float]:
+def ctest(args: list[str]) -> tuple[str, float, float]:
+    """ctest's output, its wall time and the CPU time (user + system) of ctest and of every process it waited for."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     p = subprocess.run(["ctest", *args], cwd=ROOT, capture_output=True, text=True)
-    return p.stdout + p.stderr, time.monotonic() - start
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return p.stdout + p.stderr, wall, cpu
 
 
 def tests_of(build: Path) -> dict:
@@ -49,7 +56,7 @@ def tests_of(build: Path) -> dict:
     return out
 
 
-def report(log: str, wall: float | None, build: Path, memory: list[float]) -> str:
+def report(log: str, wall: float | None, build: Path, memory: list[float], cpu: float | None = None) -> str:
     results = [(m.group(1), m.group(2), float(m.group(3))) for m in RESULT.finditer(log)]
     if not results:
         sys.exit("no test results in the ctest output")
@@ -63,6 +70,9 @@ def report(log: str, wall: float | None, build: Path, memory: list[float]) -> st
              f"| `ctest --preset cpu`, wall (CTest's total) | {float(total.group(1)) if total else wall:.1f} s |",
              f"| cost: each test's seconds x the cores it claims (CTest's sec*proc of label cpu) | "
              f"{float(label.group(1)) if label else sum(cost.values()):.0f} core-s |"]
+    if cpu is not None:
+        # What the claims leave idle: a test that waits (a timeout, a peer) holds its cores without using them.
+        lines.append(f"| CPU used (user + system of ctest and the processes it waited for) | {cpu:.0f} core-s |")
     if memory:
         lines.append(f"| CPU memory suite (`ctest --preset cpu -L memory`), median of {len(memory)} | "
                      f"{statistics.median(memory):.1f} s (runs: {', '.join(f'{m:.1f}' for m in memory)}) |")
@@ -87,11 +97,11 @@ def main(argv=None) -> int:
     p.add_argument("--memory-runs", type=int, default=3, help="runs of the memory suite (default 3; 0: none)")
     a = p.parse_args(argv)
     if a.log:
-        log, wall = Path(a.log).read_text(), None
+        log, wall, cpu = Path(a.log).read_text(), None, None
     else:
-        log, wall = ctest(["--preset", "cpu"])
+        log, wall, cpu = ctest(["--preset", "cpu"])
     memory = [ctest(["--preset", "cpu", "-L", "memory"])[1] for _ in range(a.memory_runs)]
-    print(report(log, wall, Path(a.build), memory))
+    print(report(log, wall, Path(a.build), memory, cpu))
     return 0
 
 
