@@ -21,6 +21,7 @@
 #include "memgate/backend/device.h"
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
+#include "memgate/base/process.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/backend/memory_backend.h"
 #include "memgate/measure/probe.h"
@@ -388,7 +389,7 @@ int run_in_processes(int processes, const std::string& out, int argc, char** arg
   return 0;
 }
 
-int main(int argc, char** argv) {
+static int bench_main(int argc, char** argv) {
   const auto processes_flag = flag_value(argc, argv, "memgate_processes");
   if (processes_flag) {
     int processes = 0;
@@ -437,3 +438,6 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   return matched > 0 ? 0 : 1;
 }
+
+// Without LibTorch's static destructors (base/process.h): `--memgate_processes` runs this program once per part.
+int main(int argc, char** argv) { memgate::exit_fast(bench_main(argc, argv)); }
