@@ -1,7 +1,13 @@
-// run_command: popen, read to the end, pclose. exit_fast: flush, then std::quick_exit.
+// run_command: popen, read to the end, pclose. send_line: send until all is sent. exit_fast: flush, then
+// std::quick_exit.
 #include "memgate/base/process.h"
 
+#include <nlohmann/json.hpp>
+
+#include <sys/socket.h>
 #include <sys/wait.h>
+
+#include <cerrno>
 
 #include <array>
 #include <cstdio>
@@ -19,6 +25,18 @@ CommandResult run_command(const std::string& command) {
   const int status = ::pclose(pipe);
   result.exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+bool send_line(int fd, const nlohmann::json& message) {
+  const auto text = message.dump() + "\n";
+  std::size_t sent = 0;
+  while (sent < text.size()) {
+    const auto n = ::send(fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<std::size_t>(n);
+  }
+  return true;
 }
 
 void exit_fast(int code) {

@@ -5,6 +5,7 @@
 // no intra-op thread pool for a fork to copy.
 #include "fork_server_main.h"
 
+#include "memgate/base/process.h"
 #include "memgate/gate/rank.h"
 
 #include <nlohmann/json.hpp>
@@ -31,18 +32,6 @@ namespace memgate {
 namespace {
 
 constexpr int kSocket = 3;
-
-bool send_line(const nlohmann::json& message) {
-  const auto text = message.dump() + "\n";
-  std::size_t sent = 0;
-  while (sent < text.size()) {
-    const auto n = ::send(kSocket, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    sent += static_cast<std::size_t>(n);
-  }
-  return true;
-}
 
 // Whether CUDA's driver is loaded in this process: a process forked after that cannot use CUDA.
 bool cuda_driver_loaded() {
@@ -101,10 +90,10 @@ int fork_server_main(int argc, char** argv) {
   // Ctrl-C reaches the whole process group: memgate ends its ranks itself, and then closes this.
   ::signal(SIGINT, SIG_IGN);
   if (cuda_driver_loaded()) {
-    send_line({{"error", "CUDA's driver is loaded: a forked process could not use it"}});
+    send_line(kSocket, {{"error", "CUDA's driver is loaded: a forked process could not use it"}});
     return 3;
   }
-  if (!send_line({{"ready", ::getpid()}})) return 3;
+  if (!send_line(kSocket, {{"ready", ::getpid()}})) return 3;
   std::map<pid_t, bool> children;  // pid -> its end reported
   std::string buffer;
   for (;;) {
@@ -120,7 +109,7 @@ int fork_server_main(int argc, char** argv) {
       const int status = info.si_code == CLD_EXITED ? (info.si_status & 0xFF) << 8
                                                     : info.si_status | (info.si_code == CLD_DUMPED ? 0x80 : 0);
       reported = true;
-      send_line({{"exit", pid}, {"status", status}});
+      send_line(kSocket, {{"exit", pid}, {"status", status}});
     }
     if (n <= 0) continue;
     char chunk[4096];
@@ -136,17 +125,17 @@ int fork_server_main(int argc, char** argv) {
         const auto& request = message.at("spawn");
         const auto argv_of = request.at("argv");
         if (argv_of.size() < 2 || argv_of.at(1) != "--memgate-rank") {
-          send_line({{"error", "not a rank: " + argv_of.dump()}});
+          send_line(kSocket, {{"error", "not a rank: " + argv_of.dump()}});
           continue;
         }
         const pid_t pid = ::fork();
         if (pid == 0) run_rank(request);
         if (pid < 0) {
-          send_line({{"error", std::string("cannot fork: ") + std::strerror(errno)}});
+          send_line(kSocket, {{"error", std::string("cannot fork: ") + std::strerror(errno)}});
           continue;
         }
         children[pid] = false;
-        send_line({{"pid", pid}});
+        send_line(kSocket, {{"pid", pid}});
       } else if (message.contains("reap")) {
         const auto pid = message.at("reap").get<pid_t>();
         if (children.erase(pid) > 0) {

@@ -3,6 +3,8 @@
 
 #include "children.h"
 
+#include "memgate/base/process.h"
+
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -28,17 +30,6 @@ namespace {
 // How long the server may take to answer: its start imports torch and memgate's extension, and before a spawn it
 // may be importing the packages the last probe imported (seconds each on a busy machine).
 constexpr int kAnswerMs = 300'000;
-
-bool send_all(int fd, const std::string& text) {
-  std::size_t sent = 0;
-  while (sent < text.size()) {
-    const auto n = ::send(fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    sent += static_cast<std::size_t>(n);
-  }
-  return true;
-}
 
 void end_process(pid_t pid) {
   ::kill(pid, SIGKILL);
@@ -160,7 +151,7 @@ void ForkServer::take(const std::string& line) {
   if (message.is_object() && message.contains("exit")) {
     exited_[message.at("exit").get<pid_t>()] = message.at("status").get<int>();
   } else {
-    reply_ = line;
+    reply_ = message.is_object() && message.contains("pid") ? message.at("pid").get<pid_t>() : -1;
   }
 }
 
@@ -171,7 +162,7 @@ std::optional<pid_t> ForkServer::spawn(const std::vector<std::string>& argv, con
   std::error_code ec;
   const nlohmann::json request{
       {"spawn", {{"argv", argv}, {"env", env}, {"cwd", std::filesystem::current_path(ec).string()}, {"log", log}}}};
-  if (ec || !send_all(fd_, request.dump() + "\n")) return std::nullopt;
+  if (ec || !send_line(fd_, request)) return std::nullopt;
   reply_.reset();
   while (!reply_) {
     const auto line = read_line(kAnswerMs);
@@ -182,11 +173,9 @@ std::optional<pid_t> ForkServer::spawn(const std::vector<std::string>& argv, con
     }
     take(*line);
   }
-  const auto message = nlohmann::json::parse(*reply_, nullptr, false);
-  if (!message.is_object() || !message.contains("pid")) return std::nullopt;
-  const auto pid = message.at("pid").get<pid_t>();
-  forked_.insert(pid);
-  return pid;
+  if (*reply_ < 0) return std::nullopt;
+  forked_.insert(*reply_);
+  return reply_;
 }
 
 std::optional<int> ForkServer::status(pid_t probe, bool block) {
@@ -196,7 +185,7 @@ std::optional<int> ForkServer::status(pid_t probe, bool block) {
       const int status = it->second;
       exited_.erase(it);
       forked_.erase(probe);
-      send_all(fd_, nlohmann::json{{"reap", probe}}.dump() + "\n");
+      send_line(fd_, {{"reap", probe}});
       return status;
     }
     if (gone_) {

@@ -48,7 +48,7 @@ class ForkServer {
   int fd_;
   bool gone_ = false;
   std::string buffer_;
-  std::optional<std::string> reply_;
+  std::optional<pid_t> reply_;  ///< the answer to a spawn: the forked pid, or -1 (an error)
   std::map<pid_t, int> exited_;
   std::set<pid_t> forked_;
   std::mutex mutex_;

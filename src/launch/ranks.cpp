@@ -120,8 +120,9 @@ ForkServer* fork_server_of(const std::vector<std::string>& command, const std::v
   if (command.size() >= 3 && command[1] == "-m" && command[2] == "memgate") {
     // A compiled model's probes come from a server of their own that has run Inductor's per-process checks of the
     // CPU's vector ISAs first (each a Python that imports torch: 11 s here), so that each probe does not.
-    if (compiles) return ForkServer::of({command[0], "-m", "memgate._forkserver", "--inductor"}, env);
-    return ForkServer::of({command[0], "-m", "memgate._forkserver"}, env);
+    std::vector<std::string> start{command[0], "-m", "memgate._forkserver"};
+    if (compiles) start.emplace_back("--inductor");
+    return ForkServer::of(start, env);
   }
   if (const char* exe = std::getenv("MEMGATE_RANK_EXECUTABLE"); exe != nullptr && *exe != '\0') return nullptr;
   return ForkServer::of({command.front(), "--memgate-fork-server"}, env);

@@ -1,5 +1,7 @@
-// Running a shell command and reading what it prints; ending this process quickly.
+// Running a shell command and reading what it prints; a JSON line to another process; ending this process quickly.
 #pragma once
+
+#include <nlohmann/json_fwd.hpp>
 
 #include <string>
 
@@ -13,6 +15,10 @@ struct CommandResult {
 
 /// Runs `command` with /bin/sh and collects its standard output (add `2>&1` to the command for stderr too).
 [[nodiscard]] CommandResult run_command(const std::string& command);
+
+/// Sends `message` as one line of JSON (its text and a newline) on the socket `fd`, all of it (a peer that has gone is
+/// an error, not SIGPIPE): the fork servers' protocol (launch/fork_server.h). False where it could not.
+bool send_line(int fd, const nlohmann::json& message);
 
 /// Ends this process with `code`, as returning it from main would for what it printed (stdio and iostreams are
 /// flushed) and with the std::at_quick_exit handlers run (memgate's fork servers end there), but without the
