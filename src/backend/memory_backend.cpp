@@ -6,14 +6,15 @@
 #include "memgate/base/error.h"
 #include "memgate/backend/device.h"
 
+#include <ATen/ATen.h>
 #if __has_include(<cublas_v2.h>) && __has_include(<cublasLt.h>) && __has_include(<cusparse.h>) && \
     __has_include(<cusolverDn.h>)
 #include <ATen/cuda/CUDAContextLight.h>
 #define MEMGATE_HAVE_CUBLAS_HEADERS 1
 #else
-#include <ATen/ATen.h>
 #define MEMGATE_HAVE_CUBLAS_HEADERS 0
 #endif
+#include <ATen/Context.h>
 #include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -21,10 +22,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 namespace memgate {
 namespace {
@@ -79,21 +82,44 @@ class MetaBackend final : public MemoryBackend {
   CountingMetaAllocator& counter_;
 };
 
+// LibTorch sets up CUDA and its caching allocator at the first CUDA tensor (Python's torch.cuda does it at its first
+// call). Until then the allocator has no devices: its stats, peak resets and memory fraction fail ("Invalid device
+// argument", "Allocator not initialized for device") or crash, and cuBLAS finds no current context. So every call of
+// the CUDA backend but apply_allocator_settings sets them up first: that allocates nothing, so the settings applied
+// before still shape every segment.
+void initialize_cuda(c10::Device device) {
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  static std::mutex mutex;
+  static std::vector<c10::DeviceIndex> with_context;
+  const std::lock_guard lock(mutex);
+  if (std::find(with_context.begin(), with_context.end(), device.index()) != with_context.end()) return;
+  // The device's primary context made current (c10's guard leaves a device that is already current alone, and
+  // makes no context for it).
+  const c10::cuda::CUDAGuard guard(device);
+  C10_CUDA_CHECK(cudaFree(nullptr));
+  with_context.push_back(device.index());
+}
+
 class CudaBackend final : public MemoryBackend {
  public:
   explicit CudaBackend(c10::Device device) : device_(device) {}
   // Every call acts on this backend's device, whichever device is current.
   void synchronize() override {
+    initialize_cuda(device_);
     const c10::cuda::CUDAGuard guard(device_);
     c10::cuda::device_synchronize();
   }
   MemorySnapshot snapshot() override {
+    initialize_cuda(device_);
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
     constexpr auto kAll = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     return {stats.allocated_bytes[kAll].current, stats.reserved_bytes[kAll].current,
             stats.allocated_bytes[kAll].peak, stats.reserved_bytes[kAll].peak};
   }
-  void reset_peak() override { c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index()); }
+  void reset_peak() override {
+    initialize_cuda(device_);
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+  }
   void empty_cache() override {
     synchronize();
     c10::cuda::CUDACachingAllocator::emptyCache();
@@ -106,6 +132,7 @@ class CudaBackend final : public MemoryBackend {
     return static_cast<std::int64_t>(total - free) - snapshot().reserved;
   }
   std::int64_t create_library_workspaces() override {
+    initialize_cuda(device_);
     static std::mutex mutex;
     static std::map<c10::DeviceIndex, std::int64_t> created;  // bytes, measured when first created
     const std::lock_guard lock(mutex);
@@ -123,6 +150,15 @@ class CudaBackend final : public MemoryBackend {
       (void)at::addmm(at::ones({8}, options), at::ones({8, 8}, options), at::ones({8, 8}, options));
     }
 #endif
+    // Backward runs on autograd's thread for this device, whose cuBLAS handles (and their workspaces, 32 MiB each on
+    // Hopper) are its own: made by the first backward of the process, they were counted by its first probe only
+    // (measured on an H200: step_peak 37,895,168 B for the first probe, 4,340,736 B for the same probe after it).
+    const at::AutoGradMode grad(true);
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      const auto options = at::TensorOptions().dtype(dtype).device(device_);
+      const auto weight = at::ones({8, 8}, options).requires_grad_(true);
+      at::addmm(at::ones({8}, options), at::ones({8, 8}, options), weight).sum().backward();
+    }
     synchronize();
     const auto bytes = snapshot().allocated - before;
     auto [it, inserted] = created.try_emplace(device_.index(), bytes);
@@ -130,6 +166,7 @@ class CudaBackend final : public MemoryBackend {
     return it->second;
   }
   void set_memory_fraction(double fraction) override {
+    initialize_cuda(device_);
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction <= 0.0 ? 1.0 : fraction, device_.index());
   }
   // The settings act from the first allocation on (expandable segments shape every segment), so a process runs

@@ -47,6 +47,8 @@ void require_matching_nccl() {
 // collective, and what it took on the device outside the caching allocator is added to communicator_bytes().
 c10::intrusive_ptr<c10d::ProcessGroup> nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                   c10::Device device, std::chrono::milliseconds timeout) {
+  // The caching allocator is set up at the first CUDA tensor: its stats below need it before any.
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard guard(device);
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   group->setBoundDeviceId(device);
