@@ -66,16 +66,27 @@ ResNetBlockImpl::ResNetBlockImpl(std::int64_t inplanes, std::int64_t planes, std
   }
 }
 
+// torchvision's BasicBlock and Bottleneck, step by step as they run: each result replaces the one before (as Python
+// rebinds `out`, freeing it), and the ReLUs and the residual add are in place. So what is alive at each moment, and
+// the memory, is torchvision's. (Nested calls would keep every intermediate of the expression alive to its end: an
+// H200 measured an eval forward of ResNet-18 at 28% above torchvision's with them.)
 torch::Tensor ResNetBlockImpl::forward(const torch::Tensor& x) {
-  auto out = torch::relu(bn1->forward(conv1->forward(x)));
+  auto out = conv1->forward(x);
+  out = bn1->forward(out);
+  out.relu_();
+  out = conv2->forward(out);
+  out = bn2->forward(out);
   if (bottleneck) {
-    out = torch::relu(bn2->forward(conv2->forward(out)));
-    out = bn3->forward(conv3->forward(out));
-  } else {
-    out = bn2->forward(conv2->forward(out));
+    out.relu_();
+    out = conv3->forward(out);
+    out = bn3->forward(out);
   }
-  const auto identity = downsample_conv ? downsample_bn->forward(downsample_conv->forward(x)) : x;
-  return torch::relu(out + identity);
+  if (downsample_conv) {
+    out += downsample_bn->forward(downsample_conv->forward(x));
+  } else {
+    out += x;
+  }
+  return out.relu_();
 }
 
 ResNetImpl::ResNetImpl(const ResNetOptions& spec_, bool with_fc, nn::ParamOptions param) : spec(spec_) {
@@ -103,7 +114,9 @@ ResNetImpl::ResNetImpl(const ResNetOptions& spec_, bool with_fc, nn::ParamOption
 }
 
 torch::Tensor ResNetImpl::forward_features(const torch::Tensor& images, bool checkpoint_blocks) {
-  auto x = torch::relu(bn1->forward(conv1->forward(images)));
+  auto x = conv1->forward(images);
+  x = bn1->forward(x);
+  x.relu_();
   x = torch::max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
   for (const auto& layer : layers) {
     for (const auto& module : *layer) {
