@@ -335,7 +335,7 @@ int run_in_processes(int processes, const std::string& out, int argc, char** arg
   namespace fs = std::filesystem;
   const auto exe = fs::read_symlink("/proc/self/exe");
   const fs::path parts = out + ".processes";
-  fs::remove_all(parts);
+  memgate::remove_tree(parts.string());
   fs::create_directories(parts);
   std::vector<nlohmann::json> docs;
   for (int i = 0; i < processes; ++i) {
@@ -384,7 +384,7 @@ int run_in_processes(int processes, const std::string& out, int argc, char** arg
     std::cerr << "memgate_bench: " << e.what() << "\n";
     return 1;
   }
-  fs::remove_all(parts);
+  memgate::remove_tree(parts.string());
   std::cout << "memgate_bench: " << processes << " processes merged into " << out << std::endl;
   return 0;
 }

@@ -4,6 +4,8 @@
 #include "memgate/base/error.h"
 #include "memgate/base/signals.h"
 
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -72,6 +74,18 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   std::filesystem::rename(tmp, file, ec);
   if (ec) throw Error(path + ": cannot replace: " + ec.message());
   guard.release();
+}
+
+bool remove_tree(const std::string& path) noexcept {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT;
+  if (!S_ISDIR(st.st_mode)) return ::unlink(path.c_str()) == 0 || errno == ENOENT;
+  // Depth first (FTW_DEPTH: a folder after what it holds), links not followed (FTW_PHYS), within one file system.
+  const auto remove_one = [](const char* entry, const struct stat*, int type, struct FTW*) -> int {
+    const int rc = type == FTW_DP ? ::rmdir(entry) : ::unlink(entry);
+    return rc == 0 || errno == ENOENT ? 0 : -1;
+  };
+  return ::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) == 0;
 }
 
 }  // namespace memgate

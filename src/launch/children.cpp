@@ -3,6 +3,7 @@
 
 #include "fork_server.h"
 #include "memgate/base/error.h"
+#include "memgate/base/files.h"
 #include "memgate/base/heartbeat.h"
 
 #include <fmt/format.h>
@@ -117,8 +118,7 @@ RunDir::~RunDir() { remove(); }
 
 void RunDir::remove() {
   if (path_.empty()) return;
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+  (void)remove_tree(path_.string());
   path_.clear();
 }
 

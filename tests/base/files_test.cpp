@@ -23,6 +23,24 @@ namespace {
 
 using ::testing::HasSubstr;
 
+TEST(FilesTest, RemovesATreeWithoutFollowingItsLinks) {
+  namespace fs = std::filesystem;
+  testing::TempDir tmp;
+  const fs::path tree = tmp.path() / "tree", outside = tmp.path() / "outside";
+  fs::create_directories(tree / "a" / "b");
+  fs::create_directories(outside);
+  std::ofstream(tree / "a" / "b" / "file") << "x";
+  std::ofstream(tree / "top") << "y";
+  std::ofstream(outside / "kept") << "z";
+  fs::create_directory_symlink(outside, tree / "a" / "link");
+  EXPECT_TRUE(remove_tree(tree.string()));
+  EXPECT_FALSE(fs::exists(tree));
+  EXPECT_TRUE(fs::exists(outside / "kept")) << "the link was followed";
+  EXPECT_TRUE(remove_tree(tree.string())) << "a missing path is no error";
+  EXPECT_TRUE(remove_tree((outside / "kept").string())) << "a file";
+  EXPECT_FALSE(fs::exists(outside / "kept"));
+}
+
 TEST(FilesTest, WritesReplacesAndLeavesNoTemporaryFile) {
   testing::TempDir dir;
   const auto path = dir / "deep/er/out.json";

@@ -1,6 +1,7 @@
 // Helpers shared by the tests: temporary folders, files and subprocesses. Needs no LibTorch.
 #pragma once
 
+#include "memgate/base/files.h"
 #include "memgate/base/process.h"
 
 #include <cmath>
@@ -49,10 +50,7 @@ class TempDir {
     path_ = std::filesystem::temp_directory_path() / ("memgate-test-" + std::to_string(rd()) + std::to_string(rd()));
     std::filesystem::create_directories(path_);
   }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
+  ~TempDir() { (void)memgate::remove_tree(path_.string()); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   [[nodiscard]] const std::filesystem::path& path() const { return path_; }

@@ -306,7 +306,7 @@ TEST(RankFaultTest, TwoProbesInOneTemporaryDirectoryMeetNeitherEachOtherNorItsFi
   EXPECT_EQ(exit_code(oa), 0) << oa.output;
   EXPECT_EQ(exit_code(ob), 0) << ob.output;
   EXPECT_EQ(testing::read_file(theirs), "another probe's store");
-  std::filesystem::remove_all(tmp / "memgate-ranks-1-0");
+  memgate::remove_tree(tmp / "memgate-ranks-1-0");
   expect_nothing_left(tmp);
 }
 

@@ -33,4 +33,10 @@ class TemporaryFileGuard {
 /// refused (permission denied, ...).
 [[nodiscard]] std::string read_text_file(const std::string& path, const std::string& what);
 
+/// Removes `path` and, for a folder, everything under it, without following links; a missing path is no error.
+/// Returns false if something could not be removed. std::filesystem::remove_all does the same, but the torch wheel's
+/// libtorch.so exports a broken copy of it (pytorch/pytorch#133437) that a program linked to LibTorch can bind to:
+/// on a GPU runner's Ubuntu toolchain every call crashed (a jump to address 0). memgate calls this instead.
+bool remove_tree(const std::string& path) noexcept;
+
 }  // namespace memgate
