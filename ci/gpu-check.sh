@@ -83,7 +83,8 @@ for run in 1 2 3; do
   publish "suite$run.tar.gz"
   rm -f build/gpu/memgate-results.jsonl
 done
-# The CUDA context and libraries outside the caching allocator, as one probe alone on the GPU read them (the
-# suite's tests run one at a time): the figure for the GPU's fixture (fixtures/gpus/<gpu>.yaml).
-grep -h "outside the allocator" "$OUT"/suite*.log 2>/dev/null | sort | uniq -c
+# The CUDA context and libraries outside the caching allocator, as one probe alone on the GPU reads them: the
+# figure for the GPU's fixture (fixtures/gpus/<gpu>.yaml).
+phase "outside the caching allocator"
+timeout -k 10 60 ctest --preset gpu -R '^CudaProbeTest.MeasuresOnCudaRepeatably$' -V 2>&1 | grep "outside the allocator"
 phase "done"
