@@ -14,7 +14,6 @@
 #else
 #define MEMGATE_HAVE_CUBLAS_HEADERS 0
 #endif
-#include <ATen/Context.h>
 #include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -143,16 +142,12 @@ class CudaBackend final : public MemoryBackend {
     (void)at::cuda::getCurrentCUDABlasHandle();
     (void)at::cuda::getCurrentCUDABlasLtHandle();
     (void)at::cuda::getCUDABlasLtWorkspace();
-#else
-    // Without cuBLAS's headers: small GEMMs through LibTorch create the same handles and workspaces.
-    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
-      const auto options = at::TensorOptions().dtype(dtype).device(device_);
-      (void)at::addmm(at::ones({8}, options), at::ones({8, 8}, options), at::ones({8, 8}, options));
-    }
 #endif
-    // Backward runs on autograd's thread for this device, whose cuBLAS handles (and their workspaces, 32 MiB each on
-    // Hopper) are its own: made by the first backward of the process, they were counted by its first probe only
-    // (measured on an H200: step_peak 37,895,168 B for the first probe, 4,340,736 B for the same probe after it).
+    // Small GEMMs through LibTorch, fp32 and bf16, forward and backward: without cuBLAS's headers they create this
+    // thread's handles and workspaces. Backward runs on autograd's thread for this device, whose cuBLAS handles (and
+    // their workspaces, 32 MiB each on Hopper) are its own: made by the first backward of the process, they were
+    // counted by its first probe only (measured on an H200: step_peak 37,895,168 B for the first probe, 4,340,736 B
+    // for the same probe after it).
     const at::AutoGradMode grad(true);
     for (const auto dtype : {at::kFloat, at::kBFloat16}) {
       const auto options = at::TensorOptions().dtype(dtype).device(device_);

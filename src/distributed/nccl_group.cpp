@@ -7,11 +7,9 @@
 #include <fmt/format.h>
 
 #if MEMGATE_HAVE_NCCL
-#include <ATen/Context.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
+#include "memgate/backend/memory_backend.h"
+
 #include <c10/cuda/CUDAGuard.h>
-#include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <torch/csrc/cuda/nccl.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -29,14 +27,6 @@ namespace {
 
 std::atomic<std::int64_t> g_communicator_bytes{0};
 
-// Bytes in use on the current device, every allocator's and the driver's (cudaMemGetInfo), once its work is done.
-std::int64_t device_used_bytes() {
-  c10::cuda::device_synchronize();
-  std::size_t free = 0, total = 0;
-  if (cudaMemGetInfo(&free, &total) != cudaSuccess) throw Error("cudaMemGetInfo failed on the rank's device");
-  return static_cast<std::int64_t>(total - free);
-}
-
 void require_matching_nccl() {
   if (auto problem = nccl_layout_problem(); !problem.empty()) throw Error(problem);
 }
@@ -47,8 +37,6 @@ void require_matching_nccl() {
 // collective, and what it took on the device outside the caching allocator is added to communicator_bytes().
 c10::intrusive_ptr<c10d::ProcessGroup> nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                   c10::Device device, std::chrono::milliseconds timeout) {
-  // The caching allocator is set up at the first CUDA tensor: its stats below need it before any.
-  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard guard(device);
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   group->setBoundDeviceId(device);
@@ -58,14 +46,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> nccl_group(const c10::intrusive_ptr<c10d:
   auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
   group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
-  const auto reserved = [&device] {
-    constexpr auto kAll = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).reserved_bytes[kAll].current;
-  };
-  const auto reserved_before = reserved();
-  const auto before = device_used_bytes();
+  // What the device holds outside the caching allocator, as the probe reads it (its backend sets CUDA up first).
+  const auto backend = make_memory_backend(device);
+  const auto before = backend->outside_allocator_bytes();
   nccl->eagerConnectSingleDevice(device);
-  g_communicator_bytes += device_used_bytes() - before - (reserved() - reserved_before);
+  g_communicator_bytes += backend->outside_allocator_bytes() - before;
   return group;
 }
 
