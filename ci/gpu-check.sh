@@ -15,7 +15,12 @@
 # Debian packages staged into .device-deps by ci/stage-device-deps.sh where the machine lacks them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-540}" in
+  -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *[!0-9]*|'') echo "ci/gpu-check.sh: '$1': expected a number of seconds (ci/gpu-check.sh --help)" >&2; exit 2 ;;
+esac
 budget=${1:-540}
+command -v nvidia-smi > /dev/null || { echo "ci/gpu-check.sh: nvidia-smi not found: this checks a GPU machine" >&2; exit 3; }
 OUT=${OUT:-$PWD/build/gpu/check}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
