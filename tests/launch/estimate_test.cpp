@@ -99,14 +99,19 @@ TEST_P(EstimateAccuracyTest, MatchesTheCountingAllocatorOnTheCpu) {
   const auto& f = GetParam();
   const auto fixture = load_fixture(f.path);
   double worst_activations = 0, worst_forward = 0, worst_eval = 0, worst_step = 0;
-  // A Python fixture's every probe and estimate is a Python process of its own (torch, transformers and PEFT
-  // imported: several seconds): its smallest and largest batch sizes only.
-  auto batches = f.batch_sizes;
-  if (fixture.model.arch == Arch::kPython && batches.size() > 2) batches = {batches.front(), batches.back()};
-  for (const auto batch : batches) {
-    const auto measured = run_probe(fixture, batch, kCpu);
-    const auto estimated = estimate_probe(fixture, batch, EstimateTarget::kCpu);
-    ASSERT_FALSE(measured.oom || estimated.oom);
+  // Every batch size measured in one go and estimated in one go: a Python fixture's probes, and its estimates, each in
+  // one Python process (torch, transformers and PEFT imported once: several seconds each time).
+  const auto measured_all = run_probes(fixture, f.batch_sizes, kCpu);
+  const auto estimated_all = estimate_profile(fixture, f.batch_sizes, EstimateTarget::kCpu).probes;
+  ASSERT_EQ(measured_all.size(), f.batch_sizes.size());
+  ASSERT_EQ(estimated_all.size(), f.batch_sizes.size());
+  for (std::size_t i = 0; i < f.batch_sizes.size(); ++i) {
+    const auto batch = f.batch_sizes[i];
+    const auto& measured = measured_all[i];
+    const auto& estimated = estimated_all[i];
+    ASSERT_FALSE(measured.oom || estimated.oom) << measured.error << estimated.error;
+    ASSERT_EQ(measured.batch_size, batch);
+    ASSERT_EQ(estimated.batch_size, batch);
     const auto& m = measured.components;
     const auto& e = estimated.components;
     const auto at = fmt::format("{} at batch {}", f.name, batch);
