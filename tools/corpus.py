@@ -21,6 +21,7 @@ runs: tests/corpus).
   tools/corpus.py generate --seed 1 --count 300 --out build/corpus
   tools/corpus.py sweep --seed 1 --count 300 --out build/corpus --jobs 2       # the full sweep
   tools/corpus.py sweep --seed 1 --sample --out build/corpus-sample            # CI's sample
+  tools/corpus.py sweep --seed 1 --sample --shard 1/2 --out build/corpus-1of2  # half of it (CI runs both halves)
 
 `--memgate` names the memgate command (build/cpu/bin/memgate); the Python that runs twins and references is
 MEMGATE_PYTHON (or the venv ci/setup.sh makes); it needs PyYAML, timm, torchvision, peft.
@@ -505,6 +506,15 @@ def default_python() -> str:
     return os.environ.get("MEMGATE_PYTHON") or str(Path.home() / ".cache" / "memgate" / "venv" / "bin" / "python")
 
 
+def parse_shard(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    """`K/N` as (K, N), 1 <= K <= N; a usage error naming --shard otherwise."""
+    k, slash, n = text.partition("/")
+    if slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n):
+        return int(k), int(n)
+    parser.error(f"--shard: {text!r}, expected K/N with 1 <= K <= N (for example 1/2)")
+    raise AssertionError("unreachable")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -524,6 +534,9 @@ def main(argv=None) -> int:
             s.add_argument("--python", default=default_python())
             s.add_argument("--jobs", type=int, default=1)
             s.add_argument("--only", help="a comma-separated list of fixture names")
+            s.add_argument("--shard", metavar="K/N",
+                           help="only the K-th of N interleaved parts of the fixtures (1 <= K <= N): a sweep split over "
+                                "N jobs or runners, each with its own --out; `report` merges them")
             s.add_argument("--checks", default=",".join(CHECKS),
                            help=f"a comma-separated subset of {','.join(CHECKS)} (default: all three)")
     a = p.parse_args(argv)
@@ -559,6 +572,9 @@ def main(argv=None) -> int:
     if getattr(a, "only", None):
         names = set(a.only.split(","))
         cases = [c for c in cases if c["name"] in names]
+    if getattr(a, "shard", None):
+        k, n = parse_shard(a.shard, p)
+        cases = cases[k - 1::n]
     write_fixtures(cases, a.out)
     if a.command == "generate":
         print(f"{len(cases)} fixtures in {a.out / 'fixtures'}")
