@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -28,17 +29,36 @@ LABEL = re.compile(r"^cpu +=\s+([\d.]+) sec\*proc", re.M)
 TOTAL = re.compile(r"Total Test time \(real\) = +([\d.]+) sec")
 
 
-def ctest(args: list[str]) -> tuple[str, float, float]:
-    """ctest's output, its wall time and the CPU time (user + system) of ctest and of every process it waited for."""
+def machine_cpu() -> tuple[float, float] | None:
+    """The machine's busy and idle CPU so far, in core-seconds (/proc/stat's first line); None off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle, iowait
+    busy = sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal
+    return busy / ticks, idle / ticks
+
+
+def ctest(args: list[str]) -> tuple[str, float, float, tuple[float, float] | None]:
+    """ctest's output, its wall time, the CPU time (user + system) of ctest and of every process it waited for, and
+    the machine's busy and idle core-seconds meanwhile (every process: the Python fork servers, which end without
+    being waited for, count there)."""
     import resource
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    machine_before = machine_cpu()
     start = time.monotonic()
     p = subprocess.run(["ctest", *args], cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - start
+    machine_after = machine_cpu()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return p.stdout + p.stderr, wall, cpu
+    machine = None
+    if machine_before and machine_after:
+        machine = (machine_after[0] - machine_before[0], machine_after[1] - machine_before[1])
+    return p.stdout + p.stderr, wall, cpu, machine
 
 
 def tests_of(build: Path) -> dict:
@@ -56,7 +76,8 @@ def tests_of(build: Path) -> dict:
     return out
 
 
-def report(log: str, wall: float | None, build: Path, memory: list[float], cpu: float | None = None) -> str:
+def report(log: str, wall: float | None, build: Path, memory: list[float], cpu: float | None = None,
+           machine: tuple[float, float] | None = None) -> str:
     results = [(m.group(1), m.group(2), float(m.group(3))) for m in RESULT.finditer(log)]
     if not results:
         sys.exit("no test results in the ctest output")
@@ -73,6 +94,9 @@ def report(log: str, wall: float | None, build: Path, memory: list[float], cpu: 
     if cpu is not None:
         # What the claims leave idle: a test that waits (a timeout, a peer) holds its cores without using them.
         lines.append(f"| CPU used (user + system of ctest and the processes it waited for) | {cpu:.0f} core-s |")
+    if machine is not None:
+        lines.append(f"| the machine meanwhile: busy / idle (every process, on an otherwise idle machine) | "
+                     f"{machine[0]:.0f} / {machine[1]:.0f} core-s |")
     if memory:
         lines.append(f"| CPU memory suite (`ctest --preset cpu -L memory`), median of {len(memory)} | "
                      f"{statistics.median(memory):.1f} s (runs: {', '.join(f'{m:.1f}' for m in memory)}) |")
@@ -97,11 +121,11 @@ def main(argv=None) -> int:
     p.add_argument("--memory-runs", type=int, default=3, help="runs of the memory suite (default 3; 0: none)")
     a = p.parse_args(argv)
     if a.log:
-        log, wall, cpu = Path(a.log).read_text(), None, None
+        log, wall, cpu, machine = Path(a.log).read_text(), None, None, None
     else:
-        log, wall, cpu = ctest(["--preset", "cpu"])
+        log, wall, cpu, machine = ctest(["--preset", "cpu"])
     memory = [ctest(["--preset", "cpu", "-L", "memory"])[1] for _ in range(a.memory_runs)]
-    print(report(log, wall, Path(a.build), memory, cpu))
+    print(report(log, wall, Path(a.build), memory, cpu, machine))
     return 0
 
 
