@@ -5,8 +5,11 @@ memgate starts one per Python and environment, on the first Python probe it runs
 It imports torch and memgate's extension once; each probe is then a fork of it (os.fork) that runs what
 `python -m memgate --memgate-rank ...` would, so that a probe pays no import of torch. After a probe has ended, the
 server also imports the installed packages that probe imported (timm, transformers, peft: seconds each), never the
-user's own modules: the next probe of the same models starts with them imported. A probe is still a process of its
-own: its memory, its allocator and its counting start fresh, as they did when it was started directly.
+user's own modules: the next probe of the same models starts with them imported. Before it forks a probe, it imports
+the installed packages that the model's own code imports as it is built (its file's imports outside any function and
+those in the entry's and the loss's callable, read, not run; memgate sends them as `file:callable`), so that the first
+probe, and every rank of a distributed one, finds them imported too, instead of each importing them itself. A probe is still a process of its own: its memory, its allocator and its
+counting start fresh, as they did when it was started directly.
 
 With --inductor (the probes of a model trained as torch.compile(module) compiles it), the server also runs, before it
 is ready, the checks Inductor makes once per process of which vector ISAs the CPU can build and load (a compiler run
@@ -14,7 +17,7 @@ and a Python importing torch per ISA: 11 s here), so that its probes find them m
 
 The protocol, one JSON object per line:
   server -> memgate: {"ready": pid}, or {"error": why} and the server exits (memgate then starts its probes directly)
-  memgate -> server: {"spawn": {"argv": [...], "env": [...], "cwd": ..., "log": ...}}
+  memgate -> server: {"spawn": {"argv": [...], "env": [...], "cwd": ..., "log": ..., "scan": ["file:callable"]}}
   server -> memgate: {"pid": pid}, or {"error": why} (memgate starts that probe directly)
   server -> memgate: {"exit": pid, "status": wait status}, once a probe has ended (it stays a zombie until reaped)
   memgate -> server: {"reap": pid}
@@ -28,6 +31,7 @@ import signal
 import socket
 import sys
 import sysconfig
+import time
 
 _PR_SET_PDEATHSIG = 1
 
@@ -69,6 +73,8 @@ class Server:
         argv = request["argv"]
         if argv[1:3] != ["-m", "memgate"]:
             return {"error": f"not a memgate probe: {argv[:3]}"}
+        if request.get("scan") and self.forkable:
+            self.preload(self.imports_of(request["scan"], request.get("cwd", "")))
         if not self.forkable:
             return {"error": "a package it imported started a thread or loaded CUDA's driver: it no longer forks"}
         read_end, write_end = os.pipe()
@@ -136,6 +142,53 @@ class Server:
             where = getattr(module, "__file__", None)
             if where and os.path.realpath(where).startswith(self.installed):
                 names.add(top)
+        return sorted(names)
+
+    def imports_of(self, entries: list, cwd: str) -> list:
+        """The installed top-level packages that a model's own code imports as its probe builds it: `entries` are
+        `file:callable` (its entry's, its loss's), and the imports are those the file runs as it is imported (outside
+        any function) and those in the callable's body, read, not run. Each is a name whose module is found in
+        site-packages and not beside the file (its folder comes first on the probe's sys.path) or in `cwd` (its
+        sys.path[0]), where a module of the user's own of that name would be the one imported."""
+        import ast
+        import importlib.util
+
+        def imports(node, into: list, in_functions: bool) -> None:
+            if isinstance(node, ast.Import):
+                into.extend(alias.name.partition(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                into.append(node.module.partition(".")[0])
+            for child in ast.iter_child_nodes(node):
+                if in_functions or not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                    imports(child, into, in_functions)
+
+        names = set()
+        for entry in entries:
+            path, _, callable_name = entry.rpartition(":")
+            try:
+                with open(path, "rb") as f:
+                    tree = ast.parse(f.read(), filename=path)
+            except (OSError, SyntaxError, ValueError):
+                continue  # the probe reports it
+            found = []
+            imports(tree, found, in_functions=False)
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == callable_name:
+                    imports(node, found, in_functions=True)
+            folders = [os.path.dirname(os.path.abspath(path)), cwd]
+            for top in found:
+                if top in names or top in self.preloaded or top == "memgate" or top in sys.modules:
+                    continue
+                if any(folder and (os.path.exists(os.path.join(folder, top + ".py")) or
+                                   os.path.isdir(os.path.join(folder, top))) for folder in folders):
+                    continue
+                try:
+                    spec = importlib.util.find_spec(top)
+                except (ImportError, ValueError):
+                    continue
+                origin = spec.origin if spec is not None else None
+                if origin and os.path.realpath(origin).startswith(self.installed):
+                    names.add(top)
         return sorted(names)
 
     def preload(self, names: list) -> None:
@@ -230,8 +283,13 @@ def _warm_inductor() -> None:
             except Exception:  # noqa: BLE001: not x86, or another Inductor: its own list makes the checks in turn
                 named = []
             if len(named) > 1:
+                before = _threads()
                 with concurrent.futures.ThreadPoolExecutor(max_workers=len(named)) as pool:
                     list(pool.map(bool, named))
+                # Joined, a thread may still be listed for a moment as it exits: a fork needs it gone.
+                deadline = time.monotonic() + 5
+                while _threads() > before and time.monotonic() < deadline:
+                    time.sleep(0.005)
             cpu_vec_isa.valid_vec_isa_list()
     except BaseException:  # noqa: BLE001: the probe compiles as it would have, making the checks itself
         pass

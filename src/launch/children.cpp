@@ -164,7 +164,7 @@ void Children::start(const ChildSpec& spec) {
   if (spec.server != nullptr) {
     auto argv = spec.argv;
     argv.insert(argv.end(), {"--parent-pid", std::to_string(spec.server->pid())});
-    forked = spec.server->spawn(argv, spec.env, spec.log);
+    forked = spec.server->spawn(argv, spec.env, spec.log, spec.scan);
   }
   pid_t pid = forked.value_or(-1);
   if (!forked) {

@@ -47,6 +47,8 @@ struct ChildSpec {
   std::string heartbeat;
   /// Forked from this server when it can (launch/fork_server.h), else started directly.
   ForkServer* server = nullptr;
+  /// The model's Python code (`file:callable`), whose installed packages a Python server imports before it forks it.
+  std::vector<std::string> scan;
 };
 
 /// The processes of one probe. While it lives, SIGINT, SIGTERM and SIGHUP are deferred: wait() then ends every

@@ -156,12 +156,13 @@ void ForkServer::take(const std::string& line) {
 }
 
 std::optional<pid_t> ForkServer::spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                                             const std::string& log) {
+                                             const std::string& log, const std::vector<std::string>& scan) {
   std::lock_guard lock(mutex_);
   if (gone_) return std::nullopt;
   std::error_code ec;
-  const nlohmann::json request{
+  nlohmann::json request{
       {"spawn", {{"argv", argv}, {"env", env}, {"cwd", std::filesystem::current_path(ec).string()}, {"log", log}}}};
+  if (!scan.empty()) request["spawn"]["scan"] = scan;
   if (ec || !send_line(fd_, request)) return std::nullopt;
   reply_.reset();
   while (!reply_) {

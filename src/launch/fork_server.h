@@ -31,9 +31,10 @@ class ForkServer {
   [[nodiscard]] pid_t pid() const { return pid_; }
 
   /// Forks `argv` (`<program> --memgate-rank ...`, `python -m memgate ...`) with `env`, its output into `log`;
-  /// nothing where the server cannot (start it directly then).
+  /// nothing where the server cannot (start it directly then). `scan`: a Python model's code (`file:callable`), whose
+  /// imports of installed packages a Python server makes first, if it has not yet: its probe then finds them made.
   [[nodiscard]] std::optional<pid_t> spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                                           const std::string& log);
+                                           const std::string& log, const std::vector<std::string>& scan = {});
 
   /// A forked probe's wait status once it has ended (it is then reaped), else nothing; `block`: until it ends.
   [[nodiscard]] std::optional<int> status(pid_t probe, bool block);

@@ -130,6 +130,17 @@ ForkServer* fork_server_of(const std::vector<std::string>& command, const std::v
 
 // What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
 // which calls rank_main); else the rank executable. Each process reads the fixture from its file.
+// A Python model's own code, `file:callable` (its entry's and its loss's, where a file names them): the installed
+// packages it imports are what its probes import first (launch/fork_server.h).
+std::vector<std::string> python_code_of(const Workload& workload) {
+  std::vector<std::string> code;
+  if (const auto* py = std::get_if<PythonOptions>(&workload.model.options)) {
+    if (!py->entry_file.empty()) code.push_back(py->entry_file + ":" + py->entry_callable);
+    if (!py->loss_file.empty()) code.push_back(py->loss_file + ":" + py->loss_callable);
+  }
+  return code;
+}
+
 std::vector<std::string> child_command(const Workload& workload) {
   if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
     throw Error(fmt::format("{}: a probe in processes of its own (a distributed or a Python fixture's) starts each from "
@@ -309,7 +320,8 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   Children children(run, options.rank_timeout);
   children.start({.name = "its Python probe", .argv = command, .env = env, .log = (dir / "rank0.log").string(),
                   .heartbeat = (dir / "rank0.beat").string(),
-                  .server = fork_server_of(command, env, workload.training.compile)});
+                  .server = fork_server_of(command, env, workload.training.compile),
+                  .scan = python_code_of(workload)});
   if (auto failure = children.wait()) {
     // The batch size it was at: the first whose result it had not written.
     std::size_t done = 0;
@@ -528,7 +540,8 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     try {
       children.start({.name = fmt::format("rank {} of {}", r, world), .argv = std::move(argv), .env = env,
                       .log = (dir / fmt::format("rank{}.log", r)).string(),
-                      .heartbeat = (dir / fmt::format("rank{}.beat", r)).string(), .server = server});
+                      .heartbeat = (dir / fmt::format("rank{}.beat", r)).string(), .server = server,
+                      .scan = python_code_of(workload)});
     } catch (const Error& e) {
       throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, e.what()));
     }

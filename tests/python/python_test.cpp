@@ -283,6 +283,8 @@ TEST(PythonFixtureTest, TheGateFailsAPythonCodeChangeThatKeepsMoreActivations) {
 // torch.compile: the compiled module's step, measured by the same protocol. Parameters, gradients and optimizer state
 // are the module's and the optimizer's, as in eager; what the forward keeps and the peaks are Inductor's (fused
 // kernels save other tensors than eager's ops), and repeat to the byte.
+std::vector<std::pair<long, long>> noted(const testing::TempDir& dir);
+
 TEST(PythonCompileTest, ACompiledStepIsMeasuredAndItsActivationsAreInductors) {
   // Inductor checks every x86 vector ISA the CPU has by loading a test library in a Python subprocess that imports
   // torch, in each process that compiles (ten of them here, 13 s of a compiled probe's 18 s with its caches warm).
@@ -291,11 +293,29 @@ TEST(PythonCompileTest, ACompiledStepIsMeasuredAndItsActivationsAreInductors) {
   // compiled probes' fork server (_forkserver.py --inductor) makes them once for both.
   ::setenv("TORCHINDUCTOR_VEC_ISA_OK", "1", 0);
   const auto eager = fixture("py_resnet_tiny_torchvision");
-  const auto compiled = fixture("py_resnet_tiny_torchvision_compiled");
+  // The compiled fixture through a models.py that notes each process building the model (its pid and its parent's).
+  testing::TempDir dir;
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  testing::write_file(dir / "noting.py", "import os\nimport sys\n\nsys.path.insert(0, r'" + models + "python')\n" +
+                                             "from models import torchvision_resnet as _build  # noqa: E402\n\n\n" +
+                                             "def torchvision_resnet(**kwargs):\n" +
+                                             "    with open(r'" + (dir / "pids.txt") + "', 'a') as f:\n" +
+                                             "        f.write(f'{os.getpid()} {os.getppid()}\\n')\n" +
+                                             "    return _build(**kwargs)\n");
+  auto yaml = testing::read_file(models + "py_resnet_tiny_torchvision_compiled.yaml");
+  yaml.replace(yaml.find("entry: python/models.py:"), 24, "entry: " + (dir / "noting.py:"));
+  testing::write_file(dir / "compiled.yaml", yaml);
+  const auto compiled = load_fixture(dir / "compiled.yaml");
   const std::int64_t b = 4;
   const auto e = run_probe(eager, b, kCpu);
   const auto c = run_probe(compiled, b, kCpu);
   const auto again = run_probe(compiled, b, kCpu);
+  // Both compiled probes forked from one server, which made Inductor's checks before it was ready: a server that
+  // refused (a thread left by its checks, say) would leave each probe to make them itself, seconds each.
+  const auto forks = noted(dir);
+  ASSERT_EQ(forks.size(), 2U);
+  EXPECT_EQ(forks[0].second, forks[1].second) << "one server";
+  EXPECT_NE(forks[0].second, static_cast<long>(::getpid())) << "forked by the server, not started by this process";
   ASSERT_FALSE(c.oom) << c.error;
   EXPECT_EQ(c.components.params, e.components.params);
   EXPECT_EQ(c.components.gradients, e.components.gradients);
