@@ -8,8 +8,9 @@ server also imports the installed packages that probe imported (timm, transforme
 user's own modules: the next probe of the same models starts with them imported. Before it forks a probe, it imports
 the installed packages that the model's own code imports as it is built (its file's imports outside any function and
 those in the entry's and the loss's callable, read, not run; memgate sends them as `file:callable`), so that the first
-probe, and every rank of a distributed one, finds them imported too, instead of each importing them itself. A probe is still a process of its own: its memory, its allocator and its
-counting start fresh, as they did when it was started directly.
+probe, and every rank of a distributed one, finds them imported too, instead of each importing them itself. A probe
+is still a process of its own: its memory, its allocator and its counting start fresh, as they did when it was started
+directly.
 
 With --inductor (the probes of a model trained as torch.compile(module) compiles it), the server also runs, before it
 is ready, the checks Inductor makes once per process of which vector ISAs the CPU can build and load (a compiler run

@@ -128,8 +128,6 @@ ForkServer* fork_server_of(const std::vector<std::string>& command, const std::v
   return ForkServer::of({command.front(), "--memgate-fork-server"}, env);
 }
 
-// What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
-// which calls rank_main); else the rank executable. Each process reads the fixture from its file.
 // A Python model's own code, `file:callable` (its entry's and its loss's, where a file names them): the installed
 // packages it imports are what its probes import first (launch/fork_server.h).
 std::vector<std::string> python_code_of(const Workload& workload) {
@@ -141,6 +139,8 @@ std::vector<std::string> python_code_of(const Workload& workload) {
   return code;
 }
 
+// What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
+// which calls rank_main); else the rank executable. Each process reads the fixture from its file.
 std::vector<std::string> child_command(const Workload& workload) {
   if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
     throw Error(fmt::format("{}: a probe in processes of its own (a distributed or a Python fixture's) starts each from "
@@ -524,6 +524,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
   const auto command = child_command(workload);
   const auto env = child_environment();
   auto* const server = fork_server_of(command, env, workload.training.compile);
+  const auto scan = python_code_of(workload);
   RunDir run;
   const auto& dir = run.path();
   const auto start = std::chrono::steady_clock::now();
@@ -541,7 +542,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
       children.start({.name = fmt::format("rank {} of {}", r, world), .argv = std::move(argv), .env = env,
                       .log = (dir / fmt::format("rank{}.log", r)).string(),
                       .heartbeat = (dir / fmt::format("rank{}.beat", r)).string(), .server = server,
-                      .scan = python_code_of(workload)});
+                      .scan = scan});
     } catch (const Error& e) {
       throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, e.what()));
     }

@@ -427,14 +427,15 @@ TEST(SuiteTest, LoadsEverySuite) {
 }
 
 // `--memgate_ctest_list`: the CTest registration of every test. Measuring tests (label `measure`) set up one CTest
-// fixture each and hold the GPU; the component tests (run by `verdict_binary`) require it, so that `ctest -R` on
-// one of them measures first, and a measuring test that fails marks them not run.
+// fixture each and hold the GPU; the component tests (run by `verdict_binary`) require it, so that `ctest -R` on one of
+// them measures first, and a measuring test that fails marks them not run.
 // The resources a test holds: a GPU, or on the CPU one processor per two ranks. A CPU probe's ranks wait on each other
 // at every collective: the CPU suite's two-rank probes kept 0.85 of a core busy (CPU time over wall time, measured
-// alone), and a test that claimed two cores idled one while it ran and waited until two came free together. Their
-// bytes do not depend on how busy the cores are. A distributed fixture on GPUs holds a GPU per rank (RESOURCE_GROUPS N,gpus:1)
-// where the runner has that many (the listing runs on the runner, when ctest starts); where it has fewer, it holds
-// none and skips, so that the runner still passes its suite (CTest would not run it: "insufficient resources").
+// alone), and a test that claimed two cores idled one while it ran and waited until two came free together. Their bytes
+// do not depend on how busy the cores are. A distributed fixture on GPUs holds a GPU per rank
+// (RESOURCE_GROUPS N,gpus:1) where the runner has that many (the listing runs on the runner, when ctest starts); where
+// it has fewer, it holds none and skips, so that the runner still passes its suite (CTest would not run it:
+// "insufficient resources").
 std::string gpu_resources(std::int64_t world_size) {
   if (world_size == 0) return " RESOURCE_GROUPS gpus:1";
   return world_size <= visible_gpus() ? fmt::format(" RESOURCE_GROUPS {},gpus:1", world_size) : std::string();

@@ -280,11 +280,35 @@ TEST(PythonFixtureTest, TheGateFailsAPythonCodeChangeThatKeepsMoreActivations) {
   }
 }
 
+// A fixture of fixtures/models whose entry is fixtures/models/python/models.py:`callable`, through a noting.py that
+// notes each process importing it (its pid and its parent's), with `build_code` after it; its copy is dir/f.yaml.
+std::string noting_fixture(const testing::TempDir& dir, const std::string& fixture_name = "py_vit_tiny_lora_timm",
+                           const std::string& callable = "timm_vit_lora", const std::string& build_code = "") {
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  testing::write_file(dir / "noting.py", "import os\nimport sys\n\nsys.path.insert(0, r'" + models + "python')\n" +
+                                             "with open(r'" + (dir / "pids.txt") + "', 'a') as f:\n" +
+                                             "    f.write(f'{os.getpid()} {os.getppid()}\\n')\n" +
+                                             "from models import " + callable + "  # noqa: E402\n" + build_code);
+  auto yaml = read_text_file(models + fixture_name + ".yaml", "a fixture");
+  yaml.replace(yaml.find("entry: python/models.py:"), 24, "entry: " + (dir / "noting.py:"));
+  write_file_atomically(dir / "f.yaml", yaml);
+  return dir / "f.yaml";
+}
+
+// The processes that imported the model's module, in order, each with its parent (pids.txt has a line per import:
+// a process may import it more than once).
+std::vector<std::pair<long, long>> noted(const testing::TempDir& dir) {
+  std::vector<std::pair<long, long>> out;
+  std::istringstream lines(testing::read_file(dir / "pids.txt"));
+  for (long pid = 0, parent = 0; lines >> pid >> parent;) {
+    if (std::find(out.begin(), out.end(), std::pair{pid, parent}) == out.end()) out.emplace_back(pid, parent);
+  }
+  return out;
+}
+
 // torch.compile: the compiled module's step, measured by the same protocol. Parameters, gradients and optimizer state
 // are the module's and the optimizer's, as in eager; what the forward keeps and the peaks are Inductor's (fused
 // kernels save other tensors than eager's ops), and repeat to the byte.
-std::vector<std::pair<long, long>> noted(const testing::TempDir& dir);
-
 TEST(PythonCompileTest, ACompiledStepIsMeasuredAndItsActivationsAreInductors) {
   // Inductor checks every x86 vector ISA the CPU has by loading a test library in a Python subprocess that imports
   // torch, in each process that compiles (ten of them here, 13 s of a compiled probe's 18 s with its caches warm).
@@ -293,19 +317,10 @@ TEST(PythonCompileTest, ACompiledStepIsMeasuredAndItsActivationsAreInductors) {
   // compiled probes' fork server (_forkserver.py --inductor) makes them once for both.
   ::setenv("TORCHINDUCTOR_VEC_ISA_OK", "1", 0);
   const auto eager = fixture("py_resnet_tiny_torchvision");
-  // The compiled fixture through a models.py that notes each process building the model (its pid and its parent's).
+  // The compiled fixture through a models.py that notes each process importing it (its pid and its parent's).
   testing::TempDir dir;
-  const auto models = testing::source_dir() + "/fixtures/models/";
-  testing::write_file(dir / "noting.py", "import os\nimport sys\n\nsys.path.insert(0, r'" + models + "python')\n" +
-                                             "from models import torchvision_resnet as _build  # noqa: E402\n\n\n" +
-                                             "def torchvision_resnet(**kwargs):\n" +
-                                             "    with open(r'" + (dir / "pids.txt") + "', 'a') as f:\n" +
-                                             "        f.write(f'{os.getpid()} {os.getppid()}\\n')\n" +
-                                             "    return _build(**kwargs)\n");
-  auto yaml = testing::read_file(models + "py_resnet_tiny_torchvision_compiled.yaml");
-  yaml.replace(yaml.find("entry: python/models.py:"), 24, "entry: " + (dir / "noting.py:"));
-  testing::write_file(dir / "compiled.yaml", yaml);
-  const auto compiled = load_fixture(dir / "compiled.yaml");
+  const auto compiled =
+      load_fixture(noting_fixture(dir, "py_resnet_tiny_torchvision_compiled", "torchvision_resnet"));
   const std::int64_t b = 4;
   const auto e = run_probe(eager, b, kCpu);
   const auto c = run_probe(compiled, b, kCpu);
@@ -330,30 +345,6 @@ TEST(PythonCompileTest, ACompiledStepIsMeasuredAndItsActivationsAreInductors) {
 }
 
 // --- The fork server: a process's Python probes forked from one warm Python (src/launch/fork_server.h) -----------
-
-// py_vit_tiny_lora_timm through a models.py that notes each process importing it (its pid and its parent's).
-std::string noting_fixture(const testing::TempDir& dir, const std::string& build_code = "") {
-  const auto models = testing::source_dir() + "/fixtures/models/";
-  testing::write_file(dir / "noting.py", "import os\nimport sys\n\nsys.path.insert(0, r'" + models + "python')\n" +
-                                             "with open(r'" + (dir / "pids.txt") + "', 'a') as f:\n" +
-                                             "    f.write(f'{os.getpid()} {os.getppid()}\\n')\n" +
-                                             "from models import timm_vit_lora  # noqa: E402\n" + build_code);
-  auto yaml = read_text_file(models + "py_vit_tiny_lora_timm.yaml", "a fixture");
-  yaml.replace(yaml.find("entry: python/models.py:"), 24, "entry: " + (dir / "noting.py:"));
-  write_file_atomically(dir / "f.yaml", yaml);
-  return dir / "f.yaml";
-}
-
-// The processes that imported the model's module, in order, each with its parent (pids.txt has a line per import:
-// a process may import it more than once).
-std::vector<std::pair<long, long>> noted(const testing::TempDir& dir) {
-  std::vector<std::pair<long, long>> out;
-  std::istringstream lines(testing::read_file(dir / "pids.txt"));
-  for (long pid = 0, parent = 0; lines >> pid >> parent;) {
-    if (std::find(out.begin(), out.end(), std::pair{pid, parent}) == out.end()) out.emplace_back(pid, parent);
-  }
-  return out;
-}
 
 // Two probes in this process are two processes, each forked from the same Python (not this process): the first
 // imports timm and PEFT itself, the second finds them imported in the server. Each measures to the byte what a
@@ -390,8 +381,9 @@ TEST(PythonForkServerTest, ProbesAreForkedFromOneWarmPythonAndMeasureAsProcesses
 // A forked probe that dies is named as one started directly is, with the same cause; the server forks the next.
 TEST(PythonForkServerTest, AForkedProbeThatIsKilledIsNamedWithItsSignal) {
   testing::TempDir dir;
-  const auto path = noting_fixture(dir, "\n\ndef killed(**kwargs):\n    import signal\n"
-                                        "    os.kill(os.getpid(), signal.SIGSEGV)\n");
+  const auto path = noting_fixture(dir, "py_vit_tiny_lora_timm", "timm_vit_lora",
+                                   "\n\ndef killed(**kwargs):\n    import signal\n"
+                                   "    os.kill(os.getpid(), signal.SIGSEGV)\n");
   auto yaml = testing::read_file(path);
   yaml.replace(yaml.find("noting.py:timm_vit_lora"), 23, "noting.py:killed");
   testing::write_file(dir / "killed.yaml", yaml);
