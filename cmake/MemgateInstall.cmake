@@ -39,4 +39,5 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/memgateConfigVersion.cma
   COMPATIBILITY SameMinorVersion)
 install(FILES "${PROJECT_BINARY_DIR}/memgateConfig.cmake" "${PROJECT_BINARY_DIR}/memgateConfigVersion.cmake"
               "${PROJECT_SOURCE_DIR}/cmake/MemgateFindTorch.cmake" "${PROJECT_SOURCE_DIR}/cmake/MemgateMemorySuite.cmake"
+              "${PROJECT_SOURCE_DIR}/cmake/MemgateListMemoryTests.cmake"
         DESTINATION "${MEMGATE_INSTALL_CMAKEDIR}")

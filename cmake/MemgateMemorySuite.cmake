@@ -19,6 +19,9 @@
 # - Gpu/BudgetTest.* for the budgets of GPU suites.
 # Update the baselines with the target <name>_update_baselines (or: MEMGATE_UPDATE_BASELINES=1 ctest -L '^measure$').
 
+# The script ctest runs to register the tests, beside this file (in the source tree and where it is installed).
+set_property(GLOBAL PROPERTY MEMGATE_LIST_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/MemgateListMemoryTests.cmake")
+
 function(memgate_add_memory_suite)
   cmake_parse_arguments(ARG "" "TARGET;PROJECT_DIR;BASELINES" "SOURCES;LINK;SUITES" ${ARGN})
   if(NOT ARG_TARGET)
@@ -46,6 +49,7 @@ function(memgate_add_memory_suite)
     set(baselines "${project_dir}/baselines")
   endif()
   get_property(data_dir GLOBAL PROPERTY MEMGATE_DATA_DIR)
+  get_property(list_script GLOBAL PROPERTY MEMGATE_LIST_SCRIPT)
 
   # main() comes from memgate::memory_suite; an executable needs a source of its own.
   set(anchor "${CMAKE_CURRENT_BINARY_DIR}/${ARG_TARGET}_anchor.cpp")
@@ -58,20 +62,18 @@ function(memgate_add_memory_suite)
   set(verdicts "${CMAKE_CURRENT_BINARY_DIR}/memgate-verdicts")
   set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${ARG_TARGET}_include.cmake")
   set(list_file "${CMAKE_CURRENT_BINARY_DIR}/${ARG_TARGET}_tests.cmake")
-  list(JOIN environment "\" \"" quoted_environment)
+  # Registered as ctest starts, by MemgateListMemoryTests.cmake (which keeps the listing while what it read is
+  # unchanged).
   file(GENERATE OUTPUT "${include_file}" CONTENT
-"execute_process(COMMAND \"${CMAKE_COMMAND}\" -E env \"${quoted_environment}\"
-    \"$<TARGET_FILE:${ARG_TARGET}>\" --memgate_ctest_list
-    \"--memgate_verdict_binary=$<TARGET_FILE:memgate::verdicts>\"
-    \"--memgate_verdicts_dir=${verdicts}\"
-  OUTPUT_FILE \"${list_file}\" ERROR_VARIABLE err RESULT_VARIABLE rc)
-if(rc EQUAL 0)
-  include(\"${list_file}\")
-else()
-  string(REPLACE \"\\n\" \" \" err \"\${err}\")
-  add_test(${ARG_TARGET}_cannot_list_suites \"${CMAKE_COMMAND}\" -E echo \"memgate: listing the memory suites failed: \${err}\")
-  set_tests_properties(${ARG_TARGET}_cannot_list_suites PROPERTIES LABELS \"cpu;gpu;memory;measure\" WILL_FAIL TRUE)
-endif()
+"set(memgate_list_target [==[${ARG_TARGET}]==])
+set(memgate_list_cmake [==[${CMAKE_COMMAND}]==])
+set(memgate_list_program [==[$<TARGET_FILE:${ARG_TARGET}>]==])
+set(memgate_list_verdict_program [==[$<TARGET_FILE:memgate::verdicts>]==])
+set(memgate_list_environment [==[${environment}]==])
+set(memgate_list_verdicts [==[${verdicts}]==])
+set(memgate_list_file [==[${list_file}]==])
+set(memgate_list_caller [==[${include_file}]==])
+include([==[${list_script}]==])
 ")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${include_file}")
 

@@ -42,6 +42,7 @@
 #include <iostream>
 #include <map>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -174,12 +175,20 @@ struct FixtureKind {
   bool python = false;
 };
 
+// Whether a fixture did not load while the tests were listed: its measuring test says why, and the listing is not
+// kept for the next ctest (what the fixture is decides the tests; see write_listing_inputs).
+bool& a_fixture_did_not_load() {
+  static bool failed = false;
+  return failed;
+}
+
 FixtureKind fixture_kind(const std::string& fixture_path) {
   try {
     const auto fixture = load_fixture(fixture_path);
     return {fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0,
             fixture.model.arch == Arch::kPython};
   } catch (const std::exception&) {
+    a_fixture_did_not_load() = true;
     return {};
   }
 }
@@ -511,6 +520,39 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
                "ENVIRONMENT " << environment << ")\n";
 }
 
+// The files and folders the listing read, one absolute path a line, into `path`: the suite files (and their folder
+// where no MEMGATE_SUITES names them), each suite's fixtures and their folders, the GPUs' folder and its files. The
+// next ctest reuses the listing while none of them is newer than it (cmake/MemgateMemorySuite.cmake): a folder's time
+// changes as a file in it is added, removed or renamed. Nothing is written when a suite or a fixture did not load:
+// each ctest then lists again and says why.
+bool write_listing_inputs(const std::string& path) {
+  if (!load_errors().empty() || a_fixture_did_not_load()) return false;
+  namespace fs = std::filesystem;
+  std::set<std::string> inputs;
+  auto add = [&](const fs::path& p) {
+    std::error_code ec;
+    inputs.insert(fs::absolute(p, ec).lexically_normal().string());
+  };
+  auto add_with_folder = [&](const fs::path& file) {
+    add(file);
+    add(fs::absolute(file).parent_path());
+  };
+  if (environment("MEMGATE_SUITES").empty()) add(project_dir() + "/fixtures/suites");
+  for (const auto& suite : suites()) {
+    add_with_folder(suite.path);
+    add(suite_models_dir(suite.path));
+    for (const auto& f : suite_fixtures(suite)) add_with_folder(f.path);
+  }
+  const fs::path gpus = gpus_dir(project_dir());
+  add(gpus);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(gpus, ec)) add(entry.path());
+  std::string text;
+  for (const auto& input : inputs) text += input + "\n";
+  write_file_atomically(path, text);
+  return true;
+}
+
 }  // namespace
 }  // namespace memgate
 
@@ -522,11 +564,13 @@ int suite_main(int argc, char** argv) {
   bool list = false;
   std::string verdict_binary;
   std::string verdicts = "memgate-verdicts";
+  std::string inputs;  // --memgate_ctest_inputs=<file>: where the listing says what it read
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--memgate_ctest_list") list = true;
     if (arg.starts_with("--memgate_verdict_binary=")) verdict_binary = arg.substr(arg.find('=') + 1);
     if (arg.starts_with("--memgate_verdicts_dir=")) verdicts = arg.substr(arg.find('=') + 1);
+    if (arg.starts_with("--memgate_ctest_inputs=")) inputs = arg.substr(arg.find('=') + 1);
   }
   if (list) {
     if (verdict_binary.empty()) {
@@ -536,6 +580,11 @@ int suite_main(int argc, char** argv) {
     memgate::print_ctest_registration(std::filesystem::absolute(argv[0]).string(), verdict_binary, verdicts);
     // The reason goes to CTest, which shows it as the failing `cannot_list_suites` test.
     for (const auto& e : memgate::load_errors()) std::cerr << e << "\n";
+    if (!inputs.empty()) {
+      std::error_code ec;
+      std::filesystem::remove(inputs, ec);
+      (void)memgate::write_listing_inputs(inputs);
+    }
     return memgate::load_errors().empty() ? 0 : 1;
   }
   ::testing::InitGoogleTest(&argc, argv);

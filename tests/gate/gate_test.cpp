@@ -4,7 +4,9 @@
 #include "memgate/backend/device.h"
 #include "fixture_util.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -280,6 +282,74 @@ TEST_F(GateTest, ABrokenSuiteFailsTheListingWithItsReason) {
             0);
   EXPECT_NE(out.find("cpu.yaml"), std::string::npos) << out;
   EXPECT_NE(out.find("no_such_fixture"), std::string::npos) << out;
+}
+
+// What ctest runs as it starts (cmake/MemgateListMemoryTests.cmake, as memgate_add_memory_suite's include script
+// runs it): the suite program's listing, kept while the files it read are unchanged, listed again when a suite, a
+// fixture of one or the GPUs change, and never kept when it fails.
+class ListingTest : public GateTest {
+ protected:
+  void SetUp() override {
+    GateTest::SetUp();
+    fs::create_directories(dir);
+    testing::write_file(
+        dir / "CTestTestfile.cmake",
+        fmt::format("set(memgate_list_target gate)\nset(memgate_list_cmake [==[{}]==])\n"
+                    "set(memgate_list_program [==[{}]==])\nset(memgate_list_verdict_program [==[{}]==])\n"
+                    "set(memgate_list_environment [==[MEMGATE_PROJECT_DIR={};MEMGATE_SUITES=]==])\n"
+                    "set(memgate_list_verdicts [==[{}]==])\nset(memgate_list_file [==[{}]==])\n"
+                    "set(memgate_list_caller [==[{}]==])\ninclude([==[{}/cmake/MemgateListMemoryTests.cmake]==])\n",
+                    MEMGATE_CMAKE, MEMGATE_MEMORY_SUITE, MEMGATE_VERDICT_TESTS, tree.path().string(),
+                    tree / "verdicts", list.string(), (dir / "CTestTestfile.cmake").string(),
+                    testing::source_dir()));
+  }
+
+  // The tests ctest registers (-N), and its output.
+  int registered(const std::string& env = "", std::string* out = nullptr) {
+    std::string log;
+    testing::run(kCleanEnv + env + " " + MEMGATE_CTEST + " --test-dir " + dir.string() + " -N", &log);
+    if (out != nullptr) *out = log;
+    std::smatch m;
+    const std::regex total(R"(Total Tests: (\d+))");
+    return std::regex_search(log, m, total) ? std::stoi(m[1].str()) : -1;
+  }
+  fs::file_time_type listed_at() { return fs::last_write_time(list); }
+
+  fs::path dir = tree / "listing", list = dir / "tests.cmake";
+};
+
+TEST_F(ListingTest, IsKeptUntilASuiteAFixtureOrTheGpusChange) {
+  const int first = registered();
+  ASSERT_GT(first, 0);
+  ASSERT_TRUE(fs::exists(fs::path(list.string() + ".inputs")));
+  const auto at = listed_at();
+  EXPECT_EQ(registered(), first);
+  EXPECT_EQ(listed_at(), at) << "nothing changed: the listing is kept";
+
+  // A batch size more in the CPU suite: 8 component tests more.
+  testing::write_file(tree / "fixtures/suites/cpu.yaml",
+                      "device: cpu\nfixtures:\n  - {fixture: gate_a, batch_sizes: [2, 4]}\n"
+                      "  - {fixture: gate_b, batch_sizes: [2]}\n");
+  EXPECT_EQ(registered(), first + 8);
+  // A batch size less in the fixture the GPU suite probes at its own batch sizes (1, 2, 4, 8): 8 fewer.
+  testing::write_file(tree / "fixtures/models/gate_a.yaml",
+                      std::regex_replace(testing::tiny_vit_yaml("  trainable: all\n"), std::regex(R"(, 8\])"), "]"));
+  EXPECT_EQ(registered(), first);
+  // Other GPUs: listed again (the same tests on this machine).
+  const auto before = listed_at();
+  EXPECT_EQ(registered("CUDA_VISIBLE_DEVICES=7"), first);
+  EXPECT_NE(listed_at(), before) << "listed again for other GPUs";
+}
+
+TEST_F(ListingTest, AFailedListingIsNeverKept) {
+  testing::write_file(tree / "fixtures/suites/cpu.yaml", "device: cpu\nfixtures:\n  - no_such_fixture\n");
+  std::string out;
+  EXPECT_EQ(registered("", &out), 1) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("gate_cannot_list_suites"));
+  EXPECT_FALSE(fs::exists(fs::path(list.string() + ".inputs")));
+  EXPECT_EQ(registered(), 1) << "still the failure, listed again";
+  testing::write_file(tree / "fixtures/suites/cpu.yaml", "device: cpu\nfixtures:\n  - gate_a\n");
+  EXPECT_GT(registered(), 1);
 }
 
 TEST_F(GateTest, OneComponentTestRunsItsMeasurementFirst) {
