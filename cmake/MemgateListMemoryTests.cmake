@@ -19,38 +19,31 @@ string(REPLACE ";" "," memgate_list_key "gpus=${memgate_list_gpus} CUDA_VISIBLE_
 
 set(memgate_list_fresh FALSE)
 if(EXISTS "${memgate_list_inputs}" AND EXISTS "${memgate_list_file}")
-  set(memgate_list_fresh TRUE)
-  foreach(memgate_list_newer IN ITEMS "${memgate_list_program}" "${memgate_list_verdict_program}"
-                                       "${memgate_list_caller}" "${CMAKE_CURRENT_LIST_FILE}")
-    if("${memgate_list_newer}" IS_NEWER_THAN "${memgate_list_file}")
-      set(memgate_list_fresh FALSE)
-    endif()
-  endforeach()
-endif()
-if(memgate_list_fresh)
   file(STRINGS "${memgate_list_inputs}" memgate_list_read)
   list(POP_FRONT memgate_list_read memgate_list_for)
-  if(NOT memgate_list_for STREQUAL memgate_list_key)
-    set(memgate_list_fresh FALSE)
+  if(memgate_list_for STREQUAL memgate_list_key)
+    set(memgate_list_fresh TRUE)
+    foreach(memgate_list_input IN LISTS memgate_list_read
+                                ITEMS "${memgate_list_program}" "${memgate_list_verdict_program}"
+                                      "${memgate_list_caller}" "${CMAKE_CURRENT_LIST_FILE}")
+      if(NOT EXISTS "${memgate_list_input}" OR "${memgate_list_input}" IS_NEWER_THAN "${memgate_list_file}")
+        set(memgate_list_fresh FALSE)
+        break()
+      endif()
+    endforeach()
   endif()
-  foreach(memgate_list_input IN LISTS memgate_list_read)
-    if(NOT EXISTS "${memgate_list_input}" OR "${memgate_list_input}" IS_NEWER_THAN "${memgate_list_file}")
-      set(memgate_list_fresh FALSE)
-      break()
-    endif()
-  endforeach()
 endif()
 if(memgate_list_fresh)
   include("${memgate_list_file}")
   return()
 endif()
 
-file(REMOVE "${memgate_list_inputs}" "${memgate_list_inputs}.read")
+file(REMOVE "${memgate_list_inputs}")
 execute_process(COMMAND "${memgate_list_cmake}" -E env ${memgate_list_environment}
     "${memgate_list_program}" --memgate_ctest_list
     "--memgate_verdict_binary=${memgate_list_verdict_program}"
     "--memgate_verdicts_dir=${memgate_list_verdicts}"
-    "--memgate_ctest_inputs=${memgate_list_inputs}.read"
+    "--memgate_ctest_inputs=${memgate_list_inputs}.read"  # replaced, or removed where the listing is not to be kept
   OUTPUT_FILE "${memgate_list_file}" ERROR_VARIABLE memgate_list_error RESULT_VARIABLE memgate_list_rc)
 if(memgate_list_rc EQUAL 0)
   if(EXISTS "${memgate_list_inputs}.read")
@@ -60,7 +53,6 @@ if(memgate_list_rc EQUAL 0)
   endif()
   include("${memgate_list_file}")
 else()
-  file(REMOVE "${memgate_list_inputs}.read")
   string(REPLACE "\n" " " memgate_list_error "${memgate_list_error}")
   add_test(${memgate_list_target}_cannot_list_suites "${memgate_list_cmake}" -E echo
            "memgate: listing the memory suites failed: ${memgate_list_error}")

@@ -522,20 +522,19 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
 
 // The files and folders the listing read, one absolute path a line, into `path`: the suite files (and their folder
 // where no MEMGATE_SUITES names them), each suite's fixtures and their folders, the GPUs' folder and its files. The
-// next ctest reuses the listing while none of them is newer than it (cmake/MemgateMemorySuite.cmake): a folder's time
-// changes as a file in it is added, removed or renamed. Nothing is written when a suite or a fixture did not load:
-// each ctest then lists again and says why.
-bool write_listing_inputs(const std::string& path) {
-  if (!load_errors().empty() || a_fixture_did_not_load()) return false;
+// next ctest reuses the listing while none of them is newer than it (cmake/MemgateListMemoryTests.cmake): a folder's
+// time changes as a file in it is added, removed or renamed. `path` is removed, and nothing written, when a suite or a
+// fixture did not load: each ctest then lists again and says why.
+void write_listing_inputs(const std::string& path) {
   namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::remove(path, ec);
+  if (!load_errors().empty() || a_fixture_did_not_load()) return;
   std::set<std::string> inputs;
-  auto add = [&](const fs::path& p) {
-    std::error_code ec;
-    inputs.insert(fs::absolute(p, ec).lexically_normal().string());
-  };
+  auto add = [&](const fs::path& p) { inputs.insert(fs::absolute(p, ec).lexically_normal().string()); };
   auto add_with_folder = [&](const fs::path& file) {
     add(file);
-    add(fs::absolute(file).parent_path());
+    add(fs::absolute(file, ec).parent_path());
   };
   if (environment("MEMGATE_SUITES").empty()) add(project_dir() + "/fixtures/suites");
   for (const auto& suite : suites()) {
@@ -545,12 +544,10 @@ bool write_listing_inputs(const std::string& path) {
   }
   const fs::path gpus = gpus_dir(project_dir());
   add(gpus);
-  std::error_code ec;
   for (const auto& entry : fs::directory_iterator(gpus, ec)) add(entry.path());
   std::string text;
   for (const auto& input : inputs) text += input + "\n";
   write_file_atomically(path, text);
-  return true;
 }
 
 }  // namespace
@@ -580,11 +577,7 @@ int suite_main(int argc, char** argv) {
     memgate::print_ctest_registration(std::filesystem::absolute(argv[0]).string(), verdict_binary, verdicts);
     // The reason goes to CTest, which shows it as the failing `cannot_list_suites` test.
     for (const auto& e : memgate::load_errors()) std::cerr << e << "\n";
-    if (!inputs.empty()) {
-      std::error_code ec;
-      std::filesystem::remove(inputs, ec);
-      (void)memgate::write_listing_inputs(inputs);
-    }
+    if (!inputs.empty()) memgate::write_listing_inputs(inputs);
     return memgate::load_errors().empty() ? 0 : 1;
   }
   ::testing::InitGoogleTest(&argc, argv);
