@@ -5,6 +5,7 @@
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
 #include "memgate/launch/estimate.h"
+#include "memgate/launch/run.h"
 #include "memgate/backend/device.h"
 #include "memgate/measure/probe.h"
 #include "memgate/models/model.h"
@@ -161,6 +162,30 @@ TEST(CudaProbeTest, ContextLoadsModulesLazily) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine";
   const auto info = describe_device(gpu_for_test());
   EXPECT_EQ(info.cuda_module_loading, "LAZY");
+}
+
+// A user's Python model on CUDA, through memgate's extension in a Python process: torchvision's ResNet equals its
+// zoo twin to the byte on every component, as on the CPU (PythonFixtureTest). On the H200 machine, whose GCC linked
+// libstdc++ statically, the extension carried a copy of its own and every Python probe crashed (SIGSEGV).
+TEST(CudaPythonTest, TorchvisionResNetEqualsItsZooTwin) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine: Python fixtures on CUDA are tested on a GPU runner";
+#ifndef MEMGATE_TEST_PYTHON_EXTENSION
+  GTEST_SKIP() << "memgate's Python extension is not built (MEMGATE_PYTHON_EXTENSION=OFF)";
+#else
+  const auto gpu = gpu_for_test();
+  const auto python = load_fixture(testing::source_dir() + "/fixtures/models/py_resnet_tiny_torchvision.yaml");
+  const auto zoo = load_fixture(testing::source_dir() + "/fixtures/models/resnet_tiny_classify.yaml");
+  for (const std::int64_t b : {1, 4}) {
+    const auto p = run_probe(python, b, gpu);
+    const auto z = run_probe(zoo, b, gpu);
+    ASSERT_FALSE(p.oom) << p.error;
+    ASSERT_FALSE(z.oom) << z.error;
+    for (const auto& c : kComponentTable) {
+      EXPECT_EQ(p.components.*c.member, z.components.*c.member) << "batch " << b << ": " << c.name;
+    }
+    EXPECT_EQ(p.library_workspace_bytes, z.library_workspace_bytes) << "batch " << b;
+  }
+#endif
 }
 
 // advise on a GPU: the caching allocator's memory fraction is the cap.
