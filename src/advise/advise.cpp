@@ -27,9 +27,13 @@ constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max();
 constexpr int kMaxProbesPerSearch = 40;
 
 // The peak a target must hold: the measured step's or the eval forward's, whichever is higher (the first
-// optimizer step is held to the cap by the capped probes themselves).
+// optimizer step is held to the cap by the capped probes themselves), with what the step needs beside its
+// components, as a budget counts it (evaluate_budget): the library workspaces, which the caching allocator holds
+// from before the step (cuBLAS's, 65 MiB on an H200), and a GPU rank's NCCL communicators. A capped probe's
+// allocator holds the workspaces under the same cap: without them, a batch whose step alone fits runs out under it.
 std::int64_t peak_of(const ProbeResult& r) {
-  return std::max(r.components.step_peak_reserved, r.components.eval_peak);
+  return std::max(r.components.step_peak_reserved, r.components.eval_peak) + r.library_workspace_bytes +
+         r.communicator_bytes;
 }
 
 AffineFit fit_points(const std::map<std::int64_t, std::int64_t>& points) {
