@@ -243,6 +243,20 @@ TEST(PythonFixtureTest, TheEstimateForCudaOfTheTimmTwinEqualsTheZoosToTheByte) {
   }
 }
 
+// The same for torchvision's ResNet. Its Python builder once built the full-width ResNet-18 on the probe's device and
+// replaced its modules: the freed segments stayed reserved, 64 MiB in the estimate for CUDA as on an H200, where the
+// zoo twin holds 4 MiB.
+TEST(PythonFixtureTest, TheEstimateForCudaOfTheTorchvisionTwinEqualsTheZoosToTheByte) {
+  const auto python = fixture("py_resnet_tiny_torchvision");
+  const auto zoo = fixture("resnet_tiny_classify");
+  for (const std::int64_t b : {1, 4}) {
+    const auto p = estimate_probe(python, b, EstimateTarget::kCuda);
+    const auto z = estimate_probe(zoo, b, EstimateTarget::kCuda);
+    ASSERT_FALSE(p.oom) << p.error;
+    expect_equal_components(p.components, z.components, fmt::format("estimate for CUDA at batch {}", b));
+  }
+}
+
 // A pull request that adds dropout to the LLaMA's LoRA adapters (models.py's LLAMA_LORA_DROPOUT), with the fixture
 // unchanged: the gate judges the changed Python code against the baseline of the unchanged code, and fails the
 // components whose memory grew (dropout keeps its mask and output for backward, in training only).
