@@ -4,11 +4,15 @@
 // the estimate's target.
 #include "memgate/estimate/meta_kernels.h"
 
+#include "memgate/estimate/cuda_reduce.h"
+
 #include <ATen/ATen.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/cpu/Utils.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/add_meta_dispatch.h>
+#include <ATen/ops/mean_meta_dispatch.h>
+#include <ATen/ops/sum_meta_dispatch.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/library.h>
@@ -35,6 +39,66 @@ bool for_cpu_host() { return for_cpu() && g_cpu_kernels.load() == CpuKernels::kH
 
 at::ScalarType accumulate_type(at::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
+}
+
+// --- CUDA's reductions -------------------------------------------------------------------------------------
+// CUDA's sum and mean (gpu_reduce_kernel) take a staging buffer and semaphores from the caching allocator where they
+// split each output's inputs over several blocks, after the output, freed before the op returns (cuda_reduce.h). For
+// the CPU, nothing.
+void cuda_reduction_buffers(const at::Tensor& self, at::OptionalIntArrayRef dims, at::ScalarType out_dtype) {
+  if (for_cpu() || self.numel() == 0) return;
+  // make_reduction_from_out_ty on CUDA: an fp16 or bf16 input summed into fp32 is read as it is; any other input of
+  // another dtype than the output's is first cast (to(), which keeps a dense input's strides; the cast's own bytes
+  // are not counted here, as they are not for the CPU).
+  const auto self_dtype = self.scalar_type();
+  const bool lowp_to_f32 = (self_dtype == at::kHalf || self_dtype == at::kBFloat16) && out_dtype == at::kFloat;
+  const auto in_dtype = lowp_to_f32 ? self_dtype : out_dtype;
+  const bool cast = in_dtype != self_dtype;
+  ReduceOperands operands;
+  operands.sizes = self.sizes().vec();
+  operands.strides = self.strides().vec();
+  if (cast && !self.is_non_overlapping_and_dense()) {
+    std::int64_t stride = 1;
+    for (auto d = self.dim(); d-- > 0;) {
+      operands.strides[static_cast<std::size_t>(d)] = stride;
+      stride *= std::max<std::int64_t>(self.size(d), 1);
+    }
+  }
+  operands.input_offset_bytes = cast ? 0 : self.storage_offset() * self.element_size();
+  if (dims.has_value() && !dims->empty() && self.dim() > 0) {  // else all of them
+    operands.reduced.assign(operands.sizes.size(), false);
+    for (const auto d : *dims) operands.reduced[static_cast<std::size_t>(at::maybe_wrap_dim(d, self.dim()))] = true;
+  }
+  operands.input_element_size = static_cast<int>(c10::elementSize(in_dtype));
+  operands.output_element_size = static_cast<int>(c10::elementSize(out_dtype));
+  operands.accumulate_size =
+      in_dtype == at::kComplexHalf ? 8 : static_cast<int>(c10::elementSize(accumulate_type(in_dtype)));
+  operands.input_vec_size = operands.input_element_size == 2 ? 8 : 4;
+  operands.max_threads = in_dtype == at::kComplexDouble ? 256 : 512;
+  operands.can_accumulate_in_output =
+      !((in_dtype == at::kHalf || in_dtype == at::kBFloat16 || in_dtype == at::kComplexHalf) && out_dtype == in_dtype);
+  const auto buffers = cuda_reduce_buffers(operands);
+  const auto bytes = self.options().dtype(at::kByte);
+  auto accumulation = buffers.accumulation_bytes > 0 ? at::empty({buffers.accumulation_bytes}, bytes) : at::Tensor();
+  for (const auto& launch : buffers.launches) {
+    if (launch.staging_bytes == 0) continue;
+    auto staging = at::empty({launch.staging_bytes}, bytes);
+    auto semaphores = at::empty({launch.semaphore_bytes}, bytes);
+  }
+}
+
+at::Tensor sum(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
+               std::optional<at::ScalarType> dtype) {
+  auto out = at::meta::sum(self, dims, keepdim, dtype);
+  cuda_reduction_buffers(self, dims, out.scalar_type());
+  return out;
+}
+
+at::Tensor mean(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
+                std::optional<at::ScalarType> dtype) {
+  auto out = at::meta::mean(self, dims, keepdim, dtype);
+  cuda_reduction_buffers(self, dims, out.scalar_type());
+  return out;
 }
 
 // --- convolution ------------------------------------------------------------------------------------------
@@ -278,7 +342,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     gi = at::empty_like(input, input.suggest_memory_format());
   }
   if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
-  if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
+  if (mask[2]) {
+    // On CUDA the bias's gradient is grad_output.sum over all dims but the channels (convolution_backward, after
+    // cuDNN's data and weight gradients), grad_output as it came: channels last where the layer's output was.
+    gb = at::empty({grad_output.size(1)}, grad_output.options());
+    std::vector<int64_t> dims{0};
+    for (int64_t d = 2; d < grad_output.dim(); ++d) dims.push_back(d);
+    cuda_reduction_buffers(grad_output, dims, grad_output.scalar_type());
+  }
   if (cpu_2d && mask[1]) {
     auto gy = copy_grad_output ? at::empty_like(grad_output, format) : at::Tensor();
     if (!unit_1x1(weight, stride, padding)) {
@@ -695,6 +766,8 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("_amp_foreach_non_finite_check_and_unscale_", TORCH_FN(amp_unscale));
     lib.impl("_amp_update_scale_", TORCH_FN(amp_update_scale));
     lib.impl("add.Tensor", TORCH_FN(add));
+    lib.impl("sum.dim_IntList", TORCH_FN(sum));
+    lib.impl("mean.dim", TORCH_FN(mean));
     lib.impl("arange.start_out", TORCH_FN(arange_out));
     for (const auto* op : {"_fused_adamw_", "_fused_adamw_.tensor_lr", "_fused_adam_", "_fused_adam_.tensor_lr",
                            "_fused_sgd_", "_fused_sgd_.tensor_lr"}) {

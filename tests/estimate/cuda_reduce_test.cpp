@@ -1,0 +1,176 @@
+// CUDA's reduction kernel's staging buffers (cuda_reduce.h): the sizes an H200's allocation traces showed, the
+// iteration as TensorIterator builds it, and the estimate's Meta kernels allocating them for CUDA only.
+#include "memgate/estimate/cuda_reduce.h"
+
+#include "memgate/backend/meta_allocator.h"
+#include "memgate/estimate/meta_kernels.h"
+
+#include <ATen/TensorIterator.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+std::vector<std::int64_t> channels_last(std::int64_t c, std::int64_t h, std::int64_t w) {
+  return {c * h * w, 1, w * c, c};
+}
+
+ReduceOperands fp32(std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides, std::vector<bool> reduced) {
+  ReduceOperands r;
+  r.sizes = std::move(sizes);
+  r.strides = std::move(strides);
+  r.reduced = std::move(reduced);
+  return r;
+}
+
+ReduceLaunch one_launch(const ReduceOperands& operands, const CudaReduceDevice& device = {}) {
+  const auto buffers = cuda_reduce_buffers(operands, device);
+  EXPECT_EQ(buffers.accumulation_bytes, 0);
+  EXPECT_EQ(buffers.launches.size(), 1U);
+  return buffers.launches.empty() ? ReduceLaunch{} : buffers.launches.front();
+}
+
+// Every staging buffer of two H200 traces of the camo_seg conv nets at batch 4 (fp32): the decoder's convolution
+// bias gradients over channels-last outputs at 96, 48 and 24 px (none at 12), the linear layers' bias gradients
+// (the autograd engine's sum over the tokens), and the BCE loss's mean.
+TEST(CudaReduceTest, StagesWhatTheH200sTracesShowed) {
+  struct Case {
+    std::string name;
+    ReduceOperands operands;
+    std::int64_t staging, semaphores;
+  };
+  const std::vector<bool> conv_bias{true, false, true, true};
+  const std::vector<Case> cases{
+      {"conv bias, channels last [4,128,96,96]", fp32({4, 128, 96, 96}, channels_last(128, 96, 96), conv_bias),
+       37'748'736, 4},
+      {"conv bias, channels last [4,128,48,48]", fp32({4, 128, 48, 48}, channels_last(128, 48, 48), conv_bias),
+       9'437'184, 4},
+      {"conv bias, channels last [4,128,24,24]", fp32({4, 128, 24, 24}, channels_last(128, 24, 24), conv_bias),
+       2'359'296, 4},
+      {"conv bias, channels last [4,128,12,12]", fp32({4, 128, 12, 12}, channels_last(128, 12, 12), conv_bias), 0, 0},
+      {"linear bias [2304,640] over dim 0", fp32({2304, 640}, {640, 1}, {true, false}), 11'796'480, 20},
+      {"linear bias [2304,160] over dim 0", fp32({2304, 160}, {160, 1}, {true, false}), 2'949'120, 8},
+      {"mean of [4,1,384,384]", fp32({4, 1, 384, 384}, {147456, 147456, 384, 1}, {}), 288, 4},
+  };
+  for (const auto& c : cases) {
+    const auto launch = one_launch(c.operands);
+    EXPECT_EQ(launch.staging_bytes, c.staging) << c.name;
+    EXPECT_EQ(launch.semaphore_bytes, c.semaphores) << c.name;
+  }
+  // The same gradient channels first reduces along its fastest dim, a block per channel: nothing staged.
+  EXPECT_EQ(one_launch(fp32({4, 128, 96, 96}, {128 * 96 * 96, 96 * 96, 96, 1}, conv_bias)).staging_bytes, 0);
+}
+
+// Where few outputs each have many inputs, the blocks per output are bounded by the occupancy target (SMs x blocks
+// per SM): an A100's 108 SMs stage less than an H200's 132.
+TEST(CudaReduceTest, TheStagingOfAReductionBoundByOccupancyFollowsTheSmCount) {
+  const auto sum_rows = fp32({32768, 4096}, {4096, 1}, {true, false});
+  const auto h200 = one_launch(sum_rows);
+  const auto a100 = one_launch(sum_rows, CudaReduceDevice{108, 2048});
+  EXPECT_EQ(h200.ctas_per_output, 66);  // 132 SMs x 16 blocks of 128 threads, over a grid of 32 columns
+  EXPECT_EQ(a100.ctas_per_output, 54);
+  EXPECT_EQ(h200.staging_bytes, std::int64_t{4} * 4096 * 66 * 32 * 4);
+  EXPECT_EQ(a100.staging_bytes, std::int64_t{4} * 4096 * 54 * 32 * 4);
+  EXPECT_EQ(h200.semaphore_bytes, 4 * 32);
+}
+
+// An input beyond 32-bit indexing is reduced in pieces, the first half first, each with its own staging; an fp16 sum
+// into fp16 then accumulates in an fp32 buffer of its outputs, held through all of them.
+TEST(CudaReduceTest, AReductionBeyond32BitIndexingLaunchesOncePerPiece) {
+  auto operands = fp32({65536, 16384}, {16384, 1}, {true, false});  // 4 GiB of fp32
+  const auto fp32_buffers = cuda_reduce_buffers(operands);
+  EXPECT_EQ(fp32_buffers.accumulation_bytes, 0);
+  ASSERT_EQ(fp32_buffers.launches.size(), 2U);
+  operands.input_element_size = operands.output_element_size = 2;
+  operands.input_vec_size = 8;
+  operands.can_accumulate_in_output = false;
+  const auto fp16_buffers = cuda_reduce_buffers(operands);
+  EXPECT_EQ(fp16_buffers.launches.size(), 1U) << "2 GiB of fp16 fit 32-bit indexing";
+  operands.sizes[0] *= 2;
+  const auto large = cuda_reduce_buffers(operands);
+  EXPECT_EQ(large.launches.size(), 2U);
+  EXPECT_EQ(large.accumulation_bytes, 16384 * 4);
+}
+
+// reduce_iteration against TensorIterator's own reduce_op: the same dims, in the same order, with the same strides.
+TEST(CudaReduceTest, IteratesAsTensorIteratorDoes) {
+  struct Case {
+    std::vector<std::int64_t> sizes;
+    std::vector<std::int64_t> permutation;  // of a contiguous tensor of the permuted sizes
+    std::vector<std::int64_t> dims;         // empty: all
+  };
+  const std::vector<Case> cases{
+      {{4, 8, 6, 6}, {0, 1, 2, 3}, {0, 2, 3}}, {{4, 8, 6, 6}, {0, 3, 1, 2}, {0, 2, 3}},
+      {{4, 8, 6, 6}, {0, 3, 1, 2}, {1}},       {{4, 1, 6, 5}, {0, 1, 2, 3}, {}},
+      {{12, 10}, {0, 1}, {0}},                 {{12, 10}, {1, 0}, {0}},
+      {{3, 5, 7}, {2, 0, 1}, {1}},             {{2, 3, 4, 5, 6}, {0, 4, 1, 2, 3}, {0, 2, 3, 4}},
+      {{5, 1, 7}, {0, 1, 2}, {0}},             {{3, 4, 5}, {1, 2, 0}, {0, 2}},
+  };
+  for (const auto& c : cases) {
+    // A contiguous tensor permuted so that its sizes are c.sizes: dim i of the result is dim permutation[i] stored.
+    std::vector<std::int64_t> stored(c.sizes.size());
+    for (std::size_t i = 0; i < c.sizes.size(); ++i) stored[static_cast<std::size_t>(c.permutation[i])] = c.sizes[i];
+    const auto input = torch::zeros(stored).permute(c.permutation);
+    ASSERT_EQ(input.sizes().vec(), c.sizes);
+    std::vector<bool> reduced(c.sizes.size(), c.dims.empty());
+    for (const auto d : c.dims) reduced[static_cast<std::size_t>(d)] = true;
+    auto out_sizes = c.sizes;
+    for (std::size_t d = 0; d < c.sizes.size(); ++d) {
+      if (reduced[d]) out_sizes[d] = 1;
+    }
+    auto out = torch::zeros(out_sizes);
+    auto out_strides = out.strides().vec();
+    for (std::size_t d = 0; d < c.sizes.size(); ++d) {
+      if (reduced[d]) out_strides[d] = 0;
+    }
+    auto viewed = out.as_strided(out_sizes, out_strides);
+    const auto iter = at::TensorIterator::reduce_op(viewed, input);
+
+    ReduceOperands operands = fp32(c.sizes, input.strides().vec(), reduced);
+    const auto it = reduce_iteration(operands);
+    const auto name = ::testing::PrintToString(c.sizes) + " permuted " + ::testing::PrintToString(c.permutation) +
+                      " over " + ::testing::PrintToString(c.dims);
+    EXPECT_EQ(it.shape, iter.shape().vec()) << name;
+    EXPECT_EQ(it.output_strides, iter.strides(0).vec()) << name;
+    EXPECT_EQ(it.input_strides, iter.strides(1).vec()) << name;
+  }
+}
+
+// The Meta kernels of an estimate for CUDA allocate the staging and semaphores after the output and free them before
+// they return: a sum's and a convolution's bias gradient's; for the CPU, the output only.
+TEST(CudaReduceTest, TheEstimateForCudaStagesAsTheGpuDoesTheCpuNot) {
+  auto& meta = CountingMetaAllocator::install();
+  meta.set_granularity(0);
+  meta.model_caching_allocator(false);
+  const auto options = torch::TensorOptions().device(torch::kMeta);
+  const auto grad_output = torch::empty({4, 128, 96, 96}, options.memory_format(torch::MemoryFormat::ChannelsLast));
+  const auto input = torch::empty({4, 64, 96, 96}, options.memory_format(torch::MemoryFormat::ChannelsLast));
+  const auto weight = torch::empty({128, 64, 1, 1}, options.memory_format(torch::MemoryFormat::ChannelsLast));
+  const auto above_output = [&](const std::function<at::Tensor()>& op) {
+    const auto before = meta.current_bytes();
+    meta.reset_peak();
+    const auto out = op();
+    EXPECT_EQ(meta.current_bytes() - before, 512) << "the 128 channels' fp32 sums stay";
+    return meta.peak_bytes() - before - 512;
+  };
+  const auto sum = [&] { return grad_output.sum({0, 2, 3}); };
+  const auto bias_gradient = [&] {
+    return std::get<2>(at::convolution_backward(grad_output, input, weight, std::vector<std::int64_t>{128}, {1, 1},
+                                                {0, 0}, {1, 1}, false, {0, 0}, 1, {false, false, true}));
+  };
+  use_meta_kernels_for(EstimateTarget::kCuda);
+  EXPECT_EQ(above_output(sum), 37'748'736 + 4);
+  EXPECT_EQ(above_output(bias_gradient), 37'748'736 + 4);
+  use_meta_kernels_for(EstimateTarget::kCpu);
+  EXPECT_EQ(above_output(sum), 0);
+  EXPECT_EQ(above_output(bias_gradient), 0);
+}
+
+}  // namespace
+}  // namespace memgate
