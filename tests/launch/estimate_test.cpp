@@ -9,6 +9,7 @@
 #include "memgate/launch/estimate.h"
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/measure/probe.h"
+#include "estimate_check.h"
 #include "fixture_util.h"
 #include "test_util.h"
 
@@ -280,63 +281,9 @@ TEST(EstimateTest, AFullSizeFixtureIsEstimatedWithoutAllocatingIt) {
 }
 
 // The estimate for CUDA, computed here on the CPU (no GPU needed), against what an NVIDIA H200 measured
-// (baselines/nvidia-h200) for every fixture of the GPU suite recorded there: step_peak within 3%, step_peak_reserved
-// within 5%, the bounds CudaEstimateTest.MatchesThisGpusBaselines holds on a GPU. The distributed fixtures
-// (llama_7b_fsdp, retfound_large_ddp) have no single-GPU baseline, so none is compared.
-//
-// Known gaps, each a fixture whose convolutions take cuDNN workspaces the Meta device has no kernel to size (bias-free
-// convs or channels-first ones: no reduction staging either), so that its estimate falls short, mostly in reserved
-// bytes (the ResNets by up to 25%, the UNet by 13%). They are listed, not exempt: each must still miss somewhere, so
-// that a change that brings one within bounds fails here until it is taken off the list (and docs/accuracy.md).
-TEST(EstimateForCudaTest, MatchesTheH200sBaselines) {
-  const std::string slug = "nvidia-h200";
-  const std::set<std::string> known_gaps = {"resnet18_fewshot", "resnet34_fewshot", "resnet18_fewshot_amp_accum",
-                                            "vessel_unet_1024_fp16", "vessel_unet_1024_fp16_accum4"};
-  const auto root = testing::source_dir() + "/baselines";
-  const auto suite_path = testing::source_dir() + "/fixtures/suites/gpu.yaml";
-  int compared = 0;
-  double worst_step = 0.0, worst_reserved = 0.0;
-  std::set<std::string> still_missing;
-  for (const auto& f : suite_fixtures(load_suite(suite_path, suite_models_dir(suite_path)))) {
-    const auto path = baseline_path(root, slug, f.name);
-    if (!std::filesystem::exists(path)) continue;
-    const auto baseline = load_baseline(path, f.name, slug);
-    const auto fixture = load_fixture(f.path);
-    const bool known = known_gaps.contains(f.name);
-    for (const auto& recorded : baseline.probes) {
-      const auto r = estimate_probe(fixture, recorded.batch_size, EstimateTarget::kCuda);
-      ASSERT_FALSE(r.oom) << f.name << " at batch " << recorded.batch_size << ": " << r.error;
-      const auto& e = r.components;
-      const auto& m = recorded.components;
-      const auto pct = [](std::int64_t a, std::int64_t b) {
-        return b == 0 ? 0.0 : 100.0 * static_cast<double>(a - b) / static_cast<double>(b);
-      };
-      const auto step = pct(e.step_peak, m.step_peak), reserved = pct(e.step_peak_reserved, m.step_peak_reserved);
-      const bool within = std::abs(step) <= 3.0 && std::abs(reserved) <= 5.0;
-      if (known) {
-        if (!within) still_missing.insert(f.name);
-      } else {
-        EXPECT_LE(std::abs(step), 3.0) << f.name << " at batch " << recorded.batch_size << ": step_peak "
-                                       << e.step_peak << " estimated, " << m.step_peak << " measured";
-        EXPECT_LE(std::abs(reserved), 5.0) << f.name << " at batch " << recorded.batch_size << ": step_peak_reserved "
-                                           << e.step_peak_reserved << " estimated, " << m.step_peak_reserved
-                                           << " measured";
-        worst_step = std::max(worst_step, std::abs(step));
-        worst_reserved = std::max(worst_reserved, std::abs(reserved));
-      }
-      std::cout << fmt::format("[ ESTIMATE ] {} bs {}: step_peak {:+.2f}%, step_peak_reserved {:+.2f}%{}\n", f.name,
-                               recorded.batch_size, step, reserved, known ? " (known gap: cuDNN workspaces)" : "");
-      ++compared;
-    }
-  }
-  EXPECT_GT(compared, 0) << "baselines/" << slug << " holds none of the GPU suite's fixtures";
-  for (const auto& name : known_gaps) {
-    EXPECT_TRUE(still_missing.contains(name))
-        << name << " is now within bounds at every batch size: take it off known_gaps (and docs/accuracy.md)";
-  }
-  std::cout << fmt::format("[ ESTIMATE ] {} probes: largest error outside the known gaps: step_peak {:.2f}%, "
-                           "reserved {:.2f}%\n", compared, worst_step, worst_reserved);
-}
+// (baselines/nvidia-h200), with the bounds and known gaps CudaEstimateTest holds on a GPU (estimate_check.h). The
+// distributed fixtures (llama_7b_fsdp, retfound_large_ddp) have no single-GPU baseline, so none is compared.
+TEST(EstimateForCudaTest, MatchesTheH200sBaselines) { testing::expect_cuda_estimates_match_baselines("nvidia-h200"); }
 
 }  // namespace
 }  // namespace memgate

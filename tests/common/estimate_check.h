@@ -1,0 +1,86 @@
+// Estimates for CUDA against a GPU's recorded baselines (baselines/<slug>/): step_peak within 3%, step_peak_reserved
+// within 5%, for every fixture of the GPU suite recorded there and each batch size it recorded. Used on the CPU
+// against the H200's (EstimateForCudaTest, tests/launch) and on a GPU against its own (CudaEstimateTest, tests/cuda).
+#pragma once
+
+#include "memgate/gate/baseline.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/gate/suite.h"
+#include "memgate/launch/estimate.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <string>
+
+namespace memgate::testing {
+
+/// Known gaps, each a fixture whose convolutions take cuDNN workspaces the Meta device has no kernel to size
+/// (bias-free or channels-first convolutions: no reduction staging either), so that its estimate falls short, mostly
+/// in reserved bytes (on the H200: the ResNets by up to 25%, the UNet by 13%). They are listed, not exempt: each must
+/// still miss somewhere, so that a change that brings one within bounds fails until it is taken off the list (and
+/// docs/accuracy.md).
+inline const std::set<std::string>& cuda_estimate_known_gaps() {
+  static const std::set<std::string> gaps = {"resnet18_fewshot", "resnet34_fewshot", "resnet18_fewshot_amp_accum",
+                                             "vessel_unet_1024_fp16", "vessel_unet_1024_fp16_accum4"};
+  return gaps;
+}
+
+inline void expect_cuda_estimates_match_baselines(const std::string& slug) {
+  const auto root = source_dir() + "/baselines";
+  const auto suite_path = source_dir() + "/fixtures/suites/gpu.yaml";
+  const auto& known_gaps = cuda_estimate_known_gaps();
+  int compared = 0;
+  double worst_step = 0.0, worst_reserved = 0.0;
+  std::set<std::string> seen, still_missing;
+  for (const auto& f : suite_fixtures(load_suite(suite_path, suite_models_dir(suite_path)))) {
+    const auto path = baseline_path(root, slug, f.name);
+    if (!std::filesystem::exists(path)) continue;
+    const auto baseline = load_baseline(path, f.name, slug);
+    const auto fixture = load_fixture(f.path);
+    const bool known = known_gaps.contains(f.name);
+    seen.insert(f.name);
+    for (const auto& recorded : baseline.probes) {
+      const auto r = estimate_probe(fixture, recorded.batch_size, EstimateTarget::kCuda);
+      ASSERT_FALSE(r.oom) << f.name << " at batch " << recorded.batch_size << ": " << r.error;
+      const auto& e = r.components;
+      const auto& m = recorded.components;
+      const auto pct = [](std::int64_t a, std::int64_t b) {
+        return b == 0 ? 0.0 : 100.0 * static_cast<double>(a - b) / static_cast<double>(b);
+      };
+      const auto step = pct(e.step_peak, m.step_peak), reserved = pct(e.step_peak_reserved, m.step_peak_reserved);
+      if (known) {
+        if (std::abs(step) > 3.0 || std::abs(reserved) > 5.0) still_missing.insert(f.name);
+      } else {
+        EXPECT_LE(std::abs(step), 3.0) << f.name << " at batch " << recorded.batch_size << ": step_peak "
+                                       << e.step_peak << " estimated, " << m.step_peak << " measured";
+        EXPECT_LE(std::abs(reserved), 5.0) << f.name << " at batch " << recorded.batch_size << ": step_peak_reserved "
+                                           << e.step_peak_reserved << " estimated, " << m.step_peak_reserved
+                                           << " measured";
+        worst_step = std::max(worst_step, std::abs(step));
+        worst_reserved = std::max(worst_reserved, std::abs(reserved));
+      }
+      std::cout << fmt::format("[ ESTIMATE ] {} bs {}: step_peak {:+.2f}%, step_peak_reserved {:+.2f}%{}\n", f.name,
+                               recorded.batch_size, step, reserved, known ? " (known gap: cuDNN workspaces)" : "");
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 0) << "baselines/" << slug << " holds none of the GPU suite's fixtures";
+  for (const auto& name : known_gaps) {
+    if (!seen.contains(name)) continue;
+    EXPECT_TRUE(still_missing.contains(name))
+        << name << " is now within bounds at every batch size: take it off cuda_estimate_known_gaps (and "
+        << "docs/accuracy.md)";
+  }
+  std::cout << fmt::format("[ ESTIMATE ] {} probes against baselines/{}: largest error outside the known gaps: "
+                           "step_peak {:.2f}%, reserved {:.2f}%\n", compared, slug, worst_step, worst_reserved);
+}
+
+}  // namespace memgate::testing
