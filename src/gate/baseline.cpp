@@ -244,6 +244,12 @@ nlohmann::json without_commit(nlohmann::json provenance) {
   provenance.erase("commit");
   return provenance;
 }
+
+// A record measured in a tree with uncommitted changes (its commit ends in "+dirty"): no commit reproduces it.
+bool from_a_dirty_tree(const nlohmann::json& provenance) {
+  const auto it = provenance.find("commit");
+  return it != provenance.end() && it->is_string() && it->get<std::string>().ends_with("+dirty");
+}
 }  // namespace
 
 bool update_baseline(const std::string& path, const Fixture& fixture, const DeviceInfo& device,
@@ -278,9 +284,12 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
     if (it == b.probes.end()) {
       b.probes.push_back(std::move(fresh));
       changed = true;
-    } else if (it->components != fresh.components || it->ranks != fresh.ranks || without_commit(it->provenance) != without_commit(fresh.provenance)) {
+    } else if (it->components != fresh.components || it->ranks != fresh.ranks ||
+               without_commit(it->provenance) != without_commit(fresh.provenance) ||
+               (from_a_dirty_tree(it->provenance) && !from_a_dirty_tree(fresh.provenance))) {
       // New bytes, or the same bytes from a setup that could have changed them (versions, kernels, fixture): the
-      // record says so. The same bytes from another commit, or another CPU under portable kernels, change nothing.
+      // record says so. The same bytes from another commit, or another CPU under portable kernels, change nothing,
+      // but for a record from a dirty tree, which the same bytes from a commit replace: its commit can be checked out.
       *it = std::move(fresh);
       changed = true;
     }

@@ -78,6 +78,24 @@ TEST(BaselineTest, UnchangedMeasurementsLeaveTheFileByteForByte) {
   EXPECT_NE(testing::read_file(path), before);
 }
 
+// A record from a tree with uncommitted changes names a commit nobody can check out: the same bytes recorded from a
+// clean commit replace it (and only then: a dirty tree never replaces a clean record with the same bytes).
+TEST(BaselineTest, TheSameBytesFromACleanCommitReplaceARecordFromADirtyTree) {
+  TempDir dir;
+  const auto f = testing::fixture_from(testing::tiny_vit_yaml(), "tiny");
+  const auto path = baseline_path(dir.path().string(), "cpu", f.name);
+  ASSERT_TRUE(update_baseline(path, f, cpu_info(), {result(2, 20), result(4, 40)}, "abc+dirty"));
+  EXPECT_FALSE(update_baseline(path, f, cpu_info(), {result(2, 20), result(4, 40)}, "def+dirty"));
+  EXPECT_EQ(load_baseline(path).find(2)->provenance["commit"], "abc+dirty");
+  EXPECT_TRUE(update_baseline(path, f, cpu_info(), {result(2, 20), result(4, 40)}, "def"));
+  const auto b = load_baseline(path);
+  EXPECT_EQ(b.find(2)->provenance["commit"], "def");
+  EXPECT_EQ(b.find(4)->provenance["commit"], "def");
+  EXPECT_EQ(b.find(2)->components, result(2, 20).components);
+  EXPECT_FALSE(update_baseline(path, f, cpu_info(), {result(2, 20), result(4, 40)}, "ghi+dirty"));
+  EXPECT_EQ(load_baseline(path).find(2)->provenance["commit"], "def");
+}
+
 // The portable kernels' bytes are every CPU's: a runner with another CPU, at another commit, that measured the same
 // bytes rewrites nothing, so a pull request that updates one fixture shows one file changed.
 TEST(BaselineTest, AnotherCpuWithTheSameBytesRewritesNothingUnderPortableKernels) {
