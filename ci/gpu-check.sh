@@ -58,6 +58,9 @@ targets=(memgate memgate_measure_cli memgate_verdicts memgate_memory_tests memga
 [ "$ext" = ON ] && targets+=(memgate_python_core)
 cmake --build --preset gpu --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
 echo "built in $(elapsed) s"
+# The extension must share the Python process's libstdc++ (a GCC whose -lstdc++ finds only libstdc++.a gave it a copy
+# of its own once, and every Python probe crashed): said here, before any probe runs.
+[ "$ext" = ON ] && python3 tests/python/extension_runtime_test.py build/gpu/python
 wait "$reference_pid"; echo "PyTorch's reference runs: exit $?"
 
 phase "record the GPU baselines (ctest --preset update-baselines-gpu)"
