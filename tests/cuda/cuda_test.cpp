@@ -13,6 +13,7 @@
 #include "fixture_util.h"
 #include "probe_order.h"
 #include "test_util.h"
+#include "twins.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -173,19 +174,7 @@ TEST(CudaPythonTest, TorchvisionResNetEqualsItsZooTwin) {
 #ifndef MEMGATE_TEST_PYTHON_EXTENSION
   GTEST_SKIP() << "memgate's Python extension is not built (MEMGATE_PYTHON_EXTENSION=OFF)";
 #else
-  const auto gpu = gpu_for_test();
-  const auto python = load_fixture(testing::source_dir() + "/fixtures/models/py_resnet_tiny_torchvision.yaml");
-  const auto zoo = load_fixture(testing::source_dir() + "/fixtures/models/resnet_tiny_classify.yaml");
-  for (const std::int64_t b : {1, 4}) {
-    const auto p = run_probe(python, b, gpu);
-    const auto z = run_probe(zoo, b, gpu);
-    ASSERT_FALSE(p.oom) << p.error;
-    ASSERT_FALSE(z.oom) << z.error;
-    for (const auto& c : kComponentTable) {
-      EXPECT_EQ(p.components.*c.member, z.components.*c.member) << "batch " << b << ": " << c.name;
-    }
-    EXPECT_EQ(p.library_workspace_bytes, z.library_workspace_bytes) << "batch " << b;
-  }
+  testing::expect_twins("py_resnet_tiny_torchvision", "resnet_tiny_classify", {1, 4}, gpu_for_test());
 #endif
 }
 

@@ -11,6 +11,7 @@
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
 #include "fixture_util.h"
+#include "twins.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -36,34 +37,11 @@ using ::testing::HasSubstr;
 
 using testing::kCpu;
 
-Fixture fixture(const std::string& name) {
-  return load_fixture(testing::source_dir() + "/fixtures/models/" + name + ".yaml");
-}
+using testing::expect_cuda_estimate_twins;
+using testing::expect_equal_components;
+using testing::expect_twins;
 
-void expect_equal_components(const Components& python, const Components& zoo, const std::string& what) {
-  for (const auto& c : kComponentTable) {
-    EXPECT_EQ(python.*c.member, zoo.*c.member) << what << ": " << c.name;
-  }
-}
-
-void expect_twins(const std::string& python_name, const std::string& zoo_name, std::vector<std::int64_t> batches) {
-  const auto python = fixture(python_name);
-  const auto zoo = fixture(zoo_name);
-  for (const auto b : batches) {
-    const auto p = run_probe(python, b, kCpu);
-    const auto z = run_probe(zoo, b, kCpu);
-    ASSERT_FALSE(p.oom) << p.error;
-    ASSERT_FALSE(z.oom) << z.error;
-    expect_equal_components(p.components, z.components, fmt::format("{} vs {} at batch {}", python_name, zoo_name, b));
-    ASSERT_EQ(p.ranks.size(), z.ranks.size());
-    for (std::size_t r = 0; r < p.ranks.size(); ++r) {
-      expect_equal_components(p.ranks[r].components, z.ranks[r].components,
-                              fmt::format("{} vs {} at batch {}, rank {}", python_name, zoo_name, b, r));
-      EXPECT_EQ(p.ranks[r].comm_buffer_bytes, z.ranks[r].comm_buffer_bytes) << "rank " << r;
-      EXPECT_EQ(p.ranks[r].comm_buffers, z.ranks[r].comm_buffers) << "rank " << r;
-    }
-  }
-}
+Fixture fixture(const std::string& name) { return testing::model_fixture(name); }
 
 // The zoo's GPT frees in eval what eager PyTorch frees: c_fc's output before c_proj runs, the embeddings once the
 // positions are added, ln_1's output once attn returns (a C++ temporary lives to the end of its whole expression; it
@@ -233,28 +211,14 @@ TEST(PythonFixtureTest, CheckpointingThePythonBlocksKeepsFewerActivations) {
 // caching-allocator model as the zoo's: for CUDA too, where the twins' estimates are equal. (The CPU estimate of
 // the suite's Python fixtures against their measurement: EstimateAccuracyTest, tests/launch.)
 TEST(PythonFixtureTest, TheEstimateForCudaOfTheTimmTwinEqualsTheZoosToTheByte) {
-  const auto python = fixture("py_vit_tiny_lora_timm");
-  const auto zoo = fixture("vit_tiny_lora");
-  for (const std::int64_t b : {2, 8}) {
-    const auto p = estimate_probe(python, b, EstimateTarget::kCuda);
-    const auto z = estimate_probe(zoo, b, EstimateTarget::kCuda);
-    ASSERT_FALSE(p.oom) << p.error;
-    expect_equal_components(p.components, z.components, fmt::format("estimate for CUDA at batch {}", b));
-  }
+  expect_cuda_estimate_twins("py_vit_tiny_lora_timm", "vit_tiny_lora", {2, 8});
 }
 
 // The same for torchvision's ResNet. Its Python builder once built the full-width ResNet-18 on the probe's device and
 // replaced its modules: the freed segments stayed reserved, 64 MiB in the estimate for CUDA as on an H200, where the
 // zoo twin holds 4 MiB.
 TEST(PythonFixtureTest, TheEstimateForCudaOfTheTorchvisionTwinEqualsTheZoosToTheByte) {
-  const auto python = fixture("py_resnet_tiny_torchvision");
-  const auto zoo = fixture("resnet_tiny_classify");
-  for (const std::int64_t b : {1, 4}) {
-    const auto p = estimate_probe(python, b, EstimateTarget::kCuda);
-    const auto z = estimate_probe(zoo, b, EstimateTarget::kCuda);
-    ASSERT_FALSE(p.oom) << p.error;
-    expect_equal_components(p.components, z.components, fmt::format("estimate for CUDA at batch {}", b));
-  }
+  expect_cuda_estimate_twins("py_resnet_tiny_torchvision", "resnet_tiny_classify", {1, 4});
 }
 
 // A pull request that adds dropout to the LLaMA's LoRA adapters (models.py's LLAMA_LORA_DROPOUT), with the fixture
