@@ -2,7 +2,6 @@
 // suite: parameters, gradients and optimizer state exact, activations and every peak within 1%.
 #include "memgate/base/components.h"
 #include "memgate/base/error.h"
-#include "memgate/gate/baseline.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
 #include "memgate/backend/cpu_allocator.h"
@@ -19,13 +18,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
 #include <iostream>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
