@@ -32,8 +32,7 @@ constexpr int kMaxProbesPerSearch = 40;
 // from before the step (cuBLAS's, 65 MiB on an H200), and a GPU rank's NCCL communicators. A capped probe's
 // allocator holds the workspaces under the same cap: without them, a batch whose step alone fits runs out under it.
 std::int64_t peak_of(const ProbeResult& r) {
-  return std::max(r.components.step_peak_reserved, r.components.eval_peak) + r.library_workspace_bytes +
-         r.communicator_bytes;
+  return std::max(r.components.step_peak_reserved, r.components.eval_peak) + r.bytes_beside_components();
 }
 
 AffineFit fit_points(const std::map<std::int64_t, std::int64_t>& points) {

@@ -132,8 +132,7 @@ ComponentVerdict evaluate_budget(const Fixture& fixture, const ProbeResult& prob
   }
   // The library workspaces live in the allocator outside the step's components, and the step needs them; so does a
   // GPU rank's NCCL communicator, outside the allocator and beyond the GPU's own context.
-  const auto check = check_budget(
-      probe.components.step_peak_reserved + probe.library_workspace_bytes + probe.communicator_bytes, gpu);
+  const auto check = check_budget(probe.components.step_peak_reserved + probe.bytes_beside_components(), gpu);
   v.baseline = check.available;
   v.measured = check.required;
   v.status = check.fits() ? Status::kOk : Status::kOverBudget;

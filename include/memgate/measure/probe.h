@@ -54,6 +54,10 @@ struct ProbeResult {
   /// The model's parameter counts where the probe ran in a process of its own that built it (a Python fixture's,
   /// in a Python process): a profile takes them from there. Unset otherwise.
   std::optional<ParamCounts> param_counts;
+
+  /// What the step needs on the device beside its components: the library workspaces and the NCCL communicators.
+  /// A budget (evaluate_budget) and advise's search add it to the peak they hold to the GPU's usable bytes.
+  [[nodiscard]] std::int64_t bytes_beside_components() const { return library_workspace_bytes + communicator_bytes; }
 };
 
 /// Whether an error from a step is the device running out of memory in any of its forms: the caching allocator's
