@@ -304,6 +304,7 @@ bool register_suite(const std::string& suite_name, std::vector<std::unique_ptr<C
   memgate::Suite suite;
   try {
     suite = memgate::load_suite(dir + "/fixtures/suites/" + suite_name + ".yaml", dir + "/fixtures/models");
+    if (!suite.broken.empty()) throw memgate::Error(suite.broken.front().error);
   } catch (const memgate::Error& e) {
     std::cerr << "memgate_bench: " << e.what() << "\n";
     return false;

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 
 namespace memgate {
@@ -13,12 +15,13 @@ namespace memgate {
 bool fails(Status status, bool strict) {
   switch (status) {
     case Status::kOk: return false;
-    case Status::kStale:
-    case Status::kMissing: return strict;
+    case Status::kStale: return strict;
+    case Status::kMissing: return missing_fails(strict);
     case Status::kRegression:
     case Status::kChanged:
     case Status::kOom:
-    case Status::kOverBudget: return true;
+    case Status::kOverBudget:
+    case Status::kNotRepeatable: return true;
   }
   return true;
 }
@@ -26,6 +29,21 @@ bool fails(Status status, bool strict) {
 bool strict_mode() {
   const char* v = std::getenv("MEMGATE_STRICT");
   return v != nullptr && std::string(v) == "1";
+}
+
+bool ci_environment() {
+  const char* v = std::getenv("CI");
+  if (v == nullptr) return false;
+  std::string value(v);
+  std::transform(value.begin(), value.end(), value.begin(), [](unsigned char c) { return std::tolower(c); });
+  return value == "true" || value == "1" || value == "yes";
+}
+
+bool missing_fails(bool strict) {
+  if (strict || strict_mode()) return true;
+  const char* v = std::getenv("MEMGATE_STRICT");
+  if (v != nullptr && std::string(v) == "0") return false;
+  return ci_environment();
 }
 
 bool update_mode() {

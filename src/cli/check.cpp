@@ -11,7 +11,10 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
+#include <optional>
+#include <set>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -70,49 +73,108 @@ Run add_check(CLI::App& app) {
       "not ok, then one line of counts; exits 1 when the gate fails. With --exact, a component that differs from\n"
       "its baseline by any byte is printed as 'differs' and fails."));
   return [o] {
+    memgate::set_record_command({.cli = true,
+                                 .baselines_dir = o->baselines == memgate::project_dir() + "/baselines" ? std::string()
+                                                                                                        : o->baselines,
+                                 .device = o->device});
+    // Each fixture is judged on its own: one that does not load or cannot be measured is reported as an error of its
+    // own, and every other fixture of the run is still judged (the exit is the worst: 3, then 1, then 0).
     struct Job {
-      memgate::Fixture fixture;
+      std::string path;
+      std::optional<memgate::Fixture> fixture;
       std::vector<std::int64_t> batch_sizes;
+      std::string error;  ///< why it could not be loaded
     };
     std::vector<Job> jobs;
     auto device = memgate::resolve_device(o->device);
+    const auto load = [&](const std::string& path, const std::vector<std::int64_t>& sizes) {
+      Job job{.path = path};
+      try {
+        job.fixture = load_fixture_for_run(path, o->cpu_kernels);
+        job.batch_sizes = sizes.empty() ? job.fixture->batch_sizes : sizes;
+      } catch (const std::exception& e) {
+        job.error = e.what();
+      }
+      jobs.push_back(std::move(job));
+    };
     if (!o->suite.empty()) {
       const auto s = memgate::load_suite(o->suite, memgate::suite_models_dir(o->suite));
       if (o->device == "auto") device = memgate::resolve_device(s.device == memgate::SuiteDevice::kCuda ? "cuda" : "cpu");
       for (const auto& f : memgate::suite_fixtures(s)) {
-        if (!f.batch_sizes.empty()) jobs.push_back({load_fixture_for_run(f.path, o->cpu_kernels), f.batch_sizes});
+        if (!f.error.empty()) jobs.push_back({.path = f.path, .error = f.error});
+        else if (!f.batch_sizes.empty()) load(f.path, f.batch_sizes);
       }
     } else {
-      for (const auto& path : o->configs) {
-        auto fixture = load_fixture_for_run(path, o->cpu_kernels);
-        auto sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
-        jobs.push_back({std::move(fixture), std::move(sizes)});
-      }
+      const auto sizes = o->batch_sizes.empty() ? std::vector<std::int64_t>{} : *parse_batch_sizes(o->batch_sizes);
+      for (const auto& path : o->configs) load(path, sizes);
     }
+    int errors = 0;
+    // As any other error of the command (memgate: error: ...), once per fixture; the run goes on.
+    const auto report_error = [&](const std::string& what, const std::string& why) {
+      ++errors;
+      std::fflush(stdout);
+      fmt::print(stderr, "memgate: error: {}{}\n", why.find(what) == std::string::npos ? what + ": " : "", why);
+    };
     if (o->update) {
       memgate::ProbeOptions options;
       if (o->rank_timeout > 0) options.rank_timeout = std::chrono::seconds(o->rank_timeout);
       for (const auto& job : jobs) {
-        const auto recorded = memgate::record_fixture(job.fixture, job.batch_sizes, device, o->baselines, options);
-        fmt::print("{} {}\n", recorded.changed ? "recorded" : "unchanged", recorded.path);
+        if (!job.fixture) {
+          report_error(job.path, job.error);
+          continue;
+        }
+        try {
+          const auto recorded =
+              memgate::record_fixture(*job.fixture, job.batch_sizes, device, o->baselines, options);
+          fmt::print("{} {}\n", recorded.changed ? "recorded" : "unchanged", recorded.path);
+        } catch (const std::exception& e) {
+          report_error(job.fixture->name, e.what());
+        }
+      }
+      if (errors > 0) {
+        fmt::print("memgate check --update-baselines: {} of {} fixtures not recorded (their baselines are as they "
+                   "were)\n", errors, jobs.size());
+        return kError;
       }
       return kOk;
     }
     std::map<memgate::Status, int> counts;
     int differing = 0;
     bool failed = false;
-    std::size_t probes = 0;
+    std::size_t probes = 0, compared = 0, missing = 0;
+    std::set<std::string> searched;  // the baseline folders looked in
+    std::string record_hint;
     memgate::Progress progress;
+    const bool missing_fails = memgate::missing_fails(o->strict || o->exact);
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const auto& job = jobs[i];
-      const auto item = fmt::format("{} ({}/{} fixtures)", job.fixture.name, i + 1, jobs.size());
+      if (!job.fixture) {
+        report_error(job.path, job.error);
+        continue;
+      }
+      const auto item = fmt::format("{} ({}/{} fixtures)", job.fixture->name, i + 1, jobs.size());
       memgate::ProbeOptions options;
       options.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
       if (o->rank_timeout > 0) options.rank_timeout = std::chrono::seconds(o->rank_timeout);
-      const auto judged = memgate::judge_fixture(job.fixture, job.batch_sizes, device, o->baselines, {}, options);
+      memgate::FixtureVerdicts judged;
+      try {
+        judged = memgate::judge_fixture(*job.fixture, job.batch_sizes, device, o->baselines, {}, options);
+      } catch (const std::exception& e) {
+        progress.done(fmt::format("{}: not judged", item));
+        report_error(job.fixture->name, e.what());
+        continue;
+      }
       progress.done(fmt::format("{}: {} probes judged", item, judged.probes.size()));
       probes += job.batch_sizes.size();
+      compared += memgate::compared_components(judged.components);
       for (const auto& v : judged.components) {
+        if (v.status == memgate::Status::kMissing) {
+          ++missing;
+          searched.insert(std::filesystem::absolute(std::filesystem::path(judged.baseline_file).parent_path())
+                              .lexically_normal()
+                              .string());
+          if (record_hint.empty()) record_hint = memgate::record_command(*job.fixture, judged.device);
+        }
         // --exact: bytes within the tolerance that are not the baseline's are a difference of their own.
         const bool differs = o->exact && (v.status == memgate::Status::kOk || v.status == memgate::Status::kStale) &&
                              v.baseline && v.measured && *v.baseline != *v.measured;
@@ -136,8 +198,25 @@ Run add_check(CLI::App& app) {
       line += fmt::format("{}{} {}", line.empty() ? "" : ", ", n, memgate::name_of(memgate::kStatusNames, status));
     }
     if (differing > 0) line += fmt::format("{}{} differs", line.empty() ? "" : ", ", differing);
-    fmt::print("memgate check: {} ({} probes on {}): {}\n", failed ? "FAILED" : "passed", probes,
-               device.str(), line);
+    if (errors > 0) line += fmt::format("{}{} fixture{} not judged", line.empty() ? "" : ", ", errors, errors == 1 ? "" : "s");
+    if (line.empty()) line = "nothing to judge";
+    const char* verdict = errors > 0 ? "ERROR" : failed ? "FAILED" : "passed";
+    fmt::print("memgate check: {} ({} probes on {}, {} components compared with a baseline): {}\n", verdict, probes,
+               device.str(), compared, line);
+    if (missing > 0) {
+      std::string folders;
+      for (const auto& f : searched) folders += (folders.empty() ? "" : ", ") + f;
+      fmt::print("  {} {} no baseline (looked in {}); record {} with: {}{}\n", missing,
+                 missing == 1 ? "component has" : "components have", folders, missing == 1 ? "it" : "them",
+                 record_hint,
+                 missing_fails ? (o->strict || o->exact || memgate::strict_mode()
+                                      ? std::string("; strict mode fails a missing baseline")
+                                      : std::string("; under CI (CI=true) a missing baseline fails: a gate that "
+                                                    "compared nothing is not a pass (MEMGATE_STRICT=0 lets it pass)"))
+                               : compared == 0 ? std::string("; NOTHING WAS COMPARED: this pass checked nothing")
+                                               : std::string());
+    }
+    if (errors > 0) return kError;
     return failed ? kFailed : kOk;
   };
 }

@@ -325,12 +325,13 @@ std::string Comparison::message() const {
     << "\n  change:    " << sign << format_mib(std::llabs(diff)) << " (" << sign << std::llabs(diff) << " bytes, "
     << pct << ")"
     << "\n  tolerance: " << format_mib(allowed) << " (" << allowed << " bytes)";
+  const auto record = record_command.empty()
+                          ? std::string("ctest --preset update-baselines (update-baselines-gpu on a GPU runner)")
+                          : record_command;
   if (verdict == Verdict::kRegression) {
-    m << "\n  If this growth is intended, record the new baseline: ctest --preset update-baselines "
-         "(update-baselines-gpu on a GPU runner) and commit baselines/.";
+    m << "\n  If this growth is intended, record the new baseline: " << record << " and commit baselines/.";
   } else if (verdict == Verdict::kStale) {
-    m << "\n  Memory went down: record the smaller baseline with the update-baselines preset so that the gate "
-         "keeps it.";
+    m << "\n  Memory went down: record the smaller baseline so that the gate keeps it: " << record << ".";
   }
   return m.str();
 }

@@ -24,6 +24,7 @@ std::vector<SuiteFixture> suite_fixtures(const Suite& suite) {
   };
   for (const auto& p : suite.probes) of(p.fixture, p.fixture_path).batch_sizes.push_back(p.batch_size);
   for (const auto& b : suite.budgets) of(b.fixture, b.fixture_path).budgets.push_back(b);
+  for (const auto& b : suite.broken) of(b.name, b.path).error = b.error;
   return out;
 }
 
@@ -58,15 +59,28 @@ Suite load_suite(const std::string& path, const std::string& fixtures_dir) {
     const auto key = "fixtures[" + std::to_string(i) + "]";
     std::string name;
     std::vector<std::int64_t> batch_sizes;
+    // A fixture that exists but does not load is that fixture's result, not the suite's: the others are judged.
+    const auto fixture_batch_sizes = [&](const std::string& file) {
+      try {
+        return load_fixture(file).batch_sizes;
+      } catch (const Error& e) {
+        suite.broken.push_back({name, file, e.what()});
+        return std::vector<std::int64_t>{};
+      }
+    };
     if (entry.IsScalar()) {
       name = entry.Scalar();
-      batch_sizes = load_fixture(fixture_file(name, r, "fixtures")).batch_sizes;
+      batch_sizes = fixture_batch_sizes(fixture_file(name, r, "fixtures"));
     } else {
       detail::MapReader e(entry, path, key);
       name = e.get_string("fixture", std::nullopt);
       const auto file = fixture_file(name, e, "fixture");
-      batch_sizes = e.has("batch_sizes") ? e.get_int_list("batch_sizes", std::nullopt, 1)
-                                         : load_fixture(file).batch_sizes;
+      if (e.has("batch_sizes")) {
+        batch_sizes = e.get_int_list("batch_sizes", std::nullopt, 1);
+        (void)fixture_batch_sizes(file);
+      } else {
+        batch_sizes = fixture_batch_sizes(file);
+      }
       e.finish();
     }
     if (const auto [it, fresh] = listed.emplace(name, i); !fresh) {

@@ -15,6 +15,52 @@
 
 namespace memgate {
 
+namespace {
+RecordCommand& the_record_command() {
+  static RecordCommand command;
+  return command;
+}
+
+// Shell-quoted where a path needs it, so that the command can be pasted as printed.
+std::string quoted(const std::string& text) {
+  if (!text.empty() && text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@") ==
+                           std::string::npos) {
+    return text;
+  }
+  std::string out = "'";
+  for (const char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+bool is_peak(std::string_view component) {
+  const auto ranked = parse_rank_component(component);
+  const std::string_view name = ranked ? std::string_view(ranked->second) : component;
+  return name == "forward_peak" || name == "eval_peak" || name == "step_peak" || name == "step_peak_reserved";
+}
+}  // namespace
+
+void set_record_command(RecordCommand command) { the_record_command() = std::move(command); }
+
+std::string record_command(const Fixture& fixture, const DeviceInfo& device) {
+  const auto& c = the_record_command();
+  if (c.cli) {
+    auto out = fmt::format("{}memgate check --update-baselines --config {}",
+                           device.cpu_kernels == "host" ? "MEMGATE_CPU_KERNELS=host " : "", quoted(fixture.source));
+    if (!c.baselines_dir.empty()) out += " --baselines " + quoted(c.baselines_dir);
+    if (!c.device.empty() && c.device != "auto") out += " --device " + quoted(c.device);
+    return out;
+  }
+  return fmt::format("{}ctest --preset {}", device.cpu_kernels == "host" ? "MEMGATE_CPU_KERNELS=host " : "",
+                     device.device.is_cuda() ? "update-baselines-gpu" : "update-baselines");
+}
+
+std::size_t compared_components(std::span<const ComponentVerdict> verdicts) {
+  return static_cast<std::size_t>(std::count_if(verdicts.begin(), verdicts.end(), [](const ComponentVerdict& v) {
+    return v.status == Status::kOk || v.status == Status::kRegression || v.status == Status::kStale ||
+           v.status == Status::kNotRepeatable;
+  }));
+}
+
 std::string provenance_differences(const BaselineProbe& recorded, const DeviceInfo& device) {
   auto now = probe_provenance(device, "", "");
   now.erase("fixture_hash");  // a changed fixture has a verdict of its own
@@ -40,14 +86,18 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
   v.batch_size = probe.batch_size;
   v.component = std::string(component);
   const bool cuda = device.device.is_cuda();
-  const auto how = fmt::format("record them with: {}ctest --preset {} (then commit baselines/{}/)",
-                               device.cpu_kernels == "host" ? "MEMGATE_CPU_KERNELS=host " : "",
-                               cuda ? "update-baselines-gpu" : "update-baselines", device.slug);
+  const auto record = record_command(fixture, device);
+  const auto how = fmt::format("record them with: {} (then commit {}/)", record,
+                               std::filesystem::path(baseline_file).parent_path().string());
   const auto* recorded = baseline != nullptr ? baseline->find(probe.batch_size) : nullptr;
   if (recorded == nullptr) {
     v.status = Status::kMissing;
     v.message = baseline == nullptr
-                    ? fmt::format("no baseline {} for device {}: {}", baseline_file, device.slug, how)
+                    ? fmt::format("no baseline {} for device {} (looked in {}): {}", baseline_file, device.slug,
+                                  std::filesystem::absolute(std::filesystem::path(baseline_file).parent_path())
+                                      .lexically_normal()
+                                      .string(),
+                                  how)
                     : fmt::format("{} has no batch size {}: {}", baseline_file, probe.batch_size, how);
     return v;
   }
@@ -85,9 +135,10 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
     throw Error(fmt::format("{} at batch {}: rank {} measured nothing ({} ranks ran)", fixture.name,
                             probe.batch_size, ranked->first, probe.ranks.size()));
   }
-  const auto cmp = compare_component(
+  auto cmp = compare_component(
       fixture.name, probe.batch_size, ranked ? fmt::format("rank {}'s {}", ranked->first, name) : name, *v.baseline,
       measured_rank != nullptr ? measured_rank->components.get(name) : probe.components.get(component), tolerance);
+  cmp.record_command = record;
   v.measured = cmp.measured;
   v.allowed = cmp.allowed;
   switch (cmp.verdict) {
@@ -148,6 +199,44 @@ ComponentVerdict evaluate_budget(const Fixture& fixture, const ProbeResult& prob
   return v;
 }
 
+namespace {
+
+// The components (a rank's as rankN_<name>) whose bytes differ between two measurements of one probe: name, first,
+// second.
+struct Difference {
+  std::string component;
+  std::int64_t first = 0;
+  std::int64_t second = 0;
+};
+std::vector<Difference> differences_between(const ProbeResult& a, const ProbeResult& b) {
+  std::vector<Difference> out;
+  if (a.oom || b.oom) return out;  // an out-of-memory has no components
+  for (const auto& info : kComponentTable) {
+    const auto x = a.components.get(info.name), y = b.components.get(info.name);
+    if (x != y) out.push_back({std::string(info.name), x, y});
+  }
+  for (const auto& ra : a.ranks) {
+    const auto* rb = find_rank(b.ranks, ra.rank);
+    if (rb == nullptr) continue;
+    for (const auto& info : kComponentTable) {
+      const auto x = ra.components.get(info.name), y = rb->components.get(info.name);
+      if (x != y) out.push_back({rank_component_name(ra.rank, info.name), x, y});
+    }
+  }
+  return out;
+}
+
+std::string describe_differences(const std::vector<Difference>& differences) {
+  std::string out;
+  for (const auto& d : differences) {
+    out += fmt::format("{}{} {} then {} bytes ({:+})", out.empty() ? "" : "; ", d.component, d.first, d.second,
+                       d.second - d.first);
+  }
+  return out;
+}
+
+}  // namespace
+
 RecordedBaseline record_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes, c10::Device device,
                                 const std::string& baselines_dir, const ProbeOptions& options) {
   auto probes = run_probes(fixture, batch_sizes, device, options);
@@ -156,6 +245,27 @@ RecordedBaseline record_fixture(const Fixture& fixture, std::span<const std::int
       throw Error(fmt::format("{} at batch {} ran out of memory: there is nothing to record.\n{}", fixture.name,
                               probe.batch_size, probe.error));
     }
+  }
+  // A baseline is a promise that the same probe gives the same bytes: each probe is measured a second time, from a
+  // process or a base of its own, and bytes that differ are refused rather than recorded as truth.
+  const auto again = run_probes(fixture, batch_sizes, device, options);
+  std::string refused;
+  for (std::size_t i = 0; i < probes.size() && i < again.size(); ++i) {
+    if (again[i].oom) {
+      refused += fmt::format("\n  batch {}: ran out of memory the second time, not the first", again[i].batch_size);
+      continue;
+    }
+    const auto differences = differences_between(probes[i], again[i]);
+    if (!differences.empty()) {
+      refused += fmt::format("\n  batch {}: {}", probes[i].batch_size, describe_differences(differences));
+    }
+  }
+  if (!refused.empty()) {
+    throw Error(fmt::format(
+        "{}: not repeatable, nothing recorded: measured twice, these components differ{}\n  A baseline must be the "
+        "bytes every run gives: look for what differs between runs (unseeded randomness in the model or the batch, "
+        "data-dependent shapes, a cache that fills as it runs).",
+        fixture.source, refused));
   }
   const auto info = describe_probe_device(device, fixture);
   RecordedBaseline recorded{baseline_path(baselines_dir, info.slug, fixture.name), false};
@@ -200,6 +310,54 @@ FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64
             evaluate_component(fixture, probe, name, baseline ? &*baseline : nullptr, out.baseline_file, out.device));
       }
     }
+  }
+  // A component that moved beyond its tolerance is measured a second time before it is believed: bytes that differ
+  // between two runs of one probe are "not repeatable", not a regression or a stale baseline.
+  std::vector<std::int64_t> again;
+  for (const auto& v : out.components) {
+    if ((v.status == Status::kRegression || v.status == Status::kStale) &&
+        std::find(again.begin(), again.end(), v.batch_size) == again.end()) {
+      again.push_back(v.batch_size);
+    }
+  }
+  if (!again.empty()) {
+    const auto second = run_probes(fixture, again, device, options);
+    for (const auto& probe : second) {
+      const auto* first = find_probe(out, probe.batch_size);
+      if (first == nullptr) continue;
+      for (const auto& d : differences_between(*first, probe)) {
+        for (auto& v : out.components) {
+          if (v.batch_size != probe.batch_size || v.component != d.component || !v.baseline) continue;
+          v.status = Status::kNotRepeatable;
+          v.measured = d.first;
+          v.message = fmt::format(
+              "{} at batch {}: {} is not repeatable: two measurements of the same probe gave {} and {} bytes ({:+}); "
+              "its baseline is {} bytes. The gate cannot judge bytes that move between runs: look for what differs "
+              "(unseeded randomness in the model or the batch, data-dependent shapes, a cache that fills as it "
+              "runs). Nothing else of this probe is believed until it repeats.",
+              fixture.name, probe.batch_size, d.component, d.first, d.second, d.second - d.first, *v.baseline);
+        }
+      }
+    }
+  }
+  // A component that shrank while a peak of the same probe grew beyond its tolerance: memory moved, it did not go
+  // down, and recording "the smaller baseline" would record the grown peak with it.
+  for (auto& v : out.components) {
+    if (v.status != Status::kStale) continue;
+    std::string grown;
+    for (const auto& p : out.components) {
+      if (p.batch_size == v.batch_size && p.status == Status::kRegression && is_peak(p.component) && p.baseline &&
+          p.measured) {
+        grown += fmt::format("{}{} {:+} bytes", grown.empty() ? "" : ", ", p.component, *p.measured - *p.baseline);
+      }
+    }
+    if (grown.empty()) continue;
+    const auto at = v.message.find("\n  Memory went down:");
+    if (at != std::string::npos) v.message.erase(at, v.message.find('\n', at + 1) - at);
+    v.message += fmt::format(
+        "\n  Do not record this smaller baseline on its own: at the same batch size {} grew beyond tolerance, so "
+        "memory moved rather than went down. Fix or accept the regression first.",
+        grown);
   }
   return out;
 }

@@ -83,6 +83,7 @@ std::string status_cell(Status s) {
     case Status::kChanged: return "**model changed**";
     case Status::kOom: return "**out of memory**";
     case Status::kOverBudget: return "**over budget**";
+    case Status::kNotRepeatable: return "**not repeatable**";
   }
   return "?";
 }
@@ -141,10 +142,16 @@ Summary summarize_results(const std::vector<std::string>& paths) {
   const bool strict = strict_mode();
   for (const auto& [status, n] : counts) s.failed = s.failed || (n > 0 && fails(status, strict));
   std::string md = fmt::format("## memgate memory gate: {}\n\n", s.failed ? "FAILED" : "passed");
-  md += fmt::format("**{}** regressions, **{}** changed models, **{}** out of memory, {} stale, {} without baseline, "
-                    "{} ok, of {} components in {} fixtures.\n\n",
+  const auto compared = counts[Status::kOk] + counts[Status::kRegression] + counts[Status::kStale] +
+                        counts[Status::kNotRepeatable];
+  md += fmt::format("**{}** regressions, **{}** changed models, **{}** out of memory, {}{} stale, {} without baseline, "
+                    "{} ok, of {} components in {} fixtures: **{}** compared with a baseline.\n\n",
                     counts[Status::kRegression], counts[Status::kChanged], counts[Status::kOom],
-                    counts[Status::kStale], counts[Status::kMissing], counts[Status::kOk], total, rows.size());
+                    counts[Status::kNotRepeatable] > 0
+                        ? fmt::format("**{}** not repeatable, ", counts[Status::kNotRepeatable])
+                        : std::string(),
+                    counts[Status::kStale], counts[Status::kMissing], counts[Status::kOk], total, rows.size(), compared);
+  if (compared == 0) md += "Nothing was compared: no component had a baseline to be judged against.\n\n";
   if (changed.empty()) {
     md += "Every measured component equals its baseline to the byte.\n\n";
   } else {

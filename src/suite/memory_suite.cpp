@@ -332,8 +332,8 @@ void judge(const MeasureCase& c, c10::Device device, ProbeOptions options, Verdi
   for (const auto& v : file.components) ++counts[v.status];
   std::string line;
   for (const auto& [status, n] : counts) line += fmt::format(", {} {}", n, name_of(kStatusNames, status));
-  std::cout << fmt::format("{}: {} probes measured on {}{}\n", fixture.name, judged.probes.size(), judged.device.slug,
-                           line);
+  std::cout << fmt::format("{}: {} probes measured on {}, {} components compared with a baseline{}\n", fixture.name,
+                           judged.probes.size(), judged.device.slug, compared_components(file.components), line);
 }
 
 // Measures each batch size of each fixture once and leaves every verdict for the component tests. A fixture that
@@ -381,6 +381,9 @@ TEST_P(MeasureTest, Probes) {
       file = {.suite = c.suite, .fixture = c.fixture};
       file.error = e.what();
       std::cout << c.fixture << ": cannot be judged: " << e.what() << "\n";
+      // A fixture without batch sizes (one that did not load, so its own are unknown) has no component tests to
+      // say so: this test does.
+      if (c.batch_sizes.empty()) ADD_FAILURE() << c.fixture << " cannot be judged: " << e.what();
     }
     write_verdict_file(verdict_path(dir, c), file);
   }

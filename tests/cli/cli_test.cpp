@@ -423,7 +423,8 @@ TEST_F(BenchEndToEndTest, ALargerModelGrows) {
 }
 
 // `memgate check` gives the memory suite's verdicts outside CTest: a recorded baseline passes, a grown component
-// fails with exit 1 and the suite's message, a missing baseline passes (fails with --strict).
+// fails with exit 1 and the suite's message, a missing baseline passes on a desk (fails with --strict, and under CI:
+// a check that compared nothing is not a pass there).
 TEST(CheckCliTest, VerdictsAndExitCodesFollowTheGate) {
   testing::TempDir dir;
   const std::string cli = MEMGATE_CLI;
@@ -432,10 +433,21 @@ TEST(CheckCliTest, VerdictsAndExitCodesFollowTheGate) {
   const auto check = cli + " check --config " + fixture + " --device cpu --batch-sizes 2 --baselines " +
                      (dir / "baselines");
   std::string out;
-  EXPECT_EQ(testing::run(check, &out), 0) << out;
-  EXPECT_THAT(out, HasSubstr("missing"));
+  EXPECT_EQ(testing::run("env -u CI -u MEMGATE_STRICT " + check, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("8 missing"));
-  EXPECT_EQ(testing::run(check + " --strict", &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("0 components compared with a baseline"));
+  EXPECT_THAT(out, HasSubstr("NOTHING WAS COMPARED"));
+  EXPECT_THAT(out, HasSubstr("looked in " + (dir / "baselines/cpu")));
+  EXPECT_THAT(out, HasSubstr("memgate check --update-baselines --config " + fixture)) << "the command of its world";
+  EXPECT_THAT(out, Not(HasSubstr("ctest --preset"))) << "a pip user has no CTest preset";
+  EXPECT_EQ(testing::run("env -u CI -u MEMGATE_STRICT " + check + " --strict", &out), 1) << out;
+  for (const auto* ci : {"true", "1", "TRUE", "yes"}) {
+    EXPECT_EQ(testing::run(fmt::format("env -u MEMGATE_STRICT CI={} {}", ci, check), &out), 1) << ci << "\n" << out;
+    EXPECT_THAT(out, HasSubstr("memgate check: FAILED (1 probes on cpu, 0 components compared with a baseline)"));
+    EXPECT_THAT(out, HasSubstr("under CI (CI=true) a missing baseline fails"));
+  }
+  EXPECT_EQ(testing::run("env CI=false -u MEMGATE_STRICT " + check, &out), 0) << out;
+  EXPECT_EQ(testing::run("env CI=true MEMGATE_STRICT=0 " + check, &out), 0) << "MEMGATE_STRICT=0 lets it pass: " << out;
 
   // Record the baseline through the memory suite's update path is not available here: write it with the same
   // library call the update preset uses, from a real profile.
@@ -450,7 +462,7 @@ TEST(CheckCliTest, VerdictsAndExitCodesFollowTheGate) {
                    {"provenance", {{"fixture_hash", profile["model"]["fixture_hash"]}}}}}}};
   testing::write_file(dir / "baselines/cpu/checked.json", baseline.dump(2));
   EXPECT_EQ(testing::run(check, &out), 0) << out;
-  EXPECT_THAT(out, HasSubstr("memgate check: passed (1 probes on cpu): 8 ok"));
+  EXPECT_THAT(out, HasSubstr("memgate check: passed (1 probes on cpu, 8 components compared with a baseline): 8 ok"));
 
   baseline["probes"][0]["components"]["activations"] =
       baseline["probes"][0]["components"]["activations"].get<std::int64_t>() * 99 / 100;
@@ -459,6 +471,8 @@ TEST(CheckCliTest, VerdictsAndExitCodesFollowTheGate) {
   EXPECT_THAT(out, HasSubstr("regression  checked_bs2_activations"));
   EXPECT_THAT(out, HasSubstr("checked at batch 2: activations grew beyond its baseline"));
   EXPECT_THAT(out, HasSubstr("7 ok, 1 regression"));
+  EXPECT_THAT(out, HasSubstr("If this growth is intended, record the new baseline: memgate check --update-baselines "
+                             "--config " + fixture + " --baselines " + (dir / "baselines") + " --device cpu"));
 
   EXPECT_EQ(testing::run(cli + " check --device cpu", &out), 2) << "--config or --suite is required";
 }
@@ -484,8 +498,76 @@ TEST(CheckCliTest, UpdateBaselinesRecordsWhatTheGateThenPasses) {
   EXPECT_THAT(out, HasSubstr("unchanged " + file));
   EXPECT_EQ(testing::read_file(file), recorded);
   EXPECT_EQ(testing::run(check + " --strict", &out), 0) << out;
-  EXPECT_THAT(out, HasSubstr("memgate check: passed (2 probes on cpu): 16 ok"));
+  EXPECT_THAT(out, HasSubstr("memgate check: passed (2 probes on cpu, 16 components compared with a baseline): 16 ok"));
   EXPECT_EQ(testing::run(check + " --update-baselines --exact", &out), 2) << out;
+}
+
+
+// A component that shrank beside a peak that grew beyond its tolerance: memory moved, it did not go down, and the
+// advice to record "the smaller baseline" would record the grown peak with it. The grown probe is measured a second
+// time before it is believed; a model that repeats keeps its verdicts.
+TEST(CheckCliTest, StaleNeverAdvisesRecordingWhileAPeakOfTheSameProbeGrew) {
+  testing::TempDir dir;
+  const std::string cli = MEMGATE_CLI;
+  const auto fixture = dir / "moved.yaml";
+  testing::write_file(fixture, tiny_vit_yaml("  trainable: head\n"));
+  const auto check = "env -u CI -u MEMGATE_STRICT " + cli + " check --config " + fixture +
+                     " --device cpu --batch-sizes 2 --baselines " + (dir / "baselines");
+  std::string out;
+  ASSERT_EQ(testing::run(check + " --update-baselines", &out), 0) << out;
+  const auto file = dir / "baselines/cpu/moved.json";
+  auto baseline = nlohmann::json::parse(testing::read_file(file));
+  auto& components = baseline["probes"][0]["components"];
+  components["activations"] = components["activations"].get<std::int64_t>() * 2;  // measured now: half of it
+  components["step_peak"] = components["step_peak"].get<std::int64_t>() * 9 / 10;  // measured now: 11% above
+  testing::write_file(file, baseline.dump(2));
+  EXPECT_EQ(testing::run(check, &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("regression  moved_bs2_step_peak"));
+  EXPECT_THAT(out, HasSubstr("stale       moved_bs2_activations"));
+  EXPECT_THAT(out, HasSubstr("Do not record this smaller baseline on its own: at the same batch size step_peak +"));
+  EXPECT_THAT(out, Not(HasSubstr("Memory went down"))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("not-repeatable"))) << "a model that repeats is measured twice to the same bytes";
+
+  // Without the grown peak, a stale component says to record the smaller baseline, with the command that does.
+  ASSERT_EQ(testing::run(check + " --update-baselines", &out), 0) << out;
+  auto fresh = nlohmann::json::parse(testing::read_file(file));
+  fresh["probes"][0]["components"]["activations"] = fresh["probes"][0]["components"]["activations"].get<std::int64_t>() * 2;
+  testing::write_file(file, fresh.dump(2));
+  EXPECT_EQ(testing::run(check, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("Memory went down: record the smaller baseline so that the gate keeps it: memgate check "
+                             "--update-baselines --config " + fixture));
+}
+
+// `check --suite` judges every fixture of the suite: one that does not load and one that grew are both reported,
+// beside one that passes, and the run exits with the worst (3: a fixture could not be judged).
+TEST(CheckCliTest, ASuiteJudgesEveryFixtureAndExitsWithTheWorst) {
+  testing::TempDir dir;
+  const std::string cli = MEMGATE_CLI;
+  testing::write_file(dir / "fixtures/models/good.yaml", tiny_vit_yaml("  trainable: head\n"));
+  testing::write_file(dir / "fixtures/models/grown.yaml", tiny_vit_yaml("  trainable: head\n"));
+  testing::write_file(dir / "fixtures/models/broken.yaml", tiny_vit_yaml() + "bogus_key: 1\n");
+  testing::write_file(dir / "fixtures/suites/s.yaml",
+                      "device: cpu\nfixtures:\n  - {fixture: good, batch_sizes: [1]}\n  - broken\n"
+                      "  - {fixture: grown, batch_sizes: [1]}\n");
+  const auto check = "env -u CI -u MEMGATE_STRICT " + cli + " check --suite " + (dir / "fixtures/suites/s.yaml") +
+                     " --baselines " + (dir / "baselines");
+  std::string out;
+  EXPECT_EQ(testing::run(check + " --update-baselines", &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("recorded " + (dir / "baselines/cpu/good.json")));
+  EXPECT_THAT(out, HasSubstr("recorded " + (dir / "baselines/cpu/grown.json"))) << "the fixture after the broken one";
+  EXPECT_THAT(out, HasSubstr("broken.yaml"));
+  EXPECT_THAT(out, HasSubstr("bogus_key"));
+  EXPECT_THAT(out, HasSubstr("1 of 3 fixtures not recorded"));
+
+  auto grown = nlohmann::json::parse(testing::read_file(dir / "baselines/cpu/grown.json"));
+  grown["probes"][0]["components"]["activations"] =
+      grown["probes"][0]["components"]["activations"].get<std::int64_t>() * 9 / 10;
+  testing::write_file(dir / "baselines/cpu/grown.json", grown.dump(2));
+  EXPECT_EQ(testing::run(check, &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("bogus_key"));
+  EXPECT_THAT(out, HasSubstr("regression  grown_bs1_activations"));
+  EXPECT_THAT(out, HasSubstr("memgate check: ERROR (2 probes on cpu, 16 components compared with a baseline): 15 ok, "
+                             "1 regression, 1 fixture not judged"));
 }
 
 }  // namespace

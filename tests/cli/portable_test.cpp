@@ -131,7 +131,7 @@ TEST_P(PortableBytesTest, EqualTheCommittedBaselinesToTheByte) {
                                   testing::source_dir() + "/baselines",
                               &out);
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_THAT(out, HasSubstr("memgate check: passed (12 probes on cpu): 96 ok\n")) << out;
+  EXPECT_THAT(out, HasSubstr("memgate check: passed (12 probes on cpu, 96 components compared with a baseline): 96 ok\n")) << out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Caps, PortableBytesTest, ::testing::ValuesIn(all_caps()), caps_name);

@@ -21,22 +21,33 @@ enum class Status {
   kChanged,     ///< the fixture no longer hashes to what the baseline was recorded for: fails
   kOom,         ///< the probe ran out of memory: fails
   kOverBudget,  ///< a budget's step does not fit its GPU: fails
+  kNotRepeatable,  ///< measured twice, the component's bytes differed: fails (neither number can be gated on)
 };
 
 /// The words of Status, as results files and summaries spell them.
-inline constexpr EnumNames<Status, 7> kStatusNames{{{Status::kOk, "ok"},
+inline constexpr EnumNames<Status, 8> kStatusNames{{{Status::kOk, "ok"},
                                                    {Status::kRegression, "regression"},
                                                    {Status::kStale, "stale"},
                                                    {Status::kMissing, "missing"},
                                                    {Status::kChanged, "changed"},
                                                    {Status::kOom, "oom"},
-                                                   {Status::kOverBudget, "over-budget"}}};
+                                                   {Status::kOverBudget, "over-budget"},
+                                                   {Status::kNotRepeatable, "not-repeatable"}}};
 
-/// Whether a status fails the gate (`strict`: stale and missing baselines fail too).
+/// Whether a status fails the gate (`strict`: stale and missing baselines fail too; a missing one also fails under
+/// CI, see missing_fails).
 [[nodiscard]] bool fails(Status status, bool strict);
 
 /// MEMGATE_STRICT=1: stale and missing baselines fail too.
 [[nodiscard]] bool strict_mode();
+
+/// Whether this runs under CI: CI set to true, 1 or yes (any case), as GitHub Actions, GitLab CI, Buildkite, CircleCI
+/// and Travis set it.
+[[nodiscard]] bool ci_environment();
+
+/// Whether a missing baseline fails: in strict mode, and under CI (a gate that compared nothing is not a pass there)
+/// unless MEMGATE_STRICT=0 says otherwise.
+[[nodiscard]] bool missing_fails(bool strict);
 
 /// MEMGATE_UPDATE_BASELINES=1: the memory suite records baselines instead of judging them.
 [[nodiscard]] bool update_mode();

@@ -88,6 +88,9 @@ struct Comparison {
   std::int64_t allowed = 0;  ///< max(relative x baseline, absolute)
   [[nodiscard]] std::int64_t difference() const { return measured - baseline; }
   [[nodiscard]] double percent() const;
+  /// The command that records this baseline, where the message tells the user how (empty: the update-baselines
+  /// preset, as inside CTest).
+  std::string record_command;
   /// The sentence a failure or notice prints: case, baseline, measured, difference (MiB and %), tolerance,
   /// and what to do.
   [[nodiscard]] std::string message() const;

@@ -49,6 +49,14 @@ struct Suite {
   SuiteDevice device = SuiteDevice::kCpu;  ///< cpu | cuda
   std::vector<ProbeCase> probes;
   std::vector<BudgetCase> budgets;
+  /// Fixtures the suite lists that do not load (a malformed file, an unknown key): each keeps its error, so that a
+  /// gate reports it as that fixture's result and still judges every other fixture.
+  struct Broken {
+    std::string name;
+    std::string path;
+    std::string error;
+  };
+  std::vector<Broken> broken;
 };
 
 /// One fixture of a suite: the batch sizes it is gated at and the budgets it is held to.
@@ -57,13 +65,17 @@ struct SuiteFixture {
   std::string path;
   std::vector<std::int64_t> batch_sizes;  ///< empty for a fixture that only has budgets
   std::vector<BudgetCase> budgets;
+  std::string error;  ///< why the fixture does not load (Suite::broken); empty for one that does
 };
 
-/// The suite's fixtures, each once, in the order they are listed (then budget-only ones).
+/// The suite's fixtures, each once, in the order they are listed (then budget-only ones), a fixture that does not
+/// load among them with its error.
 [[nodiscard]] std::vector<SuiteFixture> suite_fixtures(const Suite& suite);
 
 /// Loads a suite; fixtures are looked up as `<fixtures_dir>/<name>.yaml` and their batch sizes default to the
-/// fixture's own. Throws memgate::Error (file, key, line) for bad input or a fixture that does not exist.
+/// fixture's own. Throws memgate::Error (file, key, line) for bad input or a fixture that does not exist; a fixture
+/// file that exists but does not load is kept in Suite::broken with its error (its batch sizes unknown, unless the
+/// suite lists them).
 [[nodiscard]] Suite load_suite(const std::string& path, const std::string& fixtures_dir);
 
 /// The model fixtures of a suite file: <its folder>/../models (fixtures/suites/cpu.yaml -> fixtures/models).

@@ -25,6 +25,21 @@ namespace memgate {
                                                   std::string_view component, const Baseline* baseline,
                                                   const std::string& baseline_file, const DeviceInfo& device);
 
+/// How the user of this process records baselines, which every "record them with" message names: inside CTest the
+/// update-baselines preset (the default), from `memgate check` its own --update-baselines with the flags it ran with.
+struct RecordCommand {
+  bool cli = false;              ///< memgate check: `memgate check --update-baselines --config <fixture>`
+  std::string baselines_dir;     ///< --baselines, when not the default
+  std::string device;            ///< --device, when not auto
+};
+void set_record_command(RecordCommand command);
+/// The command that records `fixture`'s baselines on `device`, as this process was started.
+[[nodiscard]] std::string record_command(const Fixture& fixture, const DeviceInfo& device);
+
+/// How many components were compared with a baseline (ok, regression, stale, not repeatable): a gate that
+/// compared none has checked nothing.
+[[nodiscard]] std::size_t compared_components(std::span<const ComponentVerdict> verdicts);
+
 /// The provenance fields in which a recorded probe differs from `device`: "torch 2.10.0 -> 2.11.0", ...; empty
 /// when they agree.
 [[nodiscard]] std::string provenance_differences(const BaselineProbe& recorded, const DeviceInfo& device);
