@@ -103,6 +103,12 @@ class ProbeObserver final : public StepObserver {
     c_.step_peak = tracker_->allocated() - base_.allocated;
     c_.step_peak_reserved = tracker_->reserved() - base_.reserved;
   }
+  /// What the measured step left allocated beyond what it started with (0 for a steady step: its gradients and
+  /// graph freed, the optimizer's state as it was).
+  [[nodiscard]] std::int64_t step_growth() const { return after_step_ - before_step_; }
+  [[nodiscard]] std::int64_t before_step() const { return before_step_; }
+  [[nodiscard]] std::int64_t after_step() const { return after_step_; }
+  [[nodiscard]] const MemorySnapshot& base() const { return base_; }
   [[nodiscard]] const Components& components() const { return c_; }
 
   void base_read(const MemorySnapshot& base) override {
@@ -152,6 +158,11 @@ class ProbeObserver final : public StepObserver {
     c_.optimizer_state = backend_->snapshot().allocated - before_optimizer_;
     optimizer_state_seen_ = c_.optimizer_state > 0;
   }
+  void step_done() override {
+    if (!measuring_) return;
+    backend_->synchronize();
+    after_step_ = backend_->snapshot().allocated;
+  }
 
  private:
   void phase(const char* what) {
@@ -168,6 +179,7 @@ class ProbeObserver final : public StepObserver {
   bool optimizer_state_seen_ = false;
   std::int64_t before_optimizer_ = 0;
   std::int64_t before_step_ = 0;
+  std::int64_t after_step_ = 0;
   std::int64_t before_forward_ = 0;
   std::optional<PeakTracker> tracker_;
 };
@@ -253,15 +265,38 @@ ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10
     if (history) history->set_phase(phase);
     if (options.on_phase) options.on_phase(phase);
   };
+  std::optional<std::int64_t> base_allocated;  // what the device held before this probe built anything
   try {
     ProbeObserver observer(device, on_phase);
     PreparedStep prepared(workload, batch_size, device, options, &observer);
+    base_allocated = observer.base().allocated;
     observer.start_measured_step();
     const auto step_start = Clock::now();
     prepared.step().run(&observer);
     observer.finish_measured_step();
     result.step_seconds = seconds_since(step_start);
     result.components = observer.components();
+    // The protocol measures one step as every step of training: a step that ends with more (or less) allocated than
+    // it started with is not that, and its numbers would be recorded as truth.
+    if (const auto growth = observer.step_growth(); growth != 0) {
+      throw Error(fmt::format(
+          "{} at batch {}: memory {} by {} bytes per step: the measured step ended with {} bytes allocated above "
+          "the probe's base, {} when it began (after the warm-up). Something is {} from step to step (a tensor kept "
+          "per forward: a loss or an output appended to a list, a module attribute that keeps its input, a cache "
+          "that grows); memgate does not record or judge a step that is not steady. Log loss.item(), or detach what "
+          "you keep and drop it.",
+          workload.source, batch_size, growth > 0 ? "grows" : "shrinks", growth > 0 ? growth : -growth,
+          observer.after_step() - observer.base().allocated, observer.before_step() - observer.base().allocated,
+          growth > 0 ? "kept" : "freed"));
+    }
+    for (const auto& info : kComponentTable) {
+      if (const auto bytes = result.components.get(info.name); bytes < 0) {
+        throw Error(fmt::format(
+            "{} at batch {}: {} measured {} bytes: memory allocated before it was freed while it was measured (a "
+            "previous probe's tensors, or a model that frees what it held). Nothing is recorded from it.",
+            workload.source, batch_size, info.name, bytes));
+      }
+    }
     result.library_workspace_bytes = prepared.library_workspace_bytes();
     result.outside_allocator_bytes = prepared.backend().outside_allocator_bytes();
     if (const auto* ddp = prepared.step().data_parallel()) {
@@ -286,6 +321,19 @@ ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10
     result.error = e.what();
   }
   if (result.oom) drop_failed_backward(device);
+  // Everything of the probe is gone: the device holds what it held before it. A probe that left tensors behind (a
+  // module-level list or cache) would put them into the next probe's numbers, freed or kept there.
+  if (!result.oom && base_allocated) {
+    auto backend = make_memory_backend(device);
+    backend->synchronize();
+    if (const auto left = backend->snapshot().allocated - *base_allocated; left != 0) {
+      throw Error(fmt::format(
+          "{} at batch {}: {} bytes {} after the probe ended and its model, optimizer and batch were released: "
+          "tensors kept outside the model (a module-level list, a global cache, a closure) outlive it, and would "
+          "count in the next probe measured in this process. Nothing is recorded from it.",
+          workload.source, batch_size, left > 0 ? left : -left, left > 0 ? "were still allocated" : "more were freed"));
+    }
+  }
   if (history) {  // the probe ran out of memory: the history up to there
     try {
       result.snapshot = history->finish();

@@ -132,6 +132,7 @@ void TrainingStep::run(StepObserver* observer) {
   }
   if (observer != nullptr) observer->optimizer_done();
   optimizer_->zero_grad();
+  if (observer != nullptr) observer->step_done();
 }
 
 }  // namespace memgate

@@ -49,6 +49,8 @@ class StepObserver {
   virtual void backward_done() {}
   /// After the optimizer step, before zero_grad.
   virtual void optimizer_done() {}
+  /// After zero_grad: the step is over, and what it allocated for itself is freed.
+  virtual void step_done() {}
 };
 
 /// A workload's model, trainable parameters, optimizer and one batch on a device, ready to train.

@@ -1,0 +1,121 @@
+// What the gate relies on, checked rather than assumed (issue 56): a step whose memory grows from step to step is an
+// error that says by how many bytes per step; a probe that leaves tensors alive after it ended is an error, never a
+// number in the next probe's components; a model whose bytes differ from run to run is refused when recorded and
+// judged "not repeatable" when checked, never "regression" or "stale". Python fixtures through the memgate command.
+#include "memgate/base/files.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <string>
+
+namespace memgate {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kFixture =
+    "model:\n  arch: python\n  entry: models.py:build\n  inputs:\n    - {shape: [B, 4], dtype: float32}\n"
+    "  task: sum\ntraining: {optimizer: adamw, trainable: all}\nbatch_sizes: [2]\n";
+
+// A temporary folder with f.yaml (kFixture) and models.py (`code`), and the command that runs memgate there with
+// neither CI nor strict mode set.
+struct Project {
+  testing::TempDir dir;
+  explicit Project(const std::string& code) {
+    testing::write_file(dir / "f.yaml", kFixture);
+    testing::write_file(dir / "models.py", code);
+  }
+  [[nodiscard]] std::string memgate(const std::string& args) const {
+    return fmt::format("env -u CI -u MEMGATE_STRICT {} {}", MEMGATE_CLI, args);
+  }
+  [[nodiscard]] std::string check(const std::string& extra = "") const {
+    return memgate(fmt::format("check --config {} --device cpu --baselines {} {}", dir / "f.yaml", dir / "baselines",
+                               extra));
+  }
+};
+
+// Each forward keeps a copy of its output on the module (a loss history kept as tensors, say): 2 x 2 float32 at batch
+// 2, 16 bytes per train-mode forward.
+TEST(SteadyStateTest, AStepWhoseMemoryGrowsIsAnErrorThatSaysByHowManyBytesPerStep) {
+  Project p("import torch\n\nclass Leaky(torch.nn.Module):\n"
+            "    def __init__(self):\n        super().__init__()\n        self.lin = torch.nn.Linear(4, 2)\n"
+            "        self.kept = []\n\n"
+            "    def forward(self, x):\n        y = self.lin(x)\n        self.kept.append(y.detach().clone())\n"
+            "        return y\n\n"
+            "def build():\n    return Leaky()\n");
+  std::string out;
+  EXPECT_EQ(testing::run(p.memgate(fmt::format("profile --config {} --device cpu", p.dir / "f.yaml")), &out), 3)
+      << out;
+  EXPECT_THAT(out, HasSubstr("f.yaml at batch 2: memory grows by 16 bytes per step")) << out;
+  EXPECT_THAT(out, HasSubstr("not steady"));
+  EXPECT_EQ(testing::run(p.check("--update-baselines"), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("memory grows by 16 bytes per step"));
+  EXPECT_FALSE(std::filesystem::exists(p.dir / "baselines")) << "nothing is recorded from it";
+}
+
+// A model whose build keeps a tensor in a module-level list: after the probe its bytes are still there, and would be
+// inside the next probe's numbers (freed there, they made `params` negative). The probe says so instead.
+TEST(SteadyStateTest, AProbeThatLeavesTensorsBehindIsAnErrorNotTheNextProbesNumbers) {
+  Project p("import torch\n\n_KEPT = []\n\n"
+            "def build():\n    _KEPT.append(torch.zeros(1000))\n    return torch.nn.Linear(4, 2)\n");
+  std::string out;
+  EXPECT_EQ(testing::run(p.memgate(fmt::format("profile --config {} --device cpu --batch-sizes 1,2", p.dir / "f.yaml")),
+                         &out),
+            3)
+      << out;
+  EXPECT_THAT(out, HasSubstr("at batch 1: 4000 bytes were still allocated after the probe ended")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("\"params\": -")));
+}
+
+// A forward whose saved tensor has a size drawn from the OS at each call: no two runs give the same bytes.
+const std::string kNoisy =
+    "import os\nimport torch\n\nclass Noisy(torch.nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.lin = torch.nn.Linear(4, 2)\n\n"
+    "    def forward(self, x):\n        n = 1 + int.from_bytes(os.urandom(2), 'little')\n"
+    "        return (self.lin(x).sum() * x.new_ones(n)).sum()\n\n"
+    "def build():\n    return Noisy()\n";
+
+TEST(RepeatabilityTest, RecordingMeasuresTwiceAndRefusesBytesThatDiffer) {
+  Project p(kNoisy);
+  std::string out;
+  EXPECT_EQ(testing::run(p.check("--update-baselines"), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("not repeatable, nothing recorded: measured twice, these components differ"));
+  EXPECT_THAT(out, HasSubstr("batch 2: "));
+  EXPECT_THAT(out, HasSubstr("activations "));
+  EXPECT_THAT(out, HasSubstr(" then "));
+  EXPECT_FALSE(std::filesystem::exists(p.dir / "baselines/cpu/f.json")) << "nothing is recorded";
+}
+
+TEST(RepeatabilityTest, ACheckThatSeesBytesMoveSaysNotRepeatableNeverRegressionOrStale) {
+  Project p(kNoisy);
+  std::string out;
+  // A baseline from one measurement (as a record from before the model became noisy would be).
+  ASSERT_EQ(testing::run(p.memgate(fmt::format("profile --config {} --device cpu --output {}", p.dir / "f.yaml",
+                                               p.dir / "p.json")),
+                         &out),
+            0)
+      << out;
+  const auto profile = nlohmann::json::parse(testing::read_file(p.dir / "p.json"));
+  const nlohmann::json baseline = {
+      {"schema", 1}, {"fixture", "f"}, {"device", {{"slug", "cpu"}}},
+      {"tolerance", {{"relative", 0.005}, {"absolute_bytes", 0}, {"reserved_relative", 0.005},
+                     {"reserved_absolute_bytes", 0}}},
+      {"probes", {{{"batch_size", 2}, {"components", profile["probes"][0]["components"]},
+                   {"provenance", {{"fixture_hash", profile["model"]["fixture_hash"]}}}}}}};
+  testing::write_file(p.dir / "baselines/cpu/f.json", baseline.dump(2));
+  EXPECT_EQ(testing::run(p.check(), &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("not-repeatable f_bs2_activations"));
+  EXPECT_THAT(out, HasSubstr("activations is not repeatable: two measurements of the same probe gave"));
+  EXPECT_THAT(out, Not(HasSubstr("regression  f_bs2_activations")));
+  EXPECT_THAT(out, Not(HasSubstr("stale       f_bs2_activations")));
+  EXPECT_EQ(testing::read_file(p.dir / "baselines/cpu/f.json"), baseline.dump(2)) << "the baseline is as it was";
+}
+
+}  // namespace
+}  // namespace memgate
