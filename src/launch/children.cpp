@@ -23,6 +23,7 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 namespace memgate {
 
@@ -349,6 +350,24 @@ std::string Children::end_stuck(Child& c, Clock::time_point now) {
   return fmt::format("{}{}; every process of the probe was ended", what, others.empty() ? "" : "; meanwhile " + others);
 }
 
+// Which of the children that made no progress lately is named when one has made none for the timeout: its peers
+// stopped moving about when it did (a rank waits on it in a collective), and the heartbeat says when only to a beat.
+// Among those without progress for all but kSilent of the timeout: a stopped one (no heartbeat either), then one that
+// is not waiting in a collective, then the one without progress longest.
+Children::Child* Children::culprit(Clock::time_point now) {
+  Child* best = nullptr;
+  const auto rank = [&](const Child& c) {
+    const bool stopped = !c.beats || now - c.last_beat >= kSilent;
+    const bool waiting = c.activity.find("in a collective") != std::string::npos;
+    return std::make_tuple(stopped ? 0 : 1, waiting ? 1 : 0, c.last_progress);
+  };
+  for (auto& c : children_) {
+    if (!c.running || now - c.last_progress + kSilent <= allowance(c)) continue;
+    if (best == nullptr || rank(c) < rank(*best)) best = &c;
+  }
+  return best;
+}
+
 std::optional<std::string> Children::wait() {
   for (;;) {
     if (const int signal = pending_signal(); signal != 0) {
@@ -368,13 +387,9 @@ std::optional<std::string> Children::wait() {
         continue;
       }
       any = true;
-      // No progress for the timeout (no heartbeat yet for a starting child's allowance): the one stuck longest is
-      // named, the others' peers wait on it.
-      if (now - c.last_progress > allowance(c) && (stuck == nullptr || c.last_progress < stuck->last_progress)) {
-        stuck = &c;
-      }
+      if (now - c.last_progress > allowance(c)) stuck = &c;
     }
-    if (stuck != nullptr) return end_stuck(*stuck, now);
+    if (stuck != nullptr) return end_stuck(*culprit(now), now);
     if (!any) return std::nullopt;
     std::this_thread::sleep_for(kPoll);
   }

@@ -109,6 +109,7 @@ class Children {
   [[nodiscard]] std::chrono::milliseconds allowance(const Child& c) const;
   [[nodiscard]] std::string end_after_failure(Clock::time_point now);
   [[nodiscard]] std::string end_stuck(Child& c, Clock::time_point now);
+  [[nodiscard]] Child* culprit(Clock::time_point now);
   void end_all(int signal);
   void reap_all(std::chrono::milliseconds grace);
   [[nodiscard]] std::string silent_ones(Clock::time_point now, const Child* except) const;
