@@ -3,6 +3,24 @@ Python process, as memgate starts it for a Python fixture; exit 0 when it measur
 import sys
 
 
+class _ImportsAsProgress:
+    """A finder first on sys.meta_path that finds nothing: each module the probe imports (the model's code importing
+    timm, transformers: seconds, module by module) tells memgate's supervisor that the probe moves. A call that sleeps,
+    spins or waits imports nothing, and is ended after the probe's timeout."""
+
+    def __init__(self, note):
+        self.note = note
+
+    def find_spec(self, name, path=None, target=None):
+        self.note()
+        return None
+
+
+def _note_imports_as_progress(note) -> None:
+    if not any(isinstance(finder, _ImportsAsProgress) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _ImportsAsProgress(note))
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] != "--memgate-rank":
         print("usage: python -m memgate --memgate-rank --fixture F --batch-size B ... (memgate starts it; "
@@ -16,6 +34,7 @@ def main() -> int:
     except ImportError as e:
         print(f"memgate rank: {e}", file=sys.stderr)
         return 3
+    _note_imports_as_progress(_core.note_progress)
     if "--estimate-for" in sys.argv:
         from memgate._meta import prefer_libtorch_meta_kernels
 

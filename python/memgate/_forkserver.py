@@ -19,7 +19,8 @@ and a Python importing torch per ISA: 11 s here), so that its probes find them m
 The protocol, one JSON object per line:
   server -> memgate: {"ready": pid}, or {"error": why} and the server exits (memgate then starts its probes directly)
   memgate -> server: {"spawn": {"argv": [...], "env": [...], "cwd": ..., "log": ..., "scan": ["file:callable"]}}
-  server -> memgate: {"pid": pid}, or {"error": why} (memgate starts that probe directly)
+  server -> memgate: {"pid": pid}, or {"error": why} (memgate starts that probe directly); the probe is then in a
+                     process group of its own (its pid), which memgate ends with it
   server -> memgate: {"exit": pid, "status": wait status}, once a probe has ended (it stays a zombie until reaped)
   memgate -> server: {"reap": pid}
 The server ends when memgate closes its socket or ends (PR_SET_PDEATHSIG); its probes end with it in turn.
@@ -84,12 +85,22 @@ class Server:
             os.close(read_end)
             self.child(argv, request, write_end)  # never returns
         os.close(write_end)
+        # A process group of its own, as memgate starts a probe directly: memgate ends the group (the probe and what
+        # the model's code started). Set here too, before the answer, so that memgate finds it set.
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass  # it has set it itself, or has already ended
         self.children[pid] = read_end
         return {"pid": pid}
 
     def child(self, argv: list, request: dict, packages: int) -> None:
         code = 1
         try:
+            try:
+                os.setpgid(0, 0)
+            except OSError:
+                pass
             self.sock.close()
             for fd in self.children.values():
                 if fd >= 0:

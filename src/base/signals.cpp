@@ -84,13 +84,17 @@ bool orphaned() {
 
 extern "C" void on_signal(int signal_number) {
   const int saved = errno;
-  if (g_folder_set.load(std::memory_order_acquire) && orphaned()) remove_flat_folder(g_folder.data());
+  const bool orphan = g_folder_set.load(std::memory_order_acquire) && orphaned();
+  if (orphan) remove_flat_folder(g_folder.data());
   if (g_deferrals.load() > 0) {
     g_pending_signal.store(signal_number);
     errno = saved;
     return;
   }
   remove_temporary_files();
+  // A probe process whose parent died leads a process group of its own (launch/children.h): what its model's code
+  // started (a builder's subprocess) is in it, and nothing else would end it. The group, this process with it.
+  if (orphan && ::getpgrp() == ::getpid()) ::kill(0, SIGKILL);
   ::signal(signal_number, SIG_DFL);
   ::raise(signal_number);
   errno = saved;

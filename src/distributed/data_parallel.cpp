@@ -3,6 +3,7 @@
 #include "memgate/distributed/data_parallel.h"
 
 #include "memgate/base/error.h"
+#include "memgate/base/heartbeat.h"
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
@@ -21,9 +22,11 @@ namespace {
 // rank's eval_peak in one probe of twelve (tools/ddp_reference.py), and so did this code when it broadcast coalesced.
 // In place, a collective holds only the tensors it syncs, which live on: no byte depends on the worker's timing.
 void broadcast_in_place(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::vector<torch::Tensor>& tensors) {
+  const ProgressSection section("in a collective: broadcast");
   for (const auto& t : tensors) {
     std::vector<torch::Tensor> one{t};
     group->broadcast(one)->wait();
+    note_progress();
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/base/error.h"
+#include "memgate/base/heartbeat.h"
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/models/autocast.h"
 
@@ -72,8 +73,12 @@ void alloc_storage(const torch::Tensor& t, std::size_t bytes) {
 // only then, a buffer's lifetime would follow the worker's timing (a 2-rank probe's peaks moved by one block's
 // all-gather buffer from run to run); waiting for the last reference makes it the program's. Bounded: a backend
 // that keeps its works (a registry) is let be after a second.
-void wait_and_release(c10::intrusive_ptr<c10d::Work> work) {
-  work->wait();
+// `what`: the collective, as the heartbeat says where a rank waits (base/heartbeat.h).
+void wait_and_release(c10::intrusive_ptr<c10d::Work> work, const char* what) {
+  {
+    const ProgressSection section(what);
+    work->wait();
+  }
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   while (work.use_count() > 1 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
 }
@@ -289,7 +294,7 @@ void FullyShard::unshard(Unit& unit) {
   auto input = output.narrow(0, numel * group.rank, numel);
   auto slices = input.split_with_sizes(sizes);
   at::_foreach_copy_(slices, inputs);
-  wait_and_release(group.group->_allgather_base(output, input));
+  wait_and_release(group.group->_allgather_base(output, input), "in a collective: all-gather");
   unit.all_gather = std::move(output);
   unit.all_gather_ranks = group.world_size;
 }
@@ -436,12 +441,13 @@ void FullyShard::post_backward(Unit& unit) {
     // lets go last; done here, the clone is freed after the copy, every time.
     auto buffer = input.clone();
     std::vector<torch::Tensor> tensors{buffer};
-    wait_and_release(group_.group->allreduce(tensors));
+    wait_and_release(group_.group->allreduce(tensors), "in a collective: all-reduce (reduce-scatter)");
     output.copy_(buffer.chunk(world)[group_.rank]);
   } else {
     c10d::ReduceScatterOptions options;
     options.reduceOp = reduce_dtype == torch::kHalf || world == 1 ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
-    wait_and_release(group_.group->_reduce_scatter_base(output, input, options));
+    wait_and_release(group_.group->_reduce_scatter_base(output, input, options),
+                     "in a collective: reduce-scatter");
   }
   if (post != 1.0) output.div_(post);
   // Back to the shards' dtype (_to_dtype_if_needed(reduce_output, orig_dtype)): a new output, the reduced one freed.

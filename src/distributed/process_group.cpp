@@ -3,6 +3,7 @@
 #include "memgate/distributed/process_group.h"
 
 #include "memgate/base/error.h"
+#include "memgate/base/heartbeat.h"
 #include "memgate/estimate/meta_kernels.h"
 
 #include <fmt/format.h>
@@ -46,6 +47,7 @@ void add_gloo_backend(c10d::ProcessGroup& group, const c10::intrusive_ptr<c10d::
 void let_gloo_go(const RankGroup& group) {
   if (!group.store) return;  // the Meta device's collectives are done as issued and hold nothing
   // The backend's own barrier: the process group's would allocate a tensor for it.
+  const ProgressSection section("in a collective: barrier");
   group.group->getBackend(c10::DeviceType::CPU)->barrier()->wait();
 }
 

@@ -1,7 +1,8 @@
 // `<rank program> --memgate-fork-server PARENT_PID`: the warm process a probe's C++ ranks are forked from, the
 // counterpart of python/memgate/_forkserver.py for the zoo's fixtures (the protocol is written there). LibTorch is
 // loaded once, by this process; each rank is a fork of it that runs rank_main as `<rank program> --memgate-rank ...`
-// would, so that it pays neither the exec nor LibTorch's 0.4 s of loading. The process runs no operator, so it has
+// would, so that it pays neither the exec nor LibTorch's 0.4 s of loading, in a process group of its own as a rank
+// started directly is. The process runs no operator, so it has
 // no intra-op thread pool for a fork to copy.
 #include "fork_server_main.h"
 
@@ -44,6 +45,9 @@ bool cuda_driver_loaded() {
 
 // The forked rank: as `<program> --memgate-rank ...` started with `env` in `cwd`, its output into `log`.
 [[noreturn]] void run_rank(const nlohmann::json& request) {
+  // A process group of its own, as memgate starts a rank directly: memgate ends the group (the rank, and whatever it
+  // started). The server sets it too, before it answers, so that memgate finds it set.
+  ::setpgid(0, 0);
   ::close(kSocket);
   const int log = ::open(request.at("log").get<std::string>().c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (log >= 0) {
@@ -134,6 +138,7 @@ int fork_server_main(int argc, char** argv) {
           send_line(kSocket, {{"error", std::string("cannot fork: ") + std::strerror(errno)}});
           continue;
         }
+        ::setpgid(pid, pid);  // as the rank does itself: whichever runs first
         children[pid] = false;
         send_line(kSocket, {{"pid", pid}});
       } else if (message.contains("reap")) {

@@ -34,8 +34,14 @@
 namespace memgate {
 namespace {
 
-// How often a probe process tells its supervisor it is alive (launch/children.h reads it).
+// How often a probe process tells its supervisor it is alive and how far its work has got (launch/children.h reads
+// it).
 constexpr std::chrono::milliseconds kHeartbeatInterval{250};
+
+// A rank's own waits (the store's, Gloo's, NCCL's) end this much after the probe's timeout: the supervisor, which sees
+// every rank's progress, ends a stuck probe first and names the rank that stuck first, not a peer whose collective
+// timed out waiting on it. They remain for a rank whose supervisor is gone.
+constexpr std::chrono::seconds kAfterTheSupervisor{5};
 
 std::int64_t parse_int(const std::string& text, const std::string& key) {
   std::size_t used = 0;
@@ -52,8 +58,9 @@ std::int64_t to_int(const std::map<std::string, std::string>& args, const std::s
 
 // memgate's tests of the launcher: MEMGATE_TEST_RANK_FAULT=<rank>:<fault>:<phase> makes rank <rank> fail when a
 // phase containing <phase> starts: `error` (a LibTorch error, with its C++ stack), `exit` (status 7 at once), `stop`
-// (SIGSTOP to itself, once its heartbeat has said where: a hung process), `crash` (SIGSEGV), `slow` (a minute's
-// sleep, heartbeat going: a long step).
+// (SIGSTOP to itself, once its heartbeat has said where: a stopped process), `hang` (sleeps for ever, heartbeat
+// going: a wedged call, which makes no progress), `crash` (SIGSEGV), `slow` (a minute's sleep, heartbeat going: a
+// long step).
 void inject_fault(int rank, std::string_view phase) {
   const char* spec = std::getenv("MEMGATE_TEST_RANK_FAULT");
   if (spec == nullptr) return;
@@ -71,6 +78,9 @@ void inject_fault(int rank, std::string_view phase) {
     std::raise(SIGSTOP);
   }
   if (fault == "slow") std::this_thread::sleep_for(std::chrono::minutes(1));
+  if (fault == "hang") {
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
   if (fault == "crash") std::raise(SIGSEGV);
 }
 
@@ -154,7 +164,10 @@ int rank_main(int argc, char** argv) {
     // model's imports (modules whose import allocates tensors, PEFT's among them) then happen before the probe, as in
     // a training script, and are not counted as the model's (its ranks count them for that alone).
     std::optional<ParamCounts> counts;
-    if (!is_rank || fixture.model.arch == Arch::kPython) counts = workload_param_counts(fixture);
+    if (!is_rank || fixture.model.arch == Arch::kPython) {
+      options.on_phase("counting the model's parameters (building it on the Meta device)");
+      counts = workload_param_counts(fixture);
+    }
     if (is_rank && batch_sizes.size() > 1) throw std::invalid_argument("--batch-size: a rank probes one batch size");
     const auto of_probe = [&](const std::string& path, std::size_t i) {
       return probe_file(path, i, batch_sizes.size());
@@ -175,8 +188,9 @@ int rank_main(int argc, char** argv) {
         }
         if (is_rank) {
           options.on_phase("joining the process group");
-          group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, timeout)
-                                   : join_gloo_group(args["store"], rank, world, timeout);
+          const auto waits = timeout + kAfterTheSupervisor;
+          group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, waits)
+                                   : join_gloo_group(args["store"], rank, world, waits);
           options.rank_group = &*group;
         }
         result = cap > 0 ? run_probe_capped(fixture, batch_size, device, cap, options)

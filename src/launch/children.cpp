@@ -1,4 +1,5 @@
-// A probe's child processes: its run folder, starting them, watching their heartbeats and ending them together.
+// A probe's child processes: its run folder, starting them each in a process group of its own, watching the progress
+// their heartbeats report and ending them (with their groups) together.
 #include "children.h"
 
 #include "fork_server.h"
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 namespace memgate {
 
@@ -36,9 +38,14 @@ constexpr std::uintmax_t kMinFreeBytes = std::uintmax_t{1} << 20;
 constexpr std::chrono::milliseconds kPoll{50};
 constexpr std::chrono::milliseconds kGrace{3000};
 
-// A heartbeat missing for this long says a child has stopped answering, when it is less than the timeout: named as
+// No progress (or no heartbeat) for this long, when it is less than the timeout, says a child may be stuck: named as
 // the likely cause when another child fails meanwhile (its peers, waiting on it in a collective).
 constexpr std::chrono::milliseconds kSilent{2000};
+
+// What a child that has not yet written a heartbeat gets at least to start: loading LibTorch, a Python's imports.
+constexpr std::chrono::milliseconds kStarting = std::chrono::minutes(1);
+
+double seconds_of(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 std::string temporary_directory() {
   for (const char* name : {"TMPDIR", "TMP", "TEMP", "TEMPDIR"}) {
@@ -90,7 +97,7 @@ std::filesystem::path make_run_dir() {
 }  // namespace
 
 pid_t spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                    const posix_spawn_file_actions_t& actions) {
+                    const posix_spawn_file_actions_t& actions, bool own_group) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -105,7 +112,12 @@ pid_t spawn_process(const std::vector<std::string>& argv, const std::vector<std:
   sigemptyset(&none);
   posix_spawnattr_setsigdefault(&attributes, &defaults);
   posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  short flags = POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK;
+  if (own_group) {
+    posix_spawnattr_setpgroup(&attributes, 0);  // its own: its pid
+    flags |= POSIX_SPAWN_SETPGROUP;
+  }
+  posix_spawnattr_setflags(&attributes, flags);
   pid_t pid = -1;
   const int rc = ::posix_spawn(&pid, args[0], &actions, &attributes, args.data(), envp.data());
   posix_spawnattr_destroy(&attributes);
@@ -174,7 +186,7 @@ void Children::start(const ChildSpec& spec) {
     posix_spawn_file_actions_adddup2(&actions, log, STDERR_FILENO);
     auto argv = spec.argv;
     argv.insert(argv.end(), {"--parent-pid", std::to_string(::getpid())});
-    pid = spawn_process(argv, spec.env, actions);
+    pid = spawn_process(argv, spec.env, actions, /*own_group=*/true);
     posix_spawn_file_actions_destroy(&actions);
   }
   ::close(log);
@@ -183,14 +195,22 @@ void Children::start(const ChildSpec& spec) {
   child.spec = spec;
   child.pid = pid;
   child.forked_by = forked ? spec.server : nullptr;
+  // Its own group: started so here, and a server puts what it forks in one before it answers. Never this process's
+  // (a test's, a CI job's): that one is not ended with a child.
+  if (const pid_t group = ::getpgid(pid); group == pid && group != ::getpgrp()) child.group = group;
   child.running = true;
-  child.last_beat = std::chrono::steady_clock::now();
+  child.last_beat = child.last_progress = Clock::now();
   children_.push_back(std::move(child));
+}
+
+void Children::signal_child(const Child& c, int signal) {
+  if (c.group > 0) ::kill(-c.group, signal);
+  else ::kill(c.pid, signal);
 }
 
 void Children::end_all(int signal) {
   for (const auto& c : children_) {
-    if (c.running) ::kill(c.pid, signal);
+    if (c.running) signal_child(c, signal);
   }
 }
 
@@ -215,13 +235,16 @@ void Children::reap_all(std::chrono::milliseconds grace) {
   }
 }
 
-std::string Children::silent_ones(std::chrono::steady_clock::time_point now, const Child* except) const {
+std::string Children::silent_ones(Clock::time_point now, const Child* except) const {
   std::string out;
   for (const auto& c : children_) {
-    if (&c == except || !c.running || now - c.last_beat < kSilent || !c.beats) continue;
-    out += fmt::format("{}{} had stopped answering ({:.1f} s without a heartbeat; it was at: {})",
-                       out.empty() ? "" : "; ", c.spec.name,
-                       std::chrono::duration<double>(now - c.last_beat).count(), c.activity);
+    if (&c == except || !c.running || now - c.last_progress < kSilent || !c.beats) continue;
+    out += (out.empty() ? "" : "; ") +
+           (now - c.last_beat >= kSilent
+                ? fmt::format("{} had stopped answering ({:.1f} s without a heartbeat; it was at: {})", c.spec.name,
+                              seconds_of(now - c.last_beat), c.activity)
+                : fmt::format("{} had made no progress for {:.1f} s (it was at: {})", c.spec.name,
+                              seconds_of(now - c.last_progress), c.activity));
   }
   return out;
 }
@@ -235,10 +258,17 @@ bool Children::reap(Child& c, bool block) {
     return false;
   }
   c.running = false;
+  // What it started and left (a builder's subprocess) ends now: the group outlives its leader.
+  if (c.group > 0) ::kill(-c.group, SIGKILL);
+  std::error_code ec;
+  c.no_result = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0 && !c.spec.result.empty() &&
+                !std::filesystem::exists(c.spec.result, ec);
   return true;
 }
 
-bool Children::succeeded(const Child& c) { return WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0; }
+bool Children::succeeded(const Child& c) {
+  return WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0 && !c.no_result;
+}
 
 // When a child fails its peers soon fail too (a collective whose peer has gone): the first to fail is the one whose
 // log was last written first (it printed its error before they did); the others are ended.
@@ -260,15 +290,82 @@ std::string Children::end_after_failure(std::chrono::steady_clock::time_point no
     }
   }
   const auto silent = silent_ones(now, first);
-  auto failure = fmt::format("{}{} {}: {}", silent.empty() ? "" : silent + "; then ", first->spec.name,
-                             WIFEXITED(first->status)
-                                 ? fmt::format("exited with status {}", WEXITSTATUS(first->status))
-                                 : fmt::format("was killed by signal {} ({})", WTERMSIG(first->status),
-                                               strsignal(WTERMSIG(first->status))),
+  const auto how = first->no_result
+                       ? fmt::format("exited with status 0 but wrote no result (did the model call os._exit or "
+                                     "sys.exit? is a local memgate.py shadowing the package?){}; the end of its log",
+                                     first->spec.no_result_note.empty() ? "" : ". " + first->spec.no_result_note)
+                   : WIFEXITED(first->status)
+                       ? fmt::format("exited with status {}", WEXITSTATUS(first->status))
+                       : fmt::format("was killed by signal {} ({})", WTERMSIG(first->status),
+                                     strsignal(WTERMSIG(first->status)));
+  auto failure = fmt::format("{}{} {}: {}", silent.empty() ? "" : silent + "; then ", first->spec.name, how,
                              cause_in_log(first->spec.log));
   end_all(SIGTERM);
   reap_all(kGrace);
   return failure;
+}
+
+void Children::observe(Child& c, Clock::time_point now) {
+  const auto reading = read_heartbeat(c.spec.heartbeat);
+  if (!reading) return;
+  if (!c.beats || *c.beats != reading->count) {
+    c.beats = reading->count;
+    c.last_beat = now;
+  }
+  if (!c.progress || *c.progress != reading->progress) {
+    c.progress = reading->progress;
+    c.last_progress = now;
+  }
+  c.activity = reading->activity;
+}
+
+std::chrono::milliseconds Children::allowance(const Child& c) const {
+  const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_);
+  return c.beats ? timeout : std::max(timeout, kStarting);
+}
+
+// A child that made no progress for the timeout: hung (its heartbeat goes on: a Python call that sleeps, spins or
+// waits, a wedged CUDA call or collective) or stopped (no heartbeat either: stopped, swapped out, blocked in the
+// kernel). It is killed with its group, and the others ended.
+std::string Children::end_stuck(Child& c, Clock::time_point now) {
+  const auto timeout = fmt::format("the timeout is {} s: --rank-timeout or MEMGATE_RANK_TIMEOUT", timeout_.count());
+  std::string what;
+  if (!c.beats) {
+    what = fmt::format("{} stopped answering: no heartbeat for {:.1f} s since it started ({}; a starting process gets "
+                       "{} s at least)", c.spec.name, seconds_of(now - c.last_progress), timeout,
+                       std::chrono::duration_cast<std::chrono::seconds>(allowance(c)).count());
+  } else if (now - c.last_beat >= kSilent) {
+    what = fmt::format("{} stopped answering: no progress and no heartbeat for {:.1f} s, at: {} ({}); it is stopped, "
+                       "swapped out or blocked in the kernel", c.spec.name, seconds_of(now - c.last_progress),
+                       c.activity, timeout);
+  } else {
+    what = fmt::format("{} is stuck: no progress for {:.1f} s, at: {} ({}); it is alive, but its work does not move "
+                       "(a Python call that sleeps, spins or waits, a wedged CUDA call or collective)", c.spec.name,
+                       seconds_of(now - c.last_progress), c.activity, timeout);
+  }
+  const auto others = silent_ones(now, &c);
+  signal_child(c, SIGKILL);
+  end_all(SIGTERM);
+  reap_all(kGrace);
+  return fmt::format("{}{}; every process of the probe was ended", what, others.empty() ? "" : "; meanwhile " + others);
+}
+
+// Which of the children that made no progress lately is named when one has made none for the timeout: its peers
+// stopped moving about when it did (a rank waits on it in a collective), and the heartbeat says when only to a beat.
+// Among those without progress for all but kSilent of the timeout: a stopped one (no heartbeat either), then one that
+// is not waiting in a collective, then the one without progress longest.
+Children::Child* Children::culprit(Clock::time_point now) {
+  Child* best = nullptr;
+  const auto rank = [&](const Child& c) {
+    const bool stopped = !c.beats || now - c.last_beat >= kSilent;
+    const bool waiting = c.activity.find("in a collective") != std::string::npos;
+    return std::make_tuple(stopped ? 0 : 1, waiting ? 1 : 0, c.last_progress);
+  };
+  for (auto& c : children_) {
+    if (!c.running || now - c.last_progress + kSilent <= allowance(c)) continue;
+    if (best == nullptr || rank(c) < rank(*best)) best = &c;
+  }
+  return best;
 }
 
 std::optional<std::string> Children::wait() {
@@ -279,35 +376,20 @@ std::optional<std::string> Children::wait() {
       dir_.remove();
       end_by_signal(signal);
     }
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = Clock::now();
     bool any = false;
+    Child* stuck = nullptr;
     for (auto& c : children_) {
       if (!c.running) continue;
-      if (auto reading = read_heartbeat(c.spec.heartbeat); reading && (!c.beats || *c.beats != reading->count)) {
-        c.beats = reading->count;
-        c.last_beat = now;
-        c.activity = reading->activity;
-      }
+      observe(c, now);
       if (reap(c, false)) {
         if (!succeeded(c)) return end_after_failure(now);
         continue;
       }
-      // No heartbeat for the timeout: stopped, hung or swapped out (a child still starting gets a minute at least:
-      // loading LibTorch, or a Python model's imports).
-      const auto allowed = c.beats ? std::chrono::duration_cast<std::chrono::milliseconds>(timeout_)
-                                   : std::max<std::chrono::milliseconds>(timeout_, std::chrono::minutes(1));
-      if (now - c.last_beat > allowed) {
-        auto failure = fmt::format(
-            "{} stopped answering: no heartbeat for {:.1f} s (the timeout is {} s){}; every process of the probe was "
-            "ended", c.spec.name, std::chrono::duration<double>(now - c.last_beat).count(), timeout_.count(),
-            c.beats ? fmt::format(", it was at: {}", c.activity) : std::string(" since it started"));
-        ::kill(c.pid, SIGKILL);
-        end_all(SIGTERM);
-        reap_all(kGrace);
-        return failure;
-      }
       any = true;
+      if (now - c.last_progress > allowance(c)) stuck = &c;
     }
+    if (stuck != nullptr) return end_stuck(*culprit(now), now);
     if (!any) return std::nullopt;
     std::this_thread::sleep_for(kPoll);
   }

@@ -139,6 +139,29 @@ std::vector<std::string> python_code_of(const Workload& workload) {
   return code;
 }
 
+// A memgate.py (or a memgate/ folder that is not memgate's package) in the folder a Python probe starts in: `python -m
+// memgate` imports it instead of memgate's package (that folder comes first on its sys.path), and it exits with 0
+// having measured nothing. Said when a probe does that; empty when there is none, or `command` is not a Python's.
+std::string shadowing_note(const std::vector<std::string>& command) {
+  if (command.size() < 3 || command[1] != "-m") return {};
+  std::error_code ec;
+  const auto cwd = std::filesystem::current_path(ec);
+  if (ec) return {};
+  const auto file = cwd / "memgate.py";
+  const auto folder = cwd / "memgate";
+  std::filesystem::path found;
+  if (std::filesystem::is_regular_file(file, ec)) {
+    found = file;
+  } else if (std::filesystem::is_directory(folder, ec) &&
+             !std::filesystem::is_regular_file(folder / "_forkserver.py", ec)) {
+    found = folder;
+  }
+  if (found.empty()) return {};
+  return fmt::format("{} shadows memgate's Python package: `{} -m memgate`, started in {}, imports it instead of "
+                     "memgate's (rename it, or run memgate from another folder)", found.string(), command[0],
+                     cwd.string());
+}
+
 // What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
 // which calls rank_main); else the rank executable. Each process reads the fixture from its file.
 std::vector<std::string> child_command(const Workload& workload) {
@@ -321,7 +344,9 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   children.start({.name = "its Python probe", .argv = command, .env = env, .log = (dir / "rank0.log").string(),
                   .heartbeat = (dir / "rank0.beat").string(),
                   .server = fork_server_of(command, env, workload.training.compile),
-                  .scan = python_code_of(workload)});
+                  .scan = python_code_of(workload),
+                  .result = of_probe(dir / "rank0.json", batch_sizes.size() - 1).string(),
+                  .no_result_note = shadowing_note(command)});
   if (auto failure = children.wait()) {
     // The batch size it was at: the first whose result it had not written.
     std::size_t done = 0;
@@ -525,6 +550,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
   const auto env = child_environment();
   auto* const server = fork_server_of(command, env, workload.training.compile);
   const auto scan = python_code_of(workload);
+  const auto no_result_note = shadowing_note(command);
   RunDir run;
   const auto& dir = run.path();
   const auto start = std::chrono::steady_clock::now();
@@ -542,7 +568,8 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
       children.start({.name = fmt::format("rank {} of {}", r, world), .argv = std::move(argv), .env = env,
                       .log = (dir / fmt::format("rank{}.log", r)).string(),
                       .heartbeat = (dir / fmt::format("rank{}.beat", r)).string(), .server = server,
-                      .scan = scan});
+                      .scan = scan, .result = (dir / fmt::format("rank{}.json", r)).string(),
+                      .no_result_note = no_result_note});
     } catch (const Error& e) {
       throw Error(fmt::format("{} at batch {}: {}", workload.source, batch_size, e.what()));
     }

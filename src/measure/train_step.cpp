@@ -2,9 +2,12 @@
 #include "memgate/measure/train_step.h"
 
 #include "memgate/base/error.h"
+#include "memgate/base/heartbeat.h"
 #include "memgate/models/autocast.h"
 
 #include <torch/torch.h>
+
+#include <optional>
 
 namespace memgate {
 namespace {
@@ -120,7 +123,13 @@ void TrainingStep::run(StepObserver* observer) {
     if (ddp_) ddp_->post_forward(sync);
     if (observer != nullptr) observer->forward_end(i);
     if (scaler_) loss = scaler_->scale(loss);
-    loss.backward();
+    {
+      // DDP's Reducer all-reduces the gradients from backward's hooks and waits for them at its end: a rank stuck
+      // there waits on a peer (launch/children.h names the peer).
+      std::optional<ProgressSection> in_collective;
+      if (ddp_ && sync) in_collective.emplace("in a collective: DDP's gradient all-reduces, in backward");
+      loss.backward();
+    }
     if (fsdp_) fsdp_->finish_backward();
   }
   if (observer != nullptr) observer->backward_done();

@@ -3,6 +3,7 @@
 // of a fixture in this process, as a memgate program started with --memgate-rank does.
 #include "python_model.h"
 
+#include "memgate/base/heartbeat.h"
 #include "memgate/gate/rank.h"
 
 #include <torch/csrc/utils/pybind.h>
@@ -21,6 +22,9 @@ PYBIND11_MODULE(_core, m) {
                                        std::uint64_t seed) -> std::unique_ptr<memgate::Model> {
     return std::make_unique<memgate::python::PythonModel>(options, device, seed);
   });
+  m.def("note_progress", &memgate::note_progress,
+        "Tells the probe's supervisor that the work moved (a module imported): it ends a probe that makes none for "
+        "its timeout.");
   m.def(
       "rank_main",
       [](const std::vector<std::string>& argv) {

@@ -4,6 +4,7 @@
 #include "python_model.h"
 
 #include "memgate/base/error.h"
+#include "memgate/base/heartbeat.h"
 #include "memgate/models/checkpoint.h"
 #include "memgate/models/task.h"
 
@@ -116,6 +117,7 @@ struct BlockCall {
     extra = py::object();
   }
   torch::Tensor run(const torch::Tensor& x) {
+    note_progress();  // each block's forward (and its recomputation) is progress
     py::gil_scoped_acquire gil;
     py::object out = forward(x, *rest, **kwargs);
     if (THPVariable_Check(out.ptr())) return out.cast<at::Tensor>();
@@ -137,6 +139,7 @@ bool matches(const std::string& pattern, const std::string& name) {
 
 py::object import_callable(const std::string& file, const std::string& module, const std::string& callable,
                            const std::string& key, const std::string& entry) try {
+  const ProgressSection section("importing the model's Python code (" + entry + ")");
   py::object target;
   if (!file.empty()) {
     // The file's folder on sys.path first, so that it imports its neighbours as the user's scripts do.
@@ -182,6 +185,9 @@ PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::u
       const auto on_device = torch_module.attr("device")(device.str());
       on_device.attr("__enter__")();
       try {
+        // The build is one call: it must end within the probe's timeout (its imports are progress, its own work is
+        // not: a builder that waits for ever is ended).
+        const ProgressSection section("in the model's Python build callable (" + spec.entry + ")");
         module = build(**kwargs);
       } catch (...) {
         on_device.attr("__exit__")(py::none(), py::none(), py::none());
@@ -288,6 +294,7 @@ Batch PythonModel::make_batch(std::int64_t batch_size) {
 }
 
 py::object PythonModel::call(const Batch& batch) {
+  const ProgressSection section("in the model's Python forward (" + spec_.entry + ")");
   py::tuple args(batch.inputs.size());
   for (std::size_t i = 0; i < batch.inputs.size(); ++i) args[i] = py::cast(batch.inputs[i]);
   return forward_(*args);
@@ -304,7 +311,11 @@ torch::Tensor PythonModel::loss(const Batch& batch) {
       const auto b = types.attr("SimpleNamespace")(py::arg("inputs") = inputs,
                                                    py::arg("target") = batch.target.defined() ? py::cast(batch.target)
                                                                                               : py::none());
-      py::object value = loss_(out, b);
+      py::object value;
+      {
+        const ProgressSection section("in the model's Python loss (" + spec_.loss + ")");
+        value = loss_(out, b);
+      }
       out = py::object();
       if (!THPVariable_Check(value.ptr())) {
         throw Error(fmt::format("model.loss: {} returned {}, expected a scalar tensor", spec_.loss,

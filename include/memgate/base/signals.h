@@ -38,7 +38,8 @@ class SignalDeferral {
 
 /// For a child process that `parent` started for one job, in the folder `folder` of that job: when the parent dies,
 /// however it dies (SIGKILL included), this process gets SIGTERM (PR_SET_PDEATHSIG), removes the files of `folder`
-/// and the folder (nothing else would: its parent is gone) and ends. Returns false when the parent is already gone
+/// and the folder (nothing else would: its parent is gone) and ends, with its process group where it leads one (what
+/// the model's code started: launch/children.h starts each probe process in a group of its own). Returns false when the parent is already gone
 /// (the caller should end at once); the folder is then removed already.
 [[nodiscard]] bool end_with_parent(pid_t parent, const std::string& folder);
 

@@ -1,6 +1,8 @@
 // Gradient checkpointing of a block, as torch.utils.checkpoint does it: how every model runs its repeated blocks.
 #pragma once
 
+#include "memgate/base/heartbeat.h"
+
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
@@ -42,9 +44,11 @@ class BlockHookScope {
   BlockHook* previous_;
 };
 
-/// `block->forward(x)`, through `checkpoint` when `checkpointed`, and through the thread's BlockHook if any.
+/// `block->forward(x)`, through `checkpoint` when `checkpointed`, and through the thread's BlockHook if any. Each
+/// block's forward is progress (base/heartbeat.h): a long forward of many blocks moves.
 template <typename Block>
 [[nodiscard]] torch::Tensor run_block(Block block, const torch::Tensor& x, bool checkpointed) {
+  note_progress();
   // A plain lambda: a std::function (a heap allocation per block and step) only when a hook takes it.
   auto forward = [block, checkpointed](const torch::Tensor& t) mutable -> torch::Tensor {
     if (!checkpointed) return block->forward(t);

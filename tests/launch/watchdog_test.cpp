@@ -1,0 +1,367 @@
+// The watchdog on a probe's progress (issue 56): a probe process whose work stops moving is ended after the probe's
+// timeout, however alive it looks (its heartbeat thread beats whatever the work does), together with the processes
+// its model's code started, and a probe that exits with 0 without its result is said to have done so. One test per
+// kind of hang, each through the CLI with --rank-timeout 3: a Python forward that sleeps, one that spins holding the
+// GIL, a builder that sleeps (having started a child process that would outlive it), a rank hung in its step while
+// its peer waits in a collective, a stopped rank, and a probe that exits with 0 (os._exit in forward, and a local
+// memgate.py shadowing memgate's package). Each must end within the timeout plus its start, exit 3, name the probe,
+// its phase, how long and the timeout, and leave no process (the model's child processes included) and no file.
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace memgate {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// The probes' timeout here: short, so that each test ends in seconds.
+constexpr int kTimeout = 3;
+
+// The processes for which `pick(its /proc folder, its command line)` holds.
+template <typename Pick>
+std::vector<pid_t> processes_where(Pick pick) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (pick(entry.path(), cmdline)) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// A probe's processes: those whose command line names `dir` (their result files are in the probe's folder there),
+// or whose output is a log there (a process forked from a fork server has the server's command line).
+std::vector<pid_t> processes_naming(const std::string& dir) {
+  return processes_where([&](const std::filesystem::path& proc, const std::string& cmdline) {
+    std::error_code ec;
+    const auto output = std::filesystem::read_symlink(proc / "fd" / "1", ec).string();
+    return (cmdline.find(dir) != std::string::npos && cmdline.find("--memgate-rank") != std::string::npos) ||
+           (!ec && output.starts_with(dir + "/"));
+  });
+}
+
+// Whether `pid` is a live process (a zombie that nobody reaps in a container counts as gone).
+bool alive(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  std::getline(stat, line);
+  const auto paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
+}
+
+struct Outcome {
+  int status = 0;  // waitpid's
+  std::string output;
+  double seconds = 0;
+};
+
+int exit_code(const Outcome& o) { return WIFEXITED(o.status) ? WEXITSTATUS(o.status) : -1; }
+
+// memgate started as CI starts it (in `cwd`): a process group of its own, default signal dispositions, its output in
+// a file; killed with its group if the test ends first.
+class Memgate {
+ public:
+  Memgate(const std::string& args, const std::vector<std::string>& env, const testing::TempDir& out,
+          const std::string& cwd = ".")
+      : log_(out / "memgate.log") {
+    std::vector<std::string> argv{"/bin/sh", "-c",
+                                  fmt::format("cd '{}' && exec {} {} > '{}' 2>&1", cwd, MEMGATE_CLI, args, log_)};
+    std::vector<std::string> envs;
+    for (char** e = environ; *e != nullptr; ++e) envs.emplace_back(*e);
+    envs.insert(envs.end(), env.begin(), env.end());
+    std::vector<char*> a, e;
+    for (auto& s : argv) a.push_back(s.data());
+    a.push_back(nullptr);
+    for (auto& s : envs) e.push_back(s.data());
+    e.push_back(nullptr);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t all, none;
+    sigfillset(&all);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
+    start_ = Clock::now();
+    EXPECT_EQ(posix_spawn(&pid_, a[0], nullptr, &attr, a.data(), e.data()), 0);
+    posix_spawnattr_destroy(&attr);
+  }
+  ~Memgate() {
+    if (pid_ > 0) {
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Memgate(const Memgate&) = delete;
+  Memgate& operator=(const Memgate&) = delete;
+  [[nodiscard]] pid_t pid() const { return pid_; }
+  // Its outcome once it has ended (or, past `limit`, once it is killed as hung), else nothing yet.
+  std::optional<Outcome> poll(std::chrono::seconds limit) {
+    Outcome o;
+    if (::waitpid(pid_, &o.status, WNOHANG) == 0) {
+      if (Clock::now() - start_ <= limit) return std::nullopt;
+      ADD_FAILURE() << "memgate still running after " << limit.count() << " s: it hangs";
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, &o.status, 0);
+    }
+    pid_ = -1;
+    o.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    o.output = testing::read_file(log_);
+    return o;
+  }
+  Outcome wait(std::chrono::seconds limit) {
+    for (;;) {
+      if (auto o = poll(limit)) return *o;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  Clock::time_point start_;
+};
+
+// One case: its folders (a private TMPDIR, the fixture's and memgate's output), and memgate once started.
+struct Probe {
+  testing::TempDir tmp, out;
+  std::unique_ptr<Memgate> memgate;
+  pid_t memgate_pid = -1;
+};
+
+// What is left of a probe after it ended: its processes (given a moment to go), the child processes its model's
+// code started (their pids in `pids`, one a line), its fork server, and the files in its TMPDIR.
+void expect_nothing_left(const Probe& p, const std::string& pids = {}) {
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  // The fork servers of that memgate (Python's, or the rank program's): their command lines end with its pid.
+  const std::vector<std::string> servers{fmt::format("memgate._forkserver{}{}{}", '\0', p.memgate_pid, '\0'),
+                                         fmt::format("--memgate-fork-server{}{}{}", '\0', p.memgate_pid, '\0')};
+  const auto left = [&] {
+    std::vector<std::string> what;
+    for (const auto pid : processes_naming(p.tmp.path().string())) what.push_back(fmt::format("probe {}", pid));
+    const auto is_server = [&](const auto&, const std::string& cmdline) {
+      return std::any_of(servers.begin(), servers.end(),
+                         [&](const auto& s) { return cmdline.find(s) != std::string::npos; });
+    };
+    for (const auto pid : processes_where(is_server)) what.push_back(fmt::format("fork server {}", pid));
+    std::istringstream lines(pids.empty() ? std::string() : testing::read_file(pids));
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && alive(std::stoi(line))) what.push_back("the model's child process " + line);
+    }
+    return what;
+  };
+  while (!left().empty() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_THAT(left(), ::testing::IsEmpty()) << "processes left running";
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(p.tmp.path())) files.push_back(e.path().string());
+  EXPECT_THAT(files, ::testing::IsEmpty()) << "files left in TMPDIR (a memgate-probe-* run folder)";
+}
+
+// memgate profile of `config` at batch 1 on the CPU with --rank-timeout kTimeout, its TMPDIR private.
+void start(Probe& p, const std::string& config, std::vector<std::string> env = {}, const std::string& cwd = ".") {
+  env.push_back("TMPDIR=" + p.tmp.path().string());
+  env.push_back("TORCHINDUCTOR_CACHE_DIR=" + (p.out / "inductor"));
+  p.memgate = std::make_unique<Memgate>(
+      fmt::format("profile --config {} --batch-sizes 1 --device cpu --rank-timeout {}", config, kTimeout), env, p.out,
+      cwd);
+  p.memgate_pid = p.memgate->pid();
+}
+
+// The longest any case may take: the timeout, the start of a Python that imports torch on a busy 2-core machine,
+// the grace the others get. A case that ran for ever (the bug) is killed at 60 s.
+constexpr double kBound = kTimeout + 25;
+
+Outcome finish(Probe& p, const std::string& name) {
+  auto o = p.memgate->wait(std::chrono::seconds(60));
+  std::cout << "[ watchdog ] " << name << ": ended in " << fmt::format("{:.1f}", o.seconds) << " s, exit "
+            << exit_code(o) << ":\n" << o.output << std::endl;
+  return o;
+}
+
+#ifdef MEMGATE_WATCHDOG_PYTHON
+
+// The model's code: each builder starts a child process that would outlive its probe (`sleep 1000`) and notes its
+// pid, then builds a module whose forward hangs as asked, or hangs itself.
+constexpr const char* kModels = R"(import os
+import subprocess
+import time
+
+import torch
+
+
+def _child(pids):
+    child = subprocess.Popen(["sleep", "1000"])
+    with open(pids, "a") as f:
+        f.write(f"{child.pid}\n")
+
+
+class Model(torch.nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        if self.how == "sleep":
+            time.sleep(1000)
+        elif self.how == "spin":
+            while True:  # holds the GIL
+                pass
+        elif self.how == "exit":
+            os._exit(0)
+        return self.lin(x)
+
+
+def build(pids, how):
+    _child(pids)
+    if how == "build":
+        time.sleep(1000)
+    return Model(how)
+)";
+
+// A Python fixture whose model hangs as `how` says, in `p`'s output folder; the pids of its child processes go to
+// pids.txt there.
+std::string python_fixture(const Probe& p, const std::string& how) {
+  testing::write_file(p.out / "models.py", kModels);
+  testing::write_file(p.out / "f.yaml", fmt::format("model:\n  arch: python\n  entry: models.py:build\n"
+                                                    "  args: {{pids: '{}', how: {}}}\n"
+                                                    "  inputs:\n    - {{shape: [B, 4], dtype: float32}}\n"
+                                                    "  task: sum\nbatch_sizes: [1]\n",
+                                                    p.out / "pids.txt", how));
+  return p.out / "f.yaml";
+}
+
+struct PythonHang {
+  std::string how;
+  std::vector<std::string> says;
+};
+
+// The hung Python probes, run two at a time (each mostly waits out its timeout).
+void expect_python_hangs_ended(const std::vector<PythonHang>& cases) {
+  std::vector<std::unique_ptr<Probe>> probes;
+  for (const auto& c : cases) {
+    probes.push_back(std::make_unique<Probe>());
+    start(*probes.back(), python_fixture(*probes.back(), c.how));
+  }
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].how);
+    auto& p = *probes[i];
+    const auto o = finish(p, cases[i].how);
+    EXPECT_EQ(exit_code(o), 3) << o.output;
+    EXPECT_THAT(o.output, HasSubstr("f.yaml at batch 1"));
+    EXPECT_THAT(o.output, HasSubstr(fmt::format("(the timeout is {} s: --rank-timeout or MEMGATE_RANK_TIMEOUT)",
+                                                kTimeout)));
+    for (const auto& s : cases[i].says) EXPECT_THAT(o.output, HasSubstr(s));
+    EXPECT_LT(o.seconds, kBound);
+    EXPECT_FALSE(testing::read_file(p.out / "pids.txt").empty()) << "the builder started no child";
+    expect_nothing_left(p, p.out / "pids.txt");
+  }
+}
+
+TEST(WatchdogTest, ASleepingPythonForwardIsEndedWithTheChildItsBuilderStarted) {
+  expect_python_hangs_ended({{"sleep",
+                              {"its Python probe is stuck: no progress for 3.", "at: eval forward, in the model's Python "
+                               "forward (models.py:build)", "it is alive, but its work does not move"}}});
+}
+
+TEST(WatchdogTest, APythonForwardSpinningWithTheGilHeldIsEnded) {
+  expect_python_hangs_ended({{"spin", {"its Python probe is stuck: no progress for 3.",
+                                       "at: eval forward, in the model's Python forward (models.py:build)"}}});
+}
+
+TEST(WatchdogTest, AHangingBuilderIsEndedWithTheChildItStarted) {
+  expect_python_hangs_ended({{"build", {"its Python probe is stuck: no progress for 3.",
+                                        "at: counting the model's parameters (building it on the Meta device), in the "
+                                        "model's Python build callable (models.py:build)"}}});
+}
+
+TEST(WatchdogTest, AProbeThatExitsWithZeroWithoutAResultIsSaidToHaveDoneSo) {
+  Probe p;
+  start(p, python_fixture(p, "exit"));
+  const auto o = finish(p, "os._exit(0) in forward");
+  EXPECT_EQ(exit_code(o), 3) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("f.yaml at batch 1"));
+  EXPECT_THAT(o.output, HasSubstr("its Python probe exited with status 0 but wrote no result (did the model call "
+                                  "os._exit or sys.exit? is a local memgate.py shadowing the package?)"));
+  EXPECT_THAT(o.output, Not(HasSubstr("a probe's result file")));
+  EXPECT_THAT(o.output, Not(HasSubstr("shadows memgate's Python package"))) << "no memgate.py here";
+  EXPECT_LT(o.seconds, kBound);
+  expect_nothing_left(p, p.out / "pids.txt");
+}
+
+TEST(WatchdogTest, ALocalMemgatePyShadowingThePackageIsNamed) {
+  Probe p;
+  const auto config = python_fixture(p, "none");
+  testing::TempDir cwd;
+  testing::write_file(cwd / "memgate.py", "print('my own memgate, not the package')\n");
+  start(p, config, {}, cwd.path().string());
+  const auto o = finish(p, "a local memgate.py");
+  EXPECT_EQ(exit_code(o), 3) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("its Python probe exited with status 0 but wrote no result"));
+  EXPECT_THAT(o.output, HasSubstr(fmt::format("{} shadows memgate's Python package", cwd / "memgate.py")));
+  EXPECT_THAT(o.output, HasSubstr("my own memgate, not the package")) << "the end of its log";
+  expect_nothing_left(p);
+}
+
+#endif  // MEMGATE_WATCHDOG_PYTHON
+
+// A rank whose work stops while its heartbeat goes on (a wedged call) and one that is stopped (SIGSTOP): each ends
+// the probe after the timeout, named with its phase, before its peer's collective (waiting on it) times out.
+TEST(WatchdogTest, AHungRankAndAStoppedRankEndTheProbeNamingTheRankAndItsPhase) {
+  const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_ddp.yaml";
+  struct Case {
+    std::string fault;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases{
+      {"1:hang:measured step: forward",
+       {"rank 1 of 2 is stuck: no progress for 3.", "at: measured step: forward (the timeout is 3 s"}},
+      {"1:stop:warm-up step: backward",
+       {"rank 1 of 2 stopped answering: no progress and no heartbeat for 3.", "at: warm-up step: backward"}}};
+  std::vector<std::unique_ptr<Probe>> probes;
+  for (const auto& c : cases) {
+    probes.push_back(std::make_unique<Probe>());
+    start(*probes.back(), fixture, {"MEMGATE_TEST_RANK_FAULT=" + c.fault});
+  }
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].fault);
+    const auto o = finish(*probes[i], cases[i].fault);
+    EXPECT_EQ(exit_code(o), 3) << o.output;
+    EXPECT_THAT(o.output, HasSubstr("vit_tiny_ddp.yaml at batch 1"));
+    for (const auto& s : cases[i].says) EXPECT_THAT(o.output, HasSubstr(s));
+    EXPECT_THAT(o.output, Not(HasSubstr("rank 0 of 2 exited"))) << "the stuck rank is named, not its waiting peer";
+    EXPECT_LT(o.seconds, kTimeout + 15);
+    expect_nothing_left(*probes[i]);
+  }
+}
+
+}  // namespace
+}  // namespace memgate
