@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -75,6 +76,12 @@ Run add_check(CLI::App& app) {
       std::vector<std::int64_t> batch_sizes;
     };
     std::vector<Job> jobs;
+    // A value of the flag that names no folder: said before anything is measured (a usage error, exit 2).
+    if (std::error_code ec; std::filesystem::exists(o->baselines, ec) && !std::filesystem::is_directory(o->baselines, ec)) {
+      throw UsageError(fmt::format("--baselines {}: is {}, not a folder: expected the baselines folder "
+                                   "(<folder>/<device>/<fixture>.json; made where missing)",
+                                   o->baselines, std::filesystem::is_regular_file(o->baselines, ec) ? "a file" : "no folder"));
+    }
     auto device = memgate::resolve_device(o->device);
     if (!o->suite.empty()) {
       const auto s = memgate::load_suite(o->suite, memgate::suite_models_dir(o->suite));
