@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -20,7 +21,8 @@ inline std::string write_input(const std::uint8_t* data, std::size_t size, const
   static const std::string dir = [] {
     const std::string base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     std::string d = base + "/memgate-fuzz-" + std::to_string(::getpid());
-    (void)std::system(("mkdir -p " + d + "/models " + d + "/suites " + d + "/gpus " + d + "/cpu").c_str());
+    std::error_code ec;
+    for (const char* sub : {"/models", "/suites", "/gpus", "/cpu"}) std::filesystem::create_directories(d + sub, ec);
     return d;
   }();
   const auto path = dir + "/" + name;

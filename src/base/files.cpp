@@ -17,6 +17,11 @@
 
 namespace memgate {
 
+namespace {
+// strerror of a failed call's errno; iostreams may leave it 0.
+std::string reason(int error) { return error != 0 ? std::strerror(error) : std::string("the system gave no reason"); }
+}  // namespace
+
 TemporaryFileGuard::TemporaryFileGuard(const std::string& path)
     : slot_(register_temporary_file(path)), path_(path) {}
 
@@ -51,8 +56,9 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     if (std::filesystem::is_directory(status)) throw Error(path + ": is a directory: expected a file to write");
     if (!std::filesystem::is_regular_file(status)) {
       // A device, a FIFO or a socket: written to directly; replacing it with a file would destroy it.
+      errno = 0;
       std::ofstream out(path, std::ios::binary);
-      if (!out) throw Error(path + ": cannot write");
+      if (!out) throw Error(path + ": cannot write: " + reason(errno));
       out << text;
       out.flush();
       if (!out) throw Error(path + ": write failed");
@@ -65,11 +71,16 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   const auto tmp = file.string() + ".tmp." + std::to_string(::getpid());
   TemporaryFileGuard guard(tmp);  // gone on an error, a return or Ctrl-C before the rename
   {
+    errno = 0;
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(tmp + ": cannot write");
+    if (!out) {
+      throw Error(tmp + ": cannot write (to replace " + path + " whole): " + reason(errno) +
+                  "; expected a folder this process may write to (check its permissions, and that its file system "
+                  "is not read-only)");
+    }
     out << text;
     out.flush();
-    if (!out) throw Error(tmp + ": write failed");
+    if (!out) throw Error(tmp + ": write failed: " + reason(errno) + " (is the disk full?)");
   }
   std::filesystem::rename(tmp, file, ec);
   if (ec) throw Error(path + ": cannot replace: " + ec.message());

@@ -86,6 +86,12 @@ Run add_check(CLI::App& app) {
       std::string error;  ///< why it could not be loaded
     };
     std::vector<Job> jobs;
+    // A value of the flag that names no folder: said before anything is measured (a usage error, exit 2).
+    if (std::error_code ec; std::filesystem::exists(o->baselines, ec) && !std::filesystem::is_directory(o->baselines, ec)) {
+      throw UsageError(fmt::format("--baselines {}: is {}, not a folder: expected the baselines folder "
+                                   "(<folder>/<device>/<fixture>.json; made where missing)",
+                                   o->baselines, std::filesystem::is_regular_file(o->baselines, ec) ? "a file" : "no folder"));
+    }
     auto device = memgate::resolve_device(o->device);
     const auto load = [&](const std::string& path, const std::vector<std::int64_t>& sizes) {
       Job job{.path = path};

@@ -7,6 +7,7 @@
 #include "memgate/gate/report.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -15,10 +16,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
+#include <vector>
 
 namespace memgate {
 namespace {
@@ -62,11 +67,15 @@ std::int64_t need_int(const nlohmann::json& j, const std::string& path, const st
 
 std::string read_file(const std::string& path) { return read_text_file(path, "a baseline JSON file"); }
 
+constexpr const char* kFolderHint = "expected a folder this process can create and write (give --baselines one)";
+
 // Exclusive advisory lock on a directory, held for the object's lifetime.
 class DirectoryLock {
  public:
   explicit DirectoryLock(const std::string& dir) : fd_(::open(dir.c_str(), O_RDONLY | O_DIRECTORY)) {
-    if (fd_ < 0 || ::flock(fd_, LOCK_EX) != 0) throw Error(dir + ": cannot lock the baseline folder");
+    if (fd_ < 0 || ::flock(fd_, LOCK_EX) != 0) {
+      throw Error(dir + ": cannot lock the baseline folder: " + std::strerror(errno) + "; " + kFolderHint);
+    }
   }
   ~DirectoryLock() {
     if (fd_ >= 0) ::close(fd_);  // closing releases the lock
@@ -78,9 +87,53 @@ class DirectoryLock {
   int fd_;
 };
 
-// The first line a command prints, without its line end.
-std::string first_line_of(const std::string& command) {
-  std::istringstream lines(run_command(command).output);
+// The folder of a baseline file and the folders above it, made where missing; an error names the folder and why.
+void make_baseline_folder(const std::filesystem::path& dir) {
+  // The first folder on the way that is there but is no folder (a file given as --baselines, or above it).
+  for (auto p = dir; !p.empty(); p = p.parent_path()) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(p, ec);
+    if (std::filesystem::exists(status)) {
+      if (!std::filesystem::is_directory(status)) {
+        throw Error(p.string() + ": is " + (std::filesystem::is_regular_file(status) ? "a file" : "not a folder") +
+                    ", so the baseline folder " + dir.string() + " cannot be made there; " + kFolderHint);
+      }
+      break;
+    }
+    if (p == p.parent_path()) break;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(dir.string() + ": cannot create the baseline folder: " + ec.message() + "; " + kFolderHint);
+}
+
+// What an update killed between writing its temporary file and renaming it left: `<fixture>.json.tmp.<pid>` of a
+// process that is gone (kill(pid, 0) says ESRCH). Called under the folder's lock; a live writer's file is kept.
+void remove_stray_temporary_files(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    const auto at = name.rfind(".json.tmp.");
+    if (at == std::string::npos || at == 0) continue;
+    const auto digits = std::string_view(name).substr(at + std::string_view(".json.tmp.").size());
+    if (digits.empty() || digits.size() > 9 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    const auto pid = static_cast<pid_t>(std::stol(std::string(digits)));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    std::error_code type_ec;
+    if (!it->is_regular_file(type_ec) || it->is_symlink(type_ec)) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to ask about (EPERM): kept
+    ::unlink(it->path().c_str());
+  }
+}
+
+// The first line a program prints, without its line end; empty where it failed.
+std::string first_line_of(const std::vector<std::string>& argv) {
+  const auto result = run_program(argv);
+  if (result.exit_code != 0) return {};
+  std::istringstream lines(result.output);
   std::string line;
   std::getline(lines, line);
   if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -209,11 +262,11 @@ nlohmann::json baseline_to_json(const Baseline& b) {
 
 std::string source_commit(const std::string& source_dir) {
   if (const char* c = std::getenv("MEMGATE_COMMIT"); c != nullptr && *c != '\0') return c;
-  const auto quoted = "'" + source_dir + "'";
-  auto commit = first_line_of("git -C " + quoted + " rev-parse --short=12 HEAD 2>/dev/null");
+  // git's own arguments, no shell: any folder name (quotes, `$(...)`, spaces, a newline) is the folder's name.
+  auto commit = first_line_of({"git", "-C", source_dir, "rev-parse", "--short=12", "HEAD"});
   if (commit.empty()) return "unknown";
-  auto dirty = first_line_of("git -C " + quoted +
-                           " status --porcelain --untracked-files=no -- . ':(exclude)baselines' 2>/dev/null");
+  auto dirty = first_line_of(
+      {"git", "-C", source_dir, "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)baselines"});
   return dirty.empty() ? commit : commit + "+dirty";
 }
 
@@ -255,8 +308,9 @@ bool from_a_dirty_tree(const nlohmann::json& provenance) {
 bool update_baseline(const std::string& path, const Fixture& fixture, const DeviceInfo& device,
                      const std::vector<ProbeResult>& probes, const std::string& commit) {
   const std::filesystem::path file(path);
-  std::filesystem::create_directories(file.parent_path());
+  make_baseline_folder(file.parent_path());
   DirectoryLock lock(file.parent_path().string());
+  remove_stray_temporary_files(file.parent_path());
 
   Baseline b;
   const bool existed = std::filesystem::exists(file);
@@ -347,10 +401,23 @@ Comparison compare_component(const std::string& fixture, std::int64_t batch_size
   c.component = std::string(component);
   c.baseline = baseline;
   c.measured = measured;
-  // Rounded down: a relative share never lets a whole byte more through than it says.
-  c.allowed = std::max(static_cast<std::int64_t>(std::floor(relative * static_cast<double>(baseline))), absolute);
-  if (measured > baseline + c.allowed) c.verdict = Verdict::kRegression;
-  else if (measured < baseline - c.allowed) c.verdict = Verdict::kStale;
+  // Rounded down: a relative share never lets a whole byte more through than it says. Saturating: a share or a sum
+  // beyond what 64 bits hold is the largest they hold (a baseline of 2^63-1 bytes is within itself, not "grew").
+  constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+  const double share = std::floor(relative * static_cast<double>(baseline));
+  const std::int64_t relative_bytes = !(share > 0) ? 0 : share >= 0x1p63 ? kMax : static_cast<std::int64_t>(share);
+  c.allowed = std::max(relative_bytes, absolute);
+  const auto saturating_add = [](std::int64_t a, std::int64_t b) {
+    std::int64_t sum = 0;
+    return __builtin_add_overflow(a, b, &sum) ? (b > 0 ? kMax : std::numeric_limits<std::int64_t>::min()) : sum;
+  };
+  const auto saturating_sub = [](std::int64_t a, std::int64_t b) {
+    std::int64_t difference = 0;
+    return __builtin_sub_overflow(a, b, &difference) ? (b > 0 ? std::numeric_limits<std::int64_t>::min() : kMax)
+                                                      : difference;
+  };
+  if (measured > saturating_add(baseline, c.allowed)) c.verdict = Verdict::kRegression;
+  else if (measured < saturating_sub(baseline, c.allowed)) c.verdict = Verdict::kStale;
   return c;
 }
 

@@ -383,6 +383,16 @@ PythonOptions read_python(MapReader& r) {
   // Which interpreter runs the model is not what the model is.
   s.python = r.get_string("python", std::string());
   r.leave_out_of_hash("python");
+  if (!s.python.empty()) {
+    s.python_key = r.file() + ":" + std::to_string(r.line_of("python")) + ": " + r.key_path("python");
+    s.python_written = s.python;
+    // A path (it has a '/') is relative to the fixture's folder, as `entry` is; a bare name is looked up on PATH.
+    if (const std::filesystem::path written(s.python); s.python.find('/') != std::string::npos && written.is_relative()) {
+      s.python = std::filesystem::absolute(std::filesystem::path(r.file()).parent_path() / written)
+                     .lexically_normal()
+                     .string();
+    }
+  }
   return s;
 }
 
@@ -594,6 +604,12 @@ TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
       r.fail("distributed", "strategy ddp for a TorchScript model (memgate cannot shard a scripted module's "
                             "parameters; a Python fixture, arch: python, can)", "strategy fsdp");
     }
+  }
+  if (const auto* resnet = std::get_if<ResNetOptions>(&model.options);
+      resnet != nullptr && resnet->task == ResNetOptions::Task::kProtonet && t.trainable.kind == TrainableSpec::Kind::kHead) {
+    r.fail("trainable", "at least one trainable parameter: a ResNet with task: protonet has no head (no fc), so "
+                        "head trains nothing; all, last_blocks:N or {train: [patterns]}",
+           "'head'");
   }
   if (t.trainable.kind == TrainableSpec::Kind::kLora && model.arch != Arch::kRegistered) {
     bool has_lora = false;

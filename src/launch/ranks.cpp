@@ -96,9 +96,18 @@ std::string python_executable(const PythonOptions& py) {
     name = "python3";
     where = "python3 on PATH";
   }
+  const bool from_key = !py.python.empty();
   if (name.find('/') != std::string::npos) {
     if (::access(name.c_str(), X_OK) == 0 && !std::filesystem::is_directory(name, ec)) return name;
-    throw Error(fmt::format("the Python '{}' ({}) is not an executable file", name, where));
+    const auto why = !std::filesystem::exists(name, ec)        ? "not there"
+                     : std::filesystem::is_directory(name, ec) ? "a folder"
+                                                                : "not executable";
+    if (from_key) {
+      throw Error(fmt::format("{}: expected an executable Python (a path relative to the fixture's folder, or a name "
+                              "on PATH), got '{}': tried {}, which is {}",
+                              py.python_key, py.python_written, name, why));
+    }
+    throw Error(fmt::format("the Python '{}' ({}) is not an executable file: {} is {}", name, where, name, why));
   }
   const char* path = std::getenv("PATH");
   std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
@@ -107,6 +116,11 @@ std::string python_executable(const PythonOptions& py) {
     const auto candidate = std::filesystem::path(dirs.substr(start, end - start)) / name;
     if (::access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate, ec)) return candidate;
     start = end + 1;
+  }
+  if (from_key) {
+    throw Error(fmt::format("{}: expected an executable Python (a path relative to the fixture's folder, or a name on "
+                            "PATH), got '{}': tried each folder of PATH ({}), none has it",
+                            py.python_key, py.python_written, dirs));
   }
   throw Error(fmt::format("the Python '{}' ({}) is not on PATH: set MEMGATE_PYTHON to a Python with torch and memgate",
                           name, where));

@@ -368,7 +368,7 @@ ParamCounts workload_param_counts(const Workload& workload) {
     if (workload.model.arch != Arch::kRegistered) throw;
     model = build_model(workload.model, c10::Device(c10::DeviceType::CPU));
   }
-  (void)select_trainable(*model, workload.training.trainable);
+  (void)select_trainable(*model, workload.training.trainable, workload.source);
   return count_parameters(model->module());
 }
 

@@ -35,14 +35,14 @@ void require_batch_size(const Workload& workload, std::int64_t batch_size) {
 
 TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c10::Device device,
                            std::uint64_t seed, StepObserver* observer, const RankGroup* group)
-    : training_(workload.training), batch_size_(batch_size), device_(device) {
+    : training_(workload.training), source_(workload.source), batch_size_(batch_size), device_(device) {
   require_batch_size(workload, batch_size);
   model_ = build_model(workload.model, device, seed);
   model_->set_gradient_checkpointing(training_.gradient_checkpointing);
   const bool sharded = group != nullptr && training_.distributed.strategy == DistributedStrategy::kFsdp;
   // A rank of FSDP keeps its shards, not the model it was built from: its parameters are read once sharded.
   if (observer != nullptr && !sharded) observer->model_built();
-  auto trainable = select_trainable(*model_, training_.trainable);
+  auto trainable = select_trainable(*model_, training_.trainable, workload.source);
   if (group != nullptr) {
     switch (training_.distributed.strategy) {
       case DistributedStrategy::kDdp:
@@ -122,6 +122,10 @@ void TrainingStep::run(StepObserver* observer) {
     }
     if (ddp_) ddp_->post_forward(sync);
     if (observer != nullptr) observer->forward_end(i);
+    if (!loss.requires_grad()) {  // trainable parameters, none of which the loss depends on
+      throw Error(source_ + ": training.trainable: expected at least one trainable parameter that the loss depends "
+                  "on, got none: '" + training_.trainable.str() + "' selects parameters the forward does not use");
+    }
     if (scaler_) loss = scaler_->scale(loss);
     {
       // DDP's Reducer all-reduces the gradients from backward's hooks and waits for them at its end: a rank stuck

@@ -53,13 +53,14 @@ std::string TrainableSpec::str() const {
   return "all";
 }
 
-std::vector<torch::Tensor> select_trainable(Model& model, const TrainableSpec& trainable) {
+std::vector<torch::Tensor> select_trainable(Model& model, const TrainableSpec& trainable, const std::string& source) {
   using Kind = TrainableSpec::Kind;
+  const std::string where = source.empty() ? std::string() : source + ": ";
   const auto heads = model.head_prefixes();
   auto blocks = model.block_prefixes();
   if (trainable.kind == Kind::kLastBlocks) {
     if (trainable.last_blocks > static_cast<std::int64_t>(blocks.size())) {
-      throw Error("training.trainable: last_blocks:" + std::to_string(trainable.last_blocks) +
+      throw Error(where + "training.trainable: last_blocks:" + std::to_string(trainable.last_blocks) +
                   " asks for more blocks than the model has (" + std::to_string(blocks.size()) + ")");
     }
     blocks.erase(blocks.begin(), blocks.end() - trainable.last_blocks);
@@ -87,10 +88,16 @@ std::vector<torch::Tensor> select_trainable(Model& model, const TrainableSpec& t
   }
   for (std::size_t i = 0; i < pattern_used.size(); ++i) {
     if (!pattern_used[i]) {
-      throw Error("training.trainable: the pattern '" + trainable.patterns[i] +
+      throw Error(where + "training.trainable: the pattern '" + trainable.patterns[i] +
                   "' matches no parameter of the model; its parameters are named like " +
                   some_parameter_names(model.module()));
     }
+  }
+  // Nothing to train: the step's backward would stop at autograd's "element 0 of tensors does not require grad".
+  if (out.empty()) {
+    throw Error(where + "training.trainable: expected at least one trainable parameter, got none: '" +
+                trainable.str() + "' selects none of the model's parameters (" + some_parameter_names(model.module()) +
+                "); name some with {train: [patterns]}, or train all");
   }
   return out;
 }

@@ -3,49 +3,163 @@
 
 #include "memgate/base/files.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/eventhandler.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
+#include <unordered_map>
+#include <vector>
 
 namespace memgate::detail {
 
 namespace {
 
-// Listens to the parser's events only to learn where a document starts.
-class DocumentStarts : public YAML::EventHandler {
+// One pass over the parser's events before anything is built: where the first document starts, and the bounds of
+// what building it and walking it (a Python fixture's `args` become JSON, the hash covers them) will cost. An alias
+// (*name) stands for all that its anchor (&name) holds, so it counts that many nodes and that deep a nesting: nine
+// levels of nine aliases each are 387,420,489 nodes to a walk, from a file of 736 bytes. The pass itself costs what
+// the text does (one record per anchor, one per open map or list).
+class Bounds : public YAML::EventHandler {
  public:
-  void OnDocumentStart(const YAML::Mark& mark) override { line = mark.line + 1; }
+  explicit Bounds(const std::string& file) : file_(file) {}
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (line == 0) line = mark.line + 1;
+    mark_ = mark;
+  }
   void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
-  void OnMapEnd() override {}
-  int line = 0;
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override { leaf(mark, anchor); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    mark_ = mark;
+    const auto it = anchors_.find(anchor);
+    const Anchored a = it != anchors_.end() ? it->second : Anchored{1, 0};
+    add(a.nodes);
+    reach(static_cast<int>(open_.size()) + a.levels);
+  }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor, const std::string&) override {
+    leaf(mark, anchor);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                       YAML::EmitterStyle::value) override {
+    open(mark, anchor);
+  }
+  void OnSequenceEnd() override { close(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                  YAML::EmitterStyle::value) override {
+    open(mark, anchor);
+  }
+  void OnMapEnd() override { close(); }
+
+  int line = 0;  ///< where the first document starts
+
+ private:
+  struct Anchored {
+    std::int64_t nodes;  // with what aliases in it stand for
+    int levels;          // of maps and lists, 0 for a scalar
+  };
+  struct Open {
+    std::int64_t nodes_before;
+    int level;
+    int deepest;
+    YAML::anchor_t anchor;
+  };
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(file_ + ":" + std::to_string(mark_.line + 1) + ": " + what);
+  }
+  void add(std::int64_t n) {
+    if (n > kMaxYamlNodes - nodes_) {
+      fail("more than " + std::to_string(kMaxYamlNodes) +
+           " YAML values (maps, lists, keys and scalars, an alias counted as all that its anchor holds): expected at "
+           "most " + std::to_string(kMaxYamlNodes) + " (a fixture, a suite or a GPU file needs a few hundred)");
+    }
+    nodes_ += n;
+  }
+  void reach(int level) {
+    if (level > kMaxYamlDepth) {
+      fail("maps and lists nested deeper than " + std::to_string(kMaxYamlDepth) +
+           " levels (an alias counted as what its anchor holds): expected at most " + std::to_string(kMaxYamlDepth));
+    }
+    if (!open_.empty()) open_.back().deepest = std::max(open_.back().deepest, level);
+  }
+  void leaf(const YAML::Mark& mark, YAML::anchor_t anchor) {
+    mark_ = mark;
+    add(1);
+    if (anchor != YAML::NullAnchor) anchors_[anchor] = Anchored{1, 0};
+  }
+  void open(const YAML::Mark& mark, YAML::anchor_t anchor) {
+    mark_ = mark;
+    const auto before = nodes_;
+    add(1);
+    const int level = static_cast<int>(open_.size()) + 1;
+    reach(level);
+    open_.push_back({before, level, level, anchor});
+  }
+  void close() {
+    if (open_.empty()) return;
+    const auto done = open_.back();
+    open_.pop_back();
+    if (done.anchor != YAML::NullAnchor) {
+      anchors_[done.anchor] = Anchored{nodes_ - done.nodes_before, done.deepest - done.level + 1};
+    }
+    if (!open_.empty()) open_.back().deepest = std::max(open_.back().deepest, done.deepest);
+  }
+
+  const std::string& file_;
+  YAML::Mark mark_;
+  std::int64_t nodes_ = 0;
+  std::vector<Open> open_;
+  std::unordered_map<YAML::anchor_t, Anchored> anchors_;
 };
+
+// The file's text, at most kMaxYamlBytes of it: a larger file is an error before it is read whole.
+std::string read_bounded(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_directory(status)) {
+    std::ifstream in(path, std::ios::binary);
+    if (in) {
+      std::string text(static_cast<std::size_t>(kMaxYamlBytes) + 1, '\0');
+      in.read(text.data(), static_cast<std::streamsize>(text.size()));
+      if (in.bad()) throw Error(path + ": reading failed: " + std::strerror(errno));
+      text.resize(static_cast<std::size_t>(in.gcount()));
+      if (text.size() > kMaxYamlBytes) {
+        const auto size = std::filesystem::is_regular_file(status) ? std::filesystem::file_size(path, ec) : 0;
+        throw Error(path + ": " + (size > 0 && !ec ? std::to_string(size) + " bytes" : std::string("more bytes")) +
+                    ": expected a YAML file of at most " + std::to_string(kMaxYamlBytes) +
+                    " bytes (1 MiB; a fixture, a suite or a GPU file is a few KiB)");
+      }
+      return text;
+    }
+  }
+  return read_text_file(path, "a YAML file");  // its error: not there, a folder, not readable
+}
 
 }  // namespace
 
 YAML::Node load_yaml_file(const std::string& path) {
-  const auto text = read_text_file(path, "a YAML file");
+  const auto text = read_bounded(path);
   YAML::Node document;
   try {
-    document = YAML::Load(text);
-    // A second document would be ignored: say so. The parser is asked for two documents at most (yaml-cpp 0.7's
-    // LoadAll never returns on some malformed input, which fuzzing found).
+    // Bounded first (see Bounds); then a second document would be ignored: say so. The parser is asked for two
+    // documents at most (yaml-cpp 0.7's LoadAll never returns on some malformed input, which fuzzing found).
     std::istringstream in(text);
     YAML::Parser parser(in);
-    DocumentStarts starts;
-    if (parser.HandleNextDocument(starts) && parser.HandleNextDocument(starts)) {
-      throw Error(path + ":" + std::to_string(starts.line) +
+    Bounds bounds(path);
+    if (parser.HandleNextDocument(bounds) && parser.HandleNextDocument(bounds)) {
+      throw Error(path + ":" + std::to_string(bounds.line) +
                   ": a second YAML document (after '---'): expected one document per file");
     }
+    document = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's own bound, past the one above
+    throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": maps and lists nested deeper than " +
+                std::to_string(kMaxYamlDepth) + " levels: expected at most " + std::to_string(kMaxYamlDepth));
   } catch (const YAML::Exception& e) {
     throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }

@@ -4,7 +4,9 @@
 #include "memgate/base/files.h"
 #include "memgate/base/process.h"
 
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +15,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+
+#include <sys/wait.h>
 
 
 namespace memgate::testing {
@@ -79,9 +83,29 @@ inline int count(const std::string& text, const std::string& what) {
   return n;
 }
 
-/// Runs a shell command; returns its exit status and fills `output` with stdout and stderr.
+/// What a test's shell command printed on stdout and its exit status (-1: it could not start or a signal ended it).
+struct ShellResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+/// Runs `command` with /bin/sh: for the tests' own scripts only. memgate itself never runs a shell (it runs programs
+/// with an argument vector: memgate::run_program).
+inline ShellResult run_test_shell(const std::string& command) {
+  ShellResult result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer{};
+  std::size_t n = 0;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  result.exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+/// Runs a shell command (run_test_shell); returns its exit status and fills `output` with stdout and stderr.
 inline int run(const std::string& command, std::string* output = nullptr) {
-  auto result = run_command(command + " 2>&1");
+  auto result = run_test_shell(command + " 2>&1");
   if (output != nullptr) *output = std::move(result.output);
   return result.exit_code;
 }

@@ -1,7 +1,7 @@
 // Real collectives between processes on the CPU, through LibTorch's c10d: N ranks of memgate_c10d_rank meet through
 // a FileStore and run Gloo's allreduce, broadcast, all-gather and reduce-scatter, each rank checking the values
 // (the base of per-rank DDP and FSDP probes: the wheel's ProcessGroupGloo, compiled against Debian's gloo headers).
-#include "memgate/base/process.h"
+#include "test_util.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -29,7 +29,7 @@ TEST_P(C10dGlooTest, CollectivesBetweenProcessesGiveTheRightValues) {
     command += fmt::format("'{}' {} {} '{}' 2>&1 & pids=\"$pids $!\"; ", MEMGATE_C10D_RANK, r, world, store.string());
   }
   command += "status=0; for p in $pids; do wait $p || status=1; done; exit $status";
-  const auto result = run_command(command);
+  const auto result = memgate::testing::run_test_shell(command);
   std::filesystem::remove(store);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   for (int r = 0; r < world; ++r) {

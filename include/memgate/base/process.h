@@ -1,20 +1,24 @@
-// Running a shell command and reading what it prints; a JSON line to another process; ending this process quickly.
+// Running a program (never through a shell) and reading what it prints; a JSON line to another process; ending this process quickly.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
 
 #include <string>
+#include <vector>
 
 namespace memgate {
 
-/// What a shell command printed and how it ended.
+/// What a program printed and how it ended.
 struct CommandResult {
   int exit_code = -1;  ///< its exit status; -1 when it could not start or was killed by a signal
   std::string output;  ///< what it printed on stdout
 };
 
-/// Runs `command` with /bin/sh and collects its standard output (add `2>&1` to the command for stderr too).
-[[nodiscard]] CommandResult run_command(const std::string& command);
+/// Runs the program `argv[0]` (looked up on PATH unless it holds a '/') with the arguments `argv`, as they are: no
+/// shell reads them, so a quote, `$(...)`, a space or a newline in an argument is that character. Its standard output
+/// is collected; its standard input and error are /dev/null. exit_code is -1 when it could not start (no such
+/// program) or a signal ended it.
+[[nodiscard]] CommandResult run_program(const std::vector<std::string>& argv);
 
 /// Sends `message` as one line of JSON (its text and a newline) on the socket `fd`, all of it (a peer that has gone is
 /// an error, not SIGPIPE): the fork servers' protocol (launch/fork_server.h). False where it could not.

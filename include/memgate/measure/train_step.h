@@ -100,6 +100,7 @@ class TrainingStep {
   [[nodiscard]] Precision autocast_precision() const;
 
   TrainingSpec training_;
+  std::string source_;  // the fixture file, named by errors
   std::int64_t batch_size_;
   c10::Device device_;
   std::unique_ptr<Model> model_;

@@ -77,8 +77,10 @@ class Model {
 /// Freezes everything but what `trainable` selects; returns the parameters that train, in module order.
 /// lora: adapters + head; head: head; last_blocks:N: the last N blocks + head; all: everything; patterns: the
 /// parameters whose names match one of them. A pattern that matches no parameter throws memgate::Error naming
-/// the pattern and some of the model's parameter names.
-std::vector<torch::Tensor> select_trainable(Model& model, const TrainableSpec& trainable);
+/// the pattern and some of the model's parameter names; so does a selection of no parameter at all (a step needs one
+/// to train). `source` (the fixture file) starts each error.
+std::vector<torch::Tensor> select_trainable(Model& model, const TrainableSpec& trainable,
+                                            const std::string& source = {});
 
 /// Counts parameters (not buffers) by requires_grad.
 [[nodiscard]] ParamCounts count_parameters(const torch::nn::Module& module);

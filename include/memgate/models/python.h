@@ -36,8 +36,12 @@ struct PythonOptions {
   /// A module-name pattern (shell-style: `*` matches any run of characters, dots included): the outermost modules
   /// whose names match are the model's blocks, in module order (gradient checkpointing, last_blocks:N, FSDP units).
   std::string blocks;
-  /// The Python that runs the model (the fixture's `python:`); empty: MEMGATE_PYTHON, else python3.
+  /// The Python that runs the model (the fixture's `python:`, a path resolved against the fixture's folder, or a name
+  /// looked up on PATH); empty: MEMGATE_PYTHON, else python3.
   std::string python;
+  std::string python_written;  ///< `python:` as the fixture writes it
+  std::string python_key;      ///< where: "<fixture>:<line>: model.python", for errors
+
   /// Train the module as torch.compile(module) compiles it (the fixture's `training.compile`).
   bool compile = false;
 };

@@ -17,7 +17,16 @@
 
 namespace memgate::detail {
 
-/// Loads a YAML file; a missing file or a syntax error becomes memgate::Error with the file and line.
+/// What memgate reads of a YAML file (a fixture, a suite, a GPU file), at most: its size in bytes, its values (maps,
+/// lists, keys, scalars; an alias counts as all that its anchor holds) and how deep maps and lists nest (an alias as
+/// deep as its anchor). A file past one is an error before it is built or walked, in time and memory a small multiple
+/// of the file's size.
+inline constexpr std::uintmax_t kMaxYamlBytes = 1 << 20;
+inline constexpr std::int64_t kMaxYamlNodes = 100'000;
+inline constexpr int kMaxYamlDepth = 64;
+
+/// Loads a YAML file; a missing file, a syntax error or a file past the bounds above becomes memgate::Error with the
+/// file, the line and what was expected.
 YAML::Node load_yaml_file(const std::string& path);
 
 /// Reads one YAML map. Reading a key marks it known; `finish()` rejects the keys nobody read.
