@@ -87,8 +87,12 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
   v.component = std::string(component);
   const bool cuda = device.device.is_cuda();
   const auto record = record_command(fixture, device);
+  // The folder to commit: baselines/<slug>/ as the project lays it out, else the folder --baselines named.
+  const auto folder = std::filesystem::path(baseline_file).parent_path();
   const auto how = fmt::format("record them with: {} (then commit {}/)", record,
-                               std::filesystem::path(baseline_file).parent_path().string());
+                               folder.parent_path().filename() == "baselines" && !the_record_command().cli
+                                   ? "baselines/" + device.slug
+                                   : folder.string());
   const auto* recorded = baseline != nullptr ? baseline->find(probe.batch_size) : nullptr;
   if (recorded == nullptr) {
     v.status = Status::kMissing;

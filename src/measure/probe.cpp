@@ -34,6 +34,17 @@ void configure_cpu_kernels(CpuKernels kernels) {
 
 namespace {
 
+std::function<void()>& before_base_hook() {
+  static std::function<void()> hook;
+  return hook;
+}
+
+}  // namespace
+
+void set_before_base_hook(std::function<void()> hook) { before_base_hook() = std::move(hook); }
+
+namespace {
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
@@ -195,6 +206,7 @@ PreparedStep::PreparedStep(const Workload& workload, std::int64_t batch_size, c1
   configure_cpu_kernels(workload.training.cpu_kernels);
   backend_->apply_allocator_settings(workload.training.allocator);
   library_workspace_bytes_ = backend_->create_library_workspaces();
+  if (before_base_hook()) before_base_hook()();
   backend_->empty_cache();
   backend_->synchronize();
   base_ = backend_->snapshot();
@@ -321,24 +333,19 @@ ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10
     result.error = e.what();
   }
   if (result.oom) drop_failed_backward(device);
-  // Everything of the probe is gone: the device holds what it held before it. A probe that left tensors behind (a
-  // module-level list or cache) would put them into the next probe's numbers, freed or kept there.
+  // Everything of the probe is gone. Less allocated than before it means that memory allocated before the probe (a
+  // previous probe's tensors, kept by a module-level list or a reference cycle) was freed while it was measured: its
+  // numbers are short by those bytes (that made `params` negative). What a probe leaves allocated (a cache a library
+  // keeps for the process) stays out of later probes' numbers as long as it is never freed, and is not an error.
   if (!result.oom && base_allocated) {
     auto backend = make_memory_backend(device);
     backend->synchronize();
-    if (const auto left = backend->snapshot().allocated - *base_allocated; left != 0) {
+    if (const auto left = backend->snapshot().allocated - *base_allocated; left < 0) {
       throw Error(fmt::format(
-          "{} at batch {}: {} bytes {} after the probe ended and its model, optimizer and batch were released: "
-          "tensors kept outside the model (a module-level list, a global cache, a closure) outlive it, and would "
-          "count in the next probe measured in this process. Nothing is recorded from it.",
-          workload.source, batch_size, left > 0 ? left : -left, left > 0 ? "were still allocated" : "more were freed"));
-    }
-  }
-  if (history) {  // the probe ran out of memory: the history up to there
-    try {
-      result.snapshot = history->finish();
-    } catch (const std::exception&) {
-      result.snapshot.clear();  // no snapshot; the out-of-memory result stands
+          "{} at batch {}: {} bytes allocated before this probe were freed while it was measured: tensors of an "
+          "earlier probe (kept by a module-level list or cache, or in a reference cycle) were released inside this "
+          "probe's numbers. Nothing is recorded from it; keep no tensors outside the model between builds.",
+          workload.source, batch_size, -left));
     }
   }
   make_memory_backend(device)->empty_cache();

@@ -5,6 +5,7 @@
 
 #include "memgate/base/heartbeat.h"
 #include "memgate/gate/rank.h"
+#include "memgate/measure/probe.h"
 
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
@@ -21,6 +22,12 @@ PYBIND11_MODULE(_core, m) {
   memgate::set_python_model_factory([](const memgate::PythonOptions& options, torch::Device device,
                                        std::uint64_t seed) -> std::unique_ptr<memgate::Model> {
     return std::make_unique<memgate::python::PythonModel>(options, device, seed);
+  });
+  // An earlier probe's model is freed by Python's collector, in reference cycles: collected before the next probe
+  // reads its base, never inside its numbers.
+  memgate::set_before_base_hook([] {
+    py::gil_scoped_acquire gil;
+    py::module_::import("gc").attr("collect")();
   });
   m.def("note_progress", &memgate::note_progress,
         "Tells the probe's supervisor that the work moved (a module imported): it ends a probe that makes none for "

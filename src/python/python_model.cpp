@@ -220,8 +220,18 @@ PythonModel::~PythonModel() {
   loss_ = py::object();
   blocks_.clear();
   module_ = py::object();
-  // What the model held in reference cycles goes now, with the probe, not inside the next probe's measurement.
+  // What the model held in reference cycles goes now, with the probe, not inside the next probe's measurement: the
+  // fixture's own modules too (imported anew by each build as memgate_fixture_<stem>, whose globals would otherwise
+  // be freed when the next build replaces them, inside that probe's numbers).
   try {
+    auto modules = py::module_::import("sys").attr("modules").cast<py::dict>();
+    std::vector<py::object> ours;
+    for (const auto item : modules) {
+      if (py::str(item.first).cast<std::string>().starts_with("memgate_fixture_")) {
+        ours.push_back(py::reinterpret_borrow<py::object>(item.first));
+      }
+    }
+    for (const auto& name : ours) modules.attr("pop")(name, py::none());
     py::module_::import("gc").attr("collect")();
   } catch (const py::error_already_set&) {
     // A destructor does not throw: an interpreter that cannot collect leaves the check after the probe to say so.

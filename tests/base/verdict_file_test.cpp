@@ -60,7 +60,7 @@ TEST(VerdictFileTest, BadFilesNameThePathAndTheField) {
   EXPECT_THAT(error_of(head + R"("budgets": []})"), HasSubstr("`components`: expected a list"));
   EXPECT_THAT(error_of(head + R"("budgets": [], "components": [{"status": "fine"}]})"),
               HasSubstr("`components[0]`: `status`: expected one of ok, regression, stale, missing, changed, oom, "
-                        "over-budget, got 'fine'"));
+                        "over-budget, not-repeatable, got 'fine'"));
   EXPECT_THAT(error_of(head + R"("budgets": [], "components": [{"status": "ok", "fixture": "x", "batch_size": 2,
       "component": "params", "message": "", "measured": "12"}]})"),
               HasSubstr("`measured`: expected an integer (bytes)"));

@@ -420,7 +420,7 @@ std::vector<BadPython> bad_inputs() {
       {"blocks_match_nothing", model("models.py:build", "  blocks: \"layers.*\"\n"), kCode, "",
        {"f.yaml", "model.blocks", "'layers.*' matches no module"}},
       {"python_not_there", model("models.py:build", "  python: /nonexistent/python3\n"), kCode, "",
-       {"f.yaml", "/nonexistent/python3", "model.python", "not an executable file"}},
+       {"f.yaml", "/nonexistent/python3", "model.python", "which is not there"}},
       {"python_without_torch", model("models.py:build"), kCode, "MEMGATE_PYTHON=/usr/bin/python3",
        {"f.yaml", "/usr/bin/python3", "memgate needs torch", "which has none"}},
       {"python_with_another_torch", model("models.py:build"), kCode, "PYTHONPATH={dir}/faketorch",

@@ -169,4 +169,8 @@ void configure_determinism(bool deterministic);
 /// back on, as PyTorch runs by default.
 void configure_cpu_kernels(CpuKernels kernels);
 
+/// Called by every probe right before it reads its base, so that nothing an earlier probe left for a garbage
+/// collector is freed inside this probe's numbers: a Python process (memgate's extension) collects there.
+void set_before_base_hook(std::function<void()> hook);
+
 }  // namespace memgate
