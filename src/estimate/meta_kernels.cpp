@@ -512,6 +512,10 @@ at::Tensor meta_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 at::Tensor relu(const at::Tensor& self) { return at::empty_like(self); }
 
+// flip (an augmentation's horizontal flip, and its own backward): a new tensor of the input's shape and layout, as
+// the CPU's and CUDA's TensorIterator output (empty_like, preserving the strides).
+at::Tensor flip(const at::Tensor& self, at::IntArrayRef /*dims*/) { return at::empty_like(self); }
+
 // --- matmul --------------------------------------------------------------------------------------------------
 // A bf16 matmul on the CPU goes to oneDNN's brgemm above 16x16x16: the output, then a scratchpad freed on return:
 // 1 KiB, B packed in blocks of 64 columns (k rounded up to 32, two bytes each), and an fp32 accumulator of one
@@ -756,6 +760,7 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient_attention_cuda));
     lib.impl("_scaled_dot_product_efficient_attention_backward", TORCH_FN(efficient_attention_cuda_backward));
     lib.impl("relu", TORCH_FN(relu));
+    lib.impl("flip", TORCH_FN(flip));
     lib.impl("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward));
     lib.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
     lib.impl("relu_", TORCH_FN(relu_));

@@ -4,6 +4,7 @@
 #include "python_model.h"
 
 #include "memgate/base/error.h"
+#include "memgate/estimate/meta_kernels.h"
 #include "memgate/models/checkpoint.h"
 #include "memgate/models/task.h"
 
@@ -415,7 +416,19 @@ torch::Tensor PythonModel::run_compute_loss(const Batch& batch) {
     return false;
   };
   const bool check = torch::GradMode::is_enabled() && !any_grad();
-  py::object value = compute_loss_fn_(forward_, python_batch(batch));
+  py::object value;
+  try {
+    value = compute_loss_fn_(forward_, python_batch(batch));
+  } catch (py::error_already_set& e) {
+    // In the eval passes (no_grad) a callable that calls backward itself fails in torch: say what it is.
+    const auto message = describe_python_error(e);
+    if (!torch::GradMode::is_enabled() && message.find("does not require grad") != std::string::npos) {
+      throw Error(not_one_step("model.compute_loss", spec_.compute_loss.text + " ran backward itself (in the eval "
+                                                     "passes, under torch.no_grad(): " + message + "): return the loss "
+                                                     "instead"));
+    }
+    throw;
+  }
   if (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value) || py::isinstance<py::dict>(value)) {
     throw Error(not_one_step("model.compute_loss", fmt::format("{} returned {}, expected one scalar loss",
                                                                spec_.compute_loss.text, type_name(value))));
@@ -511,6 +524,20 @@ std::unique_ptr<OwnOptimizer> PythonModel::make_own_optimizer(const std::vector<
   if (!py::hasattr(optimizer, "step") || !py::hasattr(optimizer, "zero_grad")) {
     throw Error(fmt::format("training.optimizer: {} returned {}, expected an optimizer (with step() and zero_grad())",
                             what, type_name(optimizer)));
+  }
+  // An estimate for CUDA runs on the Meta device, where torch.optim's default is its per-parameter loop; on CUDA it is
+  // foreach (_default_to_fused_or_foreach), whose temporaries are part of the step's peak: the groups that leave it to
+  // the default take foreach, as on the GPU.
+  if (device_.is_meta() && meta_kernels_target() == EstimateTarget::kCuda && py::hasattr(optimizer, "param_groups")) {
+    try {
+      for (auto group : optimizer.attr("param_groups")) {
+        auto g = group.cast<py::dict>();
+        const bool fused = g.contains("fused") && py::bool_(g["fused"]);
+        if (g.contains("foreach") && g["foreach"].is_none() && !fused) g["foreach"] = true;
+      }
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("training.optimizer {}: {}", what, describe_python_error(e)));
+    }
   }
   return std::make_unique<PythonOptimizer>(std::move(optimizer));
 }
