@@ -101,6 +101,21 @@ at::Tensor mean(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepd
   return out;
 }
 
+// var / std with a correction (VICReg's variance term): the reduced output, real-valued, as sum's (on the CPU a
+// Welford reduction that keeps no temporaries; on CUDA the reduction buffers taken as sum's).
+at::Tensor var_correction(const at::Tensor& self, at::OptionalIntArrayRef dims, const std::optional<at::Scalar>& /*c*/,
+                          bool keepdim) {
+  auto out = at::meta::sum(self, dims, keepdim, c10::toRealValueType(self.scalar_type()));
+  cuda_reduction_buffers(self, dims, out.scalar_type());
+  return out;
+}
+
+// mse_loss's backward: the gradient of the input, a contiguous tensor of its shape (zeros_like, then the kernel).
+at::Tensor mse_loss_backward(const at::Tensor& /*grad_output*/, const at::Tensor& self, const at::Tensor& /*target*/,
+                             int64_t /*reduction*/) {
+  return at::empty(self.sizes(), self.options());
+}
+
 // --- convolution ------------------------------------------------------------------------------------------
 // Whether the CPU's oneDNN takes this dtype (ideep's has_bf16_type_support / has_fp16_type_support: an AVX-512 core,
 // or AVX512-FP16 for fp16, or AVX-NE-CONVERT for both).
@@ -512,6 +527,10 @@ at::Tensor meta_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 at::Tensor relu(const at::Tensor& self) { return at::empty_like(self); }
 
+// flip (an augmentation's horizontal flip, and its own backward): a new tensor of the input's shape and layout, as
+// the CPU's and CUDA's TensorIterator output (empty_like, preserving the strides).
+at::Tensor flip(const at::Tensor& self, at::IntArrayRef /*dims*/) { return at::empty_like(self); }
+
 // --- matmul --------------------------------------------------------------------------------------------------
 // A bf16 matmul on the CPU goes to oneDNN's brgemm above 16x16x16: the output, then a scratchpad freed on return:
 // 1 KiB, B packed in blocks of 64 columns (k rounded up to 32, two bytes each), and an fp32 accumulator of one
@@ -756,6 +775,10 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient_attention_cuda));
     lib.impl("_scaled_dot_product_efficient_attention_backward", TORCH_FN(efficient_attention_cuda_backward));
     lib.impl("relu", TORCH_FN(relu));
+    lib.impl("flip", TORCH_FN(flip));
+    lib.impl("var.correction", TORCH_FN(var_correction));
+    lib.impl("std.correction", TORCH_FN(var_correction));
+    lib.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
     lib.impl("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward));
     lib.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
     lib.impl("relu_", TORCH_FN(relu_));

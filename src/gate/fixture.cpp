@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <algorithm>
@@ -202,8 +203,10 @@ std::string file_content_hash(const std::string& path) {
   return hash.text();
 }
 
+// One input (or a Python fixture's target): shape, dtype, high, values; `named` (a Python fixture's inputs) takes
+// `kwarg` too.
 TorchScriptInput read_torchscript_input(const YAML::Node& node, const std::string& file, const std::string& path,
-                                        nlohmann::json& out) {
+                                        nlohmann::json& out, bool named = false) {
   if (!node.IsMap()) {
     throw Error(file + ":" + std::to_string(node.Mark().line + 1) + ": " + path +
                 ": expected a map {shape: [B, ...], dtype: ...}, got " + detail::describe(node));
@@ -232,15 +235,48 @@ TorchScriptInput read_torchscript_input(const YAML::Node& node, const std::strin
   if (input.shape.empty()) r.fail("shape", "at least one dimension", "an empty list");
   r.record_value("shape", shape);
   input.dtype = r.get_enum("dtype", std::optional(c10::ScalarType::Float), kInputDtypeNames);
-  if (c10::isIntegralType(input.dtype, /*includeBool=*/false)) {
+  // `values`: ones | zeros (any dtype), or [low, high) for a floating dtype; drawn as before without it.
+  const bool floating = c10::isFloatingType(input.dtype);
+  if (r.has("values")) {
+    const auto node = r.node()["values"];
+    const auto expected = floating ? "ones, zeros or [low, high] (uniform in [low, high), low < high)"
+                                   : "ones or zeros (integer inputs are drawn from [0, high): `high: N`)";
+    if (node.IsScalar() && (node.Scalar() == "ones" || node.Scalar() == "zeros")) {
+      input.fill = node.Scalar() == "ones" ? TorchScriptInput::Fill::kOnes : TorchScriptInput::Fill::kZeros;
+      r.record_value("values", node.Scalar());
+    } else if (floating && node.IsSequence() && node.size() == 2) {
+      try {
+        input.low_value = node[0].as<double>();
+        input.high_value = node[1].as<double>();
+      } catch (const std::exception&) {
+        r.fail("values", expected, detail::describe(node));
+      }
+      if (!std::isfinite(input.low_value) || !std::isfinite(input.high_value) || input.low_value >= input.high_value) {
+        r.fail("values", expected, fmt::format("[{}, {}]", input.low_value, input.high_value));
+      }
+      input.fill = TorchScriptInput::Fill::kUniform;
+      r.record_value("values", nlohmann::json::array({input.low_value, input.high_value}));
+    } else {
+      r.fail("values", expected, detail::describe(node));
+    }
+  }
+  if (c10::isIntegralType(input.dtype, /*includeBool=*/false) && input.fill == TorchScriptInput::Fill::kRandom) {
     input.high = r.get_int("high", input.high, 1, std::numeric_limits<std::int32_t>::max());
+  }
+  if (named && r.has("kwarg")) {
+    input.kwarg = r.get_string("kwarg", std::nullopt);
+    const bool identifier = !input.kwarg.empty() && !std::isdigit(static_cast<unsigned char>(input.kwarg[0])) &&
+                            std::all_of(input.kwarg.begin(), input.kwarg.end(), [](char ch) {
+                              return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+                            });
+    if (!identifier) r.fail("kwarg", "a Python keyword (the name of a forward() argument)", "'" + input.kwarg + "'");
   }
   r.finish();
   return input;
 }
 
 // `inputs`: one entry per forward() argument, B (the batch size) in at least one shape.
-std::vector<TorchScriptInput> read_inputs(MapReader& r) {
+std::vector<TorchScriptInput> read_inputs(MapReader& r, bool named = false) {
   std::vector<TorchScriptInput> out;
   nlohmann::json inputs = nlohmann::json::array();
   const auto nodes = r.get_sequence("inputs", /*required=*/true);
@@ -248,9 +284,20 @@ std::vector<TorchScriptInput> read_inputs(MapReader& r) {
   bool batched = false;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     nlohmann::json one = nlohmann::json::object();
-    out.push_back(read_torchscript_input(nodes[i], r.file(), r.key_path("inputs") + "[" + std::to_string(i) + "]", one));
+    out.push_back(read_torchscript_input(nodes[i], r.file(), r.key_path("inputs") + "[" + std::to_string(i) + "]", one,
+                                         named));
     inputs.push_back(one);
     for (auto d : out.back().shape) batched = batched || d < 0;
+    // Positional arguments come first, as in a call: model(*positional, **keywords).
+    if (out.back().kwarg.empty() && out.size() > 1 && !out[out.size() - 2].kwarg.empty()) {
+      r.fail("inputs", "the positional inputs before those with a kwarg (forward(*positional, **keywords))",
+             "a positional input after one with a kwarg");
+    }
+    for (std::size_t j = 0; j + 1 < out.size(); ++j) {
+      if (!out.back().kwarg.empty() && out[j].kwarg == out.back().kwarg) {
+        r.fail("inputs", "each kwarg once", "kwarg '" + out.back().kwarg + "' twice");
+      }
+    }
   }
   if (!batched) r.fail("inputs", "B (the batch size) in the shape of at least one input", "no B");
   r.record_value("inputs", inputs);
@@ -352,6 +399,16 @@ Entry read_entry(MapReader& r, const std::string& key, const std::string& text) 
   return e;
 }
 
+PythonCallable read_callable(MapReader& r, const std::string& key) {
+  PythonCallable c;
+  c.text = r.get_string(key, std::nullopt);
+  const auto e = read_entry(r, key, c.text);
+  c.file = e.file;
+  c.module = e.module;
+  c.callable = e.callable;
+  return c;
+}
+
 PythonOptions read_python(MapReader& r) {
   PythonOptions s;
   s.entry = r.get_string("entry", std::nullopt);
@@ -364,19 +421,49 @@ PythonOptions read_python(MapReader& r) {
     s.args = yaml_to_json(args.node());
     r.record_value("args", s.args);
   }
-  s.inputs = read_inputs(r);
-  if (r.has("loss")) {
+  // The batch: a callable of the user's own, or `inputs` that memgate makes.
+  if (r.has("batch")) {
+    s.batch = read_callable(r, "batch");
+    if (r.has("inputs")) r.fail("inputs", "no inputs with a batch: callable (the callable makes the batch)", "inputs");
+  } else {
+    s.inputs = read_inputs(r, /*named=*/true);
+  }
+  if (r.has("compute_loss")) {
+    // The loop's forward(s) and loss: it replaces the task and the loss.
+    s.compute_loss = read_callable(r, "compute_loss");
+    for (const auto* key : {"task", "loss", "num_classes", "target"}) {
+      if (r.has(key)) {
+        r.fail(key, "no " + std::string(key) + " with a compute_loss: callable (it computes the loss from the model "
+                    "and the batch)", "a value");
+      }
+    }
+  } else if (r.has("loss")) {
     s.loss = r.get_string("loss", std::nullopt);
     const auto loss = read_entry(r, "loss", s.loss);
     s.loss_file = loss.file;
     s.loss_module = loss.module;
     s.loss_callable = loss.callable;
     if (r.has("task")) r.fail("task", "no task with a loss: callable (the loss is what trains)", "a task");
+    if (!s.batch.empty()) {
+      r.fail("loss", "a compute_loss: (model, batch) -> loss callable with a batch: callable (it gets the whole batch)",
+             "a loss: callable");
+    }
   } else {
     s.task = r.get_enum("task", std::optional<TorchScriptOptions::Task>(), kTorchScriptTaskNames);
+    if (!s.batch.empty() && s.task != TorchScriptOptions::Task::kSum) {
+      r.fail("task", "sum, or a compute_loss: callable, with a batch: callable (memgate makes no target for your "
+                     "batch)", std::string("'") + std::string(name_of(kTorchScriptTaskNames, s.task)) + "'");
+    }
     if (s.task == TorchScriptOptions::Task::kClassify) {
       s.num_classes = r.get_int("num_classes", std::nullopt, 1, 1 << 24);
     }
+  }
+  if (r.has("target")) {
+    // The loss callable's batch.target: one tensor made after the inputs, as an input is.
+    if (s.loss.empty()) r.fail("target", "a loss: callable beside it (the target goes to it as batch.target)", "a target");
+    nlohmann::json one = nlohmann::json::object();
+    s.target.push_back(read_torchscript_input(r.node()["target"], r.file(), r.key_path("target"), one));
+    r.record_value("target", one);
   }
   s.blocks = r.get_string("blocks", std::string());
   if (s.blocks.empty()) r.leave_out_of_hash("blocks");
@@ -541,14 +628,67 @@ DistributedSpec read_distributed(MapReader& r) {
   return d;
 }
 
-TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
+// `training.optimizer` of a Python model given as its own: `{class: torch.optim.<Name>, ...kwargs}` or
+// `file.py:callable` (model) -> optimizer; stepped in Python. Returns false where it names adamw or sgd.
+bool read_own_optimizer(MapReader& r, ModelSpec& model) {
+  if (!r.has("optimizer")) return false;
+  const auto node = r.node()["optimizer"];
+  const bool map = node.IsMap();
+  if (!map && !(node.IsScalar() && node.Scalar().find(':') != std::string::npos)) return false;
+  auto* py = std::get_if<PythonOptions>(&model.options);
+  if (py == nullptr) {
+    r.fail("optimizer", "adamw or sgd for a model that is not arch: python (a torch.optim class or a callable "
+                        "is made and stepped in Python)", map ? "a map" : "'" + node.Scalar() + "'");
+  }
+  if (!map) {
+    py->optimizer = read_callable(r, "optimizer");
+    return true;
+  }
+  auto o = r.child("optimizer");
+  py->optimizer_class = o.get_string("class", std::nullopt);
+  const auto& cls = py->optimizer_class;
+  const auto dot = cls.rfind('.');
+  bool dotted = dot != std::string::npos && dot > 0 && dot + 1 < cls.size();
+  for (std::size_t start = 0; dotted && start <= cls.size();) {
+    const auto end = std::min(cls.find('.', start), cls.size());
+    const auto part = std::string_view(cls).substr(start, end - start);
+    dotted = !part.empty() && !std::isdigit(static_cast<unsigned char>(part[0])) &&
+             std::all_of(part.begin(), part.end(), [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; });
+    start = end + 1;
+  }
+  if (!dotted) o.fail("class", "a dotted class name such as torch.optim.RMSprop", "'" + cls + "'");
+  for (const auto& item : o.node()) {
+    const auto key = item.first.as<std::string>();
+    if (key == "class") continue;
+    if (key == "params") o.fail(key, "keyword arguments besides the parameters (memgate passes the trainable ones; "
+                                     "a callable, file.py:make_optimizer, makes parameter groups)", "params");
+    py->optimizer_kwargs[key] = yaml_to_json(item.second);
+    o.record_value(key, py->optimizer_kwargs[key]);
+  }
+  o.finish();
+  return true;
+}
+
+TrainingSpec read_training(MapReader& r, ModelSpec& model) {
   TrainingSpec t;
-  t.optimizer = r.get_enum("optimizer", std::optional(t.optimizer), kOptimizerNames);
-  t.optimizer_impl = r.get_enum("optimizer_impl", std::optional(t.optimizer_impl), kOptimizerImplNames);
-  if (t.optimizer_impl == OptimizerImpl::kAuto) r.leave_out_of_hash("optimizer_impl");  // added later
-  t.lr = r.get_double("lr", t.lr, 0.0, 1e3);
-  t.weight_decay = r.get_double("weight_decay", t.optimizer == Optimizer::kAdamW ? 0.01 : 0.0, 0.0, 1e3);
-  if (t.optimizer == Optimizer::kSgd) t.momentum = r.get_double("momentum", 0.0, 0.0, 1.0);
+  t.own_optimizer = read_own_optimizer(r, model);
+  if (t.own_optimizer) {
+    for (const auto* key : {"optimizer_impl", "lr", "weight_decay", "momentum"}) {
+      if (r.has(key)) {
+        r.fail(key, "no " + std::string(key) + " beside a Python optimizer (give it as the optimizer's own keyword "
+                    "argument: optimizer: {class: torch.optim.RMSprop, lr: 1.0e-3})", "a value");
+      }
+    }
+  } else {
+    t.optimizer = r.get_enum("optimizer", std::optional(t.optimizer), kOptimizerNames);
+    t.optimizer_impl = r.get_enum("optimizer_impl", std::optional(t.optimizer_impl), kOptimizerImplNames);
+    if (t.optimizer_impl == OptimizerImpl::kAuto) r.leave_out_of_hash("optimizer_impl");  // added later
+    t.lr = r.get_double("lr", t.lr, 0.0, 1e3);
+    t.weight_decay = r.get_double("weight_decay", t.optimizer == Optimizer::kAdamW ? 0.01 : 0.0, 0.0, 1e3);
+    if (t.optimizer == Optimizer::kSgd) t.momentum = r.get_double("momentum", 0.0, 0.0, 1.0);
+  }
+  // Added later: absent, fixtures keep their hash.
+  if (r.has("max_grad_norm")) t.max_grad_norm = r.get_double("max_grad_norm", std::nullopt, 1e-12, 1e12);
   t.trainable = parse_trainable(r);
   t.precision = r.get_enum("precision", std::optional(Precision::kFp32), kPrecisionNames);
   t.gradient_checkpointing = r.get_bool("gradient_checkpointing", false);
@@ -568,8 +708,24 @@ TrainingSpec read_training(MapReader& r, const ModelSpec& model) {
   if (t.compile && model.arch != Arch::kPython) {
     r.fail("compile", "false for a model that is not arch: python (torch.compile compiles Python modules)", "true");
   }
+  if (t.distributed.strategy == DistributedStrategy::kFsdp && t.max_grad_norm > 0.0) {
+    r.fail("max_grad_norm", "no clipping under FSDP (each rank holds a shard of the gradients: their norm is a "
+                            "collective's)", std::to_string(t.max_grad_norm));
+  }
   if (const auto* py = std::get_if<PythonOptions>(&model.options)) {
     using Kind = TrainableSpec::Kind;
+    if (t.distributed.strategy == DistributedStrategy::kFsdp) {
+      bool named = false;
+      for (const auto& i : py->inputs) named = named || !i.kwarg.empty();
+      const char* what = !py->batch.empty() ? "a batch: callable"
+                         : !py->compute_loss.empty() ? "a compute_loss: callable"
+                         : t.own_optimizer ? "a Python optimizer"
+                         : named ? "inputs with a kwarg" : nullptr;
+      if (what != nullptr) {
+        r.fail("distributed", std::string("strategy ddp with ") + what + " (memgate's FSDP casts and shards what "
+                              "its own step holds)", "strategy fsdp");
+      }
+    }
     if (t.trainable.kind == Kind::kLora || t.trainable.kind == Kind::kHead) {
       r.fail("trainable", "all, last_blocks:N or {train: [patterns]} for a Python model (memgate does not know its "
                           "head or adapters; name them, e.g. {train: [\"*lora_*\", \"head.*\"]})",

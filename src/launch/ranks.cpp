@@ -149,6 +149,9 @@ std::vector<std::string> python_code_of(const Workload& workload) {
   if (const auto* py = std::get_if<PythonOptions>(&workload.model.options)) {
     if (!py->entry_file.empty()) code.push_back(py->entry_file + ":" + py->entry_callable);
     if (!py->loss_file.empty()) code.push_back(py->loss_file + ":" + py->loss_callable);
+    for (const auto* c : {&py->batch, &py->compute_loss, &py->optimizer}) {
+      if (!c->file.empty()) code.push_back(c->file + ":" + c->callable);
+    }
   }
   return code;
 }

@@ -59,8 +59,17 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
   torch::manual_seed(seed + 1);
   batch_ = model_->make_batch(batch_size);
   model_->module().train();
-  // The optimizer allocates its state on the first step, not here (as torch.optim does).
-  optimizer_ = make_optimizer(training_, std::move(trainable), device);
+  // The optimizer allocates its state on the first step, not here (as torch.optim does). A Python fixture's own
+  // optimizer (training.optimizer: {class: ...} or a callable) is made by its code, over the same parameters.
+  if (auto own = model_->make_own_optimizer(trainable)) {
+    optimizer_ = wrap_own_optimizer(std::move(own), std::move(trainable));
+  } else {
+    if (training_.own_optimizer) {
+      throw Error(workload.source + ": training.optimizer names a Python optimizer, which only a Python model "
+                  "(arch: python) makes");
+    }
+    optimizer_ = make_optimizer(training_, std::move(trainable), device);
+  }
   if (training_.precision == Precision::kFp16) scaler_.emplace(device);
 }
 
@@ -137,6 +146,11 @@ void TrainingStep::run(StepObserver* observer) {
     if (fsdp_) fsdp_->finish_backward();
   }
   if (observer != nullptr) observer->backward_done();
+  // Clipping, as a training loop calls clip_grad_norm_ (after scaler.unscale_ under fp16) before the optimizer step.
+  if (training_.max_grad_norm > 0.0) {
+    if (scaler_) scaler_->unscale(*optimizer_);
+    clip_grad_norm(optimizer_->params(), training_.max_grad_norm);
+  }
   if (scaler_) {
     scaler_->step(*optimizer_);
     scaler_->update();

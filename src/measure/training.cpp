@@ -7,7 +7,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 
 namespace memgate {
@@ -226,19 +228,23 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
   return loss * scale_;
 }
 
-void GradScaler::step(TrainingOptimizer& optimizer) {
+void GradScaler::unscale(TrainingOptimizer& optimizer) {
+  if (unscaled_) return;
   torch::NoGradGuard no_grad;
-  {
-    // unscale_: the inverse scale computed in double, and per-device copies of it and of the found-inf flag.
-    const auto inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
-    const auto found_inf = torch::full({}, 0.0, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
-    const auto device_inv_scale = inv_scale.to(device_, /*non_blocking=*/true, /*copy=*/true);
-    found_inf_ = found_inf.to(device_, /*non_blocking=*/true, /*copy=*/true);
-    for (const auto& [dtype, index] : with_grad_by_dtype(optimizer.params())) {
-      auto grads = grads_of(optimizer.params(), index);
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, device_inv_scale);
-    }
+  // unscale_: the inverse scale computed in double, and per-device copies of it and of the found-inf flag.
+  const auto inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
+  const auto found_inf = torch::full({}, 0.0, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  const auto device_inv_scale = inv_scale.to(device_, /*non_blocking=*/true, /*copy=*/true);
+  found_inf_ = found_inf.to(device_, /*non_blocking=*/true, /*copy=*/true);
+  for (const auto& [dtype, index] : with_grad_by_dtype(optimizer.params())) {
+    auto grads = grads_of(optimizer.params(), index);
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, device_inv_scale);
   }
+  unscaled_ = true;
+}
+
+void GradScaler::step(TrainingOptimizer& optimizer) {
+  unscale(optimizer);
   // A Meta tensor holds no value: an estimate takes the step a run without overflow takes.
   skipped_ = !found_inf_.is_meta() && found_inf_.item<float>() != 0.0F;
   if (!skipped_) optimizer.step();
@@ -248,6 +254,7 @@ void GradScaler::update() {
   at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, /*growth_factor=*/2.0, /*backoff_factor=*/0.5,
                          /*growth_interval=*/2000);
   found_inf_ = torch::Tensor();
+  unscaled_ = false;
 }
 
 OptimizerImpl resolve_optimizer_impl(OptimizerImpl impl, c10::Device device) {
@@ -257,6 +264,58 @@ OptimizerImpl resolve_optimizer_impl(OptimizerImpl impl, c10::Device device) {
   // whose peak is the optimizer step, measured 19.4% above its estimate.)
   const bool cuda = device.is_cuda() || (device.is_meta() && meta_kernels_target() == EstimateTarget::kCuda);
   return cuda ? OptimizerImpl::kForeach : OptimizerImpl::kForLoop;
+}
+
+namespace {
+
+class OwnOptimizerAdapter final : public TrainingOptimizer {
+ public:
+  OwnOptimizerAdapter(std::unique_ptr<OwnOptimizer> own, std::vector<torch::Tensor> params)
+      : TrainingOptimizer(std::move(params)), own_(std::move(own)) {}
+  void step() override { own_->step(); }
+  void zero_grad() override { own_->zero_grad(); }
+
+ private:
+  std::unique_ptr<OwnOptimizer> own_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainingOptimizer> wrap_own_optimizer(std::unique_ptr<OwnOptimizer> own,
+                                                      std::vector<torch::Tensor> params) {
+  return std::make_unique<OwnOptimizerAdapter>(std::move(own), std::move(params));
+}
+
+void clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  // clip_grad_norm_: the gradients grouped by device and dtype, in the order they first appear
+  // (_group_tensors_by_device_and_dtype).
+  std::vector<std::pair<std::pair<c10::Device, c10::ScalarType>, std::vector<torch::Tensor>>> groups;
+  for (const auto& p : params) {
+    const auto& g = p.grad();
+    if (!g.defined()) continue;
+    const auto key = std::make_pair(g.device(), g.scalar_type());
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == key; });
+    if (it == groups.end()) {
+      groups.push_back({key, {}});
+      it = std::prev(groups.end());
+    }
+    it->second.push_back(g);
+  }
+  if (groups.empty()) return;
+  torch::Tensor total_norm;
+  {
+    // _get_total_norm: every group's norms (kept until it returns), their stack's norm.
+    std::vector<torch::Tensor> norms;
+    for (const auto& [key, grads] : groups) {
+      for (auto& n : at::_foreach_norm(grads, 2)) norms.push_back(std::move(n));
+    }
+    total_norm = at::linalg_vector_norm(at::stack(norms), 2);
+  }
+  // _clip_grads_with_norm_: max_norm / (total_norm + 1e-6) is (total_norm + 1e-6).reciprocal() * max_norm in torch.
+  const auto clip_coef = (total_norm + 1e-6).reciprocal() * max_norm;
+  const auto clip_coef_clamped = at::clamp(clip_coef, std::nullopt, 1.0);
+  for (auto& [key, grads] : groups) at::_foreach_mul_(grads, clip_coef_clamped.to(key.first));
 }
 
 void TrainingOptimizer::zero_grad() {

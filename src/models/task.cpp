@@ -21,22 +21,32 @@ const torch::Tensor& first(const std::vector<torch::Tensor>& outputs, const std:
 
 }  // namespace
 
+torch::Tensor make_input(const TorchScriptInput& input, torch::Device device, std::int64_t batch_size) {
+  std::vector<std::int64_t> shape = input.shape;
+  for (auto& d : shape) d = d < 0 ? batch_size : d;
+  const auto opts = torch::TensorOptions().device(device).dtype(input.dtype);
+  switch (input.fill) {
+    case TorchScriptInput::Fill::kOnes: return torch::ones(shape, opts);
+    case TorchScriptInput::Fill::kZeros: return torch::zeros(shape, opts);
+    case TorchScriptInput::Fill::kUniform: return torch::empty(shape, opts).uniform_(input.low_value, input.high_value);
+    case TorchScriptInput::Fill::kRandom: break;
+  }
+  if (c10::isFloatingType(input.dtype)) return torch::randn(shape, opts);
+  if (input.dtype == c10::ScalarType::Bool) return torch::randint(2, shape, opts.dtype(torch::kLong)).to(torch::kBool);
+  return torch::randint(input.high, shape, opts);
+}
+
 Batch make_task_batch(const std::vector<TorchScriptInput>& inputs, TorchScriptOptions::Task task,
                       std::int64_t num_classes, torch::Device device, std::int64_t batch_size,
                       const std::function<torch::Tensor(const Batch&)>& forward) {
   Batch batch;
+  bool named = false;
   for (const auto& input : inputs) {
-    std::vector<std::int64_t> shape = input.shape;
-    for (auto& d : shape) d = d < 0 ? batch_size : d;
-    const auto opts = torch::TensorOptions().device(device).dtype(input.dtype);
-    if (c10::isFloatingType(input.dtype)) {
-      batch.inputs.push_back(torch::randn(shape, opts));
-    } else if (input.dtype == c10::ScalarType::Bool) {
-      batch.inputs.push_back(torch::randint(2, shape, opts.dtype(torch::kLong)).to(torch::kBool));
-    } else {
-      batch.inputs.push_back(torch::randint(input.high, shape, opts));
-    }
+    batch.inputs.push_back(make_input(input, device, batch_size));
+    batch.names.push_back(input.kwarg);
+    named = named || !input.kwarg.empty();
   }
+  if (!named) batch.names.clear();
   switch (task) {
     case TorchScriptOptions::Task::kClassify:
       batch.target = torch::randint(num_classes, {batch_size}, torch::TensorOptions().device(device).dtype(torch::kLong));

@@ -5,6 +5,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/base/heartbeat.h"
+#include "memgate/estimate/meta_kernels.h"
 #include "memgate/models/checkpoint.h"
 #include "memgate/models/task.h"
 
@@ -165,15 +166,76 @@ py::object import_callable(const std::string& file, const std::string& module, c
   throw Error(fmt::format("{} {}: {}", key, entry, describe_python_error(e)));
 }
 
+py::object import_callable(const PythonCallable& c, const std::string& key) {
+  return import_callable(c.file, c.module, c.callable, key, c.text);
+}
+
+// The message of a step memgate does not measure: not one forward-loss-backward-step per micro-batch.
+std::string not_one_step(const std::string& key, const std::string& what) {
+  return fmt::format("{}: {}: memgate measures a step of one loss, one backward and one optimizer step per micro-batch "
+                     "(the loss averaged over accumulation steps); a step with several losses back-propagated on "
+                     "their own or several optimizers (a GAN's generator and discriminator) is not one it measures",
+                     key, what);
+}
+
+std::string type_name(const py::handle& value) { return py::str(py::type::of(value)).cast<std::string>(); }
+
+// A Python optimizer (torch.optim's or a third party's), stepped in Python.
+class PythonOptimizer final : public OwnOptimizer {
+ public:
+  explicit PythonOptimizer(py::object optimizer) : optimizer_(std::move(optimizer)) {}
+  ~PythonOptimizer() override {
+    py::gil_scoped_acquire gil;
+    optimizer_ = py::object();
+  }
+  PythonOptimizer(const PythonOptimizer&) = delete;
+  PythonOptimizer& operator=(const PythonOptimizer&) = delete;
+  void step() override {
+    py::gil_scoped_acquire gil;
+    try {
+      optimizer_.attr("step")();
+    } catch (py::error_already_set& e) {
+      throw std::runtime_error("training.optimizer: step(): " + describe_python_error(e));
+    }
+  }
+  void zero_grad() override {
+    py::gil_scoped_acquire gil;
+    try {
+      optimizer_.attr("zero_grad")(py::arg("set_to_none") = true);
+    } catch (py::error_already_set& e) {
+      throw std::runtime_error("training.optimizer: zero_grad(): " + describe_python_error(e));
+    }
+  }
+
+ private:
+  py::object optimizer_;
+};
+
 }  // namespace
 
 PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::uint64_t seed)
-    : spec_(spec), device_(device) {
+    : spec_(spec), device_(device), seed_(seed) {
   py::gil_scoped_acquire gil;
   const auto torch_module = py::module_::import("torch");
   auto build = import_callable(spec.entry_file, spec.entry_module, spec.entry_callable, "model.entry", spec.entry);
   if (!spec.loss.empty()) {
     loss_ = import_callable(spec.loss_file, spec.loss_module, spec.loss_callable, "model.loss", spec.loss);
+  }
+  if (!spec.batch.empty()) batch_fn_ = import_callable(spec.batch, "model.batch");
+  if (!spec.compute_loss.empty()) compute_loss_fn_ = import_callable(spec.compute_loss, "model.compute_loss");
+  if (!spec.optimizer.empty()) optimizer_fn_ = import_callable(spec.optimizer, "training.optimizer");
+  if (!spec.optimizer_class.empty()) {
+    const auto dot = spec.optimizer_class.rfind('.');
+    const auto module = spec.optimizer_class.substr(0, dot), name = spec.optimizer_class.substr(dot + 1);
+    try {
+      const auto owner = py::module_::import("importlib").attr("import_module")(module);
+      if (!py::hasattr(owner, name.c_str())) {
+        throw Error(fmt::format("training.optimizer.class: '{}' has no attribute '{}'", module, name));
+      }
+      optimizer_fn_ = owner.attr(name.c_str());
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("training.optimizer.class {}: {}", spec.optimizer_class, describe_python_error(e)));
+    }
   }
   try {
     const auto kwargs = py::module_::import("json").attr("loads")(spec.args.dump()).cast<py::dict>();
@@ -218,6 +280,9 @@ PythonModel::~PythonModel() {
   py::gil_scoped_acquire gil;
   forward_ = py::object();
   loss_ = py::object();
+  batch_fn_ = py::object();
+  compute_loss_fn_ = py::object();
+  optimizer_fn_ = py::object();
   blocks_.clear();
   module_ = py::object();
   // What the model held in reference cycles goes now, with the probe, not inside the next probe's measurement: the
@@ -299,37 +364,130 @@ void PythonModel::wrap_blocks() {
 }
 
 Batch PythonModel::make_batch(std::int64_t batch_size) {
-  return make_task_batch(spec_.inputs, spec_.task, spec_.num_classes, device_, batch_size,
-                         [this](const Batch& b) { return forward(b); });
+  if (!batch_fn_) {
+    auto batch = make_task_batch(spec_.inputs, spec_.task, spec_.num_classes, device_, batch_size,
+                                 [this](const Batch& b) { return forward(b); });
+    // The loss callable's target, made after the inputs (as the task's is).
+    if (!spec_.target.empty()) batch.target = make_input(spec_.target.front(), device_, batch_size);
+    return batch;
+  }
+  py::gil_scoped_acquire gil;
+  py::object value;
+  try {
+    const auto torch_module = py::module_::import("torch");
+    // A generator seeded from the probe (seed + 1, as memgate's own batches are), on the device where it can be: the
+    // CPU's for the CPU and the Meta device (which has none; a CPU generator draws nothing for Meta tensors).
+    const auto generator =
+        torch_module.attr("Generator")(py::arg("device") = device_.is_cuda() ? device_.str() : std::string("cpu"));
+    generator.attr("manual_seed")(seed_ + 1);
+    value = batch_fn_(batch_size, torch_module.attr("device")(device_.str()), generator);
+  } catch (py::error_already_set& e) {
+    throw Error(fmt::format("model.batch {}: {}", spec_.batch.text, describe_python_error(e)));
+  }
+  const bool tensor = THPVariable_Check(value.ptr()) != 0;
+  if (!tensor && !py::isinstance<py::tuple>(value) && !py::isinstance<py::list>(value) &&
+      !py::isinstance<py::dict>(value)) {
+    throw Error(fmt::format("model.batch: {} returned {}, expected a tensor, a tuple, a list or a dict (nested)",
+                            spec_.batch.text, type_name(value)));
+  }
+  Batch batch;
+  collect_tensors(value, batch.inputs);
+  batch.own = std::shared_ptr<void>(new py::object(std::move(value)), [](void* p) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<py::object*>(p);
+  });
+  return batch;
 }
 
 py::object PythonModel::call(const Batch& batch) {
   const ProgressSection section("in the model's Python forward (" + spec_.entry + ")");
-  py::tuple args(batch.inputs.size());
-  for (std::size_t i = 0; i < batch.inputs.size(); ++i) args[i] = py::cast(batch.inputs[i]);
-  return forward_(*args);
+  if (batch.own) {
+    // The batch callable's value: a tensor as model(t), a tuple or list as model(*b), a dict as model(**b).
+    const auto& value = *static_cast<const py::object*>(batch.own.get());
+    if (py::isinstance<py::dict>(value)) return forward_(**value);
+    if (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value)) return forward_(*value);
+    return forward_(value);
+  }
+  py::list args;
+  py::dict kwargs;
+  for (std::size_t i = 0; i < batch.inputs.size(); ++i) {
+    if (i < batch.names.size() && !batch.names[i].empty()) kwargs[py::str(batch.names[i])] = py::cast(batch.inputs[i]);
+    else args.append(py::cast(batch.inputs[i]));
+  }
+  return forward_(*args, **kwargs);
+}
+
+py::object PythonModel::python_batch(const Batch& batch) const {
+  if (batch.own) return *static_cast<const py::object*>(batch.own.get());
+  py::list inputs;
+  py::dict kwargs;
+  for (std::size_t i = 0; i < batch.inputs.size(); ++i) {
+    if (i < batch.names.size() && !batch.names[i].empty()) kwargs[py::str(batch.names[i])] = py::cast(batch.inputs[i]);
+    else inputs.append(py::cast(batch.inputs[i]));
+  }
+  return py::module_::import("types").attr("SimpleNamespace")(
+      py::arg("inputs") = inputs, py::arg("kwargs") = kwargs,
+      py::arg("target") = batch.target.defined() ? py::cast(batch.target) : py::none());
+}
+
+torch::Tensor PythonModel::run_compute_loss(const Batch& batch) {
+  // A callable that runs backward itself leaves gradients where there were none: not a step memgate measures.
+  const auto any_grad = [this] {
+    for (const auto& p : root_->parameters()) {
+      if (p.grad().defined()) return true;
+    }
+    return false;
+  };
+  const bool check = torch::GradMode::is_enabled() && !any_grad();
+  py::object value;
+  try {
+    const ProgressSection section("in the model's Python compute_loss (" + spec_.compute_loss.text + ")");
+    value = compute_loss_fn_(forward_, python_batch(batch));
+  } catch (py::error_already_set& e) {
+    // In the eval passes (no_grad) a callable that calls backward itself fails in torch: say what it is.
+    const auto message = describe_python_error(e);
+    if (!torch::GradMode::is_enabled() && message.find("does not require grad") != std::string::npos) {
+      throw Error(not_one_step("model.compute_loss", spec_.compute_loss.text + " ran backward itself (in the eval "
+                                                     "passes, under torch.no_grad(): " + message + "): return the loss "
+                                                     "instead"));
+    }
+    throw;
+  }
+  if (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value) || py::isinstance<py::dict>(value)) {
+    throw Error(not_one_step("model.compute_loss", fmt::format("{} returned {}, expected one scalar loss",
+                                                               spec_.compute_loss.text, type_name(value))));
+  }
+  if (!THPVariable_Check(value.ptr())) {
+    throw Error(fmt::format("model.compute_loss: {} returned {}, expected a scalar tensor (the loss)",
+                            spec_.compute_loss.text, type_name(value)));
+  }
+  auto loss = value.cast<at::Tensor>();
+  value = py::object();
+  if (loss.numel() != 1) {
+    throw Error(fmt::format("model.compute_loss: {} returned a tensor of shape {}, expected a scalar loss",
+                            spec_.compute_loss.text, c10::str(loss.sizes())));
+  }
+  if (check && any_grad()) {
+    throw Error(not_one_step("model.compute_loss", spec_.compute_loss.text + " ran backward itself (a parameter has a "
+                                                   "gradient when it returns): return the loss instead"));
+  }
+  return loss;
 }
 
 torch::Tensor PythonModel::loss(const Batch& batch) {
   py::gil_scoped_acquire gil;
   try {
+    if (compute_loss_fn_) return run_compute_loss(batch);
     py::object out = call(batch);
     if (loss_) {
-      const auto types = py::module_::import("types");
-      py::list inputs;
-      for (const auto& t : batch.inputs) inputs.append(py::cast(t));
-      const auto b = types.attr("SimpleNamespace")(py::arg("inputs") = inputs,
-                                                   py::arg("target") = batch.target.defined() ? py::cast(batch.target)
-                                                                                              : py::none());
       py::object value;
       {
         const ProgressSection section("in the model's Python loss (" + spec_.loss + ")");
-        value = loss_(out, b);
+        value = loss_(out, python_batch(batch));
       }
       out = py::object();
       if (!THPVariable_Check(value.ptr())) {
-        throw Error(fmt::format("model.loss: {} returned {}, expected a scalar tensor", spec_.loss,
-                                py::str(py::type::of(value)).cast<std::string>()));
+        throw Error(fmt::format("model.loss: {} returned {}, expected a scalar tensor", spec_.loss, type_name(value)));
       }
       return value.cast<at::Tensor>();
     }
@@ -343,7 +501,7 @@ torch::Tensor PythonModel::loss(const Batch& batch) {
 }
 
 bool PythonModel::splits_loss() const {
-  return !loss_ && spec_.task != TorchScriptOptions::Task::kSum;
+  return !loss_ && !compute_loss_fn_ && spec_.task != TorchScriptOptions::Task::kSum;
 }
 
 torch::Tensor PythonModel::loss_of_output(const Batch& batch, const torch::Tensor& output) {
@@ -353,6 +511,8 @@ torch::Tensor PythonModel::loss_of_output(const Batch& batch, const torch::Tenso
 torch::Tensor PythonModel::forward(const Batch& batch) {
   py::gil_scoped_acquire gil;
   try {
+    // With compute_loss, the eval passes run it: the loop's forward(s) and loss, under no_grad.
+    if (compute_loss_fn_) return run_compute_loss(batch);
     std::vector<torch::Tensor> tensors;
     collect_tensors(call(batch), tensors);
     if (tensors.empty()) throw Error(spec_.entry + ": forward() returned no tensor");
@@ -365,6 +525,49 @@ torch::Tensor PythonModel::forward(const Batch& batch) {
 void PythonModel::rethrow(py::error_already_set& e) {
   // An error an op raised (an out-of-memory among them) comes back as the op's own message, which the probe reads.
   throw std::runtime_error(describe_python_error(e));
+}
+
+std::unique_ptr<OwnOptimizer> PythonModel::make_own_optimizer(const std::vector<torch::Tensor>& trainable) {
+  if (!optimizer_fn_) return nullptr;
+  py::gil_scoped_acquire gil;
+  const auto what = spec_.optimizer_class.empty() ? spec_.optimizer.text : spec_.optimizer_class;
+  py::object optimizer;
+  try {
+    if (!spec_.optimizer_class.empty()) {
+      // The class over the trainable parameters (the module's own Parameter objects), with the fixture's keywords.
+      py::list params;
+      for (const auto& p : trainable) params.append(py::cast(p));
+      const auto kwargs = py::module_::import("json").attr("loads")(spec_.optimizer_kwargs.dump()).cast<py::dict>();
+      optimizer = optimizer_fn_(params, **kwargs);
+    } else {
+      optimizer = optimizer_fn_(module_);
+    }
+  } catch (py::error_already_set& e) {
+    throw Error(fmt::format("training.optimizer {}: {}", what, describe_python_error(e)));
+  }
+  if (py::isinstance<py::tuple>(optimizer) || py::isinstance<py::list>(optimizer)) {
+    throw Error(not_one_step("training.optimizer", fmt::format("{} returned {}, expected one optimizer", what,
+                                                               type_name(optimizer))));
+  }
+  if (!py::hasattr(optimizer, "step") || !py::hasattr(optimizer, "zero_grad")) {
+    throw Error(fmt::format("training.optimizer: {} returned {}, expected an optimizer (with step() and zero_grad())",
+                            what, type_name(optimizer)));
+  }
+  // An estimate for CUDA runs on the Meta device, where torch.optim's default is its per-parameter loop; on CUDA it is
+  // foreach (_default_to_fused_or_foreach), whose temporaries are part of the step's peak: the groups that leave it to
+  // the default take foreach, as on the GPU.
+  if (device_.is_meta() && meta_kernels_target() == EstimateTarget::kCuda && py::hasattr(optimizer, "param_groups")) {
+    try {
+      for (auto group : optimizer.attr("param_groups")) {
+        auto g = group.cast<py::dict>();
+        const bool fused = g.contains("fused") && py::bool_(g["fused"]);
+        if (g.contains("foreach") && g["foreach"].is_none() && !fused) g["foreach"] = true;
+      }
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("training.optimizer {}: {}", what, describe_python_error(e)));
+    }
+  }
+  return std::make_unique<PythonOptimizer>(std::move(optimizer));
 }
 
 std::vector<std::string> PythonModel::block_prefixes() const {

@@ -32,6 +32,8 @@ class PythonModel final : public Model {
   torch::Tensor loss_of_output(const Batch& batch, const torch::Tensor& output) override;
   [[nodiscard]] std::vector<std::string> block_prefixes() const override;
   [[nodiscard]] std::vector<std::string> head_prefixes() const override { return {}; }
+  /// `training.optimizer: {class: ...}` or a callable: the Python optimizer, stepped in Python; else nullptr.
+  [[nodiscard]] std::unique_ptr<OwnOptimizer> make_own_optimizer(const std::vector<torch::Tensor>& trainable) override;
 
  private:
   struct Block {
@@ -42,6 +44,11 @@ class PythonModel final : public Model {
   void find_blocks();
   void wrap_blocks();
   pybind11::object call(const Batch& batch);
+  /// What compute_loss and the loss callable get as the batch: the `batch:` callable's value, else a namespace of
+  /// the inputs (inputs: the positional ones, kwargs: the named ones, target: the target or None).
+  pybind11::object python_batch(const Batch& batch) const;
+  /// compute_loss(model, batch), checked: a one-element tensor, and no backward of its own.
+  torch::Tensor run_compute_loss(const Batch& batch);
   [[noreturn]] static void rethrow(pybind11::error_already_set& e);
 
   PythonOptions spec_;
@@ -50,6 +57,10 @@ class PythonModel final : public Model {
   pybind11::object module_;
   pybind11::object forward_;  ///< the module, or torch.compile of it
   pybind11::object loss_;
+  pybind11::object batch_fn_;         ///< model.batch, or None
+  pybind11::object compute_loss_fn_;  ///< model.compute_loss, or None
+  pybind11::object optimizer_fn_;     ///< training.optimizer's class or callable, or None
+  std::uint64_t seed_ = 0;
   std::vector<Block> blocks_;
 };
 

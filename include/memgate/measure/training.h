@@ -61,6 +61,11 @@ struct TrainingSpec {
   CpuKernels cpu_kernels = CpuKernels::kPortable;  ///< portable | host: the kernels a CPU probe runs
   DistributedSpec distributed;      ///< ranks and strategy; none: one device
   bool compile = false;             ///< a Python model trained as torch.compile(module) compiles it
+  /// > 0: the gradients clipped to this total 2-norm before each optimizer step, as torch.nn.utils.clip_grad_norm_
+  /// does (`training.max_grad_norm`); 0: not clipped.
+  double max_grad_norm = 0.0;
+  /// A Python fixture's own optimizer (`training.optimizer: {class: ...}` or a callable): model/python.h holds it.
+  bool own_optimizer = false;
 };
 
 /// An optimizer that updates parameters as torch.optim's AdamW and SGD do, tensor for tensor: the same state
@@ -76,7 +81,7 @@ class TrainingOptimizer {
   /// Updates every parameter that has a gradient.
   virtual void step() = 0;
   /// Sets every gradient to none (`zero_grad(set_to_none=True)`, PyTorch's default).
-  void zero_grad();
+  virtual void zero_grad();
   [[nodiscard]] const std::vector<torch::Tensor>& params() const { return params_; }
 
  protected:
@@ -92,7 +97,9 @@ class GradScaler {
   explicit GradScaler(c10::Device device) : device_(device) {}
   /// loss x scale (the scale is created on the first call, as the Python scaler does).
   [[nodiscard]] torch::Tensor scale(const torch::Tensor& loss);
-  /// Unscales the gradients and steps `optimizer` unless a gradient is not finite.
+  /// Unscales the gradients in place (`scaler.unscale_(optimizer)`, before clipping); once per step.
+  void unscale(TrainingOptimizer& optimizer);
+  /// Unscales the gradients (unless unscale() did) and steps `optimizer` unless a gradient is not finite.
   void step(TrainingOptimizer& optimizer);
   /// Grows or backs off the scale; forgets this step's found-inf flags.
   void update();
@@ -103,11 +110,23 @@ class GradScaler {
   c10::Device device_;
   torch::Tensor scale_, growth_tracker_, found_inf_;
   bool skipped_ = false;
+  bool unscaled_ = false;
 };
 
 /// The training setup's optimizer (adamw | sgd with optional momentum) over `params`, in the setup's implementation
 /// (auto: PyTorch's default on `device`). Throws memgate::Error for `fused` on parameters that are not floating point.
 [[nodiscard]] std::unique_ptr<TrainingOptimizer> make_optimizer(const TrainingSpec& training,
                                                                 std::vector<torch::Tensor> params, c10::Device device);
+
+/// A model's own optimizer (Model::make_own_optimizer) as a TrainingOptimizer over `params`: its step and zero_grad
+/// are the model's (the GradScaler unscales `params`' gradients before its step).
+[[nodiscard]] std::unique_ptr<TrainingOptimizer> wrap_own_optimizer(std::unique_ptr<OwnOptimizer> own,
+                                                                    std::vector<torch::Tensor> params);
+
+/// torch.nn.utils.clip_grad_norm_(params, max_norm) with its defaults (norm 2, foreach where torch takes it: on the CPU
+/// and CUDA), tensor for tensor: each dtype group's norms by _foreach_norm, their stacked norm, the coefficient
+/// max_norm / (total + 1e-6) clamped at 1, the gradients multiplied in place by _foreach_mul_. Gradients that are not
+/// defined are left out.
+void clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
 
 }  // namespace memgate

@@ -29,6 +29,23 @@ struct TrainableSpec {
 struct Batch {
   std::vector<torch::Tensor> inputs;
   torch::Tensor target;
+  /// Per input, the keyword forward() takes it as (a Python fixture's `kwarg:`), "" for a positional one; empty: all
+  /// positional.
+  std::vector<std::string> names;
+  /// A Python fixture's batch as its `batch:` callable made it (a tensor, or a nested tuple, list or dict), opaque
+  /// here; its tensors are `inputs` too. Null for every other model.
+  std::shared_ptr<void> own;
+};
+
+/// An optimizer a model makes and steps itself (a Python fixture's torch.optim optimizer, `training.optimizer:
+/// {class: ...}` or a callable), in place of memgate's AdamW and SGD.
+class OwnOptimizer {
+ public:
+  virtual ~OwnOptimizer() = default;
+  /// optimizer.step()
+  virtual void step() = 0;
+  /// optimizer.zero_grad(set_to_none=True)
+  virtual void zero_grad() = 0;
 };
 
 /// Parameter counts: total = trainable + frozen (buffers excluded, as in the reference implementations).
@@ -66,6 +83,11 @@ class Model {
   /// Name prefixes of the task head, which trains with lora, head and last_blocks:N ("head." for a ViT, as timm
 /// and PEFT's modules_to_save=["head"] have it; a final norm is left to patterns).
   [[nodiscard]] virtual std::vector<std::string> head_prefixes() const = 0;
+  /// The optimizer the model's own code makes over `trainable` (the parameters that train, in module order), or
+  /// nullptr where memgate's optimizer (the training's adamw | sgd) steps it.
+  [[nodiscard]] virtual std::unique_ptr<OwnOptimizer> make_own_optimizer(const std::vector<torch::Tensor>& trainable) {
+    return nullptr;
+  }
   /// Recompute each block in backward instead of keeping its activations.
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
   [[nodiscard]] bool gradient_checkpointing() const { return checkpointing_; }

@@ -16,6 +16,15 @@
 
 namespace memgate {
 
+/// A Python callable a fixture names, `<file.py or dotted.module>:<callable>` (as `entry` is).
+struct PythonCallable {
+  std::string text;      ///< as written
+  std::string file;      ///< the resolved file, or empty for a dotted module
+  std::string module;    ///< the dotted module, or empty for a file
+  std::string callable;  ///< the callable's name in the file or module
+  [[nodiscard]] bool empty() const { return text.empty(); }
+};
+
 /// A fixture's `model:` for `arch: python` (DESIGN.md).
 struct PythonOptions {
   /// `<file.py or dotted.module>:<callable>`: a file is resolved against the fixture's folder (`entry_file` holds
@@ -33,6 +42,21 @@ struct PythonOptions {
   std::string loss_file;
   std::string loss_module;
   std::string loss_callable;
+  /// Optional `batch: (batch_size, device, generator) -> tensor | tuple | list | dict` (nested), in place of
+  /// `inputs`: a tensor goes to forward as model(t), a tuple or list as model(*b), a dict as model(**b).
+  PythonCallable batch;
+  /// Optional `compute_loss: (model, batch) -> scalar loss`, the loop's forward(s) and loss, in place of `task` and
+  /// `loss`; also what the eval passes run (under no_grad).
+  PythonCallable compute_loss;
+  /// Optional `target:` beside `inputs` and a `loss` callable: a tensor made after the inputs, given to the loss as
+  /// batch.target (not to forward).
+  std::vector<TorchScriptInput> target;  ///< none or one
+  /// `training.optimizer: {class: torch.optim.<Name>, ...kwargs}`: the class (dotted) and its keyword arguments,
+  /// made over the trainable parameters; or `training.optimizer: file.py:callable`, `(model) -> optimizer`. Either is
+  /// stepped in Python; neither: memgate's own (adamw | sgd).
+  std::string optimizer_class;
+  nlohmann::json optimizer_kwargs = nlohmann::json::object();
+  PythonCallable optimizer;
   /// A module-name pattern (shell-style: `*` matches any run of characters, dots included): the outermost modules
   /// whose names match are the model's blocks, in module order (gradient checkpointing, last_blocks:N, FSDP units).
   std::string blocks;

@@ -19,6 +19,13 @@ struct TorchScriptInput {
   c10::ScalarType dtype = c10::ScalarType::Float;
   /// Integer inputs (token ids, indices) are drawn from [0, high); floating ones from a standard normal.
   std::int64_t high = 2;
+  /// How the tensor is filled: drawn (as above, or uniformly from [low, high_value) for floats with `values:`), or
+  /// all ones or zeros (`ones` / `zeros`: an attention mask, say).
+  enum class Fill { kRandom, kUniform, kOnes, kZeros };
+  Fill fill = Fill::kRandom;
+  double low_value = 0.0, high_value = 1.0;  ///< kUniform's [low, high)
+  /// A Python fixture's input passed to forward() as this keyword argument (`kwarg: labels`); "" positional.
+  std::string kwarg;
 };
 
 /// The words of the input dtypes a fixture may name.

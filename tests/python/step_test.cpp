@@ -1,0 +1,328 @@
+// A Python fixture's own training step (issue 57; DESIGN.md, "Your own training step"): its batch callable, its
+// compute_loss, inputs passed as keywords and filled, a loss with its target, torch.optim optimizers made from a class
+// or a callable and stepped in Python, clipping. Each pattern's fixture (fixtures/models/py_step_*.yaml) is measured by
+// memgate and by tools/step_reference.py, which runs the same callables in the loop a user writes with plain PyTorch
+// and reads torch.profiler's allocation events: every component is compared. Bad keys and steps memgate does not
+// measure (a GAN's two optimizers) are errors naming the fixture.
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/launch/estimate.h"
+#include "memgate/launch/run.h"
+#include "fixture_util.h"
+#include "twins.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::kCpu;
+
+constexpr const char* kCompared[] = {"params",       "gradients", "optimizer_state", "activations",
+                                     "forward_peak", "eval_peak", "step_peak"};
+
+// The reference's probes of `path` at `batches`: one JSON object per batch size.
+nlohmann::json reference(const std::string& path, const std::vector<std::int64_t>& batches) {
+  testing::TempDir dir;
+  std::string sizes;
+  for (const auto b : batches) sizes += (sizes.empty() ? "" : ",") + std::to_string(b);
+  std::string out;
+  const int rc = testing::run(fmt::format("({} {}/tools/step_reference.py --config {} --batch-sizes {} 2>{}) > {}",
+                                          MEMGATE_TORCH_PYTHON, testing::source_dir(), path, sizes, dir / "err.txt",
+                                          dir / "ref.json"),
+                              &out);
+  EXPECT_EQ(rc, 0) << out << testing::read_file(dir / "err.txt");
+  return nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON")).at("probes");
+}
+
+struct Pattern {
+  std::string name;     ///< the test's
+  std::string fixture;  ///< fixtures/models/<fixture>.yaml
+  std::vector<std::int64_t> batches;
+};
+
+void PrintTo(const Pattern& p, std::ostream* os) { *os << p.fixture; }
+
+class StepReferenceTest : public ::testing::TestWithParam<Pattern> {};
+
+// memgate's measurement of the fixture equals the plain-PyTorch loop's, component by component, at each batch size.
+TEST_P(StepReferenceTest, MeasuresWhatThePlainPyTorchLoopAllocates) {
+  const auto& p = GetParam();
+  const auto path = testing::source_dir() + "/fixtures/models/" + p.fixture + ".yaml";
+  const auto f = load_fixture(path);
+  const auto ref = reference(path, p.batches);
+  ASSERT_EQ(ref.size(), p.batches.size());
+  for (std::size_t i = 0; i < p.batches.size(); ++i) {
+    const auto b = p.batches[i];
+    const auto m = run_probe(f, b, kCpu);
+    ASSERT_FALSE(m.oom) << m.error;
+    for (const auto* c : kCompared) {
+      const auto want = ref[i].at(c).get<std::int64_t>();
+      const auto got = m.components.get(c);
+      std::cout << fmt::format("[ STEP     ] {} bs{} {:<16} memgate {:>9} reference {:>9} ({:+d})\n", p.fixture, b, c,
+                               got, want, got - want);
+      EXPECT_EQ(got, want) << p.fixture << " at batch " << b << ": " << c;
+    }
+  }
+}
+
+std::string pattern_name(const ::testing::TestParamInfo<Pattern>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(
+    Patterns, StepReferenceTest,
+    ::testing::Values(Pattern{"TwoViewsOneBackboneVicLoss", "py_step_vic", {2, 4}},
+                      Pattern{"StudentAndTeacherOnSeveralCrops", "py_step_dino", {2, 4}},
+                      Pattern{"DeepSupervisionWithClipping", "py_step_deep_supervision", {2, 4}},
+                      Pattern{"TransformersFromADictBatchWithLabels", "py_step_hf_dict", {1, 2}},
+                      Pattern{"RmspropWithTwoParameterGroupsAndAKeywordInput", "py_step_rmsprop_groups", {2, 4}},
+                      Pattern{"SegmentationDiceLossOnAMaskTarget", "py_step_seg_dice", {2, 4}}),
+    pattern_name);
+
+// The Meta-device estimate runs the same callables (the batch made on Meta with a CPU generator, compute_loss, the
+// Python optimizer, the clipping): model states exact, activations and peaks within 1% of the measurement.
+class StepEstimateTest : public ::testing::TestWithParam<Pattern> {};
+
+TEST_P(StepEstimateTest, EstimatesTheStepWithinOnePercentOfItsMeasurement) {
+  const auto& p = GetParam();
+  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/" + p.fixture + ".yaml");
+  const auto measured = run_probes(f, p.batches, kCpu);
+  const auto estimated = estimate_profile(f, p.batches, EstimateTarget::kCpu).probes;
+  ASSERT_EQ(measured.size(), p.batches.size());
+  ASSERT_EQ(estimated.size(), p.batches.size());
+  for (std::size_t i = 0; i < p.batches.size(); ++i) {
+    const auto& m = measured[i];
+    const auto& e = estimated[i];
+    ASSERT_FALSE(m.oom || e.oom) << m.error << e.error;
+    const auto at = fmt::format("{} at batch {}", p.fixture, p.batches[i]);
+    for (const auto* c : kCompared) {
+      std::cout << fmt::format("[ ESTIMATE ] {} {:<16} estimated {:>9} measured {:>9} ({:+.2f}%)\n", at, c,
+                               e.components.get(c), m.components.get(c),
+                               testing::error_pct(e.components.get(c), m.components.get(c)));
+    }
+    for (const auto* c : {"params", "gradients", "optimizer_state"}) {
+      EXPECT_EQ(e.components.get(c), m.components.get(c)) << at << ": " << c;
+    }
+    for (const auto* c : {"activations", "forward_peak", "eval_peak", "step_peak"}) {
+      EXPECT_LE(testing::error_pct(e.components.get(c), m.components.get(c)), 1.0) << at << ": " << c;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Patterns, StepEstimateTest,
+    ::testing::Values(Pattern{"TwoViewsOneBackboneVicLoss", "py_step_vic", {2, 4}},
+                      Pattern{"StudentAndTeacherOnSeveralCrops", "py_step_dino", {2, 4}},
+                      Pattern{"DeepSupervisionWithClipping", "py_step_deep_supervision", {2, 4}},
+                      Pattern{"TransformersFromADictBatchWithLabels", "py_step_hf_dict", {1, 2}},
+                      Pattern{"RmspropWithTwoParameterGroupsAndAKeywordInput", "py_step_rmsprop_groups", {2, 4}},
+                      Pattern{"SegmentationDiceLossOnAMaskTarget", "py_step_seg_dice", {2, 4}}),
+    pattern_name);
+
+// --- Bad keys: the file, the key and what was expected --------------------------------------------------------------
+
+struct BadStep {
+  std::string name;
+  std::string model;     ///< the model: section's keys after arch and entry
+  std::string training;  ///< the training: section
+  std::vector<std::string> says;
+};
+
+void PrintTo(const BadStep& c, std::ostream* os) { *os << c.name; }
+
+class BadStepFixtureTest : public ::testing::TestWithParam<BadStep> {};
+
+TEST_P(BadStepFixtureTest, NamesTheFileTheKeyAndWhatWasExpected) {
+  const auto& c = GetParam();
+  testing::TempDir dir;
+  testing::write_file(dir / "models.py", "def build():\n    pass\n\ndef batch(b, d, g):\n    pass\n\n"
+                                         "def loss(m, b):\n    pass\n");
+  testing::write_file(dir / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n" + c.model +
+                                          "training:\n" + c.training + "batch_sizes: [1]\n");
+  try {
+    (void)load_fixture(dir / "f.yaml");
+    ADD_FAILURE() << c.name << ": no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("f.yaml")) << c.name;
+    for (const auto& s : c.says) EXPECT_THAT(e.what(), HasSubstr(s)) << c.name;
+  }
+}
+
+const std::string kIn = "  inputs:\n    - {shape: [B, 4], dtype: float32}\n";
+
+INSTANTIATE_TEST_SUITE_P(
+    Catalogue, BadStepFixtureTest,
+    ::testing::Values(
+        BadStep{"batch_and_inputs", "  batch: models.py:batch\n" + kIn + "  compute_loss: models.py:loss\n", "",
+                {"model.inputs", "no inputs with a batch: callable"}},
+        BadStep{"batch_with_classify", "  batch: models.py:batch\n  task: classify\n  num_classes: 3\n", "",
+                {"model.task", "sum, or a compute_loss: callable"}},
+        BadStep{"batch_with_loss", "  batch: models.py:batch\n  loss: models.py:loss\n", "",
+                {"model.loss", "compute_loss"}},
+        BadStep{"compute_loss_with_task", kIn + "  compute_loss: models.py:loss\n  task: sum\n", "",
+                {"model.task", "no task with a compute_loss: callable"}},
+        BadStep{"compute_loss_not_a_callable", kIn + "  compute_loss: models.py\n", "",
+                {"model.compute_loss", "<file.py or dotted.module>:<callable>"}},
+        BadStep{"batch_file_missing", "  batch: nothere.py:batch\n  compute_loss: models.py:loss\n", "",
+                {"model.batch", "not there"}},
+        BadStep{"target_without_loss", kIn + "  task: sum\n  target: {shape: [B], dtype: int64, high: 3}\n", "",
+                {"model.target", "a loss: callable beside it"}},
+        BadStep{"values_reversed", "  inputs:\n    - {shape: [B, 4], dtype: float32, values: [1.0, 0.0]}\n  task: sum\n",
+                "", {"values", "[low, high]"}},
+        BadStep{"values_on_integers", "  inputs:\n    - {shape: [B, 4], dtype: int64, values: [0, 3]}\n  task: sum\n", "",
+                {"values", "ones or zeros", "high: N"}},
+        BadStep{"kwarg_not_a_name", "  inputs:\n    - {shape: [B, 4], kwarg: 2x}\n  task: sum\n", "",
+                {"kwarg", "a Python keyword"}},
+        BadStep{"positional_after_kwarg",
+                "  inputs:\n    - {shape: [B, 4], kwarg: x}\n    - {shape: [B, 4]}\n  task: sum\n", "",
+                {"model.inputs", "positional inputs before"}},
+        BadStep{"input_unknown_key", "  inputs:\n    - {shape: [B, 4], fill: ones}\n  task: sum\n", "", {"fill"}},
+        BadStep{"optimizer_class_not_dotted", kIn + "  task: sum\n", "  optimizer: {class: RMSprop}\n",
+                {"training.optimizer.class", "a dotted class name"}},
+        BadStep{"optimizer_params_given", kIn + "  task: sum\n", "  optimizer: {class: torch.optim.SGD, params: []}\n",
+                {"training.optimizer.params", "parameter groups"}},
+        BadStep{"lr_beside_a_python_optimizer", kIn + "  task: sum\n",
+                "  optimizer: {class: torch.optim.SGD}\n  lr: 0.1\n", {"training.lr", "no lr beside a Python optimizer"}},
+        BadStep{"optimizer_word_unknown", kIn + "  task: sum\n", "  optimizer: rmsprop\n",
+                {"training.optimizer", "adamw"}},
+        BadStep{"max_grad_norm_zero", kIn + "  task: sum\n", "  max_grad_norm: 0\n", {"training.max_grad_norm"}},
+        BadStep{"python_optimizer_with_fsdp", kIn + "  task: sum\n",
+                "  optimizer: {class: torch.optim.SGD, lr: 0.1}\n  distributed: {strategy: fsdp, world_size: 2, units: root}\n",
+                {"training.distributed", "a Python optimizer"}}),
+    [](const ::testing::TestParamInfo<BadStep>& info) { return info.param.name; });
+
+// A Python optimizer on a zoo model is refused where the fixture is read.
+TEST(BadStepFixtureTest, APythonOptimizerOnAZooModelIsRefused) {
+  testing::TempDir dir;
+  auto yaml = testing::tiny_vit_yaml();
+  yaml.replace(yaml.find("  optimizer: adamw\n"), 18, "  optimizer: {class: torch.optim.SGD, lr: 0.1}\n");
+  testing::write_file(dir / "f.yaml", yaml);
+  try {
+    (void)load_fixture(dir / "f.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("training.optimizer"));
+    EXPECT_THAT(e.what(), HasSubstr("adamw or sgd for a model that is not arch: python"));
+  }
+}
+
+// --- Steps memgate does not measure: refused, naming the fixture ---------------------------------------------------
+
+std::string probe_error(const std::string& yaml_text) {
+  testing::TempDir dir;
+  const auto models = testing::source_dir() + "/fixtures/models/python/step_models.py";
+  testing::write_file(dir / "step_models.py", read_text_file(models, "a Python file") +
+                                                  "\n\ndef two_losses(model, batch):\n"
+                                                  "    out = model(*batch.inputs)\n"
+                                                  "    return out.sum(), out.mean()\n\n"
+                                                  "def own_backward(model, batch):\n"
+                                                  "    loss = model(*batch.inputs).sum()\n"
+                                                  "    loss.backward()\n"
+                                                  "    return loss.detach()\n");
+  testing::write_file(dir / "gan.yaml", yaml_text);
+  try {
+    (void)run_probe(load_fixture(dir / "gan.yaml"), 2, kCpu);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+const std::string kMlp = "model:\n  arch: python\n  entry: step_models.py:mlp\n  inputs:\n    - {shape: [B, 32]}\n";
+
+TEST(StepRefusalTest, TwoOptimizersAreRefusedNamingTheFixture) {
+  const auto message =
+      probe_error(kMlp + "  task: sum\ntraining:\n  optimizer: step_models.py:two_optimizers\nbatch_sizes: [2]\n");
+  EXPECT_THAT(message, HasSubstr("gan.yaml"));
+  EXPECT_THAT(message, HasSubstr("training.optimizer"));
+  EXPECT_THAT(message, HasSubstr("several optimizers (a GAN's generator and discriminator)"));
+}
+
+TEST(StepRefusalTest, ACallableReturningTwoLossesIsRefusedNamingTheFixture) {
+  const auto message = probe_error(kMlp + "  compute_loss: step_models.py:two_losses\nbatch_sizes: [2]\n");
+  EXPECT_THAT(message, HasSubstr("gan.yaml"));
+  EXPECT_THAT(message, HasSubstr("model.compute_loss"));
+  EXPECT_THAT(message, HasSubstr("expected one scalar loss"));
+}
+
+TEST(StepRefusalTest, ACallableRunningBackwardItselfIsRefusedNamingTheFixture) {
+  const auto message = probe_error(kMlp + "  compute_loss: step_models.py:own_backward\nbatch_sizes: [2]\n");
+  EXPECT_THAT(message, HasSubstr("gan.yaml"));
+  EXPECT_THAT(message, HasSubstr("ran backward itself"));
+}
+
+// --- Clipping on the zoo: torch's clip_grad_norm_ allocates scalars only ------------------------------------------
+
+// max_grad_norm on a zoo fixture: the same parameters, gradients, state and activations; the step's peak grows by
+// no more than clip_grad_norm_'s scalars (one norm per gradient, their stack, the total and the coefficients).
+TEST(ClipGradNormTest, ClippingAZooModelAddsOnlyItsScalarsToTheStep) {
+  const auto plain = testing::fixture_from(testing::tiny_vit_yaml());
+  const auto clipped = testing::fixture_from(testing::tiny_vit_yaml("  max_grad_norm: 1.0\n"));
+  ASSERT_EQ(clipped.training.max_grad_norm, 1.0);
+  EXPECT_NE(plain.hash, clipped.hash);
+  const auto a = run_probe(plain, 2, kCpu);
+  const auto b = run_probe(clipped, 2, kCpu);
+  ASSERT_FALSE(a.oom || b.oom);
+  for (const auto* c : {"params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak"}) {
+    EXPECT_EQ(a.components.get(c), b.components.get(c)) << c;
+  }
+  EXPECT_GE(b.components.step_peak, a.components.step_peak);
+  const auto tensors = testing::trainable_tensors(clipped);
+  EXPECT_LE(b.components.step_peak - a.components.step_peak, 4 * (2 * tensors + 8));
+}
+
+// The zoo's clipping is torch's, to the byte: vit_tiny_lora with max_grad_norm equals its timm twin with it (a Python
+// fixture whose clipping is memgate's C++ too), and that twin equals the plain-PyTorch loop calling
+// torch.nn.utils.clip_grad_norm_ (tools/step_reference.py).
+TEST(ClipGradNormTest, TheZoosClippingAllocatesWhatTorchsClipGradNormDoes) {
+  testing::TempDir dir;
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  for (const auto* name : {"py_vit_tiny_lora_timm", "vit_tiny_lora"}) {
+    auto text = read_text_file(models + name + std::string(".yaml"), "a fixture");
+    text.replace(text.find("  precision: fp32\n"), 18, "  precision: fp32\n  max_grad_norm: 0.5\n");
+    if (const auto at = text.find("entry: python/"); at != std::string::npos) text.replace(at, 14, "entry: " + models + "python/");
+    write_file_atomically(dir / (std::string(name) + "_clip.yaml"), text);
+  }
+  const auto python_path = dir / "py_vit_tiny_lora_timm_clip.yaml";
+  const auto python = load_fixture(python_path);
+  const auto zoo = load_fixture(dir / "vit_tiny_lora_clip.yaml");
+  ASSERT_EQ(zoo.training.max_grad_norm, 0.5);
+  const std::vector<std::int64_t> batches{1, 4};
+  const auto ref = reference(python_path, batches);
+  ASSERT_EQ(ref.size(), batches.size());
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    const auto p = run_probe(python, batches[i], kCpu);
+    const auto z = run_probe(zoo, batches[i], kCpu);
+    ASSERT_FALSE(p.oom || z.oom) << p.error << z.error;
+    for (const auto* c : kCompared) {
+      EXPECT_EQ(p.components.get(c), ref[i].at(c).get<std::int64_t>()) << "the twin against torch at batch "
+                                                                        << batches[i] << ": " << c;
+      EXPECT_EQ(z.components.get(c), p.components.get(c)) << "the zoo against its twin at batch " << batches[i] << ": "
+                                                           << c;
+    }
+  }
+}
+
+// A fixture without the new keys keeps its hash (its baselines stay valid).
+TEST(StepFixtureTest, FixturesWithoutTheNewKeysKeepTheirHash) {
+  const auto f = testing::model_fixture("py_llama_tiny_lora");
+  EXPECT_TRUE(f.canonical.at("training").find("max_grad_norm") == f.canonical.at("training").end());
+  EXPECT_TRUE(f.canonical.at("model").find("batch") == f.canonical.at("model").end());
+  for (const auto& input : f.canonical.at("model").at("inputs")) {
+    EXPECT_TRUE(input.find("kwarg") == input.end());
+    EXPECT_TRUE(input.find("values") == input.end());
+  }
+}
+
+}  // namespace
+}  // namespace memgate

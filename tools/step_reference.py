@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Plain-PyTorch reference for a Python fixture's own training step (issue 57): the fixture's callables run in the
+loop a user writes, measured as tools/timm_reference.py measures (torch.profiler's CPU allocation events, each with
+the allocator's running total), by memgate's protocol (DESIGN.md, "Your own training step"):
+
+  build (seeded 0, under torch.device("cpu")); freeze what `trainable` does not select; the batch, seeded 1 (the
+  fixture's `batch:` callable with a torch.Generator seeded 1, or its `inputs` and `target` drawn as memgate draws
+  them); the optimizer (memgate's adamw / sgd as torch.optim runs them on the CPU, foreach=False; or the fixture's
+  torch.optim class or callable); model.eval() and two passes under no_grad (compute_loss, or forward); model.train()
+  and warm-up step(s); the measured step: loss = compute_loss(model, batch) (or forward and the loss / task),
+  loss.backward(), clip_grad_norm_(model.parameters(), max_grad_norm), optimizer.step(), optimizer.zero_grad().
+
+Components, in bytes above what was allocated before the build: params, gradients, optimizer_state, activations,
+forward_peak, eval_peak (absolute), step_peak (absolute).
+
+Run: ~/.cache/memgate/venv/bin/python tools/step_reference.py --config fixtures/models/py_step_vic.yaml --batch-sizes 2,4
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fnmatch
+import gc
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timm_reference import allocation_events, exit_fast  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
+          "int32": torch.int32, "bool": torch.bool}
+
+
+def load_callable(fixture_dir: str, text: str):
+    """`file.py:callable` relative to the fixture (its folder first on sys.path), or `dotted.module:callable`."""
+    where, name = text.rsplit(":", 1)
+    if where.endswith(".py") or "/" in where:
+        path = where if os.path.isabs(where) else os.path.join(fixture_dir, where)
+        folder = os.path.dirname(os.path.abspath(path))
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        module_name = "memgate_fixture_" + os.path.splitext(os.path.basename(path))[0]
+        if module_name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        module = sys.modules[module_name]
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, name)
+
+
+def make_input(spec: dict, batch_size: int) -> torch.Tensor:
+    """One of `inputs` (or the `target`) as memgate makes it (src/models/task.cpp, make_input)."""
+    shape = [batch_size if d == "B" else int(d) for d in spec["shape"]]
+    dtype = DTYPES[spec.get("dtype", "float32")]
+    values = spec.get("values")
+    if values == "ones":
+        return torch.ones(shape, dtype=dtype)
+    if values == "zeros":
+        return torch.zeros(shape, dtype=dtype)
+    if isinstance(values, list):
+        return torch.empty(shape, dtype=dtype).uniform_(float(values[0]), float(values[1]))
+    if dtype.is_floating_point:
+        return torch.randn(shape, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.randint(2, shape).to(torch.bool)
+    return torch.randint(int(spec.get("high", 2)), shape, dtype=dtype)
+
+
+class Fixture:
+    def __init__(self, path: str):
+        import yaml
+
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+        self.dir = os.path.dirname(os.path.abspath(path))
+        self.model = raw["model"]
+        self.training = raw.get("training", {}) or {}
+        if self.model.get("arch") != "python":
+            raise SystemExit(f"{path}: arch {self.model.get('arch')!r}, expected python")
+        if (self.training.get("precision", "fp32") != "fp32" or self.training.get("accumulation_steps", 1) != 1
+                or "distributed" in self.training or self.training.get("gradient_checkpointing")):
+            raise SystemExit(f"{path}: the reference runs fp32, one micro-batch, one process, no checkpointing")
+        m = self.model
+        self.build = load_callable(self.dir, m["entry"])
+        self.args = m.get("args", {}) or {}
+        self.batch_fn = load_callable(self.dir, m["batch"]) if "batch" in m else None
+        self.compute_loss = load_callable(self.dir, m["compute_loss"]) if "compute_loss" in m else None
+        self.loss_fn = load_callable(self.dir, m["loss"]) if "loss" in m else None
+        self.task = m.get("task", "sum")
+        self.max_grad_norm = self.training.get("max_grad_norm")
+
+    def select_trainable(self, model: torch.nn.Module) -> list:
+        trainable = self.training.get("trainable", "all")
+        out = []
+        for name, p in model.named_parameters():
+            if trainable == "all":
+                train = True
+            elif isinstance(trainable, dict):
+                train = any(fnmatch.fnmatchcase(name, pat) for pat in trainable["train"])
+            else:
+                raise SystemExit(f"trainable {trainable!r}: the reference takes all or {{train: [...]}}")
+            p.requires_grad_(train)
+            if train:
+                out.append(p)
+        return out
+
+    def make_batch(self, batch_size: int):
+        """The batch and, for forward, its positional and keyword arguments; the namespace a loss callable gets."""
+        if self.batch_fn is not None:
+            value = self.batch_fn(batch_size, torch.device("cpu"), torch.Generator(device="cpu").manual_seed(1))
+            return value, value
+        inputs = self.model["inputs"]
+        args, kwargs = [], {}
+        for spec in inputs:
+            t = make_input(spec, batch_size)
+            if spec.get("kwarg"):
+                kwargs[spec["kwarg"]] = t
+            else:
+                args.append(t)
+        target = None
+        if self.task == "classify" and self.loss_fn is None and self.compute_loss is None:
+            target = torch.randint(int(self.model["num_classes"]), (batch_size,))
+        if "target" in self.model:
+            target = make_input(self.model["target"], batch_size)
+        ns = types.SimpleNamespace(inputs=args, kwargs=kwargs, target=target)
+        return ns, ns
+
+    def forward(self, model, batch):
+        if self.batch_fn is not None:
+            if isinstance(batch, dict):
+                return model(**batch)
+            if isinstance(batch, (tuple, list)):
+                return model(*batch)
+            return model(batch)
+        return model(*batch.inputs, **batch.kwargs)
+
+    def loss(self, model, batch):
+        if self.compute_loss is not None:
+            return self.compute_loss(model, batch)
+        output = self.forward(model, batch)
+        if self.loss_fn is not None:
+            return self.loss_fn(output, batch)
+        if self.task == "classify":
+            first = output[0] if isinstance(output, (tuple, list)) else output
+            return F.cross_entropy(first, batch.target)
+        if self.task == "sum":
+            tensors = [output] if isinstance(output, torch.Tensor) else list(output)
+            total = None
+            for t in tensors:
+                if t.is_floating_point():
+                    s = t.sum()
+                    total = s if total is None else total + s
+            return total
+        raise SystemExit(f"task {self.task!r}: the reference takes classify or sum")
+
+    def eval_pass(self, model, batch):
+        if self.compute_loss is not None:
+            self.compute_loss(model, batch)
+        else:
+            self.forward(model, batch)
+
+    def make_optimizer(self, model, trainable):
+        o = self.training.get("optimizer", "adamw")
+        if isinstance(o, dict):
+            module, name = o["class"].rsplit(".", 1)
+            cls = getattr(importlib.import_module(module), name)
+            return cls(trainable, **{k: v for k, v in o.items() if k != "class"})
+        if ":" in o:
+            return load_callable(self.dir, o)(model)
+        lr = self.training.get("lr", 1e-4)
+        if o == "adamw":
+            return torch.optim.AdamW(trainable, lr=lr, weight_decay=self.training.get("weight_decay", 0.01),
+                                     foreach=False)
+        if o == "sgd":
+            return torch.optim.SGD(trainable, lr=lr, momentum=self.training.get("momentum", 0.0),
+                                   weight_decay=self.training.get("weight_decay", 0.0), foreach=False)
+        raise SystemExit(f"optimizer {o!r}")
+
+
+def run_probe(fx: Fixture, batch_size: int, warmup_steps: int = 1, timeline_out=None) -> dict:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+        marker = torch.empty(1)
+        del marker
+        with record_function("memgate::build"):
+            torch.manual_seed(0)
+            with torch.device("cpu"):
+                model = fx.build(**fx.args)
+            model = model.to("cpu")
+            gc.collect()
+        trainable = fx.select_trainable(model)
+        torch.manual_seed(1)
+        with record_function("memgate::batch"):
+            batch, _ = fx.make_batch(batch_size)
+        model.train()
+        optimizer = fx.make_optimizer(model, trainable)
+        model.eval()
+        for p in range(2):
+            with torch.no_grad(), record_function(f"memgate::eval{p}"):
+                fx.eval_pass(model, batch)
+        model.train()
+        for step in range(warmup_steps + 1):
+            tag = "measured" if step == warmup_steps else f"warmup{step}"
+            with record_function(f"memgate::{tag}:forward"):
+                loss = fx.loss(model, batch)
+            with record_function(f"memgate::{tag}:backward"):
+                loss.backward()
+                del loss
+            with record_function(f"memgate::{tag}:optimizer"):
+                if fx.max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), fx.max_grad_norm)
+                optimizer.step()
+            with record_function(f"memgate::{tag}:zero_grad"):
+                optimizer.zero_grad(set_to_none=True)
+
+    events = allocation_events(prof)
+    if timeline_out is not None:
+        for t, size, total, op, phase in events:
+            print(f"{phase}\t{size}\t{total}\t{op}", file=timeline_out)
+
+    def window(prefix: str):
+        idx = [i for i, e in enumerate(events) if e[4].startswith(prefix)]
+        if not idx:
+            raise RuntimeError(f"no allocation in phase {prefix}")
+        first, last = idx[0], idx[-1]
+        before = events[first][2] - events[first][1]
+        peak = max([before] + [events[i][2] for i in range(first, last + 1)])
+        return before, events[last][2], peak
+
+    base = events[0][2] - events[0][1]
+    _, built, _ = window("build")
+    _, _, eval_peak = window("eval1")
+    _, before_opt0, _ = window("warmup0:backward")
+    _, after_opt0, _ = window("warmup0:optimizer")
+    before_step, after_fwd, fwd_peak = window("measured:forward")
+    _, after_bwd, _ = window("measured:backward")
+    phases = [p for p in ("forward", "backward", "optimizer", "zero_grad")
+              if any(e[4] == f"measured:{p}" for e in events)]
+    step_peak = max(window(f"measured:{p}")[2] for p in phases)
+    return {
+        "batch_size": batch_size,
+        "params": built - base,
+        "gradients": after_bwd - before_step,
+        "optimizer_state": after_opt0 - before_opt0,
+        "activations": after_fwd - before_step,
+        "forward_peak": fwd_peak - before_step,
+        "eval_peak": eval_peak - base,
+        "step_peak": step_peak - base,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="a Python fixture (arch: python)")
+    p.add_argument("--batch-sizes", default="2")
+    p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--timeline", help="write every allocation/free (phase, bytes, running total, op) here")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    torch.backends.mkldnn.enabled = False
+    torch._C._set_nnpack_enabled(False)
+    with contextlib.redirect_stdout(sys.stderr):  # what importing the user's libraries prints
+        fx = Fixture(a.config)
+    timeline = open(a.timeline, "w") if a.timeline else None
+    probes = []
+    for bs in (int(s) for s in a.batch_sizes.split(",")):
+        # One probe first, unmeasured, so that what a first call imports or caches lazily is not in the numbers.
+        with contextlib.redirect_stdout(sys.stderr):
+            run_probe(fx, bs)
+        if timeline:
+            print(f"# batch {bs}", file=timeline)
+        probes.append(run_probe(fx, bs, a.warmup_steps, timeline))
+    if timeline:
+        timeline.close()
+    json.dump({"reference": "plain PyTorch loop", "fixture": a.config, "probes": probes}, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    exit_fast(main())
