@@ -348,6 +348,13 @@ ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10
           workload.source, batch_size, -left));
     }
   }
+  if (history) {  // the probe ran out of memory: the history up to there
+    try {
+      result.snapshot = history->finish();
+    } catch (const std::exception&) {
+      result.snapshot.clear();  // no snapshot; the out-of-memory result stands
+    }
+  }
   make_memory_backend(device)->empty_cache();
   result.seconds = seconds_since(start);
   return result;

@@ -79,7 +79,7 @@ TEST(MemorySnapshotTest, AnOutOfMemoryStillLeavesTheHistoryUpToIt) {
   options.snapshot = SnapshotOptions{};
   const auto r = run_probe_capped(fixture, 8, kCpu, 200 * 1024, options);
   ASSERT_TRUE(r.oom) << "200 KiB cannot hold the tiny ViT's step";
-  ASSERT_FALSE(r.snapshot.empty());
+  ASSERT_FALSE(r.snapshot.empty()) << r.error;
   testing::TempDir dir;
   write_file_atomically(dir / "oom.pickle", r.snapshot);
   std::string out;
