@@ -50,8 +50,9 @@ else
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_version"
 fi
 # The libraries the Python fixtures' models come from (tests and the CPU suite), pinned beside torch so that pip keeps
-# torch as it is; PyYAML for tools/corpus.py and the references, which read fixtures.
-py_deps=("torchvision==0.26.0" "timm==1.0.31" "peft==0.21.2" "transformers==5.24.0" "pyyaml==6.0.4")
+# torch as it is; PyYAML for tools/corpus.py, the references and the pytest plugin, which read fixtures; pytest for the
+# plugin's own test (tests/python/pytest_plugin_test.py).
+py_deps=("torchvision==0.26.0" "timm==1.0.31" "peft==0.21.2" "transformers==5.24.0" "pyyaml==6.0.4" "pytest==9.2.0")
 if "$venv/bin/python" - "${py_deps[@]}" <<'PY' 2>/dev/null; then
 import importlib.metadata as m, sys
 sys.exit(0 if all(m.version(d.split("==")[0]) == d.split("==")[1] for d in sys.argv[1:]) else 1)

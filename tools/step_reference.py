@@ -8,10 +8,11 @@ the allocator's running total), by memgate's protocol (DESIGN.md, "Your own trai
   them); the optimizer (memgate's adamw / sgd as torch.optim runs them on the CPU, foreach=False; or the fixture's
   torch.optim class or callable); model.eval() and two passes under no_grad (compute_loss, or forward); model.train()
   and warm-up step(s); the measured step: loss = compute_loss(model, batch) (or forward and the loss / task),
-  loss.backward(), clip_grad_norm_(model.parameters(), max_grad_norm), optimizer.step(), optimizer.zero_grad().
+  loss.backward(), clip_grad_norm_(model.parameters(), max_grad_norm), optimizer.step(), ema.update(model),
+  optimizer.zero_grad(). An EMA (`training.ema`) is timm's own ModelEmaV3, made after the optimizer.
 
 Components, in bytes above what was allocated before the build: params, gradients, optimizer_state, activations,
-forward_peak, eval_peak (absolute), step_peak (absolute).
+forward_peak, eval_peak (absolute), step_peak (absolute), and ema where the fixture keeps one.
 
 Run: ~/.cache/memgate/venv/bin/python tools/step_reference.py --config fixtures/models/py_step_vic.yaml --batch-sizes 2,4
 """
@@ -99,6 +100,7 @@ class Fixture:
         self.loss_fn = load_callable(self.dir, m["loss"]) if "loss" in m else None
         self.task = m.get("task", "sum")
         self.max_grad_norm = self.training.get("max_grad_norm")
+        self.ema_decay = (self.training.get("ema") or {}).get("decay")
 
     def select_trainable(self, model: torch.nn.Module) -> list:
         trainable = self.training.get("trainable", "all")
@@ -204,6 +206,12 @@ def run_probe(fx: Fixture, batch_size: int, warmup_steps: int = 1, timeline_out=
             batch, _ = fx.make_batch(batch_size)
         model.train()
         optimizer = fx.make_optimizer(model, trainable)
+        ema = None
+        if fx.ema_decay:
+            # timm's own EMA, made after the optimizer as timm's train.py makes it
+            from timm.utils import ModelEmaV3
+            with record_function("memgate::ema"):
+                ema = ModelEmaV3(model, decay=fx.ema_decay)
         model.eval()
         for p in range(2):
             with torch.no_grad(), record_function(f"memgate::eval{p}"):
@@ -220,6 +228,8 @@ def run_probe(fx: Fixture, batch_size: int, warmup_steps: int = 1, timeline_out=
                 if fx.max_grad_norm:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), fx.max_grad_norm)
                 optimizer.step()
+                if ema is not None:
+                    ema.update(model)
             with record_function(f"memgate::{tag}:zero_grad"):
                 optimizer.zero_grad(set_to_none=True)
 
@@ -247,7 +257,7 @@ def run_probe(fx: Fixture, batch_size: int, warmup_steps: int = 1, timeline_out=
     phases = [p for p in ("forward", "backward", "optimizer", "zero_grad")
               if any(e[4] == f"measured:{p}" for e in events)]
     step_peak = max(window(f"measured:{p}")[2] for p in phases)
-    return {
+    out = {
         "batch_size": batch_size,
         "params": built - base,
         "gradients": after_bwd - before_step,
@@ -257,6 +267,10 @@ def run_probe(fx: Fixture, batch_size: int, warmup_steps: int = 1, timeline_out=
         "eval_peak": eval_peak - base,
         "step_peak": step_peak - base,
     }
+    if fx.ema_decay:
+        before_ema, after_ema, _ = window("ema")
+        out["ema"] = after_ema - before_ema
+    return out
 
 
 def main(argv=None) -> int:

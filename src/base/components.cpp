@@ -20,7 +20,11 @@ const ComponentInfo& component_or_throw(std::string_view name) {
 
 std::int64_t Components::get(std::string_view name) const { return this->*component_or_throw(name).member; }
 
-void Components::set(std::string_view name, std::int64_t bytes) { this->*component_or_throw(name).member = bytes; }
+void Components::set(std::string_view name, std::int64_t bytes) {
+  const auto& info = component_or_throw(name);
+  this->*info.member = bytes;
+  if (info.present != nullptr) this->*info.present = true;
+}
 
 const RankComponents* find_rank(const std::vector<RankComponents>& ranks, int rank) {
   const auto it = std::find_if(ranks.begin(), ranks.end(), [rank](const RankComponents& r) { return r.rank == rank; });
@@ -34,6 +38,7 @@ Components max_over_ranks(const std::vector<RankComponents>& ranks) {
     for (const auto& r : ranks) most = std::max(most, r.components.*info.member);
     out.*info.member = most;
   }
+  for (const auto& r : ranks) out.keeps_ema = out.keeps_ema || r.components.keeps_ema;
   return out;
 }
 

@@ -7,11 +7,18 @@
 #include "memgate/gate/verdict.h"
 #include "memgate/backend/device.h"
 #include "memgate/measure/probe.h"
+#include "memgate/base/files.h"
+#include "memgate/base/units.h"
+#include "memgate/report/summary.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -21,6 +28,87 @@
 #include <vector>
 
 namespace memgate::cli {
+namespace {
+
+// A component that is not ok, for the table check prints.
+struct Noted {
+  std::string status;
+  memgate::ComponentVerdict verdict;
+  bool fails = false;
+  std::string message;
+};
+
+// What is not ok, in one screen: a table, what fails first and the largest change first, at most kShown rows; the
+// gate's message under the first kExplained of them (how to record, what moved), the rest folded into a count.
+void print_noted(std::vector<Noted> noted) {
+  constexpr std::size_t kShown = 15, kExplained = 3;
+  if (noted.empty()) return;
+  const auto pct = [](const Noted& n) {
+    const auto& v = n.verdict;
+    if (!v.baseline || !v.measured || *v.baseline == 0) return 0.0;
+    return 100.0 * static_cast<double>(*v.measured - *v.baseline) / static_cast<double>(*v.baseline);
+  };
+  std::stable_sort(noted.begin(), noted.end(), [&](const Noted& a, const Noted& b) {
+    if (a.fails != b.fails) return a.fails;
+    return std::abs(pct(a)) > std::abs(pct(b));
+  });
+  fmt::print("{:<11} {:<40} {:>12} {:>12} {:>13} {:>9}\n", "status", "test", "baseline", "now", "change", "%");
+  for (std::size_t i = 0; i < noted.size() && i < kShown; ++i) {
+    const auto& n = noted[i];
+    const auto& v = n.verdict;
+    const bool bytes = v.baseline && v.measured;
+    fmt::print("{:<11} {:<40} {:>12} {:>12} {:>13} {:>9}\n", n.status,
+               fmt::format("{}_bs{}_{}", v.fixture, v.batch_size, v.component),
+               v.baseline ? memgate::format_bytes(*v.baseline) : "-", v.measured ? memgate::format_bytes(*v.measured) : "-",
+               bytes ? memgate::format_bytes_delta(*v.measured - *v.baseline) : "-",
+               bytes && *v.baseline > 0 ? fmt::format("{:+.2f}%", pct(n)) : "-");
+    if (i < kExplained) {
+      std::string indented = "  " + n.message;
+      for (std::size_t at = indented.find('\n'); at != std::string::npos; at = indented.find('\n', at + 3)) {
+        indented.insert(at + 1, "  ");
+      }
+      fmt::print("{}\n", indented);
+    }
+  }
+  if (noted.size() > kShown) {
+    fmt::print("... and {} more not ok (every one, with its message: --json FILE or --junit FILE)\n",
+               noted.size() - kShown);
+  } else if (noted.size() > kExplained) {
+    fmt::print("(the messages of the other {}: --json FILE or --junit FILE)\n", noted.size() - kExplained);
+  }
+}
+
+struct ReportFiles {
+  std::string junit, markdown, json;
+};
+
+// --junit, --markdown and --json (and $GITHUB_STEP_SUMMARY): the verdicts of this run, headed by its verdict
+// (passed, FAILED, ERROR) as the last line printed says it.
+void write_reports(const ReportFiles& files, const char* verdict, const std::string& counts,
+                   const std::vector<nlohmann::json>& rows, const std::vector<memgate::NotJudged>& not_judged,
+                   bool strict) {
+  if (!files.json.empty()) {
+    nlohmann::json doc = {{"verdict", verdict}, {"summary", counts}, {"results", rows},
+                          {"not_judged", nlohmann::json::array()}};
+    for (const auto& e : not_judged) doc["not_judged"].push_back({{"fixture", e.fixture}, {"error", e.error}});
+    memgate::write_file_atomically(files.json, doc.dump(2) + "\n");
+  }
+  if (!files.junit.empty()) memgate::write_file_atomically(files.junit, memgate::render_junit(rows, not_judged, strict));
+  const char* step_summary = std::getenv("GITHUB_STEP_SUMMARY");
+  const bool to_step_summary = step_summary != nullptr && *step_summary != '\0';
+  if (files.markdown.empty() && !to_step_summary) return;
+  std::string md = rows.empty() ? std::string("## memgate memory gate\n\nNothing was judged.\n\n")
+                                : memgate::summarize_result_rows(rows).markdown;
+  md = fmt::format("## memgate memory gate: {}\n\n`memgate check`: {}\n{}", verdict, counts, md.substr(md.find('\n') + 1));
+  if (!not_judged.empty()) {
+    md += fmt::format("\n### Not judged ({})\n\n", not_judged.size());
+    for (const auto& e : not_judged) md += fmt::format("- `{}`: {}\n", e.fixture, e.error.substr(0, e.error.find('\n')));
+  }
+  if (!files.markdown.empty()) memgate::write_file_atomically(files.markdown, md);
+  if (to_step_summary) std::ofstream(step_summary, std::ios::app) << md;
+}
+
+}  // namespace
 
 Run add_check(CLI::App& app) {
   struct Options {
@@ -34,6 +122,7 @@ Run add_check(CLI::App& app) {
     bool exact = false;
     bool update = false;
     std::string cpu_kernels;
+    std::string junit, markdown, json;
   };
   auto o = std::make_shared<Options>();
   auto* configs = app.add_option("--config", o->configs, "Model fixtures to gate (repeat the flag for several)")
@@ -65,6 +154,18 @@ Run add_check(CLI::App& app) {
                "update-baselines preset does for the memory suite): only the probes that ran are rewritten")
       ->excludes("--strict")
       ->excludes("--exact");
+  for (auto [flag, target, what] :
+       {std::tuple{"--junit", &o->junit,
+                   "Also write the verdicts as JUnit XML for CI test reports: a test per fixture, batch size and "
+                   "component (the memory suite's test names), failures with the gate's messages"},
+        std::tuple{"--markdown", &o->markdown,
+                   "Also write the Markdown summary (the memory suite's, as memgate summary writes it); it is "
+                   "appended to $GITHUB_STEP_SUMMARY whenever that is set"},
+        std::tuple{"--json", &o->json,
+                   "Also write the verdicts as one JSON document: the verdict line's counts, a row per fixture, batch "
+                   "size and component (status, baseline, measured, allowed, message), the fixtures not judged"}}) {
+    app.add_option(flag, *target, what)->type_name("FILE")->excludes("--update-baselines");
+  }
   add_cpu_kernels_option(app, o->cpu_kernels);
   add_rank_timeout_option(app, o->rank_timeout);
   app.footer(footer(
@@ -115,9 +216,12 @@ Run add_check(CLI::App& app) {
       for (const auto& path : o->configs) load(path, sizes);
     }
     int errors = 0;
+    std::vector<memgate::NotJudged> not_judged;
+    std::vector<nlohmann::json> rows;  // a row per judged component, for --junit, --markdown and --json
     // As any other error of the command (memgate: error: ...), once per fixture; the run goes on.
     const auto report_error = [&](const std::string& what, const std::string& why) {
       ++errors;
+      not_judged.push_back({what, why});
       std::fflush(stdout);
       fmt::print(stderr, "memgate: error: {}{}\n", why.find(what) == std::string::npos ? what + ": " : "", why);
     };
@@ -150,6 +254,7 @@ Run add_check(CLI::App& app) {
     std::size_t probes = 0, compared = 0, missing = 0;
     std::set<std::string> searched;  // the baseline folders looked in
     std::string record_hint;
+    std::vector<Noted> noted;  // what is not ok, printed as one table once every fixture is judged
     memgate::Progress progress;
     const bool missing_fails = memgate::missing_fails(o->strict || o->exact);
     for (std::size_t i = 0; i < jobs.size(); ++i) {
@@ -174,6 +279,10 @@ Run add_check(CLI::App& app) {
       probes += job.batch_sizes.size();
       compared += memgate::compared_components(judged.components);
       for (const auto& v : judged.components) {
+        nlohmann::json row = v;
+        row["device"] = judged.device.slug;
+        row["test"] = fmt::format("{}_bs{}_{}", v.fixture, v.batch_size, v.component);
+        rows.push_back(std::move(row));
         if (v.status == memgate::Status::kMissing) {
           ++missing;
           searched.insert(std::filesystem::absolute(std::filesystem::path(judged.baseline_file).parent_path())
@@ -185,20 +294,25 @@ Run add_check(CLI::App& app) {
         const bool differs = o->exact && (v.status == memgate::Status::kOk || v.status == memgate::Status::kStale) &&
                              v.baseline && v.measured && *v.baseline != *v.measured;
         if (differs) {
+          rows.back()["differs"] = true;  // --exact
+          rows.back()["fails"] = true;
           ++differing;
           failed = true;
-          fmt::print("{:<11} {}_bs{}_{}\n  baseline {} bytes, measured {} ({:+} bytes); --exact wants the same bytes\n",
-                     "differs", v.fixture, v.batch_size, v.component, *v.baseline, *v.measured,
-                     *v.measured - *v.baseline);
+          noted.push_back({"differs", v, true,
+                           fmt::format("baseline {} bytes, measured {} ({:+} bytes); --exact wants the same bytes",
+                                       *v.baseline, *v.measured, *v.measured - *v.baseline)});
           continue;
         }
         ++counts[v.status];
-        failed = failed || memgate::fails(v.status, o->strict || o->exact);
-        if (v.status == memgate::Status::kOk) continue;
-        fmt::print("{:<11} {}_bs{}_{}\n  {}\n", memgate::name_of(memgate::kStatusNames, v.status), v.fixture,
-                   v.batch_size, v.component, v.message);
+        const bool fails_gate = memgate::fails(v.status, o->strict || o->exact);
+        rows.back()["fails"] = fails_gate;
+        failed = failed || fails_gate;
+        // A missing baseline is said once, below, with the command that records it.
+        if (v.status == memgate::Status::kOk || v.status == memgate::Status::kMissing) continue;
+        noted.push_back({std::string(memgate::name_of(memgate::kStatusNames, v.status)), v, fails_gate, v.message});
       }
     }
+    print_noted(noted);
     std::string line;
     for (const auto& [status, n] : counts) {
       line += fmt::format("{}{} {}", line.empty() ? "" : ", ", n, memgate::name_of(memgate::kStatusNames, status));
@@ -222,6 +336,9 @@ Run add_check(CLI::App& app) {
                                : compared == 0 ? std::string("; NOTHING WAS COMPARED: this pass checked nothing")
                                                : std::string());
     }
+    write_reports({o->junit, o->markdown, o->json}, verdict, fmt::format("{} probes on {}, {} components compared with a baseline: {}", probes,
+                                           device.str(), compared, line),
+                  rows, not_judged, o->strict || o->exact);
     if (errors > 0) return kError;
     return failed ? kFailed : kOk;
   };

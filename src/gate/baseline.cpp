@@ -65,6 +65,17 @@ std::int64_t need_int(const nlohmann::json& j, const std::string& path, const st
   return v.get<std::int64_t>();
 }
 
+// Every component a probe has: all but an optional one (`ema`), which is read where the baseline has it.
+void read_components(const nlohmann::json& j, const std::string& path, const std::string& where, Components& out) {
+  for (const auto& info : kComponentTable) {
+    if (info.present != nullptr) {
+      if (!j.contains(std::string(info.name))) continue;
+      out.*info.present = true;
+    }
+    out.*info.member = need_int(j, path, where, std::string(info.name), 0);
+  }
+}
+
 std::string read_file(const std::string& path) { return read_text_file(path, "a baseline JSON file"); }
 
 constexpr const char* kFolderHint = "expected a folder this process can create and write (give --baselines one)";
@@ -209,9 +220,7 @@ Baseline load_baseline(const std::string& path, const std::string& expected_fixt
         corrupt(path, where + ".components." + key, "a component of memgate (params, gradients, ...)");
       }
     }
-    for (const auto& info : kComponentTable) {
-      p.components.*info.member = need_int(components, path, where + ".components", std::string(info.name), 0);
-    }
+    read_components(components, path, where + ".components", p.components);
     if (probes[i].contains("ranks")) {
       const auto& ranks = probes[i].at("ranks");
       if (!ranks.is_array() || ranks.empty()) corrupt(path, where + ".ranks", "a non-empty list of ranks");
@@ -226,9 +235,7 @@ Baseline load_baseline(const std::string& path, const std::string& expected_fixt
         for (const auto& [key, value] : rc.items()) {
           if (find_component(key) == nullptr) corrupt(path, at + ".components." + key, "a component of memgate (params, gradients, ...)");
         }
-        for (const auto& info : kComponentTable) {
-          r.components.*info.member = need_int(rc, path, at + ".components", std::string(info.name), 0);
-        }
+        read_components(rc, path, at + ".components", r.components);
         r.comm_buffer_bytes = need_int(entry, path, at, "comm_buffer_bytes", 0);
         r.comm_buffers = need_int(entry, path, at, "comm_buffers", 0);
         p.ranks.push_back(r);

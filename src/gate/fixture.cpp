@@ -689,6 +689,16 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
   }
   // Added later: absent, fixtures keep their hash.
   if (r.has("max_grad_norm")) t.max_grad_norm = r.get_double("max_grad_norm", std::nullopt, 1e-12, 1e12);
+  if (r.has("ema")) {
+    // timm's ModelEmaV3 with a fixed decay: ema = decay x ema + (1 - decay) x model, after each optimizer step.
+    auto ema = r.child("ema");
+    t.ema_decay = ema.get_double("decay", std::nullopt, 0.0, 1.0);
+    if (t.ema_decay <= 0.0 || t.ema_decay >= 1.0) {
+      ema.fail("decay", "a number between 0 and 1, both excluded (timm's default is 0.9998)",
+               fmt::format("{}", t.ema_decay));
+    }
+    ema.finish();
+  }
   t.trainable = parse_trainable(r);
   t.precision = r.get_enum("precision", std::optional(Precision::kFp32), kPrecisionNames);
   t.gradient_checkpointing = r.get_bool("gradient_checkpointing", false);
@@ -707,6 +717,10 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
   if (!t.compile) r.leave_out_of_hash("compile");
   if (t.compile && model.arch != Arch::kPython) {
     r.fail("compile", "false for a model that is not arch: python (torch.compile compiles Python modules)", "true");
+  }
+  if (t.distributed.strategy == DistributedStrategy::kFsdp && t.ema_decay > 0.0) {
+    r.fail("ema", "no EMA copy under FSDP (each rank holds a shard of the parameters: an EMA of the whole module is "
+                  "not what a rank keeps)", "a map");
   }
   if (t.distributed.strategy == DistributedStrategy::kFsdp && t.max_grad_norm > 0.0) {
     r.fail("max_grad_norm", "no clipping under FSDP (each rank holds a shard of the gradients: their norm is a "

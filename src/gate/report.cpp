@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iterator>
 
 namespace memgate {
@@ -32,7 +33,9 @@ nlohmann::json device_to_json(const DeviceInfo& d) {
 
 nlohmann::json components_to_json(const Components& components) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& info : kComponentTable) j[std::string(info.name)] = components.*info.member;
+  for (const auto& info : kComponentTable) {
+    if (has_component(components, info)) j[std::string(info.name)] = components.*info.member;
+  }
   return j;
 }
 
@@ -107,6 +110,9 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
   for (const auto& p : profile.probes) fmt::format_to(out, "{:>{}}", fmt::format("bs {}", p.batch_size), kColWidth);
   fmt::format_to(out, "\n");
   for (const auto& info : kComponentTable) {
+    const bool any = std::any_of(profile.probes.begin(), profile.probes.end(),
+                                 [&](const ProbeResult& p) { return has_component(p.components, info); });
+    if (!any) continue;  // `ema` where no EMA copy is kept
     fmt::format_to(out, "{:<{}}", info.name, kNameWidth);
     for (const auto& p : profile.probes) {
       fmt::format_to(out, "{:>{}}", p.oom ? std::string("OOM") : format_cell(p.components.*info.member), kColWidth);

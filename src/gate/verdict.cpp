@@ -114,6 +114,12 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
     return v;
   }
   const std::string name = ranked ? ranked->second : std::string(component);
+  if (const auto* info = find_component(name); info != nullptr && recorded->fixture_hash() == fixture.hash &&
+                                               !has_component(recorded->components, *info)) {
+    v.status = Status::kMissing;  // `ema`, recorded before the fixture kept an EMA copy
+    v.message = fmt::format("{} (batch {}) has no {}: {}", baseline_file, probe.batch_size, name, how);
+    return v;
+  }
   // (A rank the record lacks has no baseline: its fixture changed, e.g. its world size, and says so below.)
   if (recorded_rank != nullptr) v.baseline = recorded_rank->components.get(name);
   else if (!ranked) v.baseline = recorded->components.get(component);
@@ -216,6 +222,7 @@ std::vector<Difference> differences_between(const ProbeResult& a, const ProbeRes
   std::vector<Difference> out;
   if (a.oom || b.oom) return out;  // an out-of-memory has no components
   for (const auto& info : kComponentTable) {
+    if (!has_component(a.components, info) && !has_component(b.components, info)) continue;
     const auto x = a.components.get(info.name), y = b.components.get(info.name);
     if (x != y) out.push_back({std::string(info.name), x, y});
   }
@@ -223,6 +230,7 @@ std::vector<Difference> differences_between(const ProbeResult& a, const ProbeRes
     const auto* rb = find_rank(b.ranks, ra.rank);
     if (rb == nullptr) continue;
     for (const auto& info : kComponentTable) {
+      if (!has_component(ra.components, info) && !has_component(rb->components, info)) continue;
       const auto x = ra.components.get(info.name), y = rb->components.get(info.name);
       if (x != y) out.push_back({rank_component_name(ra.rank, info.name), x, y});
     }
@@ -309,6 +317,7 @@ FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64
     const auto ranks = fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0;
     for (std::int64_t r = 0; r < std::max<std::int64_t>(ranks, 1); ++r) {
       for (const auto& info : kComponentTable) {
+        if (!keeps_component(fixture.training, info)) continue;
         const auto name = ranks > 0 ? rank_component_name(static_cast<int>(r), info.name) : std::string(info.name);
         out.components.push_back(
             evaluate_component(fixture, probe, name, baseline ? &*baseline : nullptr, out.baseline_file, out.device));

@@ -274,13 +274,22 @@ std::string rank_oom_error(int rank, const nlohmann::json& j) {
 
 Components components_from(const nlohmann::json& j) {
   Components c;
-  for (const auto& info : kComponentTable) c.*info.member = j.at(std::string(info.name)).get<std::int64_t>();
+  for (const auto& info : kComponentTable) {
+    const auto key = std::string(info.name);
+    if (info.present != nullptr) {
+      if (!j.contains(key)) continue;
+      c.*info.present = true;
+    }
+    c.*info.member = j.at(key).get<std::int64_t>();
+  }
   return c;
 }
 
 nlohmann::json components_json(const Components& c) {
   nlohmann::json out = nlohmann::json::object();
-  for (const auto& info : kComponentTable) out[std::string(info.name)] = c.*info.member;
+  for (const auto& info : kComponentTable) {
+    if (has_component(c, info)) out[std::string(info.name)] = c.*info.member;
+  }
   return out;
 }
 

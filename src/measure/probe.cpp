@@ -160,6 +160,16 @@ class ProbeObserver final : public StepObserver {
     if (measuring_) c_.gradients = allocated - before_step_;
     else before_optimizer_ = allocated;
   }
+  void ema_begin() override {
+    phase("making the EMA copy");
+    backend_->synchronize();
+    before_ema_ = backend_->snapshot().allocated;
+  }
+  void ema_end() override {
+    backend_->synchronize();
+    c_.ema = backend_->snapshot().allocated - before_ema_;
+    c_.keeps_ema = true;
+  }
   void optimizer_done() override {
     phase(measuring_ ? "measured step: zero_grad" : "warm-up step: zero_grad");
     if (measuring_ || optimizer_state_seen_) return;
@@ -189,6 +199,7 @@ class ProbeObserver final : public StepObserver {
   bool measuring_ = false;
   bool optimizer_state_seen_ = false;
   std::int64_t before_optimizer_ = 0;
+  std::int64_t before_ema_ = 0;
   std::int64_t before_step_ = 0;
   std::int64_t after_step_ = 0;
   std::int64_t before_forward_ = 0;

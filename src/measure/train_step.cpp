@@ -70,6 +70,12 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
     }
     optimizer_ = make_optimizer(training_, std::move(trainable), device);
   }
+  // The EMA copy, made after the optimizer as timm's training script makes its ModelEmaV3.
+  if (training_.ema_decay > 0.0) {
+    if (observer != nullptr) observer->ema_begin();
+    ema_ = model_->make_ema(training_.ema_decay);
+    if (observer != nullptr) observer->ema_end();
+  }
   if (training_.precision == Precision::kFp16) scaler_.emplace(device);
 }
 
@@ -157,6 +163,8 @@ void TrainingStep::run(StepObserver* observer) {
   } else {
     optimizer_->step();
   }
+  // timm's loop: model_ema.update(model) after each optimizer step (a step the fp16 scaler skipped included).
+  if (ema_) ema_->update();
   if (observer != nullptr) observer->optimizer_done();
   optimizer_->zero_grad();
   if (observer != nullptr) observer->step_done();

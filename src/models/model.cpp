@@ -8,6 +8,8 @@
 
 #include <fnmatch.h>
 
+#include <unordered_set>
+
 namespace memgate {
 namespace {
 
@@ -117,6 +119,42 @@ ParamCounts count_parameters(const torch::nn::Module& module) {
     (p.requires_grad() ? counts.trainable : counts.frozen) += p.numel();
   }
   return counts;
+}
+
+ModelEma::ModelEma(std::vector<torch::Tensor> model, std::vector<torch::Tensor> ema, double decay,
+                   std::shared_ptr<void> keep_alive)
+    : decay_(decay), keep_alive_(std::move(keep_alive)) {
+  if (model.size() != ema.size()) {
+    throw Error("training.ema: the copy has " + std::to_string(ema.size()) + " parameters and buffers, the model " +
+                std::to_string(model.size()));
+  }
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    const bool lerped = ema[i].is_floating_point();
+    (lerped ? model_float_ : model_other_).push_back(model[i]);
+    (lerped ? ema_float_ : ema_other_).push_back(ema[i]);
+  }
+}
+
+void ModelEma::update() {
+  const torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < ema_other_.size(); ++i) ema_other_[i].copy_(model_other_[i]);
+  if (!ema_float_.empty()) torch::_foreach_lerp_(ema_float_, model_float_, 1.0 - decay_);
+}
+
+std::unique_ptr<ModelEma> Model::make_ema(double decay) {
+  const torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> model, ema;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  const auto add = [&](const torch::Tensor& t) {
+    if (!t.defined()) return;
+    const auto* impl = t.unsafeGetTensorImpl();
+    if (!seen.insert(impl).second) return;
+    model.push_back(t.detach());
+    ema.push_back(t.detach().clone(at::MemoryFormat::Preserve));
+  };
+  for (const auto& p : module().parameters()) add(p);
+  for (const auto& b : module().buffers()) add(b);
+  return std::make_unique<ModelEma>(std::move(model), std::move(ema), decay);
 }
 
 std::int64_t parameter_and_buffer_bytes(const torch::nn::Module& module) {

@@ -570,6 +570,27 @@ std::unique_ptr<OwnOptimizer> PythonModel::make_own_optimizer(const std::vector<
   return std::make_unique<PythonOptimizer>(std::move(optimizer));
 }
 
+std::unique_ptr<ModelEma> PythonModel::make_ema(double decay) {
+  py::gil_scoped_acquire gil;
+  try {
+    auto copy = py::module_::import("copy").attr("deepcopy")(module_);
+    copy.attr("eval")();
+    std::vector<torch::Tensor> model, ema;
+    for (const auto& v : module_.attr("state_dict")().attr("values")()) model.push_back(v.cast<torch::Tensor>());
+    for (const auto& v : copy.attr("state_dict")().attr("values")()) ema.push_back(v.cast<torch::Tensor>());
+    // The copy lives as long as the EMA; it goes with the GIL held.
+    auto* held = new py::object(std::move(copy));
+    std::shared_ptr<void> keep_alive(held, [](void* p) {
+      py::gil_scoped_acquire again;
+      delete static_cast<py::object*>(p);
+    });
+    return std::make_unique<ModelEma>(std::move(model), std::move(ema), decay, std::move(keep_alive));
+  } catch (py::error_already_set& e) {
+    throw Error(fmt::format("training.ema: copy.deepcopy of the model (as timm's ModelEmaV3 makes its copy): {}",
+                            describe_python_error(e)));
+  }
+}
+
 std::vector<std::string> PythonModel::block_prefixes() const {
   std::vector<std::string> out;
   for (const auto& b : blocks_) out.push_back(b.name + ".");

@@ -34,6 +34,9 @@ class PythonModel final : public Model {
   [[nodiscard]] std::vector<std::string> head_prefixes() const override { return {}; }
   /// `training.optimizer: {class: ...}` or a callable: the Python optimizer, stepped in Python; else nullptr.
   [[nodiscard]] std::unique_ptr<OwnOptimizer> make_own_optimizer(const std::vector<torch::Tensor>& trainable) override;
+  /// training.ema: copy.deepcopy(module).eval(), as timm's ModelEmaV3 makes its copy (every tensor the module holds,
+  /// its parameters and buffers and any other), updated over the two state_dict()s' values.
+  [[nodiscard]] std::unique_ptr<ModelEma> make_ema(double decay) override;
 
  private:
   struct Block {

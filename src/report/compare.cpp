@@ -60,6 +60,7 @@ ProfileComparison compare_documents(const std::vector<ProfileDocument>& document
       if (documents[i].kind != ProfileDocument::Kind::kProfile) continue;
       for (const auto b : c.common_batch_sizes) {
         for (const auto& info : kComponentTable) {
+          if (!first.has(info) && !documents[i].has(info)) continue;
           ComponentDifference d{i, b, std::string(info.name), first.measured(b)->components.*info.member,
                                 documents[i].measured(b)->components.*info.member};
           if (options.threshold_pct && d.delta() > 0 && (!d.pct() || *d.pct() > *options.threshold_pct)) {
@@ -115,6 +116,11 @@ ProfileComparison compare_documents(const std::vector<ProfileDocument>& document
     }
     fmt::format_to(out, "\n");
     for (const auto& info : kComponentTable) {
+      if (std::none_of(documents.begin(), documents.end(), [&](const ProfileDocument& d) {
+            return d.kind == ProfileDocument::Kind::kProfile && d.has(info);
+          })) {
+        continue;
+      }
       fmt::format_to(out, "{:<{}}", info.name, kName);
       for (const auto& d : documents) {
         if (d.kind == ProfileDocument::Kind::kProfile) {

@@ -119,6 +119,7 @@ std::string component_chart(const ProfileDocument& d, const std::vector<GpuLine>
   LineChart chart;
   chart.title = fmt::format("{}: memory per component", d.label);
   for (const auto& info : kComponentTable) {
+    if (!d.has(info)) continue;
     ChartSeries s{std::string(info.name), component_color(info.name), {}, info.kind == ComponentKind::kReserved};
     for (const auto& p : d.probes) {
       if (!p.oom) s.points.push_back({p.batch_size, static_cast<double>(p.components.*info.member), ""});
@@ -159,6 +160,7 @@ std::string component_table(const ProfileDocument& d) {
   for (const auto& p : d.probes) t += fmt::format("<th>bs {}</th>", p.batch_size);
   t += "</tr>";
   for (const auto& info : kComponentTable) {
+    if (!d.has(info)) continue;
     t += fmt::format("<tr><td title=\"{}\">{}</td>", escape_html(info.meaning), info.name);
     for (const auto& p : d.probes) {
       t += p.oom ? std::string("<td class=\"oom\">OOM</td>")
@@ -326,6 +328,7 @@ std::string comparison_body(const std::vector<ProfileDocument>& documents, const
     }
     body += "</tr>";
     for (const auto& info : kComponentTable) {
+      if (std::none_of(profiles.begin(), profiles.end(), [&](const ProfileDocument* d) { return d->has(info); })) continue;
       body += fmt::format("<tr><td>{}</td>", info.name);
       for (const auto* d : profiles) {
         const auto v = d->measured(b)->components.*info.member;
@@ -347,7 +350,11 @@ std::string comparison_body(const std::vector<ProfileDocument>& documents, const
   if (!gpus.empty()) body += "<h2>Largest batch per GPU</h2>" + fits_table(all, gpus);
   if (!profiles.empty()) {
     body += "<h2>Every component</h2><div class=\"charts\">";
-    for (const auto& info : kComponentTable) body += overview_chart(profiles, gpus, info.name, 540, 300);
+    for (const auto& info : kComponentTable) {
+      if (std::any_of(profiles.begin(), profiles.end(), [&](const ProfileDocument* d) { return d->has(info); })) {
+        body += overview_chart(profiles, gpus, info.name, 540, 300);
+      }
+    }
     body += "</div>";
   }
   if (comparison.threshold_pct) {

@@ -4,6 +4,7 @@
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 
+#include <algorithm>
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -101,7 +102,13 @@ DocumentProbe read_probe(const Node& p) {
     return probe;
   }
   const auto components = p.object("components");
-  for (const auto& info : kComponentTable) probe.components.*info.member = bytes_at(components, info.name.data());
+  for (const auto& info : kComponentTable) {
+    if (info.present != nullptr) {
+      if (!components.has(info.name.data())) continue;  // `ema`: only where the fixture keeps an EMA copy
+      probe.components.*info.present = true;
+    }
+    probe.components.*info.member = bytes_at(components, info.name.data());
+  }
   probe.step_seconds = p.number_or("step_seconds", 0.0);
   return probe;
 }
@@ -146,6 +153,11 @@ DocumentTarget read_target(const Node& t) {
 }
 
 }  // namespace
+
+bool ProfileDocument::has(const ComponentInfo& info) const {
+  return std::any_of(probes.begin(), probes.end(),
+                     [&](const DocumentProbe& p) { return !p.oom && has_component(p.components, info); });
+}
 
 const DocumentProbe* ProfileDocument::measured(std::int64_t batch_size) const {
   for (const auto& p : probes) {

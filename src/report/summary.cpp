@@ -10,11 +10,13 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -105,9 +107,28 @@ std::string table_row(const Row& r, bool with_fixture) {
 
 Summary summarize_results(const std::string& path) { return summarize_results(std::vector<std::string>{path}); }
 
+namespace {
+
+// device / fixture -> (batch, component) -> row
+using Rows = std::map<std::string, std::map<std::pair<std::int64_t, std::string>, Row>>;
+
+Summary summarize(const Rows& rows);
+
+}  // namespace
+
+Summary summarize_result_rows(const std::vector<nlohmann::json>& rows) {
+  Rows by_fixture;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    auto r = parse_row(rows[i].dump(), fmt::format("result {}", i + 1));
+    by_fixture[r.device + " / " + r.fixture][{r.batch_size, r.component}] = std::move(r);
+  }
+  if (by_fixture.empty()) throw Error("no results: nothing was judged");
+  return summarize(by_fixture);
+}
+
 Summary summarize_results(const std::vector<std::string>& paths) {
-  // device / fixture -> (batch, component) -> row; the last row of a test wins (re-runs append; a later file wins).
-  std::map<std::string, std::map<std::pair<std::int64_t, std::string>, Row>> rows;
+  // The last row of a test wins (re-runs append; a later file wins).
+  Rows rows;
   for (const auto& path : paths) {
     if (std::filesystem::is_directory(path)) {
       throw Error(path + ": is a directory, expected a results file (JSON lines)");
@@ -126,7 +147,12 @@ Summary summarize_results(const std::vector<std::string>& paths) {
   if (rows.empty()) {
     throw Error(fmt::format("{}: no results (did the memory suite run?)", fmt::join(paths, ", ")));
   }
+  return summarize(rows);
+}
 
+namespace {
+
+Summary summarize(const Rows& rows) {
   std::map<Status, int> counts;
   std::vector<const Row*> changed;  // every row that is not ok, or whose bytes moved within the tolerance
   std::size_t total = 0;
@@ -190,7 +216,9 @@ Summary summarize_results(const std::vector<std::string>& paths) {
       mc.set(r.component, *r.measured), ++mn;
     }
     for (const auto& [batch, probe] : base_probes) {
-      if (probe.second != static_cast<int>(kComponentTable.size())) continue;
+      const auto present = std::count_if(kComponentTable.begin(), kComponentTable.end(),
+                                         [&](const ComponentInfo& info) { return has_component(probe.first, info); });
+      if (probe.second != static_cast<int>(present)) continue;
       baseline.probes.push_back({batch, false, "", probe.first, 0.0});
       measured.probes.push_back({batch, false, "", run_probes[batch].first, 0.0});
     }
@@ -209,6 +237,82 @@ Summary summarize_results(const std::vector<std::string>& paths) {
   md += "</details>\n";
   s.markdown = std::move(md);
   return s;
+}
+
+}  // namespace
+
+namespace {
+
+// Text as XML character data or an attribute value: the five entities escaped, control characters XML 1.0 cannot
+// hold (all but tab, newline and carriage return) dropped.
+std::string xml_escaped(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r') continue;
+        out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_junit(const std::vector<nlohmann::json>& rows, const std::vector<NotJudged>& errors, bool strict) {
+  struct Case {
+    std::string name, status, message;
+    bool failed = false, skipped = false;
+  };
+  std::map<std::string, std::vector<Case>> suites;  // fixture -> its cases, in the order judged
+  std::size_t failures = 0, skipped = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto r = parse_row(rows[i].dump(), fmt::format("result {}", i + 1));
+    Case c{fmt::format("{}_bs{}_{}", r.fixture, r.batch_size, r.component), std::string(name_of(kStatusNames, r.status)),
+           rows[i].value("message", std::string())};
+    c.failed = fails(r.status, strict);
+    c.skipped = !c.failed && r.status == Status::kMissing;
+    failures += c.failed ? 1 : 0;
+    skipped += c.skipped ? 1 : 0;
+    suites[r.fixture].push_back(std::move(c));
+  }
+  std::string xml = fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"memgate check\" tests=\"{}\" failures=\"{}\" "
+      "errors=\"{}\" skipped=\"{}\">\n",
+      rows.size() + errors.size(), failures, errors.size(), skipped);
+  for (const auto& [fixture, cases] : suites) {
+    const auto failed = std::count_if(cases.begin(), cases.end(), [](const Case& c) { return c.failed; });
+    const auto skips = std::count_if(cases.begin(), cases.end(), [](const Case& c) { return c.skipped; });
+    xml += fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"{}\">\n",
+                       xml_escaped(fixture), cases.size(), failed, skips);
+    for (const auto& c : cases) {
+      xml += fmt::format("    <testcase classname=\"memgate.{}\" name=\"{}\"", xml_escaped(fixture), xml_escaped(c.name));
+      if (c.failed) {
+        xml += fmt::format(">\n      <failure type=\"{}\" message=\"{}\">{}</failure>\n    </testcase>\n", c.status,
+                           xml_escaped(c.message.substr(0, c.message.find('\n'))), xml_escaped(c.message));
+      } else if (c.skipped) {
+        xml += fmt::format(">\n      <skipped message=\"{}\"/>\n    </testcase>\n", xml_escaped(c.message));
+      } else if (!c.message.empty()) {
+        xml += fmt::format(">\n      <system-out>{}: {}</system-out>\n    </testcase>\n", c.status, xml_escaped(c.message));
+      } else {
+        xml += "/>\n";
+      }
+    }
+    xml += "  </testsuite>\n";
+  }
+  for (const auto& e : errors) {
+    xml += fmt::format("  <testsuite name=\"{0}\" tests=\"1\" failures=\"0\" errors=\"1\" skipped=\"0\">\n"
+                       "    <testcase classname=\"memgate.{0}\" name=\"{0}\">\n      <error type=\"not judged\" "
+                       "message=\"{1}\">{2}</error>\n    </testcase>\n  </testsuite>\n",
+                       xml_escaped(e.fixture), xml_escaped(e.error.substr(0, e.error.find('\n'))), xml_escaped(e.error));
+  }
+  return xml + "</testsuites>\n";
 }
 
 }  // namespace memgate

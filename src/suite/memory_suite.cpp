@@ -61,6 +61,8 @@ struct MeasureCase {
   std::int64_t world_size = 0;
   /// A Python fixture: its probes run in a Python process of its own.
   bool python = false;
+  /// Whether it keeps an EMA copy (training.ema), and so has the component `ema`.
+  bool keeps_ema = false;
   [[nodiscard]] bool gpu() const { return on_gpu; }
   [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
 };
@@ -173,6 +175,7 @@ const std::vector<Suite>& suites() {
 struct FixtureKind {
   std::int64_t world_size = 0;
   bool python = false;
+  bool keeps_ema = false;
 };
 
 // Whether a fixture did not load while the tests were listed: its measuring test says why, and the listing is not
@@ -186,7 +189,7 @@ FixtureKind fixture_kind(const std::string& fixture_path) {
   try {
     const auto fixture = load_fixture(fixture_path);
     return {fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0,
-            fixture.model.arch == Arch::kPython};
+            fixture.model.arch == Arch::kPython, fixture.training.ema_decay > 0.0};
   } catch (const std::exception&) {
     a_fixture_did_not_load() = true;
     return {};
@@ -206,7 +209,7 @@ std::vector<MeasureGroup> measure_groups(bool gpu) {
     for (auto& f : suite_fixtures(suite)) {
       const auto kind = fixture_kind(f.path);
       cases.push_back({suite.name, std::move(f.name), std::move(f.path), std::move(f.batch_sizes),
-                       std::move(f.budgets), on_gpu, kind.world_size, kind.python});
+                       std::move(f.budgets), on_gpu, kind.world_size, kind.python, kind.keeps_ema});
     }
     if (!gpu) {
       // A distributed fixture measures in a test of its own, which starts its ranks (CTest PROCESSORS); so does a
@@ -494,6 +497,7 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
           // A distributed fixture's components per rank: <fixture>_bs<N>_rank<R>_<component>.
           for (std::int64_t r = 0; r < std::max<std::int64_t>(c.world_size, 1); ++r) {
             for (const auto& info : kComponentTable) {
+              if (info.present == &Components::keeps_ema && !c.keeps_ema) continue;
               const auto component = c.world_size > 0 ? rank_component_name(static_cast<int>(r), info.name)
                                                       : std::string(info.name);
               const auto name = fmt::format("{}_bs{}_{}", c.fixture, batch_size, component);

@@ -1,6 +1,6 @@
 // A Python fixture's own training step (issue 57; DESIGN.md, "Your own training step"): its batch callable, its
 // compute_loss, inputs passed as keywords and filled, a loss with its target, torch.optim optimizers made from a class
-// or a callable and stepped in Python, clipping. Each pattern's fixture (fixtures/models/py_step_*.yaml) is measured by
+// or a callable and stepped in Python, clipping, an EMA copy (timm's ModelEmaV3 in the reference). Each pattern's fixture (fixtures/models/py_step_*.yaml) is measured by
 // memgate and by tools/step_reference.py, which runs the same callables in the loop a user writes with plain PyTorch
 // and reads torch.profiler's allocation events: every component is compared. Bad keys and steps memgate does not
 // measure (a GAN's two optimizers) are errors naming the fixture.
@@ -29,8 +29,8 @@ namespace {
 using ::testing::HasSubstr;
 using testing::kCpu;
 
-constexpr const char* kCompared[] = {"params",       "gradients", "optimizer_state", "activations",
-                                     "forward_peak", "eval_peak", "step_peak"};
+constexpr const char* kCompared[] = {"params",    "gradients", "optimizer_state", "activations", "forward_peak",
+                                     "eval_peak", "step_peak", "ema"};
 
 // The reference's probes of `path` at `batches`: one JSON object per batch size.
 nlohmann::json reference(const std::string& path, const std::vector<std::int64_t>& batches) {
@@ -67,7 +67,10 @@ TEST_P(StepReferenceTest, MeasuresWhatThePlainPyTorchLoopAllocates) {
     const auto b = p.batches[i];
     const auto m = run_probe(f, b, kCpu);
     ASSERT_FALSE(m.oom) << m.error;
+    // `ema` where the fixture keeps one: memgate has the component exactly where the reference made an EMA.
+    EXPECT_EQ(m.components.keeps_ema, ref[i].contains("ema")) << p.fixture;
     for (const auto* c : kCompared) {
+      if (!ref[i].contains(c)) continue;
       const auto want = ref[i].at(c).get<std::int64_t>();
       const auto got = m.components.get(c);
       std::cout << fmt::format("[ STEP     ] {} bs{} {:<16} memgate {:>9} reference {:>9} ({:+d})\n", p.fixture, b, c,
@@ -86,7 +89,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Pattern{"DeepSupervisionWithClipping", "py_step_deep_supervision", {2, 4}},
                       Pattern{"TransformersFromADictBatchWithLabels", "py_step_hf_dict", {1, 2}},
                       Pattern{"RmspropWithTwoParameterGroupsAndAKeywordInput", "py_step_rmsprop_groups", {2, 4}},
-                      Pattern{"SegmentationDiceLossOnAMaskTarget", "py_step_seg_dice", {2, 4}}),
+                      Pattern{"SegmentationDiceLossOnAMaskTarget", "py_step_seg_dice", {2, 4}},
+                      Pattern{"AnEmaCopyUpdatedAfterEachStep", "py_step_ema", {2, 4}}),
     pattern_name);
 
 // The Meta-device estimate runs the same callables (the batch made on Meta with a CPU generator, compute_loss, the
@@ -105,12 +109,13 @@ TEST_P(StepEstimateTest, EstimatesTheStepWithinOnePercentOfItsMeasurement) {
     const auto& e = estimated[i];
     ASSERT_FALSE(m.oom || e.oom) << m.error << e.error;
     const auto at = fmt::format("{} at batch {}", p.fixture, p.batches[i]);
+    EXPECT_EQ(e.components.keeps_ema, m.components.keeps_ema) << at;
     for (const auto* c : kCompared) {
       std::cout << fmt::format("[ ESTIMATE ] {} {:<16} estimated {:>9} measured {:>9} ({:+.2f}%)\n", at, c,
                                e.components.get(c), m.components.get(c),
                                testing::error_pct(e.components.get(c), m.components.get(c)));
     }
-    for (const auto* c : {"params", "gradients", "optimizer_state"}) {
+    for (const auto* c : {"params", "gradients", "optimizer_state", "ema"}) {
       EXPECT_EQ(e.components.get(c), m.components.get(c)) << at << ": " << c;
     }
     for (const auto* c : {"activations", "forward_peak", "eval_peak", "step_peak"}) {
@@ -126,7 +131,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Pattern{"DeepSupervisionWithClipping", "py_step_deep_supervision", {2, 4}},
                       Pattern{"TransformersFromADictBatchWithLabels", "py_step_hf_dict", {1, 2}},
                       Pattern{"RmspropWithTwoParameterGroupsAndAKeywordInput", "py_step_rmsprop_groups", {2, 4}},
-                      Pattern{"SegmentationDiceLossOnAMaskTarget", "py_step_seg_dice", {2, 4}}),
+                      Pattern{"SegmentationDiceLossOnAMaskTarget", "py_step_seg_dice", {2, 4}},
+                      Pattern{"AnEmaCopyUpdatedAfterEachStep", "py_step_ema", {2, 4}}),
     pattern_name);
 
 // --- Bad keys: the file, the key and what was expected --------------------------------------------------------------
@@ -196,6 +202,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadStep{"optimizer_word_unknown", kIn + "  task: sum\n", "  optimizer: rmsprop\n",
                 {"training.optimizer", "adamw"}},
         BadStep{"max_grad_norm_zero", kIn + "  task: sum\n", "  max_grad_norm: 0\n", {"training.max_grad_norm"}},
+        BadStep{"ema_decay_one", kIn + "  task: sum\n", "  ema: {decay: 1.0}\n",
+                {"training.ema.decay", "between 0 and 1, both excluded"}},
+        BadStep{"ema_without_decay", kIn + "  task: sum\n", "  ema: {}\n", {"decay"}},
+        BadStep{"ema_unknown_key", kIn + "  task: sum\n", "  ema: {decay: 0.99, warmup: true}\n", {"warmup"}},
+        BadStep{"ema_not_a_map", kIn + "  task: sum\n", "  ema: 0.999\n", {"training.ema"}},
+        BadStep{"ema_with_fsdp", kIn + "  task: sum\n",
+                "  ema: {decay: 0.99}\n  distributed: {strategy: fsdp, world_size: 2, units: root}\n",
+                {"training.ema", "no EMA copy under FSDP"}},
         BadStep{"python_optimizer_with_fsdp", kIn + "  task: sum\n",
                 "  optimizer: {class: torch.optim.SGD, lr: 0.1}\n  distributed: {strategy: fsdp, world_size: 2, units: root}\n",
                 {"training.distributed", "a Python optimizer"}}),
@@ -313,10 +327,66 @@ TEST(ClipGradNormTest, TheZoosClippingAllocatesWhatTorchsClipGradNormDoes) {
   }
 }
 
+// --- An EMA copy on the zoo: a clone of every parameter and buffer, in every peak ---------------------------------
+
+// training.ema on a zoo fixture: `ema` is the parameters' and buffers' bytes again; the step's other components are
+// those of the same fixture without it, and every absolute peak holds the copy.
+TEST(EmaTest, AZooModelsEmaCopyIsItsParametersAgainAndInEveryPeak) {
+  const auto plain = testing::fixture_from(testing::tiny_vit_yaml());
+  const auto kept = testing::fixture_from(testing::tiny_vit_yaml("  ema: {decay: 0.999}\n"));
+  ASSERT_EQ(kept.training.ema_decay, 0.999);
+  EXPECT_NE(plain.hash, kept.hash);
+  const auto a = run_probe(plain, 2, kCpu);
+  const auto b = run_probe(kept, 2, kCpu);
+  ASSERT_FALSE(a.oom || b.oom) << a.error << b.error;
+  EXPECT_FALSE(a.components.keeps_ema);
+  ASSERT_TRUE(b.components.keeps_ema);
+  EXPECT_EQ(b.components.ema, a.components.params);
+  for (const auto* c : {"params", "gradients", "optimizer_state", "activations", "forward_peak"}) {
+    EXPECT_EQ(a.components.get(c), b.components.get(c)) << c;
+  }
+  for (const auto* c : {"eval_peak", "step_peak"}) {
+    EXPECT_EQ(b.components.get(c) - a.components.get(c), b.components.ema) << c;
+  }
+}
+
+// The zoo's EMA is timm's, to the byte: vit_tiny_lora with an EMA equals its timm twin with one (a Python fixture whose
+// copy is copy.deepcopy of the module), and that twin equals the plain-PyTorch loop with timm's own ModelEmaV3.
+TEST(EmaTest, TheZoosEmaAllocatesWhatTimmsModelEmaV3Does) {
+  testing::TempDir dir;
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  for (const auto* name : {"py_vit_tiny_lora_timm", "vit_tiny_lora"}) {
+    auto text = read_text_file(models + name + std::string(".yaml"), "a fixture");
+    text.replace(text.find("  precision: fp32\n"), 18, "  precision: fp32\n  ema: {decay: 0.9998}\n");
+    if (const auto at = text.find("entry: python/"); at != std::string::npos) text.replace(at, 14, "entry: " + models + "python/");
+    write_file_atomically(dir / (std::string(name) + "_ema.yaml"), text);
+  }
+  const auto python_path = dir / "py_vit_tiny_lora_timm_ema.yaml";
+  const auto python = load_fixture(python_path);
+  const auto zoo = load_fixture(dir / "vit_tiny_lora_ema.yaml");
+  ASSERT_EQ(zoo.training.ema_decay, 0.9998);
+  const std::vector<std::int64_t> batches{1, 4};
+  const auto ref = reference(python_path, batches);
+  ASSERT_EQ(ref.size(), batches.size());
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    const auto p = run_probe(python, batches[i], kCpu);
+    const auto z = run_probe(zoo, batches[i], kCpu);
+    ASSERT_FALSE(p.oom || z.oom) << p.error << z.error;
+    ASSERT_TRUE(ref[i].contains("ema"));
+    for (const auto* c : kCompared) {
+      EXPECT_EQ(p.components.get(c), ref[i].at(c).get<std::int64_t>()) << "the twin against torch at batch "
+                                                                        << batches[i] << ": " << c;
+      EXPECT_EQ(z.components.get(c), p.components.get(c)) << "the zoo against its twin at batch " << batches[i] << ": "
+                                                           << c;
+    }
+  }
+}
+
 // A fixture without the new keys keeps its hash (its baselines stay valid).
 TEST(StepFixtureTest, FixturesWithoutTheNewKeysKeepTheirHash) {
   const auto f = testing::model_fixture("py_llama_tiny_lora");
   EXPECT_TRUE(f.canonical.at("training").find("max_grad_norm") == f.canonical.at("training").end());
+  EXPECT_TRUE(f.canonical.at("training").find("ema") == f.canonical.at("training").end());
   EXPECT_TRUE(f.canonical.at("model").find("batch") == f.canonical.at("model").end());
   for (const auto& input : f.canonical.at("model").at("inputs")) {
     EXPECT_TRUE(input.find("kwarg") == input.end());

@@ -23,10 +23,13 @@ struct Components {
   std::int64_t eval_peak = 0;           ///< peak of an eval-mode no-grad forward, absolute
   std::int64_t step_peak = 0;           ///< peak allocated during one steady-state step, absolute
   std::int64_t step_peak_reserved = 0;  ///< peak reserved during that step, absolute
+  std::int64_t ema = 0;                 ///< the EMA copy of parameters and buffers (`training.ema`)
+  bool keeps_ema = false;               ///< whether the probe's fixture keeps an EMA copy, and so has `ema`
 
   /// The component named `name` (a name of kComponentTable); throws memgate::Error for another name.
   [[nodiscard]] std::int64_t get(std::string_view name) const;
-  /// Sets the component named `name`; throws memgate::Error for another name.
+  /// Sets the component named `name` (an optional one, `ema`, is then present); throws memgate::Error for another
+  /// name.
   void set(std::string_view name, std::int64_t bytes);
   friend bool operator==(const Components&, const Components&) = default;
 };
@@ -43,10 +46,13 @@ struct ComponentInfo {
   std::int64_t Components::*member;  ///< where a probe keeps it
   ComponentKind kind;
   std::string_view meaning;        ///< one line for reports
+  /// Null for a component every probe has; else the flag that says whether a probe has it (`ema`: only where the
+  /// fixture keeps an EMA copy). A component a probe does not have is not in its JSON, its baseline or its tests.
+  bool Components::*present = nullptr;
 };
 
 /// Every component, in report order.
-inline constexpr std::array<ComponentInfo, 8> kComponentTable{{
+inline constexpr std::array<ComponentInfo, 9> kComponentTable{{
     {"params", &Components::params, ComponentKind::kAllocated, "parameters and buffers on the device"},
     {"gradients", &Components::gradients, ComponentKind::kAllocated, ".grad of the trainable parameters"},
     {"optimizer_state", &Components::optimizer_state, ComponentKind::kAllocated,
@@ -59,7 +65,14 @@ inline constexpr std::array<ComponentInfo, 8> kComponentTable{{
     {"step_peak", &Components::step_peak, ComponentKind::kAllocated, "peak allocated during one training step"},
     {"step_peak_reserved", &Components::step_peak_reserved, ComponentKind::kReserved,
      "peak reserved during one training step"},
+    {"ema", &Components::ema, ComponentKind::kAllocated, "the EMA copy of the parameters and buffers",
+     &Components::keeps_ema},
 }};
+
+/// Whether `components` has the component `info` (every one but `ema` where no EMA copy is kept).
+[[nodiscard]] constexpr bool has_component(const Components& components, const ComponentInfo& info) {
+  return info.present == nullptr || components.*info.present;
+}
 
 /// The table's row for `name`, if there is one.
 [[nodiscard]] constexpr const ComponentInfo* find_component(std::string_view name) {

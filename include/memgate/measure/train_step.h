@@ -47,7 +47,10 @@ class StepObserver {
   virtual void forward_end(std::int64_t index) {}
   /// After the backward of every micro-batch, before the optimizer step.
   virtual void backward_done() {}
-  /// After the optimizer step, before zero_grad.
+  /// Before and after the EMA copy (training.ema) is made, once, after the optimizer.
+  virtual void ema_begin() {}
+  virtual void ema_end() {}
+  /// After the optimizer step (and the EMA update), before zero_grad.
   virtual void optimizer_done() {}
   /// After zero_grad: the step is over, and what it allocated for itself is freed.
   virtual void step_done() {}
@@ -109,6 +112,7 @@ class TrainingStep {
   Batch batch_;
   std::unique_ptr<TrainingOptimizer> optimizer_;
   std::optional<GradScaler> scaler_;  ///< fp16 only, as fp16 training runs
+  std::unique_ptr<ModelEma> ema_;     ///< training.ema only
 };
 
 }  // namespace memgate

@@ -1,6 +1,7 @@
 // A training setup (optimizer, what trains, precision, checkpointing, accumulation) and its optimizer.
 #pragma once
 
+#include "memgate/base/components.h"
 #include "memgate/base/enum_names.h"
 #include "memgate/backend/device.h"
 #include "memgate/distributed/spec.h"
@@ -66,7 +67,15 @@ struct TrainingSpec {
   double max_grad_norm = 0.0;
   /// A Python fixture's own optimizer (`training.optimizer: {class: ...}` or a callable): model/python.h holds it.
   bool own_optimizer = false;
+  /// > 0: an EMA copy of the parameters and buffers is kept and updated after each optimizer step with this decay,
+  /// as timm's ModelEmaV3 does (`training.ema: {decay}`); 0: none.
+  double ema_decay = 0.0;
 };
+
+/// Whether a probe of this training setup has the component `info`: every one, and `ema` where an EMA copy is kept.
+[[nodiscard]] inline bool keeps_component(const TrainingSpec& training, const ComponentInfo& info) {
+  return info.present != &Components::keeps_ema || training.ema_decay > 0.0;
+}
 
 /// An optimizer that updates parameters as torch.optim's AdamW and SGD do, tensor for tensor: the same state
 /// (AdamW: exp_avg, exp_avg_sq and a scalar `step` tensor per parameter, on the CPU unless fused; SGD: a momentum

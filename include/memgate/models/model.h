@@ -48,6 +48,24 @@ class OwnOptimizer {
   virtual void zero_grad() = 0;
 };
 
+/// An exponential moving average of a model's parameters and buffers, kept as timm's ModelEmaV3 keeps it (foreach):
+/// a copy of each, made once; after each optimizer step the floating-point ones move towards the model's,
+/// `torch._foreach_lerp_(ema, model, 1 - decay)`, in place, and the others are copied (`copy_`). The copy is never
+/// run: a loop evaluates with it, its bytes are what it costs a step.
+class ModelEma {
+ public:
+  /// `ema[i]` is the copy of `model[i]`; `keep_alive` holds what owns the copies (a Python module's deep copy).
+  ModelEma(std::vector<torch::Tensor> model, std::vector<torch::Tensor> ema, double decay,
+           std::shared_ptr<void> keep_alive = {});
+  /// One update, after the optimizer step (no autograd).
+  void update();
+
+ private:
+  std::vector<torch::Tensor> model_float_, ema_float_, model_other_, ema_other_;
+  double decay_;
+  std::shared_ptr<void> keep_alive_;
+};
+
 /// Parameter counts: total = trainable + frozen (buffers excluded, as in the reference implementations).
 struct ParamCounts {
   std::int64_t total = 0;
@@ -88,6 +106,10 @@ class Model {
   [[nodiscard]] virtual std::unique_ptr<OwnOptimizer> make_own_optimizer(const std::vector<torch::Tensor>& trainable) {
     return nullptr;
   }
+  /// The EMA copy a training loop keeps of it (`training.ema`). By default a clone of each parameter and buffer of
+  /// module() (a tensor that several names share cloned once), as copy.deepcopy copies them; a Python model deep-copies
+  /// its module, as timm does.
+  [[nodiscard]] virtual std::unique_ptr<ModelEma> make_ema(double decay);
   /// Recompute each block in backward instead of keeping its activations.
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
   [[nodiscard]] bool gradient_checkpointing() const { return checkpointing_; }

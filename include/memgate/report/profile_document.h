@@ -72,6 +72,8 @@ struct ProfileDocument {
 
   /// The probe at `batch_size` that ran (not out of memory), if any.
   [[nodiscard]] const DocumentProbe* measured(std::int64_t batch_size) const;
+  /// Whether a probe of it has the component `info` (`ema` only where the fixture keeps an EMA copy).
+  [[nodiscard]] bool has(const ComponentInfo& info) const;
 };
 
 /// Reads a profile or advice document from parsed JSON; `source` names it in errors ("out/a.json"). Fields

@@ -3,6 +3,8 @@
 
 #include "memgate/report/html_report.h"
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 #include <vector>
 
@@ -23,5 +25,21 @@ struct Summary {
 /// The results of several runs at once (a GPU suite split across runners, one results file each), as one file
 /// of their lines in this order.
 [[nodiscard]] Summary summarize_results(const std::vector<std::string>& paths);
+/// The same summary of rows already in memory (`memgate check --markdown`): each an object as a results line holds
+/// (device, fixture, batch_size, component, status; baseline and measured where compared).
+[[nodiscard]] Summary summarize_result_rows(const std::vector<nlohmann::json>& rows);
+
+/// A fixture that could not be judged (it did not load, or its probe failed), for the reports of `memgate check`.
+struct NotJudged {
+  std::string fixture;  ///< its name, or its file where it did not load
+  std::string error;
+};
+
+/// JUnit XML of a gate's verdicts, as CI systems read test reports: a <testsuite> per fixture, a <testcase> per batch
+/// size and component (`<fixture>_bs<N>_<component>`, the memory suite's test names); a failing status
+/// (fails(status, strict)) is a <failure> with the gate's message, a missing baseline that does not fail is
+/// <skipped>, a fixture not judged is an <error>.
+[[nodiscard]] std::string render_junit(const std::vector<nlohmann::json>& rows, const std::vector<NotJudged>& errors,
+                                       bool strict);
 
 }  // namespace memgate
