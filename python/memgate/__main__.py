@@ -21,6 +21,29 @@ def _note_imports_as_progress(note) -> None:
         sys.meta_path.insert(0, _ImportsAsProgress(note))
 
 
+def _count_cpu_storage_copies() -> None:
+    """A storage copied in Python (copy.deepcopy of any tensor that is not a Parameter: a module's buffers, a teacher
+    or an EMA copy made with deepcopy) is made by torch.UntypedStorage(nbytes, device), which on the CPU takes
+    LibTorch's default CPU allocator directly, not the one memgate counts with: bytes a CPU probe would not see (on CUDA
+    and on the Meta device the same call takes the allocator memgate reads). In memgate's probe, a CPU storage's copy is
+    allocated as a tensor's is, the same bytes, counted."""
+    import torch
+    from torch.storage import _StorageBase
+
+    original = _StorageBase.clone
+    if getattr(original, "_memgate_counted", False):
+        return
+
+    def clone(self):
+        if type(self) is not torch.UntypedStorage or self.device.type != "cpu":
+            return original(self)
+        return torch.empty(self.nbytes(), dtype=torch.uint8).untyped_storage().copy_(self)
+
+    clone._memgate_counted = True
+    clone.__doc__ = original.__doc__
+    _StorageBase.clone = clone
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] != "--memgate-rank":
         print("usage: python -m memgate --memgate-rank --fixture F --batch-size B ... (memgate starts it; "
@@ -35,6 +58,7 @@ def main() -> int:
         print(f"memgate rank: {e}", file=sys.stderr)
         return 3
     _note_imports_as_progress(_core.note_progress)
+    _count_cpu_storage_copies()
     if "--estimate-for" in sys.argv:
         from memgate._meta import prefer_libtorch_meta_kernels
 

@@ -26,6 +26,14 @@ void Components::set(std::string_view name, std::int64_t bytes) {
   if (info.present != nullptr) this->*info.present = true;
 }
 
+bool operator==(const Components& a, const Components& b) {
+  for (const auto& info : kComponentTable) {
+    const bool in_a = has_component(a, info), in_b = has_component(b, info);
+    if (in_a != in_b || (in_a && a.*info.member != b.*info.member)) return false;
+  }
+  return true;
+}
+
 const RankComponents* find_rank(const std::vector<RankComponents>& ranks, int rank) {
   const auto it = std::find_if(ranks.begin(), ranks.end(), [rank](const RankComponents& r) { return r.rank == rank; });
   return it == ranks.end() ? nullptr : &*it;

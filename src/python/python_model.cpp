@@ -574,26 +574,9 @@ std::unique_ptr<OwnOptimizer> PythonModel::make_own_optimizer(const std::vector<
 std::unique_ptr<ModelEma> PythonModel::make_ema(double decay) {
   py::gil_scoped_acquire gil;
   try {
-    // copy.deepcopy clones a Parameter (Tensor.clone: the device's allocator) but copies any other tensor's storage
-    // through a new UntypedStorage, which on the CPU takes LibTorch's default allocator directly: bytes no CPU probe
-    // would count (a BatchNorm's running statistics, 728 B in py_step_ema, missing beside the reference). The
-    // module's buffers and tensor attributes are cloned into deepcopy's memo first: the same bytes, where they count.
-    const auto torch_module = py::module_::import("torch");
-    const auto tensor_type = torch_module.attr("Tensor");
-    const auto parameter_type = torch_module.attr("nn").attr("Parameter");
-    const auto preserve = torch_module.attr("preserve_format");
-    py::dict memo;
-    for (const auto& m : module_.attr("modules")()) {
-      std::vector<py::handle> held;
-      for (const auto& v : m.attr("_buffers").attr("values")()) held.push_back(v);
-      for (const auto& v : m.attr("__dict__").attr("values")()) held.push_back(v);
-      for (const auto& v : held) {
-        if (!py::isinstance(v, tensor_type) || py::isinstance(v, parameter_type)) continue;
-        const auto id = py::int_(reinterpret_cast<std::uintptr_t>(v.ptr()));
-        if (!memo.contains(id)) memo[id] = v.attr("clone")(py::arg("memory_format") = preserve);
-      }
-    }
-    auto copy = py::module_::import("copy").attr("deepcopy")(module_, memo);
+    // (Its buffers' storages are copied through torch.UntypedStorage, which memgate's probe counts on the CPU too:
+    // python/memgate/__main__.py, _count_cpu_storage_copies.)
+    auto copy = py::module_::import("copy").attr("deepcopy")(module_);
     copy.attr("eval")();
     std::vector<torch::Tensor> model, ema;
     for (const auto& v : module_.attr("state_dict")().attr("values")()) model.push_back(v.cast<torch::Tensor>());

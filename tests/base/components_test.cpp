@@ -24,7 +24,24 @@ TEST(ComponentTableTest, EveryComponentIsReadAndWrittenThroughItsOwnMember) {
     ++bytes;
   }
   EXPECT_EQ(seen.size(), kComponentTable.size()) << "two rows share a member";
-  EXPECT_EQ(c.step_peak_reserved, static_cast<std::int64_t>(kComponentTable.size()));
+  EXPECT_EQ(c.*kComponentTable.back().member, static_cast<std::int64_t>(kComponentTable.size()));
+  EXPECT_TRUE(c.keeps_ema) << "setting an optional component makes it present";
+}
+
+// `ema` is a component only where a fixture keeps an EMA copy: absent, it is not compared, and two results that
+// differ only in an absent component's bytes are equal.
+TEST(ComponentTableTest, AnOptionalComponentCountsOnlyWhereItIsPresent) {
+  Components a, b;
+  const auto* ema = find_component("ema");
+  ASSERT_NE(ema, nullptr);
+  EXPECT_FALSE(has_component(a, *ema));
+  EXPECT_TRUE(has_component(a, *find_component("params")));
+  b.ema = 512;
+  EXPECT_EQ(a, b) << "absent in both: its bytes are not compared";
+  b.keeps_ema = true;
+  EXPECT_NE(a, b) << "present in one only";
+  a.set("ema", 512);
+  EXPECT_EQ(a, b);
 }
 
 TEST(ComponentTableTest, OnlyReservedBytesMoveBySegments) {

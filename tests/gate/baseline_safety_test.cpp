@@ -130,6 +130,7 @@ TEST(CompareComponent, ABaselineFileOfTwoToTheSixtyThreeBytesIsJudgedWithin) {
   ASSERT_TRUE(update_baseline(path, f, cpu_info(), {huge}, "abc"));
   const auto b = load_baseline(path, "tiny", "cpu");
   for (const auto& info : kComponentTable) {
+    if (!has_component(b.probes.at(0).components, info)) continue;
     const auto c = compare_component("tiny", 1, info.name, b.probes.at(0).components.*info.member, kMax, b.tolerance);
     EXPECT_EQ(c.verdict, Verdict::kWithin) << c.message();
   }

@@ -31,7 +31,8 @@ struct Components {
   /// Sets the component named `name` (an optional one, `ema`, is then present); throws memgate::Error for another
   /// name.
   void set(std::string_view name, std::int64_t bytes);
-  friend bool operator==(const Components&, const Components&) = default;
+  /// The same components with the same bytes: an optional one (`ema`) counts where either has it.
+  friend bool operator==(const Components& a, const Components& b);
 };
 
 /// What a component's bytes follow, and so how tightly the gate can hold them.
