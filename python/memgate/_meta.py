@@ -1,36 +1,109 @@
-"""Meta kernels for an estimate in this Python process: LibTorch's and memgate's own, as in memgate's C++ programs.
+"""Meta kernels for an estimate in this Python process: LibTorch's and memgate's own, as in memgate's C++ programs,
+and torch's Python ones where LibTorch has nothing that runs on the Meta device.
 
 `import torch` registers Python Meta kernels (torch._meta_registrations) for some 1,300 ops, over LibTorch's: for ops
 that LibTorch runs on the Meta device itself (structured kernels, composites that reach memgate's kernels) they
 allocate other tensors than the device would (a reference decomposition of gelu keeps two temporaries; convolution's
-stops before memgate's kernel, which allocates what the target's convolution does). An estimate keeps Python's kernels
-only for the ops that LibTorch cannot run on the Meta device otherwise."""
+stops before memgate's kernel, which allocates what the target's convolution does). An estimate keeps Python's kernel
+for an op where LibTorch (memgate's kernels included) has no Meta kernel of its own and the CPU does not run a
+composite of LibTorch's either (`needs_python_meta_kernel`): 2-D cross-entropy (nll_loss2d), PReLU, GroupNorm,
+hardtanh's backward (ReLU6), roll, abs.out under integer abs."""
 import torch
+
+
+def needs_python_meta_kernel(op: str) -> bool:
+    """Whether the estimate takes torch's Python Meta kernel for `op` ("aten::name[.overload]"), asked once torch's
+    Python registrations are gone and memgate's own are made:
+    - LibTorch's or memgate's Meta kernel (structured ops, memgate's convolution, norms, attention): not Python's.
+    - a CompositeImplicitAutograd op decomposes above the Meta device: its parts' kernels run (torch registers no
+      Python Meta kernel for these).
+    - a kernel of the CPU's own (nll_loss2d_forward, _prelu_kernel, native_group_norm, roll, abs.out): the device
+      runs that kernel, which allocates its outputs, as Python's Meta kernel does; a composite beside it
+      (native_group_norm's math_group_norm, a batch norm over a view) is not what the CPU runs.
+    - else a composite of LibTorch's (CompositeExplicitAutograd: convolution, abs, _foreach_norm) is what the CPU runs,
+      down to kernels that run on Meta (memgate's convolution_overrideable, abs.out): it stays.
+    - an op with none of these (a CUDA-only kernel: _scaled_mm) has only Python's."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if has(op, "Meta") or has(op, "CompositeImplicitAutograd"):
+        return False
+    if has(op, "CPU"):
+        return True
+    return not (has(op, "CompositeExplicitAutograd") or has(op, "CompositeExplicitAutogradNonFunctional"))
 
 
 def prefer_libtorch_meta_kernels():
     import torch._meta_registrations as registrations
     from torch._decomp import global_decomposition_table
 
+    from memgate import _core
+
+    # memgate's kernels first: they are LibTorch's own for the rule, and a Python kernel kept for one of their ops
+    # would be replaced by theirs with a warning.
+    _core.register_meta_kernels()
     library = registrations._meta_lib_dont_use_me_use_register_meta
     registered = list(library._op_impls)  # "aten/<name>[.<overload>]/Meta"
     library._destroy()
     functions = {}
     for kind in ("meta", "post_autograd", "pre_autograd"):  # activate_meta's precedence
         for op, fn in global_decomposition_table[kind].items():
-            functions.setdefault(op, fn)
+            # A decomposition (not a Meta function) computes the op from others, with temporaries the device's kernel
+            # does not make: its outputs alone are counted.
+            functions.setdefault(op, fn if kind == "meta" else _outputs_only(fn, _core.uncounted))
     by_name = {op.name(): (op, fn) for op, fn in functions.items()}
     kept = torch.library.Library("aten", "IMPL", "Meta")
     for key in registered:
         namespace, name, _ = key.split("/")
-        qualified = f"{namespace}::{name}" if "." in name else f"{namespace}::{name}"
-        if torch._C._dispatch_has_computed_kernel_for_dispatch_key(qualified, "Meta"):
-            continue
+        qualified = f"{namespace}::{name}"
+        if qualified == "aten::_local_scalar_dense" or not needs_python_meta_kernel(qualified):
+            continue  # Tensor.item(): memgate's own below
         entry = by_name.get(qualified)
         if entry is not None:
             kept.impl(entry[0], entry[1])
     kept.impl("_local_scalar_dense", _read_on_meta)
     return kept  # registrations last as long as their library object
+
+
+def _outputs_only(decomposition, uncounted):
+    """A Meta kernel from a decomposition of torch's: it runs with its tensors outside the estimate's count, and the
+    kernel returns fresh tensors of its outputs' shapes, strides and dtypes, counted, as a device kernel allocates
+    its outputs (nll_loss2d_forward's decomposition gathers and masks; _prelu_kernel's makes a mask and a product;
+    the CPU's kernels write their outputs alone). An output that is an argument (out=, in place) is returned as it
+    is: it was allocated, and counted, by the caller. (No closure refers to itself here: a reference cycle would keep
+    the op's inputs alive until Python's collector ran, past the step that freed them.)"""
+    def kernel(*args, **kwargs):
+        out = uncounted(decomposition, *args, **kwargs)
+        return _fresh(out, _tensors_of(args, kwargs))
+
+    kernel.__name__ = getattr(decomposition, "__name__", "decomposition")
+    kernel.__wrapped__ = decomposition
+    return kernel
+
+
+def _tensors_of(args, kwargs):
+    """The ids of the tensors among an op's arguments (a list of tensors' too)."""
+    ids = set()
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            ids.add(id(a))
+        elif isinstance(a, (list, tuple)):
+            ids.update(id(t) for t in a if isinstance(t, torch.Tensor))
+    return ids
+
+
+def _fresh(value, arguments):
+    if isinstance(value, torch.Tensor):
+        if id(value) in arguments:
+            return value
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    if isinstance(value, (tuple, list)):
+        items = [_fresh(v, arguments) for v in value]
+        if type(value) in (tuple, list):
+            return type(value)(items)
+        try:
+            return type(value)(items)  # torch.return_types (a structseq) takes a sequence
+        except TypeError:
+            return type(value)(*items)  # a namedtuple takes fields
+    return value
 
 
 def _read_on_meta(tensor):
@@ -42,3 +115,24 @@ def _read_on_meta(tensor):
         return True
     raise RuntimeError(f"an estimate cannot read the value of a {tensor.dtype} tensor on the Meta device (Tensor.item(): "
                        f"the model's control flow or sizes depend on its data); measure it instead")
+
+
+# --- Which module an op that fails on Meta was called from ---------------------------------------------------------
+
+def module_of_error(root, traceback) -> str:
+    """The innermost module of `root` whose forward is on the error's traceback (a frame whose `self` is one of its
+    modules), as "'<dotted name>' (<class>)", "the model (<class>)" for the root itself, or "" when none is (the
+    error came from the loss or the backward)."""
+    try:
+        names = {id(m): n for n, m in root.named_modules()}
+    except Exception:  # noqa: BLE001 (a module whose named_modules fails: the op still names what failed)
+        return ""
+    found = ""
+    while traceback is not None:
+        module = traceback.tb_frame.f_locals.get("self")
+        if isinstance(module, torch.nn.Module) and id(module) in names:
+            name = names[id(module)]
+            kind = type(module).__name__
+            found = f"the model ({kind})" if name == "" else f"'{name}' ({kind})"
+        traceback = traceback.tb_next
+    return found

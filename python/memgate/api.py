@@ -47,8 +47,9 @@ def profile(config, batch_sizes=None, device="cpu", *, inputs=None, task="sum", 
     """Measures a fixture (a YAML file) or a callable that builds an nn.Module, as `memgate profile` does: prints its
     report (unless quiet) and returns its JSON as a dict. For a callable, `inputs` lists forward()'s arguments
     ({"shape": ["B", 3, 224, 224], "dtype": "float32"}: B is the batch size) and `task`, `training`, `args` (keyword
-    arguments of the callable), `blocks` and `loss` are the fixture's keys. Raises RuntimeError with memgate's message
-    when the profile fails."""
+    arguments of the callable), `blocks` and `loss` are the fixture's keys. A batch size that fails (the model raises
+    at that size) is in the result as {"batch_size": N, "failed": True, "error": "..."}, the others measured, and its
+    error is printed on stderr; raises RuntimeError with memgate's message when the profile fails as a whole."""
     with tempfile.TemporaryDirectory(prefix="memgate-profile-") as tmp:
         if callable(config):
             if not inputs:
@@ -64,6 +65,14 @@ def profile(config, batch_sizes=None, device="cpu", *, inputs=None, task="sum", 
         env = dict(os.environ)
         env.setdefault("MEMGATE_PYTHON", sys.executable)
         run = subprocess.run(command, capture_output=True, text=True, env=env)
+        if run.returncode != 0 and output.exists():
+            written = json.loads(output.read_text())
+            if any(p.get("failed") for p in written.get("probes", [])):
+                # Some batch sizes failed, the others were measured: memgate's stderr names each failure.
+                print(run.stderr, end="", file=sys.stderr)
+                if not quiet:
+                    print(run.stdout, end="")
+                return written
         if run.returncode != 0:
             raise RuntimeError(f"memgate profile failed (exit {run.returncode}): {run.stderr.strip() or run.stdout}")
         if not quiet:

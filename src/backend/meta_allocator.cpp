@@ -20,6 +20,7 @@ struct Block {
 };
 
 thread_local std::uint64_t t_stream = 0;
+thread_local bool t_uncounted = false;
 
 detail::ByteCounter g_bytes;
 std::atomic<std::uint64_t> g_next_id{1};
@@ -62,6 +63,8 @@ CountingMetaAllocator& CountingMetaAllocator::install() {
 CountingMetaAllocator* CountingMetaAllocator::instance() { return g_instance; }
 
 c10::DataPtr CountingMetaAllocator::allocate(size_t requested) {
+  // No block: meta_delete frees nothing either.
+  if (t_uncounted) return {nullptr, nullptr, &meta_delete, c10::Device(c10::DeviceType::Meta)};
   const auto granularity = static_cast<std::size_t>(g_granularity.load(std::memory_order_relaxed));
   const std::size_t nbytes =
       granularity > 0 && requested > 0 ? (requested + granularity - 1) / granularity * granularity : requested;
@@ -116,6 +119,9 @@ void CountingMetaAllocator::set_granularity(std::int64_t bytes) { g_granularity.
 
 CountingMetaAllocator::StreamScope::StreamScope(std::uint64_t stream) : previous_(t_stream) { t_stream = stream; }
 CountingMetaAllocator::StreamScope::~StreamScope() { t_stream = previous_; }
+
+CountingMetaAllocator::UncountedScope::UncountedScope() : previous_(t_uncounted) { t_uncounted = true; }
+CountingMetaAllocator::UncountedScope::~UncountedScope() { t_uncounted = previous_; }
 
 void CountingMetaAllocator::set_observer(Observer* observer) {
   const std::lock_guard lock(g_observer_mutex);

@@ -1,6 +1,7 @@
 // memgate profile: measures one fixture's memory per component and batch size, prints and writes its report.
 #include "measure_cli.h"
 
+#include "memgate/base/error.h"
 #include "memgate/base/progress.h"
 #include "memgate/base/units.h"
 #include "memgate/gate/fixture.h"
@@ -25,6 +26,7 @@ namespace {
 // A probe's result in one line, for progress.
 std::string probe_line(const std::string& fixture, const memgate::ProbeResult& r) {
   if (r.oom) return fmt::format("{} bs {}: out of memory ({:.1f} s)", fixture, r.batch_size, r.seconds);
+  if (r.failed) return fmt::format("{} bs {}: failed: {}", fixture, r.batch_size, r.error.substr(0, r.error.find('\n')));
   return fmt::format("{} bs {}: step peak {} allocated, {} reserved ({:.1f} s)", fixture, r.batch_size,
                      memgate::format_bytes(r.components.step_peak), memgate::format_bytes(r.components.step_peak_reserved),
                      r.seconds);
@@ -78,7 +80,10 @@ Run add_profile(CLI::App& app) {
       "Measures each component of a training step at each batch size and prints the report; --output also\n"
       "writes it as JSON. An out-of-memory at one batch size is reported and the next batch sizes still run;\n"
       "when none of them could be measured (each ran out of memory), the report and JSON are still written and\n"
-      "the exit code is 1."));
+      "the exit code is 1. A batch size that fails with another error (the model's code raised, its process\n"
+      "crashed) is reported as failed, with its error, in the report and the JSON, and the next batch sizes still\n"
+      "run; the exit code is then 3 (when every batch size failed, the first's error is the command's, as for any\n"
+      "error, and nothing is written)."));
   return [o, limit] {
     o->files.refuse_onto(o->config);
     const auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
@@ -88,6 +93,7 @@ Run add_profile(CLI::App& app) {
     memgate::Progress progress;
     std::string item;
     memgate::ProbeOptions options;
+    options.keep_going = true;
     options.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
     if (o->rank_timeout > 0) options.rank_timeout = std::chrono::seconds(o->rank_timeout);
     if (!o->files.snapshot.empty()) {
@@ -103,14 +109,24 @@ Run add_profile(CLI::App& app) {
           }
         });
     profile.fixture_hash = fixture.hash;
+    const auto failed = std::count_if(profile.probes.begin(), profile.probes.end(),
+                                      [](const memgate::ProbeResult& p) { return p.failed; });
+    if (failed > 0 && failed == static_cast<std::ptrdiff_t>(profile.probes.size())) {
+      // Nothing measured and nothing out of memory: the fixture's error, as before there were several batch sizes.
+      throw memgate::Error(profile.probes.front().error);
+    }
     write_profile(profile, memgate::profile_to_json(profile), o->files, o->config, "the allocator's history");
     const bool measured_any = std::any_of(profile.probes.begin(), profile.probes.end(),
-                                          [](const memgate::ProbeResult& p) { return !p.oom; });
-    if (!measured_any) {
-      fmt::print(stderr, "memgate: no batch size could be measured: each ran out of memory\n");
-      return kFailed;
+                                          [](const memgate::ProbeResult& p) { return p.measured(); });
+    for (const auto& p : profile.probes) {
+      if (p.failed) fmt::print(stderr, "memgate: batch size {} failed: {}\n", p.batch_size, p.error);
     }
-    return kOk;
+    if (!measured_any) {
+      fmt::print(stderr, "memgate: no batch size could be measured: each ran out of memory{}\n",
+                 failed > 0 ? " or failed" : "");
+      return failed > 0 ? kError : kFailed;
+    }
+    return failed > 0 ? kError : kOk;
   };
 }
 

@@ -334,7 +334,7 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
     changed = true;
   }
   for (const auto& probe : probes) {
-    if (probe.oom) continue;  // an out-of-memory is no baseline
+    if (!probe.measured()) continue;  // an out-of-memory (or a failure) is no baseline
     BaselineProbe fresh;
     fresh.batch_size = probe.batch_size;
     fresh.components = probe.components;

@@ -13,7 +13,7 @@ BudgetCheck check_budget(std::int64_t step_peak_reserved, const GpuSpec& gpu) {
 std::optional<std::int64_t> largest_fitting_batch(const Profile& profile, const GpuSpec& gpu) {
   std::optional<std::int64_t> best;
   for (const auto& p : profile.probes) {
-    if (!p.oom && check_budget(p.components.step_peak_reserved, gpu).fits()) {
+    if (p.measured() && check_budget(p.components.step_peak_reserved, gpu).fits()) {
       best = std::max(best.value_or(0), p.batch_size);
     }
   }

@@ -169,36 +169,52 @@ int rank_main(int argc, char** argv) {
       counts = workload_param_counts(fixture);
     }
     if (is_rank && batch_sizes.size() > 1) throw std::invalid_argument("--batch-size: a rank probes one batch size");
+    const bool keep_going = args.contains("keep-going") && args["keep-going"] == "1";
     const auto of_probe = [&](const std::string& path, std::size_t i) {
       return probe_file(path, i, batch_sizes.size());
     };
     for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
       const auto batch_size = batch_sizes[i];
       ProbeResult result;
-      if (args.contains("estimate-for")) {
-        const auto& target = args["estimate-for"];
-        if (target != "cpu" && target != "cuda") throw std::invalid_argument("--estimate-for: expected cpu or cuda");
-        result = estimate_probe(fixture, batch_size, target == "cpu" ? EstimateTarget::kCpu : EstimateTarget::kCuda,
-                                options);
-      } else {
-        // The CPU (Gloo), or the GPU of this rank's own (NCCL): cuda:N, which the probe gave it.
-        const c10::Device device(args.contains("device") ? args["device"] : std::string("cpu"));
-        if (!device.is_cpu() && !(device.is_cuda() && device.has_index())) {
-          throw std::invalid_argument("--device: expected cpu or cuda:N, got " + args["device"]);
+      try {
+        if (args.contains("estimate-for")) {
+          const auto& target = args["estimate-for"];
+          if (target != "cpu" && target != "cuda") throw std::invalid_argument("--estimate-for: expected cpu or cuda");
+          result = estimate_probe(fixture, batch_size, target == "cpu" ? EstimateTarget::kCpu : EstimateTarget::kCuda,
+                                  options);
+        } else {
+          // The CPU (Gloo), or the GPU of this rank's own (NCCL): cuda:N, which the probe gave it.
+          const c10::Device device(args.contains("device") ? args["device"] : std::string("cpu"));
+          if (!device.is_cpu() && !(device.is_cuda() && device.has_index())) {
+            throw std::invalid_argument("--device: expected cpu or cuda:N, got " + args["device"]);
+          }
+          if (is_rank) {
+            options.on_phase("joining the process group");
+            const auto waits = timeout + kAfterTheSupervisor;
+            group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, waits)
+                                     : join_gloo_group(args["store"], rank, world, waits);
+            options.rank_group = &*group;
+          }
+          result = cap > 0 ? run_probe_capped(fixture, batch_size, device, cap, options)
+                           : run_probe(fixture, batch_size, device, options);
+          if (group) {
+            result.communicator_bytes = communicator_bytes();
+            shut_down_nccl(*group);
+          }
         }
-        if (is_rank) {
-          options.on_phase("joining the process group");
-          const auto waits = timeout + kAfterTheSupervisor;
-          group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, waits)
-                                   : join_gloo_group(args["store"], rank, world, waits);
-          options.rank_group = &*group;
-        }
-        result = cap > 0 ? run_probe_capped(fixture, batch_size, device, cap, options)
-                         : run_probe(fixture, batch_size, device, options);
-        if (group) {
-          result.communicator_bytes = communicator_bytes();
-          shut_down_nccl(*group);
-        }
+      } catch (const std::invalid_argument&) {
+        throw;
+      } catch (const std::exception& e) {
+        // A profile's whole probe (--keep-going): the model's error at this batch size is its result, and the next
+        // batch sizes still run in this process.
+        if (is_rank || !keep_going) throw;
+        const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+        const std::string message = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+        const auto where = fmt::format("{} at batch {}: ", fixture.source, batch_size);
+        result = ProbeResult{};
+        result.batch_size = batch_size;
+        result.failed = true;
+        result.error = message.starts_with(where) ? message : where + message;
       }
       if (!is_rank) result.param_counts = counts;
       if (args.contains("snapshot")) {

@@ -57,6 +57,10 @@ nlohmann::json profile_to_json(const Profile& profile) {
     if (p.oom) {
       probe["oom"] = true;
       probe["error"] = p.error;
+    } else if (p.failed) {
+      // Not measured: the error that stopped this batch size (the others were measured).
+      probe["failed"] = true;
+      probe["error"] = p.error;
     } else {
       probe["components"] = components_to_json(p.components);
       probe["step_seconds"] = p.step_seconds;
@@ -115,14 +119,16 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
     if (!any) continue;  // `ema` where no EMA copy is kept
     fmt::format_to(out, "{:<{}}", info.name, kNameWidth);
     for (const auto& p : profile.probes) {
-      fmt::format_to(out, "{:>{}}", p.oom ? std::string("OOM") : format_cell(p.components.*info.member), kColWidth);
+      fmt::format_to(out, "{:>{}}",
+                     p.oom ? std::string("OOM") : p.failed ? std::string("failed") : format_cell(p.components.*info.member),
+                     kColWidth);
     }
     fmt::format_to(out, "\n");
   }
   if (!estimated) {
     fmt::format_to(out, "{:<{}}", "step time", kNameWidth);
     for (const auto& p : profile.probes) {
-      fmt::format_to(out, "{:>{}}", p.oom ? std::string("-") : fmt::format("{:.3f} s", p.step_seconds), kColWidth);
+      fmt::format_to(out, "{:>{}}", p.measured() ? fmt::format("{:.3f} s", p.step_seconds) : std::string("-"), kColWidth);
     }
     fmt::format_to(out, "\n");
   }
@@ -151,6 +157,14 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
     if (p.oom) {
       if (!any_oom) fmt::format_to(out, "\nout of memory:\n");
       any_oom = true;
+      fmt::format_to(out, "  batch size {}: {}\n", p.batch_size, p.error.substr(0, p.error.find('\n')));
+    }
+  }
+  bool any_failed = false;
+  for (const auto& p : profile.probes) {
+    if (p.failed) {
+      if (!any_failed) fmt::format_to(out, "\nfailed (not {}):\n", estimated ? "estimated" : "measured");
+      any_failed = true;
       fmt::format_to(out, "  batch size {}: {}\n", p.batch_size, p.error.substr(0, p.error.find('\n')));
     }
   }

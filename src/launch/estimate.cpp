@@ -7,6 +7,7 @@
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/launch/ranks.h"
 #include "memgate/launch/run.h"
+#include "memgate/models/python.h"
 
 #include <c10/util/Exception.h>
 #include <torch/version.h>
@@ -61,8 +62,16 @@ ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, Es
     const CpuBesideMeta cpu(target == EstimateTarget::kCpu);
     return run_probe(workload, batch_size, c10::Device(c10::DeviceType::Meta), options);
   } catch (const c10::Error& e) {
+    const auto missing = describe_missing_meta_kernel(e.what_without_backtrace(), python_models_available());
     throw Error(workload.source + ": cannot estimate at batch " + std::to_string(batch_size) + " on the Meta device: " +
-                e.what_without_backtrace());
+                (missing ? *missing : std::string(e.what_without_backtrace())));
+  } catch (const std::exception& e) {
+    // A Python kernel's error (a Python fixture's backward) is not a c10::Error.
+    if (const auto missing = describe_missing_meta_kernel(e.what(), python_models_available())) {
+      throw Error(workload.source + ": cannot estimate at batch " + std::to_string(batch_size) +
+                  " on the Meta device: " + *missing);
+    }
+    throw;
   }
 }
 
@@ -93,7 +102,7 @@ Profile estimate_profile(const Workload& workload, const std::vector<std::int64_
         for (const auto batch_size : sizes) results.push_back(estimate_probe(workload, batch_size, target, options));
         return results;
       },
-      on_probe, std::move(profile));
+      on_probe, std::move(profile), options.keep_going);
 }
 
 }  // namespace memgate

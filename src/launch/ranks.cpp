@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string_view>
@@ -325,6 +326,7 @@ std::string rank_result_text(int rank, const ProbeResult& r) {
                      {"memgate_version", MEMGATE_VERSION},
                      {"batch_size", r.batch_size},
                      {"oom", r.oom},
+                     {"failed", r.failed},
                      {"error", r.error},
                      {"components", components_json(r.components)},
                      {"comm_buffer_bytes", r.comm_buffer_bytes},
@@ -360,6 +362,8 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   *(at + 1) = fmt::format("{}", fmt::join(batch_sizes, ","));
   command.insert(command.end(), arguments.begin(), arguments.end());
   if (estimate) command.insert(command.end(), {"--estimate-for", *estimate == EstimateTarget::kCpu ? "cpu" : "cuda"});
+  // A profile's: an error at one batch size is written as that batch size's result, and the process goes on.
+  if (options.keep_going) command.insert(command.end(), {"--keep-going", "1"});
   const auto snapshot = dir / "probe.pickle";
   if (options.snapshot) command.insert(command.end(), {"--snapshot", snapshot.string()});
   // What the process writes for its i-th batch size (rank_main: a file per batch size when it probes several).
@@ -373,6 +377,9 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
                   .scan = python_code_of(workload),
                   .result = of_probe(dir / "rank0.json", batch_sizes.size() - 1).string(),
                   .no_result_note = shadowing_note(command)});
+  // The batch sizes whose results it wrote (all of them, unless it failed).
+  std::size_t written = batch_sizes.size();
+  std::optional<std::string> failed;
   if (auto failure = children.wait()) {
     // The batch size it was at: the first whose result it had not written.
     std::size_t done = 0;
@@ -380,16 +387,22 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
     while (done < batch_sizes.size() && std::filesystem::is_regular_file(of_probe(dir / "rank0.json", done), ec)) {
       ++done;
     }
-    throw Error(fmt::format("{} at batch {}: {} (-m memgate): {}", workload.source,
-                            batch_sizes[std::min(done, batch_sizes.size() - 1)], command.front(), *failure));
+    const auto message = fmt::format("{} at batch {}: {} (-m memgate): {}", workload.source,
+                                     batch_sizes[std::min(done, batch_sizes.size() - 1)], command.front(), *failure);
+    // A profile's: the process ended at that batch size (a crash, a timeout); the ones before it are read, and the
+    // ones after it run in a process of their own.
+    if (!options.keep_going || done >= batch_sizes.size()) throw Error(message);
+    written = done;
+    failed = message;
   }
   std::vector<ProbeResult> results;
-  for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
+  for (std::size_t i = 0; i < written; ++i) {
     const auto j = nlohmann::json::parse(read_text_file(of_probe(dir / "rank0.json", i).string(), "a probe's result file"));
     require_same_version(j, "the Python probe", command.front() + " -m memgate");
     ProbeResult result;
     result.batch_size = batch_sizes[i];
     result.oom = j.at("oom").get<bool>();
+    result.failed = j.value("failed", false);
     result.error = j.at("error").get<std::string>();
     result.components = components_from(j.at("components"));
     result.comm_buffer_bytes = j.at("comm_buffer_bytes").get<std::int64_t>();
@@ -419,6 +432,19 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
       }
     }
     results.push_back(std::move(result));
+  }
+  if (failed) {
+    ProbeResult result;
+    result.batch_size = batch_sizes[written];
+    result.failed = true;
+    result.error = *failed;
+    results.push_back(std::move(result));
+    if (written + 1 < batch_sizes.size()) {
+      for (auto& rest : run_python_probes(workload, batch_sizes.subspan(written + 1), device, options, estimate,
+                                          cap_bytes)) {
+        results.push_back(std::move(rest));
+      }
+    }
   }
   return results;
 }

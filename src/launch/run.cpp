@@ -7,7 +7,10 @@
 #include "memgate/base/error.h"
 #include "memgate/launch/ranks.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
+#include <exception>
 #include <functional>
 #include <span>
 #include <utility>
@@ -79,7 +82,7 @@ std::vector<ProbeResult> run_probes(const Workload& workload, std::span<const st
 
 Profile collect_profile(const std::vector<std::int64_t>& batch_sizes, bool in_one_process,
                         const std::function<std::vector<ProbeResult>(std::span<const std::int64_t>)>& probe,
-                        const ProbeCallback& on_probe, Profile profile) {
+                        const ProbeCallback& on_probe, Profile profile, bool keep_going) {
   if (in_one_process && batch_sizes.size() > 1) {
     // One process probes them all: told before the first, then after each.
     if (on_probe) on_probe(0, batch_sizes.front(), nullptr);
@@ -92,7 +95,18 @@ Profile collect_profile(const std::vector<std::int64_t>& batch_sizes, bool in_on
   }
   for (std::size_t i = 0; i < batch_sizes.size(); ++i) {
     if (on_probe) on_probe(i, batch_sizes[i], nullptr);
-    profile.probes.push_back(std::move(probe(std::span(batch_sizes).subspan(i, 1)).front()));
+    try {
+      profile.probes.push_back(std::move(probe(std::span(batch_sizes).subspan(i, 1)).front()));
+    } catch (const std::exception& e) {
+      if (!keep_going) throw;
+      // The model's error at this batch size: reported as this probe's, and the next batch sizes still run.
+      ProbeResult failed;
+      failed.batch_size = batch_sizes[i];
+      failed.failed = true;
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      failed.error = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+      profile.probes.push_back(std::move(failed));
+    }
     if (profile.probes.back().param_counts) profile.params = *profile.probes.back().param_counts;
     if (on_probe) on_probe(i, batch_sizes[i], &profile.probes.back());
   }
@@ -109,7 +123,7 @@ Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& b
   return collect_profile(
       batch_sizes, whole_probe_in_python(workload, device, options),
       [&](std::span<const std::int64_t> sizes) { return run_probes(workload, sizes, device, options); }, on_probe,
-      std::move(profile));
+      std::move(profile), options.keep_going);
 }
 
 }  // namespace memgate

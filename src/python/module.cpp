@@ -3,7 +3,9 @@
 // of a fixture in this process, as a memgate program started with --memgate-rank does.
 #include "python_model.h"
 
+#include "memgate/backend/meta_allocator.h"
 #include "memgate/base/heartbeat.h"
+#include "memgate/estimate/meta_kernels.h"
 #include "memgate/gate/rank.h"
 #include "memgate/measure/probe.h"
 
@@ -32,6 +34,18 @@ PYBIND11_MODULE(_core, m) {
   m.def("note_progress", &memgate::note_progress,
         "Tells the probe's supervisor that the work moved (a module imported): it ends a probe that makes none for "
         "its timeout.");
+  m.def(
+      "register_meta_kernels", [] { memgate::use_meta_kernels_for(memgate::meta_kernels_target()); },
+      "Registers memgate's own Meta kernels in this process (once; an estimate sets their target), before "
+      "memgate._meta decides which of torch's Python Meta kernels an estimate keeps.");
+  m.def(
+      "uncounted",
+      [](const py::function& fn, const py::args& args, const py::kwargs& kwargs) {
+        const memgate::CountingMetaAllocator::UncountedScope uncounted;
+        return fn(*args, **kwargs);
+      },
+      "fn(*args, **kwargs) with this thread's Meta tensors allocated outside the estimate's count: a decomposition "
+      "standing in for a device kernel makes its temporaries so (memgate._meta).");
   m.def(
       "rank_main",
       [](const std::vector<std::string>& argv) {

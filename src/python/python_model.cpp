@@ -523,9 +523,20 @@ torch::Tensor PythonModel::forward(const Batch& batch) {
   }
 }
 
-void PythonModel::rethrow(py::error_already_set& e) {
+void PythonModel::rethrow(py::error_already_set& e) const {
   // An error an op raised (an out-of-memory among them) comes back as the op's own message, which the probe reads.
-  throw std::runtime_error(describe_python_error(e));
+  auto message = describe_python_error(e);
+  // On the Meta device, an op without a Meta kernel: named with the module whose forward called it.
+  if (device_.is_meta() && op_without_meta_kernel(message)) {
+    std::string module;
+    try {
+      module = py::module_::import("memgate._meta").attr("module_of_error")(module_, e.trace()).cast<std::string>();
+    } catch (const std::exception&) {
+      // Without the module: the op still names what failed.
+    }
+    message = *describe_missing_meta_kernel(message, /*in_python=*/true, module);
+  }
+  throw std::runtime_error(message);
 }
 
 std::unique_ptr<OwnOptimizer> PythonModel::make_own_optimizer(const std::vector<torch::Tensor>& trainable) {

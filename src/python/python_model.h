@@ -52,7 +52,9 @@ class PythonModel final : public Model {
   pybind11::object python_batch(const Batch& batch) const;
   /// compute_loss(model, batch), checked: a one-element tensor, and no backward of its own.
   torch::Tensor run_compute_loss(const Batch& batch);
-  [[noreturn]] static void rethrow(pybind11::error_already_set& e);
+  /// The Python error as the probe reports it; on the Meta device, an op without a Meta kernel is named with the
+  /// module whose forward called it (the innermost on the error's traceback: memgate._meta.module_of_error).
+  [[noreturn]] void rethrow(pybind11::error_already_set& e) const;
 
   PythonOptions spec_;
   torch::Device device_;

@@ -47,7 +47,7 @@ ProfileComparison compare_documents(const std::vector<ProfileDocument>& document
   if (!profiles.empty()) {
     std::set<std::int64_t> common;
     for (const auto& p : profiles.front()->probes) {
-      if (!p.oom) common.insert(p.batch_size);
+      if (p.measured()) common.insert(p.batch_size);
     }
     for (const auto* d : profiles) {
       std::erase_if(common, [&](std::int64_t b) { return d->measured(b) == nullptr; });
@@ -98,7 +98,7 @@ ProfileComparison compare_documents(const std::vector<ProfileDocument>& document
     for (std::size_t i = 0; i < documents.size(); ++i) {
       std::string sizes;
       for (const auto& p : documents[i].probes) {
-        sizes += fmt::format("{}{}{}", sizes.empty() ? "" : ",", p.batch_size, p.oom ? " (OOM)" : "");
+        sizes += fmt::format("{}{}{}", sizes.empty() ? "" : ",", p.batch_size, p.oom ? " (OOM)" : p.failed ? " (failed)" : "");
       }
       fmt::format_to(out, "  {}: {}\n", letter(i), sizes.empty() ? "-" : sizes);
     }

@@ -122,7 +122,7 @@ std::string component_chart(const ProfileDocument& d, const std::vector<GpuLine>
     if (!d.has(info)) continue;
     ChartSeries s{std::string(info.name), component_color(info.name), {}, info.kind == ComponentKind::kReserved};
     for (const auto& p : d.probes) {
-      if (!p.oom) s.points.push_back({p.batch_size, static_cast<double>(p.components.*info.member), ""});
+      if (p.measured()) s.points.push_back({p.batch_size, static_cast<double>(p.components.*info.member), ""});
     }
     chart.series.push_back(std::move(s));
   }
@@ -138,8 +138,8 @@ std::string stacked_chart(const ProfileDocument& d) {
   chart.mark_names = {"step_peak (allocated)", "step_peak_reserved"};
   chart.mark_styles = {"solid", "dashed"};
   for (const auto& p : d.probes) {
-    StackedBar bar{fmt::format("bs {}", p.batch_size), {}, {}, p.oom, "OOM"};
-    if (!p.oom) {
+    StackedBar bar{fmt::format("bs {}", p.batch_size), {}, {}, !p.measured(), p.oom ? "OOM" : "failed"};
+    if (p.measured()) {
       const auto& c = p.components;
       bar.layers = {static_cast<double>(c.params), static_cast<double>(c.optimizer_state),
                     static_cast<double>(c.gradients), static_cast<double>(c.activations)};
@@ -163,17 +163,19 @@ std::string component_table(const ProfileDocument& d) {
     if (!d.has(info)) continue;
     t += fmt::format("<tr><td title=\"{}\">{}</td>", escape_html(info.meaning), info.name);
     for (const auto& p : d.probes) {
-      t += p.oom ? std::string("<td class=\"oom\">OOM</td>")
-                 : fmt::format("<td title=\"{} bytes\">{}</td>", p.components.*info.member,
+      t += p.oom      ? std::string("<td class=\"oom\">OOM</td>")
+           : p.failed ? std::string("<td class=\"oom\">failed</td>")
+                      : fmt::format("<td title=\"{} bytes\">{}</td>", p.components.*info.member,
                                format_bytes(p.components.*info.member));
     }
     t += "</tr>";
   }
   t += "<tr><td>step time</td>";
-  for (const auto& p : d.probes) t += p.oom ? "<td>-</td>" : fmt::format("<td>{:.3f} s</td>", p.step_seconds);
+  for (const auto& p : d.probes) t += p.measured() ? fmt::format("<td>{:.3f} s</td>", p.step_seconds) : "<td>-</td>";
   t += "</tr></table>";
   for (const auto& p : d.probes) {
     if (p.oom) t += fmt::format("<p class=\"meta\">bs {}: out of memory: {}</p>", p.batch_size, escape_html(p.error));
+    if (p.failed) t += fmt::format("<p class=\"meta\">bs {}: failed: {}</p>", p.batch_size, escape_html(p.error));
   }
   return t;
 }
@@ -254,7 +256,7 @@ std::string overview_chart(const std::vector<const ProfileDocument*>& docs, cons
   for (const auto* d : docs) {
     ChartSeries s{d->label, kPalette[color++ % kPalette.size()], {}, false};
     for (const auto& p : d->probes) {
-      if (!p.oom) s.points.push_back({p.batch_size, static_cast<double>(p.components.get(component)), ""});
+      if (p.measured()) s.points.push_back({p.batch_size, static_cast<double>(p.components.get(component)), ""});
     }
     chart.series.push_back(std::move(s));
   }

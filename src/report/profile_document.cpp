@@ -96,8 +96,9 @@ DocumentProbe read_probe(const Node& p) {
   probe.batch_size = p.integer("batch_size");
   if (probe.batch_size < 1) p.fail(p.path() + ".batch_size", "expected an integer >= 1");
   probe.oom = p.boolean_or("oom", false);
-  if (probe.oom) {
-    probe.error = p.string_or("error", "out of memory");
+  probe.failed = p.boolean_or("failed", false);
+  if (probe.oom || probe.failed) {
+    probe.error = p.string_or("error", probe.oom ? "out of memory" : "failed");
     probe.error = probe.error.substr(0, probe.error.find('\n'));
     return probe;
   }
@@ -156,12 +157,12 @@ DocumentTarget read_target(const Node& t) {
 
 bool ProfileDocument::has(const ComponentInfo& info) const {
   return std::any_of(probes.begin(), probes.end(),
-                     [&](const DocumentProbe& p) { return !p.oom && has_component(p.components, info); });
+                     [&](const DocumentProbe& p) { return p.measured() && has_component(p.components, info); });
 }
 
 const DocumentProbe* ProfileDocument::measured(std::int64_t batch_size) const {
   for (const auto& p : probes) {
-    if (p.batch_size == batch_size && !p.oom) return &p;
+    if (p.batch_size == batch_size && p.measured()) return &p;
   }
   return nullptr;
 }
@@ -232,7 +233,7 @@ std::optional<std::int64_t> largest_fitting_batch(const ProfileDocument& documen
   }
   std::optional<std::int64_t> best;
   for (const auto& p : document.probes) {
-    if (!p.oom && p.components.step_peak_reserved <= gpu.allocator_bytes) {
+    if (p.measured() && p.components.step_peak_reserved <= gpu.allocator_bytes) {
       best = std::max(best.value_or(0), p.batch_size);
     }
   }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """memgate.profile() in Python: on a fixture file (a Python fixture and its zoo twin give the same bytes), on a
-callable (a fixture written for it), and a bad one (a RuntimeError with memgate's message).
+callable (a fixture written for it), one that fails at one batch size (reported as failed, the others measured), and
+a bad one (a RuntimeError with memgate's message).
 
     PYTHONPATH=build/cpu/python python tests/python/api_test.py <source dir>
 """
@@ -39,6 +40,21 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(result["model"]["name"] == "tiny", f"name {result['model']['name']}")
     expect(result["model"]["total_params"] == 10, f"a Linear(4, 2) has 10 parameters, got {result['model']}")
     expect(result["probes"][0]["components"]["params"] == 40, f"params bytes {result['probes'][0]['components']}")
+
+    # A model that fails at one batch size: that one is reported as failed, the others measured.
+    module = pathlib.Path(tmp) / "picky_models.py"
+    module.write_text("import torch\n\nclass Picky(torch.nn.Linear):\n    def forward(self, x):\n"
+                      "        if x.shape[0] == 3:\n            raise ValueError('not three')\n"
+                      "        return super().forward(x)\n\ndef picky():\n    return Picky(4, 2)\n")
+    import picky_models
+
+    result = memgate.profile(picky_models.picky, inputs=[{"shape": ["B", 4], "dtype": "float32"}], task="sum",
+                             batch_sizes=[2, 3, 4], quiet=True)
+    probes = result["probes"]
+    expect([p["batch_size"] for p in probes] == [2, 3, 4], f"batch sizes {[p['batch_size'] for p in probes]}")
+    expect(probes[1].get("failed") is True and "ValueError: not three" in probes[1].get("error", ""),
+           f"batch 3: {probes[1]}")
+    expect(probes[0]["components"]["params"] == probes[2]["components"]["params"] == 40, f"batches 2 and 4: {probes}")
 
 try:
     memgate.profile(str(models / "no_such_fixture.yaml"), quiet=True)

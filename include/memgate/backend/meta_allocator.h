@@ -69,6 +69,20 @@ class CountingMetaAllocator final : public c10::Allocator {
     std::uint64_t previous_;
   };
 
+  /// While it lives, this thread's Meta tensors are allocated outside the count (their frees too): memgate._meta
+  /// runs torch's Python decompositions that stand in for a device's kernel under it, then allocates their outputs
+  /// counted, as the kernel would (its temporaries are the decomposition's, not the kernel's). Scopes nest.
+  class UncountedScope {
+   public:
+    UncountedScope();
+    ~UncountedScope();
+    UncountedScope(const UncountedScope&) = delete;
+    UncountedScope& operator=(const UncountedScope&) = delete;
+
+   private:
+    bool previous_;
+  };
+
   /// Sees each allocation and free (a memory_viz snapshot of an estimate records them). `id` names the block from
   /// its allocation to its free; `stream` is the one it was allocated on. Called on the allocating or freeing thread.
   class Observer {

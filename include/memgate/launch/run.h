@@ -38,12 +38,14 @@ using ProbeCallback = std::function<void(std::size_t index, std::int64_t batch_s
 
 /// A profile's probes, from `probe` (which probes the batch sizes it is given): all at once when `in_one_process`,
 /// else one batch size at a time; `on_probe` is told before each (before the first only, at once) and after each.
-/// run_profile and estimate_profile share it.
+/// With `keep_going`, an error `probe` throws for one batch size is that probe's result (ProbeResult::failed) and
+/// the next batch sizes still run. run_profile and estimate_profile share it.
 [[nodiscard]] Profile collect_profile(const std::vector<std::int64_t>& batch_sizes, bool in_one_process,
                                       const std::function<std::vector<ProbeResult>(std::span<const std::int64_t>)>& probe,
-                                      const ProbeCallback& on_probe, Profile profile);
+                                      const ProbeCallback& on_probe, Profile profile, bool keep_going = false);
 
-/// Probes each batch size in turn (the next batch size still runs after an out-of-memory).
+/// Probes each batch size in turn (the next batch size still runs after an out-of-memory, and with
+/// `options.keep_going` after any error: that batch size is reported as failed).
 [[nodiscard]] Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& batch_sizes,
                                   c10::Device device, const ProbeOptions& options = {},
                                   const ProbeCallback& on_probe = {});

@@ -27,7 +27,7 @@ namespace memgate {
 struct ProbeResult {
   std::int64_t batch_size = 0;
   bool oom = false;          ///< the device ran out of memory; `components` is not filled
-  std::string error;         ///< the out-of-memory message
+  std::string error;         ///< the out-of-memory message, or the failure's
   Components components;
   double seconds = 0.0;      ///< wall time of the whole probe (build, warm-up, measured step)
   double step_seconds = 0.0; ///< wall time of the measured step alone
@@ -54,6 +54,13 @@ struct ProbeResult {
   /// The model's parameter counts where the probe ran in a process of its own that built it (a Python fixture's,
   /// in a Python process): a profile takes them from there. Unset otherwise.
   std::optional<ParamCounts> param_counts;
+  /// The probe failed with another error than an out-of-memory (the model's code raised, an op the device cannot
+  /// run, its process ended), `error` says which: a profile's probe under ProbeOptions::keep_going; `components` is
+  /// not filled.
+  bool failed = false;
+
+  /// Whether the probe has components: it neither ran out of memory nor failed.
+  [[nodiscard]] bool measured() const { return !oom && !failed; }
 
   /// What the step needs on the device beside its components: the library workspaces and the NCCL communicators.
   /// A budget (evaluate_budget) and advise's search add it to the peak they hold to the GPU's usable bytes.
@@ -111,6 +118,9 @@ struct ProbeOptions {
   /// any one collective) and how long any of its processes may go without a heartbeat before the probe is ended as
   /// hung (--rank-timeout, MEMGATE_RANK_TIMEOUT).
   std::chrono::seconds rank_timeout = default_rank_timeout();
+  /// A profile's probes (memgate profile): an error at one batch size is that probe's result (ProbeResult::failed,
+  /// with its message) and the next batch sizes still run. Unset (the gate, advise), the error is thrown.
+  bool keep_going = false;
 };
 
 /// Measures one workload at one batch size in this process: the whole probe on one device, or, with

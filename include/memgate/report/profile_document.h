@@ -17,9 +17,12 @@ namespace memgate {
 struct DocumentProbe {
   std::int64_t batch_size = 0;
   bool oom = false;
-  std::string error;        ///< the out-of-memory message (first line)
-  Components components;    ///< when not `oom`
+  std::string error;        ///< the out-of-memory message, or the failure's (first line)
+  Components components;    ///< when measured()
   double step_seconds = 0.0;
+  bool failed = false;      ///< the probe failed with another error than an out-of-memory (`error`)
+
+  [[nodiscard]] bool measured() const { return !oom && !failed; }
 };
 
 /// One probe an advise search ran for a target.
