@@ -189,8 +189,13 @@ TEST(AdviseCliTest, AdvisesForACapacityAndWritesJson) {
   EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("--gpu, --all-gpus or --capacity-mib"));
   EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 0", &out), 2) << out;
-  EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --gpu no_such_gpu", &out), 3) << out;
-  EXPECT_THAT(out, HasSubstr("no_such_gpu"));
+  // An unknown GPU id is a usage error, with the ids there are.
+  EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --gpu no_such_gpu", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--gpu no_such_gpu"));
+  EXPECT_THAT(out, HasSubstr("known ids: "));
+  EXPECT_THAT(out, HasSubstr("t4_16gb"));
+  EXPECT_EQ(testing::run(cli + " estimate --config " + fixture + " --gpu no_such_gpu", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("t4_16gb"));
   const auto json = dir / "advice.json";
   ASSERT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 8 --effective-batch 64 "
                                "--output " + json, &out), 0) << out;

@@ -21,10 +21,10 @@ namespace memgate {
 struct AdviceTarget {
   std::string id;              ///< `rtx_4090_24gb`, or `capacity`
   std::string name;            ///< `NVIDIA GeForce RTX 4090`, or `1024 MiB`
-  std::int64_t usable_bytes;   ///< what a step may use in the allocator: memory x usable fraction - outside it
+  std::int64_t usable_bytes;   ///< what a step may use in the allocator: GpuSpec::usable_bytes(), or the capacity
 };
 
-/// The usable bytes of a GPU fixture for a step: memory x usable fraction, less the CUDA context and libraries.
+/// A GPU fixture as a target: its usable bytes (GpuSpec::usable_bytes()).
 [[nodiscard]] AdviceTarget target_of(const GpuSpec& gpu);
 
 /// One probe the search ran.
