@@ -68,9 +68,12 @@ ProbeResult probe(const Workload& w, std::int64_t batch, c10::Device device, std
                   std::string_view why) {
   static const AdviseOptions kNone;
   const auto& o = t_options != nullptr ? *t_options : kNone;
-  if (o.on_probe) o.on_probe(fmt::format("{} batch {} {}", w.name, batch, why));
-  if (o.run) return o.run(w, batch, device, cap, o.probe);
-  return cap ? run_probe_capped(w, batch, device, *cap, o.probe) : run_probe(w, batch, device, o.probe);
+  const auto what = fmt::format("{} batch {} {}", w.name, batch, why);
+  if (o.on_probe) o.on_probe(what);
+  auto result = o.run ? o.run(w, batch, device, cap, o.probe)
+                      : cap ? run_probe_capped(w, batch, device, *cap, o.probe) : run_probe(w, batch, device, o.probe);
+  if (o.on_probe_done) o.on_probe_done(what, result);
+  return result;
 }
 
 // The peaks estimates give a workload, batch by batch, computed when first asked for (tens of milliseconds each).
