@@ -38,7 +38,7 @@ const CaseComparison& find(const BenchComparison& c, const std::string& name) {
   throw std::runtime_error("no case " + name);
 }
 
-// The contract of DESIGN.md: 0 ok, 1 the gate or a comparison failed, 2 usage error, 3 any other error.
+// The contract of docs/design.md: 0 ok, 1 the gate or a comparison failed, 2 usage error, 3 any other error.
 TEST(CliTest, ExitCodesFollowTheContract) {
   testing::TempDir dir;
   const std::string cli = MEMGATE_CLI;
