@@ -6,7 +6,7 @@ vit_small_patch16_224, torchvision's resnet50 and resnet18; each at two batch si
 
 - PyTorch, plain: the model built by the fixture's own callable under `torch.device("cuda")`, trained with
   `torch.optim.AdamW(foreach=True)` (what memgate's `optimizer_impl: auto` is on CUDA) through memgate's protocol
-  (DESIGN.md: cuBLAS's handles and workspaces made before anything is counted, params after the build, two eval
+  (docs/design.md and docs/protocol.md: cuBLAS's handles and workspaces made before anything is counted, params after the build, two eval
   no-grad forwards, one warm-up step, one measured step) and read with `torch.cuda.memory_allocated`,
   `max_memory_allocated` and `max_memory_reserved`, the peaks reset where memgate resets them;
 - memgate on the same Python fixture (the same module, measured through memgate's C++ core), and

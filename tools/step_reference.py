@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plain-PyTorch reference for a Python fixture's own training step (issue 57): the fixture's callables run in the
 loop a user writes, measured as tools/timm_reference.py measures (torch.profiler's CPU allocation events, each with
-the allocator's running total), by memgate's protocol (DESIGN.md, "Your own training step"):
+the allocator's running total), by memgate's protocol (docs/fixtures.md, "Your own training step"):
 
   build (seeded 0, under torch.device("cpu")); freeze what `trainable` does not select; the batch, seeded 1 (the
   fixture's `batch:` callable with a torch.Generator seeded 1, or its `inputs` and `target` drawn as memgate draws

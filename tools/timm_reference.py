@@ -6,7 +6,7 @@ protocol of src/measure/train_step.cpp and probe.cpp on the CPU (one thread, one
 LibTorch's own kernels): build, batch, two eval no-grad forwards, warm-up step(s), one measured step (forward,
 backward, torch.optim.AdamW with foreach=False, i.e. memgate's CPU `optimizer_impl: auto`, zero_grad), and reads
 every CPU allocation and free from torch.profiler's allocation events (each carries the allocator's running
-total). Components mean what DESIGN.md's "The measurement protocol" says, in bytes above the allocations that
+total). Components mean what docs/design.md's "The numbers" says, in bytes above the allocations that
 existed before the model was built: params, gradients, optimizer_state, activations, forward_peak, eval_peak
 (absolute: parameters and the batch included), step_peak (absolute).
 

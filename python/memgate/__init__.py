@@ -5,7 +5,7 @@
     result["probes"][0]["components"]["step_peak"]
 
 A fixture with `model: {arch: python, entry: my_models.py:build, ...}` names the callable that builds the module;
-`memgate.profile(build, inputs=..., task=...)` writes one for a callable. memgate runs each probe in a Python process of
+`memgate.profile(build, inputs=..., loss=...)` writes one for a callable (docs/python.md). memgate runs each probe in a Python process of
 its own (this Python, or MEMGATE_PYTHON), where its extension memgate._core drives the module's forward.
 """
 import sys

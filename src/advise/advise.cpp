@@ -68,9 +68,12 @@ ProbeResult probe(const Workload& w, std::int64_t batch, c10::Device device, std
                   std::string_view why) {
   static const AdviseOptions kNone;
   const auto& o = t_options != nullptr ? *t_options : kNone;
-  if (o.on_probe) o.on_probe(fmt::format("{} batch {} {}", w.name, batch, why));
-  if (o.run) return o.run(w, batch, device, cap, o.probe);
-  return cap ? run_probe_capped(w, batch, device, *cap, o.probe) : run_probe(w, batch, device, o.probe);
+  const auto what = fmt::format("{} batch {} {}", w.name, batch, why);
+  if (o.on_probe) o.on_probe(what);
+  auto result = o.run ? o.run(w, batch, device, cap, o.probe)
+                      : cap ? run_probe_capped(w, batch, device, *cap, o.probe) : run_probe(w, batch, device, o.probe);
+  if (o.on_probe_done) o.on_probe_done(what, result);
+  return result;
 }
 
 // The peaks estimates give a workload, batch by batch, computed when first asked for (tens of milliseconds each).
@@ -299,7 +302,7 @@ std::vector<std::pair<VariantAdvice, Workload>> fit_variants(const Workload& wor
 }
 
 AdviceTarget target_of(const GpuSpec& gpu) {
-  return {gpu.id, gpu.name, gpu.allocator_bytes()};
+  return {gpu.id, gpu.name, gpu.usable_bytes()};
 }
 
 Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets, c10::Device device,
@@ -485,7 +488,7 @@ std::string format_advice(const Advice& advice) {
                      "peak = fixed + per sample x batch");
   for (const auto& t : advice.targets) {
     out += fmt::format("{:<34} {:>12} {:>8} {:>10} {:>7}  {} + {} x b{}\n", t.target.name.substr(0, 34),
-                       format_bytes(t.target.usable_bytes),
+                       format_usable(t.target.usable_bytes),
                        t.batch_size ? std::to_string(*t.batch_size) : std::string("none"),
                        t.predicted ? std::to_string(*t.predicted) : std::string("-"), t.probes,
                        format_bytes(std::llround(t.fit.fixed_bytes)),
@@ -611,7 +614,7 @@ std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::
     const auto largest = f.largest == 0 ? std::string("none")
                          : f.capped     ? fmt::format(">={}", f.largest)
                                         : std::to_string(f.largest);
-    fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}", f.target.id, format_mib(f.target.usable_bytes),
+    fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}", f.target.id, format_usable(f.target.usable_bytes),
                    largest, format_mib(f.required_bytes),
                    f.next_required_bytes > 0 ? format_mib(f.next_required_bytes) : std::string("-"));
     if (effective_batch) {

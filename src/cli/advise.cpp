@@ -3,14 +3,20 @@
 
 #include "memgate/base/files.h"
 #include "memgate/base/progress.h"
+#include "memgate/base/units.h"
+#include "memgate/gate/report.h"
 #include "memgate/advise/advise.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/backend/device.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,7 +32,7 @@ Run add_advise(CLI::App& app) {
     std::int64_t capacity_mib = 0;
     std::string device = "auto";
     std::int64_t effective_batch = 0;
-    bool from_estimates = false;
+    bool from_estimates = true;
     std::string output;
     std::string gpus = default_gpus_dir();
     std::string cpu_kernels;
@@ -52,8 +58,9 @@ Run add_advise(CLI::App& app) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   add_cpu_kernels_option(app, o->cpu_kernels);
   add_rank_timeout_option(app, o->rank_timeout);
-  app.add_flag("--from-estimates", o->from_estimates,
-               "Pick each probe from estimates (memgate estimate) scaled by the measured peaks, not from a line");
+  app.add_flag("--from-estimates,!--no-from-estimates", o->from_estimates,
+               "Pick each probe from estimates (memgate estimate) scaled by the measured peaks (the default), or, with "
+               "--no-from-estimates, from the line through the measured peaks");
   app.add_option("--world-size", o->world_size,
                  "A distributed fixture over this many ranks instead of its world_size: the largest micro-batch "
                  "each rank fits")
@@ -71,13 +78,22 @@ Run add_advise(CLI::App& app) {
       "target: one probe at batch 1 predicts it from the affine model of the step's peak, a probe under an\n"
       "allocator cap of the target's usable bytes confirms it, and one more shows that the next batch up does\n"
       "not fit; a wrong prediction is corrected and said. Usable bytes of a GPU fixture: memory x usable_fraction\n"
-      "- outside_allocator_bytes."));
+      "- outside_allocator_mib. A GPU this machine cannot run probes for (no GPU here, or a smaller one) is\n"
+      "answered at once from estimates for CUDA (memgate estimate --gpu), labelled as such, not by probes on the\n"
+      "CPU under a GPU-sized cap; --capacity-mib N probes a cap on any device. Each probe prints a line."));
   return [o] {
     refuse_output_onto_input(o->output, {o->config});
+    // The GPUs first: an unknown id is a usage error, before any work.
+    const auto gpus = gpu_targets(o->gpus, o->gpu, o->all_gpus);
     auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
     set_world_size(fixture, o->world_size, o->config);
     const auto device = memgate::resolve_device(o->device);
-    auto targets = gpu_targets(o->gpus, o->gpu, o->all_gpus);
+    // A GPU target is probed under its cap only on a GPU at least its usable size; elsewhere the probes would be the
+    // CPU's (minutes to hours at a GPU's size, and not CUDA's kernels) or could not reach the cap: the estimate
+    // for CUDA answers it at once instead.
+    const auto here = device.is_cuda() ? memgate::device_total_memory(device) : std::int64_t{0};
+    std::vector<memgate::AdviceTarget> targets, by_estimate;
+    for (const auto& t : gpus) (device.is_cuda() && here >= t.usable_bytes ? targets : by_estimate).push_back(t);
     if (o->capacity_mib > 0) {
       targets.push_back({"capacity", fmt::format("{} MiB", o->capacity_mib), o->capacity_mib << 20});
     }
@@ -88,14 +104,55 @@ Run add_advise(CLI::App& app) {
     memgate::Progress progress;
     std::string item;
     int probes = 0;
-    options.on_probe = [&](std::string_view what) { item = fmt::format("probe {}: {}", ++probes, what); };
+    options.on_probe = [&](std::string_view what) {
+      item = fmt::format("probe {}: {}", ++probes, what);
+      progress.update(item);
+    };
     options.probe.on_phase = [&](std::string_view phase) { progress.update(item, phase); };
+    // Every probe leaves a line: what it was for and what it gave.
+    options.on_probe_done = [&](std::string_view, const memgate::ProbeResult& r) {
+      progress.done(r.oom ? fmt::format("{}: out of memory ({:.1f} s)", item, r.seconds)
+                          : fmt::format("{}: step peak {} ({:.1f} s)", item,
+                                        memgate::format_bytes(std::max(r.components.step_peak_reserved,
+                                                                       r.components.eval_peak) +
+                                                              r.bytes_beside_components()),
+                                        r.seconds));
+    };
     if (o->rank_timeout > 0) options.probe.rank_timeout = std::chrono::seconds(o->rank_timeout);
-    const auto advice = memgate::advise(fixture, targets, device, options);
-    progress.done(fmt::format("{}: {} probes", fixture.name, probes));
-    fmt::print("{}", memgate::format_advice(advice));
+    nlohmann::json json;
+    if (!targets.empty()) {
+      const auto advice = memgate::advise(fixture, targets, device, options);
+      progress.done(fmt::format("{}: {} probes", fixture.name, probes));
+      fmt::print("{}", memgate::format_advice(advice));
+      json = memgate::advice_to_json(advice);
+    } else {
+      json = {{"device", memgate::device_to_json(memgate::describe_device(device))},
+              {"model", {{"name", fixture.name}}},
+              {"total_probes", 0},
+              {"from_estimates", o->from_estimates},
+              {"world_size", fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0},
+              {"targets", nlohmann::json::array()}};
+    }
+    if (!by_estimate.empty()) {
+      const auto why = device.is_cuda() ? fmt::format("this GPU ({}, {}) is smaller than their usable memory",
+                                                      device.str(), memgate::format_bytes(here))
+                                        : std::string("this machine has no GPU to probe on");
+      std::vector<std::string> names;
+      for (const auto& t : by_estimate) names.push_back(t.id);
+      progress.done(fmt::format("{}: answered from estimates for CUDA, no probe ({})", fmt::join(names, ", "), why));
+      const std::optional<std::int64_t> accumulate_to =
+          o->effective_batch > 0 ? std::optional<std::int64_t>(o->effective_batch) : std::nullopt;
+      const auto fits = memgate::largest_batches_by_estimate(fixture, by_estimate, accumulate_to);
+      fmt::print("{}memgate advise: {} on {}, BY ESTIMATE, not measured: {}.\n", targets.empty() ? "" : "\n",
+                 fixture.name, fmt::join(names, ", "), why);
+      fmt::print("{}", memgate::format_estimated_fits(fits, accumulate_to));
+      fmt::print("To confirm it with real steps under the cap, run this command on a machine with that GPU (or a "
+                 "larger one); --capacity-mib N probes a cap of N MiB here.\n");
+      json["largest_batch_by_estimate"] = memgate::estimated_fits_to_json(fits);
+      json["estimated_because"] = why;
+    }
     if (!o->output.empty()) {
-      memgate::write_file_atomically(o->output, memgate::advice_to_json(advice).dump(2) + "\n");
+      memgate::write_file_atomically(o->output, json.dump(2) + "\n");
       fmt::print("\nwrote {}\n", o->output);
     }
     return kOk;

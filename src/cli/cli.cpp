@@ -118,13 +118,26 @@ std::vector<memgate::GpuSpec> gpu_specs(const std::string& dir) {
 }
 
 memgate::GpuSpec gpu_fixture(const std::string& dir, const std::string& id) {
-  return memgate::find_gpu(memgate::load_gpus(dir.empty() ? memgate::gpus_dir(memgate::project_dir()) : dir), id);
+  const auto folder = dir.empty() ? memgate::gpus_dir(memgate::project_dir()) : dir;
+  return gpu_by_id(memgate::load_gpus(folder), id, folder);
+}
+
+const memgate::GpuSpec& gpu_by_id(const std::vector<memgate::GpuSpec>& gpus, const std::string& id,
+                                  const std::string& dir) {
+  for (const auto& g : gpus) {
+    if (g.id == id) return g;
+  }
+  std::vector<std::string> known;
+  for (const auto& g : gpus) known.push_back(g.id);
+  throw UsageError(fmt::format("--gpu {}: no GPU fixture {}/{}.yaml; expected one of the known ids: {}", id, dir, id,
+                               known.empty() ? std::string("(none: the folder has no *.yaml)")
+                                             : fmt::format("{}", fmt::join(known, ", "))));
 }
 
 std::vector<memgate::GpuLine> gpu_lines(const std::string& dir) {
   std::vector<memgate::GpuLine> lines;
   for (const auto& g : gpu_specs(dir)) {
-    lines.push_back({g.id, g.name, g.memory_bytes, g.allocator_bytes()});
+    lines.push_back({g.id, g.name, g.memory_bytes, g.usable_bytes()});
   }
   return lines;
 }

@@ -24,7 +24,7 @@ namespace memgate::cli {
 enum ExitCode : int {
   kOk = 0,
   kFailed = 1,      ///< the gate or a comparison failed
-  kUsageError = 2,  ///< unknown subcommand or flag, missing flag, bad value
+  kUsageError = 2,  ///< unknown subcommand or flag, missing flag, bad value (an unknown --gpu id)
   kError = 3,       ///< anything else: an unreadable or malformed file, a missing fixture, no such device
 };
 
@@ -33,7 +33,7 @@ inline constexpr const char* kExitCodes = R"(exit codes:
   1  the gate or a comparison failed (summary: a regression; bench-compare: slower or grew; compare: grew beyond
      --threshold-pct; estimate --suite: a budget does not fit by estimate; profile: no batch size could be
      measured; replay: a replay of the recorded settings is not exact)
-  2  usage error (unknown subcommand or flag, missing flag, bad value)
+  2  usage error (unknown subcommand or flag, missing flag, bad value, an unknown --gpu id)
   3  any other error (an unreadable or malformed file, a missing fixture, no such device))";
 
 /// A subcommand's --help footer: what it does, then the exit codes.
@@ -113,8 +113,14 @@ std::string default_gpus_dir();
 // The GPU fixtures of `dir`; none when `dir` is "" or not a folder (profile then prints no fits table).
 std::vector<memgate::GpuSpec> gpu_specs(const std::string& dir);
 
-// The GPU fixture `id` of `dir` (the project's when ""); an id without a fixture is an error naming the known ones.
+// The GPU fixture `id` of `dir` (the project's when ""); an id without a fixture is a usage error (exit 2) naming
+// the known ones.
 memgate::GpuSpec gpu_fixture(const std::string& dir, const std::string& id);
+
+// The GPU fixture `id` among `gpus` (loaded from `dir`): an id that names none is a usage error (exit 2), a mistyped
+// --gpu, that names the folder and lists the known ids.
+const memgate::GpuSpec& gpu_by_id(const std::vector<memgate::GpuSpec>& gpus, const std::string& id,
+                                  const std::string& dir);
 
 std::vector<memgate::GpuLine> gpu_lines(const std::string& dir);
 

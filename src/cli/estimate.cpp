@@ -40,8 +40,8 @@ ExitCode check_estimated_budgets(const std::string& suite_path, const std::strin
     // A distributed fixture's budget holds each rank on a GPU of its own: its components are the largest rank's.
     const auto& d = fixture.training.distributed;
     const auto on = d.enabled() ? fmt::format("{} x {}, per rank", d.world_size, gpu.name) : gpu.name;
-    fmt::print("  {:<32} bs {:<4} on {:<34} needs {:>11} of {:>11}  {}\n", budget.fixture, budget.batch_size,
-               on, memgate::format_bytes(check.required), memgate::format_bytes(check.available),
+    fmt::print("  {:<32} bs {:<4} on {:<34} needs {:>11} of {:>11} usable  {}\n", budget.fixture, budget.batch_size,
+               on, memgate::format_bytes(check.required), memgate::format_usable(check.available),
                check.fits() ? "fits [estimate]" : "DOES NOT FIT [estimate]");
   }
   fmt::print("{} of {} budgets fit, by estimate; a GPU runner's memory suite measures them\n",

@@ -40,11 +40,12 @@ bool is_rank_timeout(std::string_view text) { return memgate::parse_rank_timeout
 std::vector<memgate::AdviceTarget> gpu_targets(const std::string& dir, const std::vector<std::string>& ids, bool all) {
   std::vector<memgate::AdviceTarget> targets;
   if (!all && ids.empty()) return targets;
-  const auto gpus = memgate::load_gpus(dir.empty() ? memgate::gpus_dir(memgate::project_dir()) : dir);
+  const auto folder = dir.empty() ? memgate::gpus_dir(memgate::project_dir()) : dir;
+  const auto gpus = memgate::load_gpus(folder);
   if (all) {
     for (const auto& g : gpus) targets.push_back(memgate::target_of(g));
   } else {
-    for (const auto& id : ids) targets.push_back(memgate::target_of(memgate::find_gpu(gpus, id)));
+    for (const auto& id : ids) targets.push_back(memgate::target_of(gpu_by_id(gpus, id, folder)));
   }
   return targets;
 }

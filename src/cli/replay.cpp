@@ -78,8 +78,8 @@ Run add_replay(CLI::App& app) {
       capacity_label = fmt::format("{} MiB", o->capacity_mib);
     } else if (gpu->count() > 0) {
       const auto target = gpu_fixture(o->gpus, o->gpu);
-      capacity_bytes = target.allocator_bytes();
-      capacity_label = fmt::format("{} ({} usable)", o->gpu, memgate::format_bytes(*capacity_bytes));
+      capacity_bytes = target.usable_bytes();
+      capacity_label = fmt::format("{} ({} usable)", o->gpu, memgate::format_usable(*capacity_bytes));
     }
     std::vector<memgate::WhatIfSpec> what_ifs;
     if (capacity_bytes) what_ifs.push_back({"recorded settings on " + capacity_label, std::nullopt, capacity_bytes});

@@ -7,7 +7,7 @@
 namespace memgate {
 
 BudgetCheck check_budget(std::int64_t step_peak_reserved, const GpuSpec& gpu) {
-  return {step_peak_reserved + gpu.outside_allocator_bytes, gpu.usable_bytes()};
+  return {step_peak_reserved, gpu.usable_bytes()};
 }
 
 std::optional<std::int64_t> largest_fitting_batch(const Profile& profile, const GpuSpec& gpu) {

@@ -586,7 +586,7 @@ TrainableSpec parse_trainable(MapReader& r) {
   return t;
 }
 
-// `training.distributed`: strategy and world size, and the strategy's own keys (DESIGN.md; PyTorch's defaults).
+// `training.distributed`: strategy and world size, and the strategy's own keys (docs/design.md; PyTorch's defaults).
 DistributedSpec read_distributed(MapReader& r) {
   DistributedSpec d;
   const auto strategy = r.get_string("strategy", std::nullopt, {"ddp", "fsdp"});

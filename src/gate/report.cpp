@@ -169,11 +169,12 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
     }
   }
   if (!gpus.empty()) {
-    fmt::format_to(out, "\nlargest {} batch size that fits (step_peak_reserved + outside-allocator <= usable):\n",
+    fmt::format_to(out, "\nlargest {} batch size that fits (step_peak_reserved <= usable: memory x usable_fraction - "
+                        "outside the allocator):\n",
                    estimated ? "estimated" : "measured");
     for (const auto& g : gpus) {
       const auto best = largest_fitting_batch(profile, g);
-      fmt::format_to(out, "  {:<28}{:>12} usable  ->  {}\n", g.name, format_mib(g.usable_bytes()),
+      fmt::format_to(out, "  {:<28}{:>12} usable  ->  {}\n", g.name, format_usable(g.usable_bytes()),
                      best ? fmt::format("bs {}", *best)
                           : std::string(estimated ? "none of the estimated" : "none of the measured"));
     }

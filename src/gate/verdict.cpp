@@ -198,14 +198,15 @@ ComponentVerdict evaluate_budget(const Fixture& fixture, const ProbeResult& prob
   v.measured = check.required;
   v.status = check.fits() ? Status::kOk : Status::kOverBudget;
   v.message = fmt::format(
-      "{} at batch {} {} {}{}: needs {} bytes (step_peak_reserved {} + library workspaces {}{} + outside the "
-      "allocator {}), usable {} ({} x {}); {} {} bytes",
+      "{} at batch {} {} {}{}: needs {} bytes (step_peak_reserved {} + library workspaces {}{}), usable {} ({} "
+      "bytes: memory {} x {} - outside the allocator {}); {} {} bytes",
       fixture.name, probe.batch_size, check.fits() ? "fits" : "does not fit", gpu.name,
       probe.ranks.empty() ? "" : ", per rank", check.required, probe.components.step_peak_reserved,
       probe.library_workspace_bytes,
       probe.communicator_bytes > 0 ? fmt::format(" + NCCL communicators {}", probe.communicator_bytes) : "",
-      gpu.outside_allocator_bytes, check.available, gpu.usable_fraction, gpu.memory_bytes,
-      check.fits() ? "headroom" : "over by", check.fits() ? check.headroom() : -check.headroom());
+      format_usable(check.available), check.available, gpu.memory_bytes, gpu.usable_fraction,
+      gpu.outside_allocator_bytes, check.fits() ? "headroom" : "over by",
+      check.fits() ? check.headroom() : -check.headroom());
   return v;
 }
 

@@ -1,5 +1,5 @@
 // The measurement protocol: build on the device, eval forward, warm-up step(s), then one measured step whose
-// forward, backward and optimizer step are read off the allocator (see DESIGN.md, "The measurement protocol").
+// forward, backward and optimizer step are read off the allocator (see docs/design.md, "The protocol").
 #include "memgate/measure/probe.h"
 
 #include "memgate/base/error.h"
@@ -95,7 +95,7 @@ class PeakTracker {
 };
 
 // Reads what a probe reports off the allocator between the parts of the build, the warm-up and the measured
-// step (DESIGN.md): params after the build, eval_peak over the second eval forward, optimizer_state over the
+// step (docs/design.md): params after the build, eval_peak over the second eval forward, optimizer_state over the
 // first warm-up optimizer step; then, in the measured step, activations and forward_peak over the first
 // micro-batch's forward, gradients after backward, and the whole step's peaks.
 class ProbeObserver final : public StepObserver {

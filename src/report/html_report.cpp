@@ -88,7 +88,7 @@ std::string page(const std::string& title, const std::string& body, const HtmlOp
 std::vector<ChartLevel> gpu_levels(const std::vector<GpuLine>& gpus) {
   std::vector<ChartLevel> levels;
   for (const auto& g : gpus) {
-    levels.push_back({fmt::format("{}: {} for the allocator", g.name, format_bytes(g.allocator_bytes)),
+    levels.push_back({fmt::format("{}: {} usable", g.name, format_mib(g.allocator_bytes)),
                       static_cast<double>(g.allocator_bytes)});
   }
   return levels;
@@ -182,12 +182,12 @@ std::string component_table(const ProfileDocument& d) {
 
 std::string fits_table(const std::vector<const ProfileDocument*>& docs, const std::vector<GpuLine>& gpus) {
   if (gpus.empty()) return "";
-  std::string t = "<table class=\"fits\"><tr><th>GPU</th><th>memory</th><th>for the allocator</th>";
+  std::string t = "<table class=\"fits\"><tr><th>GPU</th><th>memory</th><th>usable</th>";
   for (const auto* d : docs) t += fmt::format("<th>{}</th>", escape_html(d->label));
   t += "</tr>";
   for (const auto& g : gpus) {
     t += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td>", escape_html(g.name), format_bytes(g.memory_bytes),
-                     format_bytes(g.allocator_bytes));
+                     format_mib(g.allocator_bytes));
     for (const auto* d : docs) {
       const auto best = largest_fitting_batch(*d, g);
       t += best ? fmt::format("<td>bs {}</td>", *best) : std::string("<td class=\"oom\">none</td>");
@@ -195,7 +195,8 @@ std::string fits_table(const std::vector<const ProfileDocument*>& docs, const st
     t += "</tr>";
   }
   return t + "</table><p class=\"meta\">The largest measured batch size whose step_peak_reserved fits what the "
-             "allocator may hold on each GPU (memory x usable fraction, less the CUDA context and libraries); "
+             "allocator may hold on each GPU, its usable memory (memory x usable fraction, less the CUDA context and "
+             "libraries); "
              "for an advice, the batch it confirmed under that GPU's cap.</p>";
 }
 
@@ -204,7 +205,7 @@ std::string advice_section(const ProfileDocument& d) {
                   "</th><th>peak = fixed + per sample x batch</th><th>accumulation</th></tr>";
   for (const auto& t : d.targets) {
     s += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} + {} x b</td><td>{}</td></tr>",
-                     escape_html(t.name), format_bytes(t.usable_bytes),
+                     escape_html(t.name), format_mib(t.usable_bytes),
                      t.batch_size ? std::to_string(*t.batch_size) : "none", t.predicted ? std::to_string(*t.predicted) : "-",
                      format_bytes(std::llround(t.fixed_bytes)), format_bytes(std::llround(t.per_sample_bytes)),
                      t.effective_batch ? fmt::format("{} = {} x {} steps", *t.effective_batch, t.micro_batch,
@@ -239,7 +240,7 @@ std::string advice_section(const ProfileDocument& d) {
       }
     }
     if (!series.points.empty()) chart.series.push_back(std::move(series));
-    chart.levels.push_back({fmt::format("{}: {} usable", t.name, format_bytes(t.usable_bytes)),
+    chart.levels.push_back({fmt::format("{}: {} usable", t.name, format_mib(t.usable_bytes)),
                             static_cast<double>(t.usable_bytes)});
   }
   if (!chart.series.empty()) s += render_line_chart(chart);

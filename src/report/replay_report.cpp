@@ -1,4 +1,4 @@
-// A replay's results as DESIGN.md's JSON, as text for a terminal, and as an HTML page with its charts.
+// A replay's results as docs/design.md's JSON, as text for a terminal, and as an HTML page with its charts.
 #include "memgate/report/replay_report.h"
 
 #include "memgate/base/units.h"

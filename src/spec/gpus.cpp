@@ -2,6 +2,7 @@
 #include "memgate/spec/gpus.h"
 
 #include "memgate/base/error.h"
+#include "memgate/base/units.h"
 #include "memgate/spec/yaml_reader.h"
 
 #include <algorithm>
@@ -55,8 +56,11 @@ std::string gpus_dir(const std::string& project) {
 }
 
 std::int64_t GpuSpec::usable_bytes() const {
-  return static_cast<std::int64_t>(std::floor(usable_fraction * static_cast<double>(memory_bytes)));
+  return static_cast<std::int64_t>(std::floor(usable_fraction * static_cast<double>(memory_bytes))) -
+         outside_allocator_bytes;
 }
+
+std::string format_usable(std::int64_t usable_bytes) { return format_mib(usable_bytes); }
 
 GpuSpec load_gpu(const std::string& path) {
   auto root = detail::load_yaml_file(path);
@@ -71,6 +75,12 @@ GpuSpec load_gpu(const std::string& path) {
   gpu.outside_allocator_bytes =
       static_cast<std::int64_t>(r.get_double("outside_allocator_mib", 0.0, 0.0, 1 << 20) * (1 << 20));
   (void)r.get_string("note", std::string());
+  if (gpu.usable_bytes() <= 0) {
+    r.fail("outside_allocator_mib",
+           "less than memory_gib x usable_fraction (" + format_bytes(gpu.usable_bytes() + gpu.outside_allocator_bytes) +
+               "), so that some memory is usable",
+           format_bytes(gpu.outside_allocator_bytes));
+  }
   r.finish();
   return gpu;
 }

@@ -418,7 +418,7 @@ TEST_P(BudgetTest, HoldsUnderAllocatorCap) {
   const auto device = ranks > 0 ? c10::Device(c10::DeviceType::CUDA, options.rank_devices.front()) : gpu_for_test();
   const auto fixture = load_fixture(b.fixture_path);
   const auto info = describe_device(device);
-  const auto cap = target.usable_bytes() - target.outside_allocator_bytes;
+  const auto cap = target.usable_bytes();
   ASSERT_GT(info.total_memory, cap) << "this GPU is smaller than " << target.name << ": cannot emulate it";
   const auto fits = run_probe_capped(fixture, b.batch_size, device, cap, options);
   const auto above = run_probe_capped(fixture, 2 * b.batch_size, device, cap, options);

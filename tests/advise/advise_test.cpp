@@ -65,6 +65,7 @@ TEST_P(AdviseTest, AdvisesTheLargestBatchThatRunsUnderTheCap) {
     const AdviceTarget target{"capacity", std::to_string(usable) + " bytes", usable};
     AdviseOptions options;
     options.run = run;
+    options.from_estimates = false;  // the line through the measured peaks; estimates guide it by default (below)
     const auto advice = advise(fixture, {target}, kCpu, options);
     ASSERT_EQ(advice.targets.size(), 1U);
     const auto& t = advice.targets.front();
@@ -198,6 +199,8 @@ TEST(AdviseTest, TheWorkspacesTheAllocatorHoldsCountUnderTheCap) {
   int ran = 0;
   AdviseOptions options;
   options.variants = false;
+  // The probes below are made up, so the real model's estimates say nothing of them: the line's search alone.
+  options.from_estimates = false;
   options.run = [&](const Workload&, std::int64_t batch, c10::Device, std::optional<std::int64_t> cap,
                     const ProbeOptions&) {
     ++ran;

@@ -135,8 +135,12 @@ std::vector<BadInput> catalogue() {
   gpu("memory_text", "name: G\nmemory_gib: lots\n", {"g.yaml", "memory_gib"});
   gpu("usable_above_one", kGpu + "usable_fraction: 1.5\n", {"g.yaml", "usable_fraction"});
   gpu("unknown_key", kGpu + "tdp_watts: 300\n", {"g.yaml", "tdp_watts: unknown key"});
+  gpu("nothing_usable", "name: G\nmemory_gib: 0.5\noutside_allocator_mib: 600\n",
+      {"g.yaml:3: outside_allocator_mib", "less than memory_gib x usable_fraction"});
+  // A --gpu that names no fixture is a usage error (a mistyped flag value), with the ids there are.
   c.push_back({"gpu_unknown_id", {{"tiny.yaml", kFixture}, {"gpus/g.yaml", kGpu}},
-               "advise --config {dir}/tiny.yaml --gpus {dir}/gpus --gpu h100 --device cpu", 3, {"h100"}});
+               "advise --config {dir}/tiny.yaml --gpus {dir}/gpus --gpu h100 --device cpu", 2,
+               {"--gpu h100", "gpus/h100.yaml", "expected one of the known ids: g"}});
   // --- baselines (the measurement never starts: the baseline is read first) ----------------------------------
   auto baseline = [&](std::string name, std::string json, std::vector<std::string> says) {
     c.push_back({"baseline_" + name, {{"tiny.yaml", kFixture}, {"b/cpu/tiny.json", std::move(json)}}, check_baseline(), 3,
@@ -276,12 +280,12 @@ std::vector<BadInput> catalogue() {
          {"unknown allocator setting 'expandable'"});
   replay("capacity_and_gpu", kEmptyTrace, " --capacity-mib 100 --gpu h100", 2, {"--gpu", "--capacity-mib"});
   replay("capacity_zero", kEmptyTrace, " --capacity-mib 0", 2, {"--capacity-mib"});
-  replay("unknown_gpu", kEmptyTrace, " --gpu nope --gpus {dir}", 3, {"nope"});
+  replay("unknown_gpu", kEmptyTrace, " --gpu nope --gpus {dir}", 2, {"--gpu nope", "known ids"});
   replay("output_onto_input", kEmptyTrace, " --output {dir}/s.pickle", 3, {"s.pickle: is also an input"});
   c.push_back({"estimate_effective_batch_without_gpu", {{"tiny.yaml", kFixture}},
                "estimate --config {dir}/tiny.yaml --effective-batch 64", 2, {"--effective-batch", "--gpu"}});
   c.push_back({"estimate_unknown_gpu", {{"tiny.yml", kFixture}},
-               "estimate --config {dir}/tiny.yml --gpu nope --gpus {dir}", 3, {"nope"}});
+               "estimate --config {dir}/tiny.yml --gpu nope --gpus {dir}", 2, {"--gpu nope", "known ids"}});
   c.push_back({"replay_missing_file", {}, "replay {dir}/nothing.pickle", 3, {"nothing.pickle"}});
   c.push_back({"summary_html_onto_results", {{"r.jsonl", kRow + "\n"}},
                "summary --results {dir}/r.jsonl --html {dir}/r.jsonl", 3, {"r.jsonl: is also an input"}});

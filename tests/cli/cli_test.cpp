@@ -40,7 +40,7 @@ const CaseComparison& find(const BenchComparison& c, const std::string& name) {
   throw std::runtime_error("no case " + name);
 }
 
-// The contract of DESIGN.md: 0 ok, 1 the gate or a comparison failed, 2 usage error, 3 any other error.
+// The contract of docs/design.md: 0 ok, 1 the gate or a comparison failed, 2 usage error, 3 any other error.
 TEST(CliTest, ExitCodesFollowTheContract) {
   testing::TempDir dir;
   const std::string cli = MEMGATE_CLI;
@@ -191,8 +191,13 @@ TEST(AdviseCliTest, AdvisesForACapacityAndWritesJson) {
   EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("--gpu, --all-gpus or --capacity-mib"));
   EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 0", &out), 2) << out;
-  EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --gpu no_such_gpu", &out), 3) << out;
-  EXPECT_THAT(out, HasSubstr("no_such_gpu"));
+  // An unknown GPU id is a usage error, with the ids there are.
+  EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --gpu no_such_gpu", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--gpu no_such_gpu"));
+  EXPECT_THAT(out, HasSubstr("known ids: "));
+  EXPECT_THAT(out, HasSubstr("t4_16gb"));
+  EXPECT_EQ(testing::run(cli + " estimate --config " + fixture + " --gpu no_such_gpu", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("t4_16gb"));
   const auto json = dir / "advice.json";
   ASSERT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 8 --effective-batch 64 "
                                "--output " + json, &out), 0) << out;
@@ -204,14 +209,74 @@ TEST(AdviseCliTest, AdvisesForACapacityAndWritesJson) {
   EXPECT_GE(target["probes"].get<int>(), 3);
   EXPECT_EQ(target["accumulation"]["micro_batch"].get<int>() * target["accumulation"]["steps"].get<int>(), 64);
   EXPECT_TRUE(target["trials"].back()["fits"].is_boolean());
-  EXPECT_FALSE(advice["from_estimates"].get<bool>());
-  // Picked from estimates: the same batch, said so.
-  ASSERT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 8 --from-estimates "
-                               "--output " + json, &out), 0) << out;
+  // Picked from estimates by default, said so.
+  EXPECT_TRUE(advice["from_estimates"].get<bool>());
   EXPECT_THAT(out, HasSubstr("Predictions came from estimates"));
-  const auto guided = nlohmann::json::parse(testing::read_file(json));
-  EXPECT_TRUE(guided["from_estimates"].get<bool>());
-  EXPECT_EQ(guided["targets"][0]["batch_size"], target["batch_size"]);
+  // From the line through the measured peaks when asked: the same batch.
+  ASSERT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 8 --no-from-estimates "
+                               "--output " + json, &out), 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("Predictions came from estimates")));
+  const auto line = nlohmann::json::parse(testing::read_file(json));
+  EXPECT_FALSE(line["from_estimates"].get<bool>());
+  EXPECT_EQ(line["targets"][0]["batch_size"], target["batch_size"]);
+}
+
+// A GPU this machine cannot probe for (here: the CPU) is answered at once from estimates for CUDA, labelled so, with
+// no probe at all: the answer `memgate estimate --gpu` gives (issue 58: it probed a T4-sized cap on the CPU for 10
+// minutes, printing nothing).
+TEST(AdviseCliTest, AGpuThisMachineDoesNotHaveIsAnsweredFromEstimates) {
+  testing::TempDir dir;
+  const std::string cli = MEMGATE_CLI;
+  const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
+  std::string out;
+  const auto json = dir / "advice.json", estimate = dir / "estimate.json";
+  ASSERT_EQ(testing::run("MEMGATE_PROGRESS=1 " + cli + " advise --config " + fixture + " --device cpu --gpu t4_16gb "
+                         "--gpu rtx_3070_8gb --output " + json, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("vit_tiny_lora on t4_16gb, rtx_3070_8gb, BY ESTIMATE, not measured: this machine has no "
+                             "GPU to probe on"));
+  EXPECT_THAT(out, HasSubstr("answered from estimates for CUDA, no probe"));
+  EXPECT_THAT(out, HasSubstr("run this command on a machine with that GPU"));
+  EXPECT_THAT(out, Not(HasSubstr("] probe "))) << "no probe ran";
+  const auto advice = nlohmann::json::parse(testing::read_file(json));
+  EXPECT_EQ(advice["total_probes"], 0);
+  EXPECT_TRUE(advice["targets"].empty());
+  EXPECT_EQ(advice["estimated_because"], "this machine has no GPU to probe on");
+  // The estimate's own answer, batch for batch.
+  ASSERT_EQ(testing::run(cli + " estimate --config " + fixture + " --batch-sizes 1 --gpu t4_16gb --gpu rtx_3070_8gb "
+                         "--output " + estimate, &out), 0) << out;
+  const auto expected = nlohmann::json::parse(testing::read_file(estimate))["largest_batch_by_estimate"];
+  ASSERT_EQ(advice["largest_batch_by_estimate"].size(), 2U) << advice.dump(2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto& got = advice["largest_batch_by_estimate"][i];
+    EXPECT_EQ(got["gpu"], expected[i]["gpu"]);
+    EXPECT_EQ(got["largest_batch"], expected[i]["largest_batch"]) << got;
+    EXPECT_TRUE(got["estimated"].get<bool>());
+    EXPECT_GT(got["largest_batch"].get<int>(), 0) << got;
+  }
+}
+
+// Beside a capacity (probed on this CPU), a GPU target is still answered from estimates, and every probe the capacity
+// runs prints a line on stderr saying what it was for and what it gave.
+TEST(AdviseCliTest, EveryProbePrintsALine) {
+  testing::TempDir dir;
+  const std::string cli = MEMGATE_CLI;
+  const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
+  std::string out;
+  const auto json = dir / "advice.json";
+  ASSERT_EQ(testing::run("MEMGATE_PROGRESS=1 " + cli + " advise --config " + fixture + " --device cpu --gpu t4_16gb "
+                         "--capacity-mib 8 --output " + json, &out), 0) << out;
+  const auto advice = nlohmann::json::parse(testing::read_file(json));
+  ASSERT_EQ(advice["targets"].size(), 1U) << "the capacity is probed, the GPU is not";
+  EXPECT_EQ(advice["targets"][0]["id"], "capacity");
+  EXPECT_EQ(advice["largest_batch_by_estimate"][0]["gpu"], "t4_16gb");
+  const int total = advice["total_probes"].get<int>();
+  ASSERT_GE(total, 3);
+  for (int n = 1; n <= total; ++n) {
+    EXPECT_THAT(out, ::testing::ContainsRegex(fmt::format(R"(\[memgate\] probe {}: vit_tiny_lora batch [0-9]+ .*: )"
+                                                          R"((step peak [0-9.]+ [KMG]?i?B|out of memory) \()", n)))
+        << "probe " << n << " of " << total << " printed no line:\n" << out;
+  }
+  EXPECT_THAT(out, Not(HasSubstr(fmt::format("probe {}:", total + 1))));
 }
 
 TEST(BenchCompareCliTest, ConvertNeverOverwritesItsInput) {

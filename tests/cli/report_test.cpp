@@ -61,7 +61,7 @@ TEST(ReportCliTest, ComparesVariantsSideBySideAndGatesOnAThreshold) {
   EXPECT_THAT(out, HasSubstr("is also an input"));
 }
 
-// A real GPU trace (tests/data/snapshots): exact, its JSON as DESIGN.md gives it, a what-if on a capacity, the plot.
+// A real GPU trace (tests/data/snapshots): exact, its JSON as docs/design.md gives it, a what-if on a capacity, the plot.
 TEST(ReportCliTest, ReplaysARealGpuTraceAndAsksWhatIf) {
   testing::TempDir dir;
   std::string out;

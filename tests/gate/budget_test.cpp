@@ -22,10 +22,12 @@ GpuSpec gpu(double gib, double fraction, std::int64_t outside) {
   return g;
 }
 
-TEST(BudgetTest, FitsWhenReservedPlusOutsideIsWithinTheUsableFraction) {
-  const auto g = gpu(24, 0.90, 512 * kMiB);  // usable 21.6 GiB
-  EXPECT_EQ(g.usable_bytes(), static_cast<std::int64_t>(0.9 * 24 * static_cast<double>(kGiB)));
-  const auto edge = g.usable_bytes() - 512 * kMiB;
+TEST(BudgetTest, FitsWhenReservedIsWithinTheUsableMemory) {
+  // Usable: memory x usable_fraction - outside the allocator, the one definition every output prints.
+  const auto g = gpu(24, 0.90, 512 * kMiB);
+  EXPECT_EQ(g.usable_bytes(), static_cast<std::int64_t>(0.9 * 24 * static_cast<double>(kGiB)) - 512 * kMiB);
+  EXPECT_EQ(format_usable(g.usable_bytes()), "21606.4 MiB");
+  const auto edge = static_cast<std::int64_t>(0.9 * 24 * static_cast<double>(kGiB)) - 512 * kMiB;
   EXPECT_TRUE(check_budget(edge, g).fits());
   EXPECT_EQ(check_budget(edge, g).headroom(), 0);
   EXPECT_FALSE(check_budget(edge + 1, g).fits());
@@ -56,6 +58,18 @@ TEST(BudgetTest, CommittedGpuFixturesLoad) {
     EXPECT_LE(g.usable_fraction, 1.0) << g.id;
   }
   EXPECT_THROW((void)find_gpu(gpus, "tpu"), Error);
+}
+
+TEST(BudgetTest, AGpuWithNoUsableMemoryIsRefusedNamingTheKey) {
+  testing::TempDir dir;
+  testing::write_file(dir / "small.yaml", "name: X\nmemory_gib: 1\nusable_fraction: 0.5\noutside_allocator_mib: 600\n");
+  try {
+    (void)load_gpu(dir / "small.yaml");
+    FAIL() << "a GPU whose allowance outside the allocator exceeds its usable fraction loaded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("small.yaml:4: outside_allocator_mib"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("less than memory_gib x usable_fraction"));
+  }
 }
 
 TEST(BudgetTest, BadGpuFixtureNamesTheKey) {

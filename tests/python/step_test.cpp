@@ -1,4 +1,4 @@
-// A Python fixture's own training step (issue 57; DESIGN.md, "Your own training step"): its batch callable, its
+// A Python fixture's own training step (issue 57; docs/fixtures.md, "Your own training step"): its batch callable, its
 // compute_loss, inputs passed as keywords and filled, a loss with its target, torch.optim optimizers made from a class
 // or a callable and stepped in Python, clipping, an EMA copy (timm's ModelEmaV3 in the reference). Each pattern's fixture (fixtures/models/py_step_*.yaml) is measured by
 // memgate and by tools/step_reference.py, which runs the same callables in the loop a user writes with plain PyTorch

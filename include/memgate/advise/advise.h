@@ -21,10 +21,10 @@ namespace memgate {
 struct AdviceTarget {
   std::string id;              ///< `rtx_4090_24gb`, or `capacity`
   std::string name;            ///< `NVIDIA GeForce RTX 4090`, or `1024 MiB`
-  std::int64_t usable_bytes;   ///< what a step may use in the allocator: memory x usable fraction - outside it
+  std::int64_t usable_bytes;   ///< what a step may use in the allocator: GpuSpec::usable_bytes(), or the capacity
 };
 
-/// The usable bytes of a GPU fixture for a step: memory x usable fraction, less the CUDA context and libraries.
+/// A GPU fixture as a target: its usable bytes (GpuSpec::usable_bytes()).
 [[nodiscard]] AdviceTarget target_of(const GpuSpec& gpu);
 
 /// One probe the search ran.
@@ -106,8 +106,11 @@ struct AdviseOptions {
   /// Pick each probe from estimates (memgate estimate: the protocol on the Meta device, for the probes' kind of
   /// device) scaled by the nearest measured peak, instead of from the line through the measured peaks: the
   /// estimate knows where the peak is not affine in the batch (an optimizer step that dominates small batches).
-  /// Every answer is still confirmed by real probes under the cap.
-  bool from_estimates = false;
+  /// Every answer is still confirmed by real probes under the cap. On by default (issue 58: the line through
+  /// batches 1 and 2 predicted 4,093 where the answer was 40); off, the line alone picks them.
+  bool from_estimates = true;
+  /// Told after each probe what it was for (as on_probe) and what it gave: a progress line per probe.
+  std::function<void(std::string_view probe, const ProbeResult& result)> on_probe_done;
   /// Runs each probe of the search: run_probe, or run_probe_capped where `cap` is given (unset: those). A probe gives
   /// the same bytes each time it runs, so a caller that runs the same probes elsewhere too (a test's exhaustive search
   /// under the same cap) may give one that runs each distinct probe once.

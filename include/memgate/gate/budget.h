@@ -11,10 +11,11 @@
 
 namespace memgate {
 
-/// The arithmetic of a budget: required = step_peak_reserved + outside_allocator; fits when required <= usable.
+/// The arithmetic of a budget: fits when what the step needs inside the allocator (step_peak_reserved, and what
+/// the caller adds beside it) is at most the GPU's usable bytes (memory x usable_fraction - outside the allocator).
 struct BudgetCheck {
-  std::int64_t required = 0;   ///< bytes the step needs on the GPU
-  std::int64_t available = 0;  ///< usable bytes of the GPU
+  std::int64_t required = 0;   ///< bytes the step needs inside the caching allocator
+  std::int64_t available = 0;  ///< GpuSpec::usable_bytes()
   [[nodiscard]] bool fits() const { return required <= available; }
   /// available - required (negative when over budget).
   [[nodiscard]] std::int64_t headroom() const { return available - required; }

@@ -16,12 +16,14 @@ struct GpuSpec {
   std::int64_t memory_bytes = 0;       ///< total memory as CUDA reports it
   double usable_fraction = 0.90;       ///< share of memory a training run may plan to use (headroom)
   std::int64_t outside_allocator_bytes = 0;  ///< CUDA context and libraries, outside the caching allocator
-  /// usable_fraction x memory.
+  /// The GPU's usable memory, the one definition every output prints (docs/design.md): memory x usable_fraction
+  /// less what lives outside the caching allocator, i.e. what the allocator may hold. A step fits when what it
+  /// needs inside the allocator (step_peak_reserved and the library workspaces) is at most this.
   [[nodiscard]] std::int64_t usable_bytes() const;
-  /// What the caching allocator may reserve: usable_bytes() less what lives outside it (the target advice and
-  /// reports plan against).
-  [[nodiscard]] std::int64_t allocator_bytes() const { return usable_bytes() - outside_allocator_bytes; }
 };
+
+/// A GPU's usable memory as every output prints it: "12984.4 MiB" (format_mib: a budget's headroom is MiB-sized).
+[[nodiscard]] std::string format_usable(std::int64_t usable_bytes);
 
 /// Loads one GPU fixture; bad input throws memgate::Error with file, key and line.
 [[nodiscard]] GpuSpec load_gpu(const std::string& path);
