@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timm_reference import allocation_events, exit_fast  # noqa: E402
+from timm_reference import allocation_events, exit_fast, phase_window, protocol_components  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
           "int32": torch.int32, "bool": torch.bool}
@@ -237,38 +237,9 @@ def run_probe(fx: Fixture, batch_size: int, warmup_steps: int = 1, timeline_out=
     if timeline_out is not None:
         for t, size, total, op, phase in events:
             print(f"{phase}\t{size}\t{total}\t{op}", file=timeline_out)
-
-    def window(prefix: str):
-        idx = [i for i, e in enumerate(events) if e[4].startswith(prefix)]
-        if not idx:
-            raise RuntimeError(f"no allocation in phase {prefix}")
-        first, last = idx[0], idx[-1]
-        before = events[first][2] - events[first][1]
-        peak = max([before] + [events[i][2] for i in range(first, last + 1)])
-        return before, events[last][2], peak
-
-    base = events[0][2] - events[0][1]
-    _, built, _ = window("build")
-    _, _, eval_peak = window("eval1")
-    _, before_opt0, _ = window("warmup0:backward")
-    _, after_opt0, _ = window("warmup0:optimizer")
-    before_step, after_fwd, fwd_peak = window("measured:forward")
-    _, after_bwd, _ = window("measured:backward")
-    phases = [p for p in ("forward", "backward", "optimizer", "zero_grad")
-              if any(e[4] == f"measured:{p}" for e in events)]
-    step_peak = max(window(f"measured:{p}")[2] for p in phases)
-    out = {
-        "batch_size": batch_size,
-        "params": built - base,
-        "gradients": after_bwd - before_step,
-        "optimizer_state": after_opt0 - before_opt0,
-        "activations": after_fwd - before_step,
-        "forward_peak": fwd_peak - before_step,
-        "eval_peak": eval_peak - base,
-        "step_peak": step_peak - base,
-    }
+    out = {"batch_size": batch_size, **protocol_components(events)}
     if fx.ema_decay:
-        before_ema, after_ema, _ = window("ema")
+        before_ema, after_ema, _ = phase_window(events, "ema")
         out["ema"] = after_ema - before_ema
     return out
 

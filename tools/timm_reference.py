@@ -206,19 +206,31 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=No
     if timeline_out is not None:
         for t, size, total, op, phase in events:
             print(f"{phase}\t{size}\t{total}\t{op}", file=timeline_out)
+    result = extra(model) if extra is not None else {}
+    return {**result, "batch_size": batch_size,
+            **protocol_components(events, "wrap" if params_after_wrap else "build")}
 
+
+def phase_window(events, prefix: str):
+    """(level before, level after, peak) over the phases whose name starts with prefix."""
+    idx = [i for i, e in enumerate(events) if e[4].startswith(prefix)]
+    if not idx:
+        raise RuntimeError(f"no allocation in phase {prefix}")
+    first, last = idx[0], idx[-1]
+    before = events[first][2] - events[first][1]
+    peak = max([before] + [events[i][2] for i in range(first, last + 1)])
+    return before, events[last][2], peak
+
+
+def protocol_components(events, build_phase: str = "build") -> dict:
+    """memgate's components from a probe's allocation events, read where its protocol reads them: params after
+    `build_phase`, eval_peak over the second eval pass, optimizer_state over the first warm-up optimizer step,
+    activations, forward_peak and gradients in the measured step, step_peak over it (absolute ones above the base)."""
     def window(prefix: str):
-        """(level before, level after, peak) over the phases whose name starts with prefix."""
-        idx = [i for i, e in enumerate(events) if e[4].startswith(prefix)]
-        if not idx:
-            raise RuntimeError(f"no allocation in phase {prefix}")
-        first, last = idx[0], idx[-1]
-        before = events[first][2] - events[first][1]
-        peak = max([before] + [events[i][2] for i in range(first, last + 1)])
-        return before, events[last][2], peak
+        return phase_window(events, prefix)
 
     base = events[0][2] - events[0][1]
-    _, built, _ = window("wrap" if params_after_wrap else "build")
+    _, built, _ = window(build_phase)
     _, _, eval_peak = window("eval1")
     _, before_opt0, _ = window("warmup0:backward")
     _, after_opt0, _ = window("warmup0:optimizer")
@@ -228,10 +240,7 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=No
     phases = [p for p in ("forward", "backward", "optimizer", "zero_grad")
               if any(e[4] == f"measured:{p}" for e in events)]
     step_peak = max(window(f"measured:{p}")[2] for p in phases)
-    result = extra(model) if extra is not None else {}
     return {
-        **result,
-        "batch_size": batch_size,
         "params": built - base,
         "gradients": after_bwd - before_step,
         "optimizer_state": after_opt0 - before_opt0,

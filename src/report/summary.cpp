@@ -5,6 +5,7 @@
 #include "memgate/base/units.h"
 #include "memgate/base/enum_names.h"
 #include "memgate/base/status.h"
+#include "memgate/report/svg_chart.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -48,13 +49,7 @@ std::optional<std::int64_t> optional_int(const nlohmann::json& row, const std::s
   return row[key].get<std::int64_t>();
 }
 
-Row parse_row(const std::string& line, const std::string& at) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::exception&) {
-    throw Error(at + ": not a JSON object");
-  }
+Row row_from_json(const nlohmann::json& j, const std::string& at) {
   if (!j.is_object()) throw Error(at + ": not a JSON object");
   Row r;
   r.device = need_string(j, at, "device");
@@ -74,6 +69,16 @@ Row parse_row(const std::string& line, const std::string& at) {
     throw Error(at + ": `baseline` and `measured`: expected both or neither");
   }
   return r;
+}
+
+Row parse_row(const std::string& line, const std::string& at) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception&) {
+    throw Error(at + ": not a JSON object");
+  }
+  return row_from_json(j, at);
 }
 
 std::string status_cell(Status s) {
@@ -119,7 +124,7 @@ Summary summarize(const Rows& rows);
 Summary summarize_result_rows(const std::vector<nlohmann::json>& rows) {
   Rows by_fixture;
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    auto r = parse_row(rows[i].dump(), fmt::format("result {}", i + 1));
+    auto r = row_from_json(rows[i], fmt::format("result {}", i + 1));
     by_fixture[r.device + " / " + r.fixture][{r.batch_size, r.component}] = std::move(r);
   }
   if (by_fixture.empty()) throw Error("no results: nothing was judged");
@@ -243,24 +248,15 @@ Summary summarize(const Rows& rows) {
 
 namespace {
 
-// Text as XML character data or an attribute value: the five entities escaped, control characters XML 1.0 cannot
-// hold (all but tab, newline and carriage return) dropped.
+// Text as XML character data or an attribute value: HTML's escaping (its five entities are XML's), without the control
+// characters XML 1.0 cannot hold (all but tab, newline and carriage return).
 std::string xml_escaped(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
+  std::string kept;
+  kept.reserve(text.size());
   for (const char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r') continue;
-        out += c;
-    }
+    if (static_cast<unsigned char>(c) >= 0x20 || c == '\t' || c == '\n' || c == '\r') kept += c;
   }
-  return out;
+  return escape_html(kept);
 }
 
 }  // namespace
@@ -273,7 +269,7 @@ std::string render_junit(const std::vector<nlohmann::json>& rows, const std::vec
   std::map<std::string, std::vector<Case>> suites;  // fixture -> its cases, in the order judged
   std::size_t failures = 0, skipped = 0;
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    const auto r = parse_row(rows[i].dump(), fmt::format("result {}", i + 1));
+    const auto r = row_from_json(rows[i], fmt::format("result {}", i + 1));
     Case c{fmt::format("{}_bs{}_{}", r.fixture, r.batch_size, r.component), std::string(name_of(kStatusNames, r.status)),
            rows[i].value("message", std::string())};
     c.failed = fails(r.status, strict);

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace memgate {
@@ -295,37 +296,50 @@ TEST(ClipGradNormTest, ClippingAZooModelAddsOnlyItsScalarsToTheStep) {
   EXPECT_LE(b.components.step_peak - a.components.step_peak, 4 * (2 * tensors + 8));
 }
 
-// The zoo's clipping is torch's, to the byte: vit_tiny_lora with max_grad_norm equals its timm twin with it (a Python
-// fixture whose clipping is memgate's C++ too), and that twin equals the plain-PyTorch loop calling
-// torch.nn.utils.clip_grad_norm_ (tools/step_reference.py).
-TEST(ClipGradNormTest, TheZoosClippingAllocatesWhatTorchsClipGradNormDoes) {
-  testing::TempDir dir;
+// vit_tiny_lora and its timm twin (py_vit_tiny_lora_timm, a Python fixture) with `training_line` added to their
+// training sections, written to `dir` as <name>_<suffix>.yaml: the twin's path and the zoo fixture.
+std::pair<std::string, Fixture> zoo_and_twin_with(const testing::TempDir& dir, const std::string& training_line,
+                                                  const std::string& suffix) {
   const auto models = testing::source_dir() + "/fixtures/models/";
   for (const auto* name : {"py_vit_tiny_lora_timm", "vit_tiny_lora"}) {
     auto text = read_text_file(models + name + std::string(".yaml"), "a fixture");
-    text.replace(text.find("  precision: fp32\n"), 18, "  precision: fp32\n  max_grad_norm: 0.5\n");
+    text.replace(text.find("  precision: fp32\n"), 18, "  precision: fp32\n" + training_line);
     if (const auto at = text.find("entry: python/"); at != std::string::npos) text.replace(at, 14, "entry: " + models + "python/");
-    write_file_atomically(dir / (std::string(name) + "_clip.yaml"), text);
+    write_file_atomically(dir / (std::string(name) + "_" + suffix + ".yaml"), text);
   }
-  const auto python_path = dir / "py_vit_tiny_lora_timm_clip.yaml";
-  const auto python = load_fixture(python_path);
-  const auto zoo = load_fixture(dir / "vit_tiny_lora_clip.yaml");
-  ASSERT_EQ(zoo.training.max_grad_norm, 0.5);
+  return {dir / ("py_vit_tiny_lora_timm_" + suffix + ".yaml"), load_fixture(dir / ("vit_tiny_lora_" + suffix + ".yaml"))};
+}
+
+// At batches 1 and 4: the twin equals the plain-PyTorch loop running its callables (tools/step_reference.py), and the
+// zoo equals the twin, on every component the reference reports (`ema` exactly where the zoo keeps an EMA copy).
+void expect_zoo_twin_and_torch_agree(const std::string& twin_path, const Fixture& zoo) {
+  const auto python = load_fixture(twin_path);
   const std::vector<std::int64_t> batches{1, 4};
-  const auto ref = reference(python_path, batches);
+  const auto ref = reference(twin_path, batches);
   ASSERT_EQ(ref.size(), batches.size());
   for (std::size_t i = 0; i < batches.size(); ++i) {
     const auto p = run_probe(python, batches[i], kCpu);
     const auto z = run_probe(zoo, batches[i], kCpu);
     ASSERT_FALSE(p.oom || z.oom) << p.error << z.error;
+    ASSERT_EQ(ref[i].contains("ema"), zoo.training.ema_decay > 0.0);
     for (const auto* c : kCompared) {
-      if (!ref[i].contains(c)) continue;  // `ema`: this fixture keeps none
+      if (!ref[i].contains(c)) continue;  // `ema`: the fixture keeps none
       EXPECT_EQ(p.components.get(c), ref[i].at(c).get<std::int64_t>()) << "the twin against torch at batch "
                                                                         << batches[i] << ": " << c;
       EXPECT_EQ(z.components.get(c), p.components.get(c)) << "the zoo against its twin at batch " << batches[i] << ": "
                                                            << c;
     }
   }
+}
+
+// The zoo's clipping is torch's, to the byte: vit_tiny_lora with max_grad_norm equals its timm twin with it (a Python
+// fixture whose clipping is memgate's C++ too), and that twin equals the plain-PyTorch loop calling
+// torch.nn.utils.clip_grad_norm_ (tools/step_reference.py).
+TEST(ClipGradNormTest, TheZoosClippingAllocatesWhatTorchsClipGradNormDoes) {
+  testing::TempDir dir;
+  const auto [twin, zoo] = zoo_and_twin_with(dir, "  max_grad_norm: 0.5\n", "clip");
+  ASSERT_EQ(zoo.training.max_grad_norm, 0.5);
+  expect_zoo_twin_and_torch_agree(twin, zoo);
 }
 
 // --- An EMA copy on the zoo: a clone of every parameter and buffer, in every peak ---------------------------------
@@ -355,32 +369,9 @@ TEST(EmaTest, AZooModelsEmaCopyIsItsParametersAgainAndInEveryPeak) {
 // copy is copy.deepcopy of the module), and that twin equals the plain-PyTorch loop with timm's own ModelEmaV3.
 TEST(EmaTest, TheZoosEmaAllocatesWhatTimmsModelEmaV3Does) {
   testing::TempDir dir;
-  const auto models = testing::source_dir() + "/fixtures/models/";
-  for (const auto* name : {"py_vit_tiny_lora_timm", "vit_tiny_lora"}) {
-    auto text = read_text_file(models + name + std::string(".yaml"), "a fixture");
-    text.replace(text.find("  precision: fp32\n"), 18, "  precision: fp32\n  ema: {decay: 0.9998}\n");
-    if (const auto at = text.find("entry: python/"); at != std::string::npos) text.replace(at, 14, "entry: " + models + "python/");
-    write_file_atomically(dir / (std::string(name) + "_ema.yaml"), text);
-  }
-  const auto python_path = dir / "py_vit_tiny_lora_timm_ema.yaml";
-  const auto python = load_fixture(python_path);
-  const auto zoo = load_fixture(dir / "vit_tiny_lora_ema.yaml");
+  const auto [twin, zoo] = zoo_and_twin_with(dir, "  ema: {decay: 0.9998}\n", "ema");
   ASSERT_EQ(zoo.training.ema_decay, 0.9998);
-  const std::vector<std::int64_t> batches{1, 4};
-  const auto ref = reference(python_path, batches);
-  ASSERT_EQ(ref.size(), batches.size());
-  for (std::size_t i = 0; i < batches.size(); ++i) {
-    const auto p = run_probe(python, batches[i], kCpu);
-    const auto z = run_probe(zoo, batches[i], kCpu);
-    ASSERT_FALSE(p.oom || z.oom) << p.error << z.error;
-    ASSERT_TRUE(ref[i].contains("ema"));
-    for (const auto* c : kCompared) {
-      EXPECT_EQ(p.components.get(c), ref[i].at(c).get<std::int64_t>()) << "the twin against torch at batch "
-                                                                        << batches[i] << ": " << c;
-      EXPECT_EQ(z.components.get(c), p.components.get(c)) << "the zoo against its twin at batch " << batches[i] << ": "
-                                                           << c;
-    }
-  }
+  expect_zoo_twin_and_torch_agree(twin, zoo);
 }
 
 // copy.deepcopy of a module on the CPU: a buffer's copy is made by torch.UntypedStorage, which takes LibTorch's default
