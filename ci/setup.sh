@@ -52,9 +52,10 @@ fi
 # The libraries the Python fixtures' models come from (tests and the CPU suite), pinned beside torch so that pip keeps
 # torch as it is; PyYAML for tools/corpus.py, the references and the pytest plugin, which read fixtures; pytest for the
 # plugin's own test (tests/python/pytest_plugin_test.py); check-jsonschema lints ci/github/'s workflows
-# (tests/ci/workflow_lint_test.py).
+# (tests/ci/workflow_lint_test.py); scikit-build-core is pip's build backend for memgate (tests/ci/prerequisites_test.py
+# runs it).
 py_deps=("torchvision==0.26.0" "timm==1.0.31" "peft==0.21.2" "transformers==5.24.0" "pyyaml==6.0.4" "pytest==9.2.0"
-         "check-jsonschema==0.39.0")
+         "check-jsonschema==0.39.0" "scikit-build-core==0.11.6")
 if "$venv/bin/python" - "${py_deps[@]}" <<'PY' 2>/dev/null; then
 import importlib.metadata as m, sys
 sys.exit(0 if all(m.version(d.split("==")[0]) == d.split("==")[1] for d in sys.argv[1:]) else 1)

@@ -1,39 +1,117 @@
-# Finds every dependency of memgate, in one place. A missing one stops configure with one message that says
-# which and how to get it.
+# Finds every dependency of memgate, in one place. What is missing stops configure with one message that names each
+# missing prerequisite and the one command that installs them all.
 
-# Stops configure naming the missing dependency and the command that installs it.
-function(memgate_missing what how)
-  message(FATAL_ERROR
-    "memgate: ${what} was not found.\n"
-    "  ${how}\n"
-    "  On a fresh machine `ci/setup.sh` installs every dependency of memgate.")
+# memgate_missing(<what> [DEBIAN <packages...>] [HOW <line>]): a prerequisite that was not found: its Debian/Ubuntu
+# packages, or the line that installs it otherwise. memgate_stop_if_missing() says them all at once.
+function(memgate_missing what)
+  cmake_parse_arguments(ARG "" "HOW" "DEBIAN" ${ARGN})
+  set_property(GLOBAL APPEND PROPERTY MEMGATE_MISSING "${what}")
+  set_property(GLOBAL APPEND PROPERTY MEMGATE_MISSING_DEBIAN ${ARG_DEBIAN})
+  if(ARG_HOW)
+    set_property(GLOBAL APPEND PROPERTY MEMGATE_MISSING_HOW "${ARG_HOW}")
+  endif()
 endfunction()
+
+function(memgate_stop_if_missing)
+  get_property(missing GLOBAL PROPERTY MEMGATE_MISSING)
+  if(NOT missing)
+    return()
+  endif()
+  get_property(debian GLOBAL PROPERTY MEMGATE_MISSING_DEBIAN)
+  get_property(how GLOBAL PROPERTY MEMGATE_MISSING_HOW)
+  list(JOIN missing "\n  - " missing)
+  set(text "memgate: missing prerequisites:\n  - ${missing}\n")
+  if(debian)
+    list(REMOVE_DUPLICATES debian)
+    list(JOIN debian " " debian)
+    string(APPEND text "Install them (Debian, Ubuntu):\n  sudo apt-get install ${debian}\n")
+  endif()
+  foreach(line IN LISTS how)
+    string(APPEND text "${line}\n")
+  endforeach()
+  string(APPEND text "Every prerequisite, for each system: README.md, 'Install'. In a clone of memgate, ci/setup.sh "
+                     "installs them all (Debian).")
+  message(FATAL_ERROR "${text}")
+endfunction()
+
+# --- Debian -dev packages -------------------------------------------------------------------------------------
+find_package(yaml-cpp CONFIG QUIET)
+if(NOT yaml-cpp_FOUND)
+  memgate_missing("yaml-cpp" DEBIAN libyaml-cpp-dev)
+endif()
+find_package(nlohmann_json 3.10 CONFIG QUIET)
+if(NOT nlohmann_json_FOUND)
+  memgate_missing("nlohmann/json (>= 3.10)" DEBIAN nlohmann-json3-dev)
+endif()
+find_package(fmt CONFIG QUIET)
+if(NOT fmt_FOUND)
+  memgate_missing("fmt" DEBIAN libfmt-dev)
+endif()
+find_package(CLI11 CONFIG QUIET)
+if(NOT CLI11_FOUND)
+  memgate_missing("CLI11" DEBIAN libcli11-dev)
+endif()
+# GoogleTest: the memory suites are GoogleTests (memgate::memory_suite), so memgate needs it wherever it builds them
+# (its tests, an install for find_package(memgate), FetchContent); pip install does not.
+if(MEMGATE_MEMORY_SUITE OR MEMGATE_BUILD_TESTS)
+  find_package(GTest CONFIG QUIET)
+  if(NOT GTest_FOUND)
+    memgate_missing("GoogleTest" DEBIAN libgtest-dev libgmock-dev)
+  endif()
+endif()
+# gloo's headers: LibTorch ships ProcessGroupGloo (its gloo is linked into libtorch_cpu) but not the gloo headers
+# ProcessGroupGloo.hpp includes. Debian's are of another gloo commit; they only declare the types ProcessGroupGloo
+# holds behind pointers, so the wheel's own layout and code are what run (tests/distributed proves it with real
+# collectives). Nothing links Debian's libgloo.
+find_path(MEMGATE_GLOO_INCLUDE_DIR gloo/config.h)
+if(NOT MEMGATE_GLOO_INCLUDE_DIR)
+  memgate_missing("gloo's headers (for LibTorch's ProcessGroupGloo)" DEBIAN libgloo-dev)
+endif()
+if(MEMGATE_BUILD_BENCHMARKS)
+  find_package(benchmark CONFIG QUIET)
+  if(NOT benchmark_FOUND)
+    memgate_missing("Google Benchmark" DEBIAN libbenchmark-dev)
+  endif()
+endif()
 
 # --- LibTorch ------------------------------------------------------------------------------------------------
 include(MemgateFindTorch)
 if(NOT Torch_FOUND)
-  memgate_missing("LibTorch (torch 2.11.0)"
-    "Set Torch_DIR to <libtorch>/share/cmake/Torch, or MEMGATE_PYTHON to a Python that has torch==2.11.0, or run ci/setup.sh (it installs torch into ~/.cache/memgate/venv).")
+  if(MEMGATE_TORCH_CUDA_WITHOUT_TOOLKIT)
+    # A CUDA build of torch (PyPI's on Linux): Torch's CMake files need the CUDA toolkit it was built with.
+    memgate_missing("the CUDA ${MEMGATE_TORCH_CUDA} toolkit (nvcc, headers), which the CMake files of torch "
+                    "${MEMGATE_TORCH_VERSION} need: it is a CUDA ${MEMGATE_TORCH_CUDA} build (${MEMGATE_TORCH_PYTHON})"
+      HOW "The CUDA ${MEMGATE_TORCH_CUDA} toolkit: NVIDIA's package repository (cuda-toolkit-<major>-<minor>), then set "
+          "CUDAToolkit_ROOT (or CUDA_HOME) to it if it is not /usr/local/cuda; or build against a CPU-only torch.")
+  elseif(SKBUILD)
+    # pip install: memgate is built against the torch of the Python that installs it, and no other.
+    memgate_missing("torch in ${Python_EXECUTABLE}, the Python pip runs in (memgate builds against its torch)"
+      HOW "torch: ${Python_EXECUTABLE} -m pip install torch==2.11.0   (then pip install memgate again)")
+  else()
+    memgate_missing("LibTorch (torch 2.11.0)"
+      HOW "LibTorch: set Torch_DIR to <libtorch>/share/cmake/Torch, or MEMGATE_PYTHON to a Python that has "
+          "torch==2.11.0 (python3 -m pip install torch==2.11.0).")
+  endif()
 endif()
+
+# --- Python's headers, for memgate's extension (the Python whose torch LibTorch is) --------------------------------
+if(MEMGATE_PYTHON_EXTENSION AND MEMGATE_TORCH_PYTHON)
+  set(Python3_EXECUTABLE "${MEMGATE_TORCH_PYTHON}")
+  find_package(Python3 QUIET COMPONENTS Interpreter Development.Module)
+  if(NOT Python3_Development.Module_FOUND)
+    memgate_missing("the headers of Python ${Python3_VERSION} (${MEMGATE_TORCH_PYTHON}), for memgate's extension"
+      DEBIAN python3-dev)
+  endif()
+endif()
+
+memgate_stop_if_missing()
+
 message(STATUS "memgate: Torch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX})")
 set(MEMGATE_HAS_CUDA OFF)
 if(TARGET torch_cuda OR TARGET c10_cuda OR "${TORCH_LIBRARIES}" MATCHES "c10_cuda")
   set(MEMGATE_HAS_CUDA ON)
 endif()
 
-# --- Debian -dev packages -------------------------------------------------------------------------------------
-find_package(yaml-cpp CONFIG QUIET)
-if(NOT yaml-cpp_FOUND)
-  memgate_missing("yaml-cpp" "Install it: apt-get install libyaml-cpp-dev")
-endif()
-find_package(nlohmann_json 3.10 CONFIG QUIET)
-if(NOT nlohmann_json_FOUND)
-  memgate_missing("nlohmann/json (>= 3.10)" "Install it: apt-get install nlohmann-json3-dev")
-endif()
-find_package(fmt CONFIG QUIET)
-if(NOT fmt_FOUND)
-  memgate_missing("fmt" "Install it: apt-get install libfmt-dev")
-endif()
 # LibTorch ships headers of another fmt (12.x) in its include folder, searched before /usr/include: a target that
 # sees both would compile against those and link Debian's libfmt. memgate::fmt puts Debian's headers first (a
 # folder holding only a link to them, given with -I, which GCC searches before LibTorch's -isystem folders).
@@ -45,23 +123,6 @@ add_library(memgate_fmt INTERFACE)
 add_library(memgate::fmt ALIAS memgate_fmt)
 target_include_directories(memgate_fmt INTERFACE "$<BUILD_INTERFACE:${_memgate_fmt_first}>")
 target_link_libraries(memgate_fmt INTERFACE fmt::fmt)
-find_package(CLI11 CONFIG QUIET)
-if(NOT CLI11_FOUND)
-  memgate_missing("CLI11" "Install it: apt-get install libcli11-dev")
-endif()
-# GoogleTest: the memory suites are GoogleTests (memgate::memory_suite), so memgate needs it, tests built or not.
-find_package(GTest CONFIG QUIET)
-if(NOT GTest_FOUND)
-  memgate_missing("GoogleTest" "Install it: apt-get install libgtest-dev libgmock-dev")
-endif()
-# gloo's headers: LibTorch ships ProcessGroupGloo (its gloo is linked into libtorch_cpu) but not the gloo headers
-# ProcessGroupGloo.hpp includes. Debian's are of another gloo commit; they only declare the types ProcessGroupGloo
-# holds behind pointers, so the wheel's own layout and code are what run (tests/distributed proves it with real
-# collectives). Nothing links Debian's libgloo.
-find_path(MEMGATE_GLOO_INCLUDE_DIR gloo/config.h)
-if(NOT MEMGATE_GLOO_INCLUDE_DIR)
-  memgate_missing("gloo's headers (for LibTorch's ProcessGroupGloo)" "Install them: apt-get install libgloo-dev")
-endif()
 add_library(memgate_c10d_gloo INTERFACE)
 add_library(memgate::c10d_gloo ALIAS memgate_c10d_gloo)
 target_include_directories(memgate_c10d_gloo SYSTEM INTERFACE "$<BUILD_INTERFACE:${MEMGATE_GLOO_INCLUDE_DIR}>")
@@ -80,12 +141,6 @@ if(MEMGATE_HAS_CUDA)
     message(STATUS "memgate: NCCL ranks on GPUs, nccl.h from ${MEMGATE_NCCL_INCLUDE_DIR}")
   else()
     message(STATUS "memgate: no nccl.h (pip install nvidia-nccl-cu13, or the CUDA toolkit's): ranks run on the CPU only")
-  endif()
-endif()
-if(MEMGATE_BUILD_BENCHMARKS)
-  find_package(benchmark CONFIG QUIET)
-  if(NOT benchmark_FOUND)
-    memgate_missing("Google Benchmark" "Install it: apt-get install libbenchmark-dev")
   endif()
 endif()
 
