@@ -3,9 +3,20 @@
 
 add_library(memgate_warnings INTERFACE)
 add_library(memgate::warnings ALIAS memgate_warnings)
+# MEMGATE_WARNINGS=OFF (pip install): a user building memgate to run it sees the build's progress, not its lint.
+option(MEMGATE_WARNINGS "Compile with memgate's warnings (-Wall -Wextra ...)" ON)
+# MEMGATE_OPTIMIZATION: the optimisation flag of memgate's code, after the build type's: -O0 for pip install, a third
+# less to compile. memgate's code builds modules, calls LibTorch's operators (whose kernels, compiled as torch shipped
+# them, do the work), reads files and writes reports: the bytes a probe measures are the allocator's and do not depend
+# on it (the CPU suite is the same to the byte, and measured in the same time); estimates, which run memgate's Meta
+# kernels on every operator, take up to 1.7 times as long (seconds). A target whose loops run over large inputs (the
+# caching allocator's model: estimates and replays) sets MEMGATE_KEEP_OPTIMIZATION and keeps the build type's.
+set(MEMGATE_OPTIMIZATION "" CACHE STRING
+    "Optimisation flag of memgate's code, after the build type's (e.g. -O0; empty: the build type's)")
 target_compile_options(memgate_warnings INTERFACE
-  $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align
-    -Woverloaded-virtual -Wnull-dereference -Wno-unused-parameter>
+  $<BUILD_INTERFACE:$<$<NOT:$<BOOL:$<TARGET_PROPERTY:MEMGATE_KEEP_OPTIMIZATION>>>:${MEMGATE_OPTIMIZATION}>>
+  $<$<AND:$<BOOL:${MEMGATE_WARNINGS}>,$<CXX_COMPILER_ID:GNU,Clang>>:-Wall -Wextra -Wpedantic -Wshadow
+    -Wnon-virtual-dtor -Wcast-align -Woverloaded-virtual -Wnull-dereference -Wno-unused-parameter>
   $<$<BOOL:${MEMGATE_WARNINGS_AS_ERRORS}>:-Werror>
   # Source paths in the binaries (__FILE__ of TORCH_CHECK and assertions) relative to the source tree, so an
   # installed memgate carries no path of the machine it was built on.
@@ -19,17 +30,22 @@ endif()
 
 # LibTorch's headers are heavy: memgate_models precompiles them once, the other LibTorch targets reuse that. Even so a
 # file that includes them costs about 18 s to compile (torch/torch.h's templates instantiated and its inline
-# functions generated, in every file), so a LibTorch target's files are also compiled a few at a time as one
-# (UNITY_BUILD, MEMGATE_UNITY): that cost is paid once per batch. A file whose file-local names clash with another's
-# of its target opts out with SKIP_UNITY_BUILD_INCLUSION.
-option(MEMGATE_UNITY "Compile a LibTorch target's files in batches of 6 (unity builds: much faster builds)" ON)
+# functions generated, in every file: 10 s for a file that is empty but for the precompiled header), so a LibTorch
+# target's files are also compiled a few at a time as one (UNITY_BUILD, MEMGATE_UNITY): that cost is paid once per
+# batch. A file whose file-local names clash with another's of its target opts out with SKIP_UNITY_BUILD_INCLUSION.
+option(MEMGATE_UNITY "Compile a LibTorch target's files in batches (unity builds: much faster builds)" ON)
+set(MEMGATE_UNITY_BATCH_SIZE 6 CACHE STRING
+    "Files per unity batch of a LibTorch target (0: all of a target's files as one; pip install: 0)")
+function(memgate_use_unity target)
+  if(MEMGATE_UNITY)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${MEMGATE_UNITY_BATCH_SIZE})
+  endif()
+endfunction()
 function(memgate_use_pch target)
   if(MEMGATE_PCH)
     target_precompile_headers(${target} REUSE_FROM memgate_models)
   endif()
-  if(MEMGATE_UNITY)
-    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 6)
-  endif()
+  memgate_use_unity(${target})
 endfunction()
 
 # memgate_add_library(<layer> SOURCES <files...> [PUBLIC <deps...>] [PRIVATE <deps...>])

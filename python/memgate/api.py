@@ -11,13 +11,15 @@ import tempfile
 
 
 def _cli():
-    """The memgate command: MEMGATE_CLI, else a build tree's bin/memgate beside this package, else the one pip installed
-    into this environment's scripts, else memgate on PATH."""
+    """The memgate command: MEMGATE_CLI, else a build tree's bin/memgate beside this package (or an install's: the
+    package in <prefix>/lib/memgate/python), else the one pip installed into this environment's scripts, else memgate
+    on PATH."""
     if os.environ.get("MEMGATE_CLI"):
         return os.environ["MEMGATE_CLI"]
     here = pathlib.Path(__file__).resolve().parent
     scripts = pathlib.Path(sysconfig.get_path("scripts"))
-    for candidate in (here.parent.parent / "bin" / "memgate", scripts / "memgate"):
+    installed = here.parents[3] if len(here.parents) > 3 else here
+    for candidate in (here.parent.parent / "bin" / "memgate", installed / "bin" / "memgate", scripts / "memgate"):
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     found = shutil.which("memgate")

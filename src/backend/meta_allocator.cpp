@@ -22,12 +22,12 @@ struct Block {
 thread_local std::uint64_t t_stream = 0;
 thread_local bool t_uncounted = false;
 
-detail::ByteCounter g_bytes;
+detail::ByteCounter g_meta_bytes;
 std::atomic<std::uint64_t> g_next_id{1};
 std::atomic<std::int64_t> g_granularity{0};
 std::mutex g_observer_mutex;
-CountingMetaAllocator::Observer* g_observer = nullptr;
-CountingMetaAllocator* g_instance = nullptr;
+CountingMetaAllocator::Observer* g_meta_observer = nullptr;
+CountingMetaAllocator* g_meta_instance = nullptr;
 // The caching allocator's model, when an estimate for CUDA asks for it; under its own lock.
 std::mutex g_model_mutex;
 std::unique_ptr<CachingAllocatorModel> g_model;
@@ -35,14 +35,14 @@ std::unique_ptr<CachingAllocatorModel> g_model;
 void meta_delete(void* context) {
   auto* block = static_cast<Block*>(context);
   if (block == nullptr) return;
-  g_bytes.release(static_cast<std::int64_t>(block->size));
+  g_meta_bytes.release(static_cast<std::int64_t>(block->size));
   {
     const std::lock_guard lock(g_model_mutex);
     if (g_model) g_model->free(block->id);
   }
   {
     const std::lock_guard lock(g_observer_mutex);
-    if (g_observer != nullptr) g_observer->on_free(block->id, block->size);
+    if (g_meta_observer != nullptr) g_meta_observer->on_free(block->id, block->size);
   }
   delete block;
 }
@@ -55,12 +55,12 @@ CountingMetaAllocator& CountingMetaAllocator::install() {
   std::call_once(once, [] {
     allocator = new CountingMetaAllocator();  // lives as long as the process, as tensors may
     c10::SetAllocator(c10::DeviceType::Meta, allocator, /*priority=*/100);
-    g_instance = allocator;
+    g_meta_instance = allocator;
   });
   return *allocator;
 }
 
-CountingMetaAllocator* CountingMetaAllocator::instance() { return g_instance; }
+CountingMetaAllocator* CountingMetaAllocator::instance() { return g_meta_instance; }
 
 c10::DataPtr CountingMetaAllocator::allocate(size_t requested) {
   // No block: meta_delete frees nothing either.
@@ -68,7 +68,7 @@ c10::DataPtr CountingMetaAllocator::allocate(size_t requested) {
   const auto granularity = static_cast<std::size_t>(g_granularity.load(std::memory_order_relaxed));
   const std::size_t nbytes =
       granularity > 0 && requested > 0 ? (requested + granularity - 1) / granularity * granularity : requested;
-  g_bytes.confirm(g_bytes.reserve(static_cast<std::int64_t>(nbytes), "Meta"));
+  g_meta_bytes.confirm(g_meta_bytes.reserve(static_cast<std::int64_t>(nbytes), "Meta"));
   auto* block = new Block{nbytes, g_next_id.fetch_add(1, std::memory_order_relaxed)};
   {
     const std::lock_guard lock(g_model_mutex);
@@ -76,15 +76,15 @@ c10::DataPtr CountingMetaAllocator::allocate(size_t requested) {
   }
   {
     const std::lock_guard lock(g_observer_mutex);
-    if (g_observer != nullptr) g_observer->on_alloc(block->id, nbytes, t_stream);
+    if (g_meta_observer != nullptr) g_meta_observer->on_alloc(block->id, nbytes, t_stream);
   }
   return {nullptr, block, &meta_delete, c10::Device(c10::DeviceType::Meta)};
 }
 
-std::int64_t CountingMetaAllocator::current_bytes() const { return g_bytes.current(); }
-std::int64_t CountingMetaAllocator::peak_bytes() const { return g_bytes.peak(); }
+std::int64_t CountingMetaAllocator::current_bytes() const { return g_meta_bytes.current(); }
+std::int64_t CountingMetaAllocator::peak_bytes() const { return g_meta_bytes.peak(); }
 void CountingMetaAllocator::reset_peak() {
-  g_bytes.reset_peak();
+  g_meta_bytes.reset_peak();
   const std::lock_guard lock(g_model_mutex);
   if (g_model) g_model->reset_peak();
 }
@@ -109,11 +109,11 @@ void CountingMetaAllocator::empty_cache() {
   const std::lock_guard lock(g_model_mutex);
   if (g_model) g_model->empty_cache();
 }
-std::int64_t CountingMetaAllocator::allocation_count() const { return g_bytes.count(); }
-void CountingMetaAllocator::set_limit(std::int64_t bytes) { g_bytes.set_limit(bytes); }
-std::int64_t CountingMetaAllocator::limit() const { return g_bytes.limit(); }
+std::int64_t CountingMetaAllocator::allocation_count() const { return g_meta_bytes.count(); }
+void CountingMetaAllocator::set_limit(std::int64_t bytes) { g_meta_bytes.set_limit(bytes); }
+std::int64_t CountingMetaAllocator::limit() const { return g_meta_bytes.limit(); }
 
-void CountingMetaAllocator::count_external(std::int64_t bytes) { g_bytes.add_external(bytes); }
+void CountingMetaAllocator::count_external(std::int64_t bytes) { g_meta_bytes.add_external(bytes); }
 
 void CountingMetaAllocator::set_granularity(std::int64_t bytes) { g_granularity.store(bytes); }
 
@@ -125,7 +125,7 @@ CountingMetaAllocator::UncountedScope::~UncountedScope() { t_uncounted = previou
 
 void CountingMetaAllocator::set_observer(Observer* observer) {
   const std::lock_guard lock(g_observer_mutex);
-  g_observer = observer;
+  g_meta_observer = observer;
 }
 
 }  // namespace memgate

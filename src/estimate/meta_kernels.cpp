@@ -35,10 +35,10 @@
 namespace memgate {
 namespace {
 
-std::atomic<EstimateTarget> g_target{EstimateTarget::kCpu};
+std::atomic<EstimateTarget> g_kernels_target{EstimateTarget::kCpu};
 std::atomic<CpuKernels> g_cpu_kernels{CpuKernels::kPortable};
 
-bool for_cpu() { return g_target.load() == EstimateTarget::kCpu; }
+bool for_cpu() { return g_kernels_target.load() == EstimateTarget::kCpu; }
 // The CPU with its host's kernels: oneDNN where PyTorch picks it.
 bool for_cpu_host() { return for_cpu() && g_cpu_kernels.load() == CpuKernels::kHost; }
 
@@ -776,7 +776,7 @@ void fused_optimizer_in_place(const c10::OperatorHandle& op, torch::jit::Stack* 
 
 }  // namespace
 
-EstimateTarget meta_kernels_target() { return g_target.load(); }
+EstimateTarget meta_kernels_target() { return g_kernels_target.load(); }
 
 std::optional<std::string> op_without_meta_kernel(std::string_view message) {
   // LibTorch's dispatcher: "Could not run 'aten::roll' with arguments from the 'Meta' backend. ..."
@@ -820,7 +820,7 @@ std::optional<std::string> describe_missing_meta_kernel(std::string_view message
 }
 
 void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
-  g_target.store(target);
+  g_kernels_target.store(target);
   g_cpu_kernels.store(cpu_kernels);
   use_meta_autocast_for(target);
   static std::once_flag once;

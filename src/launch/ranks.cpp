@@ -78,7 +78,8 @@ std::string rank_executable() {
 }
 
 // The Python that runs a Python fixture's probes: its `python:` key, else MEMGATE_PYTHON, else the Python whose torch
-// memgate was built against where it is there, else python3 on PATH (in an activated virtual environment, its own).
+// memgate was built against where it is there (a build tree, cmake --install), else the Python of the environment
+// memgate was pip-installed into, else python3 on PATH (in an activated virtual environment, its own).
 std::string python_executable(const PythonOptions& py) {
   std::string name = py.python;
   const char* where = "model.python";
@@ -93,6 +94,18 @@ std::string python_executable(const PythonOptions& py) {
     where = "the Python memgate was built with";
   }
 #endif
+  // pip install (no Python built in): the Python of the environment memgate was installed into, the one whose bin/
+  // holds the memgate command (<env>/bin/memgate, <env>/libexec/memgate/memgate-measure).
+  if (const auto self = std::filesystem::read_symlink("/proc/self/exe", ec); name.empty() && !ec) {
+    for (const auto& prefix : {self.parent_path().parent_path(), self.parent_path().parent_path().parent_path()}) {
+      const auto candidate = prefix / "bin" / "python3";
+      if (std::filesystem::is_regular_file(prefix / "bin" / "memgate", ec) && ::access(candidate.c_str(), X_OK) == 0) {
+        name = candidate.string();
+        where = "the Python of memgate's environment";
+        break;
+      }
+    }
+  }
   if (name.empty()) {
     name = "python3";
     where = "python3 on PATH";
@@ -199,15 +212,19 @@ std::vector<std::string> child_command(const Workload& workload) {
 
 // The environment of a probe's processes: this one's, with memgate's Python package first on PYTHONPATH so that
 // `python -m memgate` finds the extension this memgate built: MEMGATE_PYTHONPATH, else a build tree's python/ (beside
-// bin/ and tests/ of build/<preset>, or above libexec/memgate/), else none (an installed package: pip install).
+// bin/ and tests/ of build/<preset>, or above libexec/memgate/), else an install's lib/memgate/python (cmake --install),
+// else none (a package installed into the Python's environment: pip install).
 std::vector<std::string> child_environment() {
   std::string package;
   if (const char* env = std::getenv("MEMGATE_PYTHONPATH"); env != nullptr && *env != '\0') package = env;
   std::error_code ec;
   if (const auto self = std::filesystem::read_symlink("/proc/self/exe", ec); package.empty() && !ec) {
-    // build/<preset>/{bin,tests}/<program>, or build/<preset>/libexec/memgate/memgate-measure.
-    for (const auto& build : {self.parent_path().parent_path() / "python",
-                              self.parent_path().parent_path().parent_path() / "python"}) {
+    // build/<preset>/{bin,tests}/<program>, or build/<preset>/libexec/memgate/memgate-measure; <prefix>/bin/<program>
+    // or <prefix>/libexec/memgate/memgate-measure.
+    const auto up1 = self.parent_path().parent_path();
+    const auto up2 = up1.parent_path();
+    for (const auto& build : {up1 / "python", up2 / "python", up1 / "lib" / "memgate" / "python",
+                              up2 / "lib" / "memgate" / "python"}) {
       if (std::filesystem::is_regular_file(build / "memgate" / "__init__.py", ec)) {
         package = build.string();
         break;

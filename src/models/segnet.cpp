@@ -9,8 +9,8 @@
 namespace memgate {
 namespace {
 
-nn::Conv2d make_conv(std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride, std::int64_t padding,
-                     nn::ParamOptions param, std::int64_t groups = 1) {
+nn::Conv2d seg_conv(std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride, std::int64_t padding,
+                    nn::ParamOptions param, std::int64_t groups = 1) {
   nn::Conv2dOptions o(in, out, k);
   o.stride = stride;
   o.padding = padding;
@@ -28,7 +28,7 @@ torch::Tensor resize(const torch::Tensor& x, std::int64_t h, std::int64_t w, boo
 }  // namespace
 
 ConvNeXtBlockImpl::ConvNeXtBlockImpl(std::int64_t dim, nn::ParamOptions param) {
-  dwconv = register_module("dwconv", make_conv(dim, dim, 7, 1, 3, param, /*groups=*/dim));
+  dwconv = register_module("dwconv", seg_conv(dim, dim, 7, 1, 3, param, /*groups=*/dim));
   norm = register_module("norm", nn::make_layer_norm(dim, param));
   nn::LinearOptions fc1(dim, 4 * dim), fc2(4 * dim, dim);
   fc1.param = fc2.param = param;
@@ -48,7 +48,7 @@ SegNetStageImpl::SegNetStageImpl(std::int64_t in_dim, std::int64_t dim, std::int
   if (downsample) {
     auto down = register_module("downsample", std::make_shared<torch::nn::Module>());
     down_norm = down->register_module("norm", nn::make_layer_norm(in_dim, param, /*channels_first=*/true));
-    down_conv = down->register_module("conv", make_conv(in_dim, dim, 2, 2, 0, param));
+    down_conv = down->register_module("conv", seg_conv(in_dim, dim, 2, 2, 0, param));
   }
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (std::int64_t i = 0; i < depth; ++i) blocks->push_back(ConvNeXtBlock(dim, param));
@@ -56,8 +56,8 @@ SegNetStageImpl::SegNetStageImpl(std::int64_t in_dim, std::int64_t dim, std::int
 
 SegNetFuseHeadImpl::SegNetFuseHeadImpl(std::int64_t in, std::int64_t dim, std::int64_t classes,
                                        nn::ParamOptions param) {
-  fuse = register_module("fuse", make_conv(in, dim, 1, 1, 0, param));
-  head = register_module("head", make_conv(dim, classes, 1, 1, 0, param));
+  fuse = register_module("fuse", seg_conv(in, dim, 1, 1, 0, param));
+  head = register_module("head", seg_conv(dim, classes, 1, 1, 0, param));
 }
 
 torch::Tensor SegNetFuseHeadImpl::forward(const torch::Tensor& x) {
@@ -70,8 +70,8 @@ SegNetDecoderImpl::SegNetDecoderImpl(const SegNetOptions& spec_, nn::ParamOption
   lateral = register_module("lateral", torch::nn::ModuleList());
   smooth = register_module("smooth", torch::nn::ModuleList());
   for (const auto dim : spec.dims) {
-    lateral->push_back(make_conv(dim, d, 1, 1, 0, param));
-    smooth->push_back(make_conv(d, d, 3, 1, 1, param));
+    lateral->push_back(seg_conv(dim, d, 1, 1, 0, param));
+    smooth->push_back(seg_conv(d, d, 3, 1, 1, param));
   }
   if (spec.num_experts > 0) {
     experts = register_module("experts", torch::nn::ModuleList());
@@ -86,7 +86,7 @@ SegNetDecoderImpl::SegNetDecoderImpl(const SegNetOptions& spec_, nn::ParamOption
   }
   if (spec.deep_supervision) {
     aux_heads = register_module("aux_heads", torch::nn::ModuleList());
-    for (std::int64_t i = 0; i < levels; ++i) aux_heads->push_back(make_conv(d, spec.num_classes, 1, 1, 0, param));
+    for (std::int64_t i = 0; i < levels; ++i) aux_heads->push_back(seg_conv(d, spec.num_classes, 1, 1, 0, param));
   }
 }
 
@@ -128,7 +128,7 @@ std::vector<torch::Tensor> SegNetDecoderImpl::forward(const std::vector<torch::T
 
 SegNetImpl::SegNetImpl(const SegNetOptions& spec_, nn::ParamOptions param) : spec(spec_) {
   auto stem = register_module("stem", std::make_shared<torch::nn::Module>());
-  stem_conv = stem->register_module("conv", make_conv(spec.in_chans, spec.dims[0], 4, 4, 0, param));
+  stem_conv = stem->register_module("conv", seg_conv(spec.in_chans, spec.dims[0], 4, 4, 0, param));
   stem_norm = stem->register_module("norm", nn::make_layer_norm(spec.dims[0], param, /*channels_first=*/true));
   auto stage_list = register_module("stages", std::make_shared<torch::nn::Module>());
   for (std::size_t i = 0; i < spec.dims.size(); ++i) {
