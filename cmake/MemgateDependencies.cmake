@@ -81,8 +81,9 @@ if(NOT Torch_FOUND)
     # A CUDA build of torch (PyPI's on Linux): Torch's CMake files need the CUDA toolkit it was built with.
     memgate_missing("the CUDA ${MEMGATE_TORCH_CUDA} toolkit (nvcc, headers), which the CMake files of torch "
                     "${MEMGATE_TORCH_VERSION} need: it is a CUDA ${MEMGATE_TORCH_CUDA} build (${MEMGATE_TORCH_PYTHON})"
-      HOW "The CUDA ${MEMGATE_TORCH_CUDA} toolkit: NVIDIA's package repository (cuda-toolkit-<major>-<minor>), then set "
-          "CUDAToolkit_ROOT (or CUDA_HOME) to it if it is not /usr/local/cuda; or build against a CPU-only torch.")
+      HOW "The CUDA ${MEMGATE_TORCH_CUDA} toolkit: NVIDIA's package repository (cuda-toolkit-<major>-<minor>), "
+          "then set CUDAToolkit_ROOT (or CUDA_HOME) to it if it is not /usr/local/cuda; or build against a CPU-only "
+          "torch.")
   elseif(SKBUILD)
     # pip install: memgate is built against the torch of the Python that installs it, and no other.
     memgate_missing("torch in ${Python_EXECUTABLE}, the Python pip runs in (memgate builds against its torch)"

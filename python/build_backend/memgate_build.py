@@ -1,7 +1,8 @@
 """memgate's build backend for pip (pyproject.toml's build-backend): scikit-build-core's, after a check that what it
 needs before CMake runs is there. Without it, a missing CMake is a Python traceback ending in "Could not find CMake
 with version >=3.25", and a missing scikit-build-core is pip's "Cannot import 'scikit_build_core.build'"; here each is
-one message naming it and the line that installs it, as CMake's configure says the rest (cmake/MemgateDependencies.cmake).
+one message naming it and the line that installs it, as CMake's configure says the rest
+(cmake/MemgateDependencies.cmake).
 """
 import sys
 

@@ -68,7 +68,8 @@ with tempfile.TemporaryDirectory() as tmp:
     no_cmake = {**os.environ, "PATH": str(tmp / "no-bin")}
     no_cmake.pop("CMAKE_EXECUTABLE", None)
     for case, python_, env, parts in [
-            ("no CMake", sys.executable, no_cmake, ["  - CMake >=3.25", "sudo apt-get install cmake", "pip install 'cmake>=3.25'"]),
+            ("no CMake", sys.executable, no_cmake,
+             ["  - CMake >=3.25", "sudo apt-get install cmake", "pip install 'cmake>=3.25'"]),
             ("no scikit-build-core", python, None, [f"  - scikit-build-core in {python}",
                                                     f"{python} -m pip install scikit-build-core==0.11.6"])]:
         run = subprocess.run([python_, "-c", backend, str(tmp / "metadata")], cwd=source, env=env, capture_output=True,
