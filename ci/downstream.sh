@@ -2,15 +2,17 @@
 # Gates a project of its own with an installed memgate (examples/downstream): installs build/cpu into
 # build/install, builds the example against that prefix, runs its gate (it must pass), then builds it again with
 # its model grown (-DDOWNSTREAM_GROW_MODEL=ON) and runs the gate again (it must fail, on the grown components).
-# Also checks that the installed libraries carry no path of this source tree, and that memgate added by FetchContent
-# keeps the example's own settings (C++17 as its default) and compiles as C++20. Run after the cpu workflow.
+# Also checks that the installed libraries carry no path of this source tree, that the installed memgate gates a Python
+# project's model (examples/python) from that project's folder, and that memgate added by FetchContent keeps the
+# example's own settings (C++17 as its default) and compiles as C++20. Run after the cpu workflow.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 prefix="$root/build/install"
 rm -rf "$prefix"
 cmake --install build/cpu --prefix "$prefix" >/dev/null
-if grep -l -a -F "$root/" "$prefix"/lib/*.a "$prefix"/bin/* "$prefix"/libexec/memgate/* "$prefix"/lib/cmake/memgate/*.cmake; then
+if grep -l -a -F "$root/" "$prefix"/lib/*.a "$prefix"/bin/* "$prefix"/libexec/memgate/* "$prefix"/lib/cmake/memgate/*.cmake \
+     "$prefix"/lib/memgate/python/memgate/*; then
   echo "downstream: the installed memgate names this source tree ($root): it must not" >&2
   exit 1
 fi
@@ -20,6 +22,24 @@ fi
   { cat build/install-profile.log >&2; exit 1; }
 grep -q "NVIDIA H100 80GB HBM3" build/install-profile.log ||
   { echo "downstream: the installed memgate did not find its GPU fixtures" >&2; cat build/install-profile.log >&2; exit 1; }
+# From a Python project's own folder (examples/python copied out of the repository), with nothing set: the installed
+# memgate estimates for every GPU fixture, and runs the Python fixture's probes with its installed package
+# (<prefix>/lib/memgate/python) in the Python it was built for; the gate records a baseline and passes.
+user=$(mktemp -d)
+cp examples/python/my_models.py examples/python/my_model.yaml "$user/"
+installed=(env -u MEMGATE_PYTHON -u MEMGATE_PYTHONPATH -u PYTHONPATH -u MEMGATE_PROJECT_DIR -u MEMGATE_SOURCE_DIR
+           -u MEMGATE_DATA_DIR "$prefix/bin/memgate")
+if ! (cd "$user" && "${installed[@]}" estimate --config my_model.yaml --all-gpus &&
+      "${installed[@]}" check --config my_model.yaml --device cpu --update-baselines &&
+      "${installed[@]}" check --config my_model.yaml --device cpu) >build/install-python.log 2>&1 ||
+   ! grep -q "NVIDIA H100 80GB HBM3" build/install-python.log; then
+  echo "downstream: the installed memgate, from a Python project's folder:" >&2
+  cat build/install-python.log >&2
+  rm -rf "$user"
+  exit 1
+fi
+rm -rf "$user"
+echo "downstream: the installed memgate gates a Python project's model from its own folder: $(tail -1 build/install-python.log)"
 
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
