@@ -302,7 +302,11 @@ std::vector<std::pair<VariantAdvice, Workload>> fit_variants(const Workload& wor
 }
 
 AdviceTarget target_of(const GpuSpec& gpu) {
-  return {gpu.id, gpu.name, gpu.usable_bytes()};
+  return {.id = gpu.id,
+          .name = gpu.name,
+          .usable_bytes = gpu.usable_bytes(),
+          .library_workspace_bytes = gpu.library_workspace_bytes(),
+          .measured = gpu.measured};
 }
 
 Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets, c10::Device device,
@@ -571,10 +575,12 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
   };
   for (const auto& target : targets) {
     EstimatedFit fit{.target = target};
-    (void)power_of_two_then_binary_search_trials(
-        [&](std::int64_t b) { return required_at(b) <= target.usable_bytes; }, max_batch, &fit.largest);
-    fit.required_bytes = required_at(std::max<std::int64_t>(fit.largest, 1));
-    if (fit.largest < max_batch) fit.next_required_bytes = required_at(fit.largest + 1);
+    // The step's reserved peak and, beside it in the allocator, the cuBLAS workspaces this GPU gets.
+    const auto needs = [&](std::int64_t b) { return required_at(b) + target.library_workspace_bytes; };
+    (void)power_of_two_then_binary_search_trials([&](std::int64_t b) { return needs(b) <= target.usable_bytes; },
+                                                 max_batch, &fit.largest);
+    fit.required_bytes = needs(std::max<std::int64_t>(fit.largest, 1));
+    if (fit.largest < max_batch) fit.next_required_bytes = needs(fit.largest + 1);
     fit.capped = fit.largest >= max_batch;
     if (effective_batch && fit.largest > 0) {
       for (auto d = std::min(fit.largest, *effective_batch); d >= 1; --d) {
@@ -594,8 +600,8 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
 std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::int64_t> effective_batch) {
   std::string out =
       "\nLargest batch by estimate (the step on the Meta device through the CUDA caching allocator's model; an "
-      "estimate, not a measurement: the allocator's model replays real GPU traces exactly, the requests of CUDA "
-      "kernels (cuBLAS/cuDNN workspaces) are not yet held against a GPU):\n";
+      "estimate, not a measurement: the allocator's model replays real GPU traces exactly; cuBLAS's workspaces are "
+      "held against each GPU, cuDNN's are not yet):\n";
   auto o = std::back_inserter(out);
   const auto world = fits.world_size;
   if (world > 1) {
@@ -608,13 +614,15 @@ std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::
                                        : fmt::format("   for a batch of {}", *effective_batch);
   fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}{}\n", "gpu", "usable", "largest", "its step needs",
                  "the next needs", wanted);
-  bool any_capped = false;
+  bool any_capped = false, any_unmeasured = false;
   for (const auto& f : fits.fits) {
     any_capped = any_capped || f.capped;
+    any_unmeasured = any_unmeasured || !f.target.measured;
     const auto largest = f.largest == 0 ? std::string("none")
                          : f.capped     ? fmt::format(">={}", f.largest)
                                         : std::to_string(f.largest);
-    fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}", f.target.id, format_usable(f.target.usable_bytes),
+    fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}", f.target.id + (f.target.measured ? "" : "*"),
+                   format_usable(f.target.usable_bytes),
                    largest, format_mib(f.required_bytes),
                    f.next_required_bytes > 0 ? format_mib(f.next_required_bytes) : std::string("-"));
     if (effective_batch) {
@@ -628,6 +636,14 @@ std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::
     fmt::format_to(o, "  >={}: the search stops at a batch of {}, which fits; larger batches were not estimated\n",
                    fits.max_batch, fits.max_batch);
   }
+  fmt::format_to(o, "  a step needs its reserved peak and the cuBLAS workspaces torch 2.11 keeps on that GPU (two "
+                    "cuBLAS and one cuBLASLt: {} on compute capability 9.x, {} elsewhere)\n",
+                 format_mib(GpuSpec{.compute_capability = "9.0"}.library_workspace_bytes()),
+                 format_mib(GpuSpec{.compute_capability = "8.0"}.library_workspace_bytes()));
+  if (any_unmeasured) {
+    fmt::format_to(o, "  * never measured by memgate: its memory is NVIDIA's figure and what lives outside the "
+                      "allocator a planning allowance (fixtures/gpus)\n");
+  }
   fmt::format_to(o, "  searched with {} estimates in {:.1f} s\n", fits.estimates, fits.seconds);
   return out;
 }
@@ -635,9 +651,12 @@ std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::
 nlohmann::json estimated_fits_to_json(const EstimatedFits& fits) {
   auto list = nlohmann::json::array();
   for (const auto& f : fits.fits) {
+    const auto ws = f.target.library_workspace_bytes;
     nlohmann::json entry = {{"gpu", f.target.id}, {"usable_bytes", f.target.usable_bytes},
-                            {"largest_batch", f.largest}, {"step_peak_reserved", f.required_bytes},
-                            {"next_step_peak_reserved", f.next_required_bytes}, {"estimated", true},
+                            {"largest_batch", f.largest}, {"step_peak_reserved", f.required_bytes - ws},
+                            {"library_workspace_bytes", ws}, {"required_bytes", f.required_bytes},
+                            {"next_step_peak_reserved", f.next_required_bytes > 0 ? f.next_required_bytes - ws : 0},
+                            {"estimated", true}, {"gpu_measured", f.target.measured},
                             {"search_capped", f.capped}, {"world_size", fits.world_size}};
     if (f.micro_batch > 0) {
       entry["micro_batch"] = f.micro_batch;

@@ -30,6 +30,7 @@ static_assert(kHeader >= sizeof(Header));
 std::mutex g_live_mutex;
 Header* g_live = nullptr;
 CountingCpuAllocator::Observer* g_observer = nullptr;
+CountingCpuAllocator::Observer* g_attribution = nullptr;
 
 detail::ByteCounter g_bytes;
 CountingCpuAllocator* g_instance = nullptr;
@@ -45,6 +46,7 @@ void counting_delete(void* data) {
     else g_live = header->next;
     if (header->next != nullptr) header->next->prev = header->prev;
     if (g_observer != nullptr) g_observer->on_free(data, size);
+    if (g_attribution != nullptr) g_attribution->on_free(data, size);
   }
   g_bytes.release(static_cast<std::int64_t>(size));
   c10::free_cpu(base);
@@ -90,6 +92,7 @@ c10::DataPtr CountingCpuAllocator::allocate(size_t nbytes) {
     if (g_live != nullptr) g_live->prev = header;
     g_live = header;
     if (g_observer != nullptr) g_observer->on_alloc(data, nbytes);
+    if (g_attribution != nullptr) g_attribution->on_alloc(data, nbytes);
   }
   return {data, data, &counting_delete, c10::Device(c10::DeviceType::CPU)};
 }
@@ -110,6 +113,11 @@ std::int64_t CountingCpuAllocator::limit() const { return g_bytes.limit(); }
 void CountingCpuAllocator::set_observer(Observer* observer) {
   const std::lock_guard lock(g_live_mutex);
   g_observer = observer;
+}
+
+void CountingCpuAllocator::set_attribution_observer(Observer* observer) {
+  const std::lock_guard lock(g_live_mutex);
+  g_attribution = observer;
 }
 
 void CountingCpuAllocator::for_each_live(const std::function<void(const void*, std::size_t)>& visit) const {

@@ -60,6 +60,12 @@ void to_json(nlohmann::json& j, const ComponentVerdict& v) {
   if (v.baseline) j["baseline"] = *v.baseline;
   if (v.measured) j["measured"] = *v.measured;
   if (v.allowed) j["allowed"] = *v.allowed;
+  if (!v.modules.empty()) {
+    auto& modules = j["modules"] = nlohmann::json::array();
+    for (const auto& m : v.modules) {
+      modules.push_back({{"module", m.module}, {"baseline", m.baseline}, {"measured", m.measured}});
+    }
+  }
 }
 
 namespace {
@@ -96,6 +102,17 @@ void from_json(const nlohmann::json& j, ComponentVerdict& v) {
   v.baseline = optional_bytes(j, "baseline");
   v.measured = optional_bytes(j, "measured");
   v.allowed = optional_bytes(j, "allowed");
+  v.modules.clear();
+  if (j.contains("modules")) {
+    const auto& modules = field(j, "modules", &nlohmann::json::is_array, "a list of {module, baseline, measured}");
+    for (const auto& m : modules) {
+      ModuleChange change;
+      change.module = field(m, "module", &nlohmann::json::is_string, "a string (a module's name)").get<std::string>();
+      change.baseline = field(m, "baseline", &nlohmann::json::is_number_integer, "an integer (bytes)").get<std::int64_t>();
+      change.measured = field(m, "measured", &nlohmann::json::is_number_integer, "an integer (bytes)").get<std::int64_t>();
+      v.modules.push_back(std::move(change));
+    }
+  }
 }
 
 }  // namespace memgate

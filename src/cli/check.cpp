@@ -52,16 +52,20 @@ void print_noted(std::vector<Noted> noted) {
     if (a.fails != b.fails) return a.fails;
     return std::abs(pct(a)) > std::abs(pct(b));
   });
-  fmt::print("{:<11} {:<40} {:>12} {:>12} {:>13} {:>9}\n", "status", "test", "baseline", "now", "change", "%");
+  fmt::print("{:<11} {:<40} {:>12} {:>12} {:>13} {:>9}  {}\n", "status", "test", "baseline", "now", "change", "%",
+             "module that changed most");
   for (std::size_t i = 0; i < noted.size() && i < kShown; ++i) {
     const auto& n = noted[i];
     const auto& v = n.verdict;
     const bool bytes = v.baseline && v.measured;
-    fmt::print("{:<11} {:<40} {:>12} {:>12} {:>13} {:>9}\n", n.status,
+    fmt::print("{:<11} {:<40} {:>12} {:>12} {:>13} {:>9}  {}\n", n.status,
                fmt::format("{}_bs{}_{}", v.fixture, v.batch_size, v.component),
                v.baseline ? memgate::format_bytes(*v.baseline) : "-", v.measured ? memgate::format_bytes(*v.measured) : "-",
                bytes ? memgate::format_bytes_delta(*v.measured - *v.baseline) : "-",
-               bytes && *v.baseline > 0 ? fmt::format("{:+.2f}%", pct(n)) : "-");
+               bytes && *v.baseline > 0 ? fmt::format("{:+.2f}%", pct(n)) : "-",
+               v.modules.empty() ? std::string("-")
+                                 : fmt::format("{} {}", memgate::format_bytes_delta(v.modules.front().difference()),
+                                               v.modules.front().module));
     if (i < kExplained) {
       std::string indented = "  " + n.message;
       for (std::size_t at = indented.find('\n'); at != std::string::npos; at = indented.find('\n', at + 3)) {
@@ -79,7 +83,7 @@ void print_noted(std::vector<Noted> noted) {
 }
 
 struct ReportFiles {
-  std::string junit, markdown, json;
+  std::string junit, markdown, json, html;
 };
 
 // --junit, --markdown and --json (and $GITHUB_STEP_SUMMARY): the verdicts of this run, headed by its verdict
@@ -94,6 +98,16 @@ void write_reports(const ReportFiles& files, const char* verdict, const std::str
     memgate::write_file_atomically(files.json, doc.dump(2) + "\n");
   }
   if (!files.junit.empty()) memgate::write_file_atomically(files.junit, memgate::render_junit(rows, not_judged, strict));
+  if (!files.html.empty()) {
+    // memgate summary's page: baseline against this run for each fixture that changed, and the modules that moved.
+    std::vector<memgate::ComparisonSection> sections;
+    if (!rows.empty()) sections = memgate::summarize_result_rows(rows).comparisons;
+    memgate::write_file_atomically(
+        files.html, memgate::render_comparisons_html(sections, {},
+                                                     {.title = "memgate check: baseline against this run, per changed "
+                                                               "fixture",
+                                                      .generator = generator()}));
+  }
   const char* step_summary = std::getenv("GITHUB_STEP_SUMMARY");
   const bool to_step_summary = step_summary != nullptr && *step_summary != '\0';
   if (files.markdown.empty() && !to_step_summary) return;
@@ -122,7 +136,7 @@ Run add_check(CLI::App& app) {
     bool exact = false;
     bool update = false;
     std::string cpu_kernels;
-    std::string junit, markdown, json;
+    std::string junit, markdown, json, html;
   };
   auto o = std::make_shared<Options>();
   auto* configs = app.add_option("--config", o->configs, "Model fixtures to gate (repeat the flag for several)")
@@ -163,7 +177,11 @@ Run add_check(CLI::App& app) {
                    "appended to $GITHUB_STEP_SUMMARY whenever that is set"},
         std::tuple{"--json", &o->json,
                    "Also write the verdicts as one JSON document: the verdict line's counts, a row per fixture, batch "
-                   "size and component (status, baseline, measured, allowed, message), the fixtures not judged"}}) {
+                   "size and component (status, baseline, measured, allowed, message, the modules that changed), the "
+                   "fixtures not judged"},
+        std::tuple{"--html", &o->html,
+                   "Also write an HTML page: for each fixture that changed, its baseline against this run (charts, "
+                   "every component) and the modules whose bytes changed (memgate summary --html's page)"}}) {
     app.add_option(flag, *target, what)->type_name("FILE")->excludes("--update-baselines");
   }
   add_cpu_kernels_option(app, o->cpu_kernels);
@@ -336,7 +354,7 @@ Run add_check(CLI::App& app) {
                                : compared == 0 ? std::string("; NOTHING WAS COMPARED: this pass checked nothing")
                                                : std::string());
     }
-    write_reports({o->junit, o->markdown, o->json}, verdict, fmt::format("{} probes on {}, {} components compared with a baseline: {}", probes,
+    write_reports({o->junit, o->markdown, o->json, o->html}, verdict, fmt::format("{} probes on {}, {} components compared with a baseline: {}", probes,
                                            device.str(), compared, line),
                   rows, not_judged, o->strict || o->exact);
     if (errors > 0) return kError;

@@ -35,14 +35,16 @@ ExitCode check_estimated_budgets(const std::string& suite_path, const std::strin
     const auto& gpu = memgate::find_gpu(gpus, budget.gpu);
     const auto fixture = memgate::load_fixture(budget.fixture_path);
     const auto probe = memgate::estimate_probe(fixture, budget.batch_size, memgate::EstimateTarget::kCuda);
-    const auto check = memgate::check_budget(probe.components.step_peak_reserved, gpu);
+    // The step's reserved peak and the cuBLAS workspaces this GPU gets beside it (a measured budget has its own).
+    const auto check = memgate::check_budget(probe.components.step_peak_reserved + gpu.library_workspace_bytes(), gpu);
     over += check.fits() ? 0 : 1;
     // A distributed fixture's budget holds each rank on a GPU of its own: its components are the largest rank's.
     const auto& d = fixture.training.distributed;
     const auto on = d.enabled() ? fmt::format("{} x {}, per rank", d.world_size, gpu.name) : gpu.name;
-    fmt::print("  {:<32} bs {:<4} on {:<34} needs {:>11} of {:>11} usable  {}\n", budget.fixture, budget.batch_size,
+    fmt::print("  {:<32} bs {:<4} on {:<34} needs {:>11} of {:>11} usable  {}{}\n", budget.fixture, budget.batch_size,
                on, memgate::format_bytes(check.required), memgate::format_usable(check.available),
-               check.fits() ? "fits [estimate]" : "DOES NOT FIT [estimate]");
+               check.fits() ? "fits [estimate]" : "DOES NOT FIT [estimate]",
+               gpu.measured ? "" : " (GPU never measured by memgate)");
   }
   fmt::print("{} of {} budgets fit, by estimate; a GPU runner's memory suite measures them\n",
              suite.budgets.size() - static_cast<std::size_t>(over), suite.budgets.size());

@@ -4,6 +4,7 @@
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/base/process.h"
+#include "memgate/base/units.h"
 #include "memgate/gate/report.h"
 
 #include <fcntl.h>
@@ -206,7 +207,7 @@ Baseline load_baseline(const std::string& path, const std::string& expected_fixt
   if (!probes.is_array()) corrupt(path, "probes", "a list");
   for (std::size_t i = 0; i < probes.size(); ++i) {
     const auto where = "probes[" + std::to_string(i) + "]";
-    reject_unknown_keys(probes[i], path, where, {"batch_size", "components", "ranks", "provenance"});
+    reject_unknown_keys(probes[i], path, where, {"batch_size", "components", "ranks", "modules", "provenance"});
     BaselineProbe p;
     p.batch_size = need_int(probes[i], path, where, "batch_size", 1);
     for (const auto& earlier : b.probes) {
@@ -241,6 +242,9 @@ Baseline load_baseline(const std::string& path, const std::string& expected_fixt
         p.ranks.push_back(r);
       }
     }
+    if (probes[i].contains("modules")) {
+      p.modules = module_breakdown_from_json(probes[i].at("modules"), path + ": " + where + ".modules");
+    }
     p.provenance = need(probes[i], path, where, "provenance");
     if (!p.provenance.is_object()) corrupt(path, where + ".provenance", "an object");
     b.probes.push_back(std::move(p));
@@ -254,6 +258,7 @@ nlohmann::json baseline_to_json(const Baseline& b) {
     nlohmann::json probe = {
         {"batch_size", p.batch_size}, {"components", components_to_json(p.components)}, {"provenance", p.provenance}};
     if (!p.ranks.empty()) probe["ranks"] = ranks_to_json(p.ranks);
+    if (!p.modules.empty()) probe["modules"] = module_breakdown_to_json(p.modules);
     probes.push_back(probe);
   }
   return {{"schema", kSchema},
@@ -339,13 +344,14 @@ bool update_baseline(const std::string& path, const Fixture& fixture, const Devi
     fresh.batch_size = probe.batch_size;
     fresh.components = probe.components;
     fresh.ranks = probe.ranks;
+    fresh.modules = probe.modules;
     fresh.provenance = probe_provenance(device, fixture.hash, commit);
     auto it = std::find_if(b.probes.begin(), b.probes.end(),
                            [&](const BaselineProbe& p) { return p.batch_size == probe.batch_size; });
     if (it == b.probes.end()) {
       b.probes.push_back(std::move(fresh));
       changed = true;
-    } else if (it->components != fresh.components || it->ranks != fresh.ranks ||
+    } else if (it->components != fresh.components || it->ranks != fresh.ranks || it->modules != fresh.modules ||
                without_commit(it->provenance) != without_commit(fresh.provenance) ||
                (from_a_dirty_tree(it->provenance) && !from_a_dirty_tree(fresh.provenance))) {
       // New bytes, or the same bytes from a setup that could have changed them (versions, kernels, fixture): the
@@ -381,11 +387,12 @@ std::string Comparison::message() const {
     case Verdict::kStale: m << "shrank beyond its tolerance (the baseline is stale)"; break;
     case Verdict::kWithin: m << "is within its baseline"; break;
   }
-  m << "\n  baseline:  " << format_mib(baseline) << " (" << baseline << " bytes)"
-    << "\n  measured:  " << format_mib(measured) << " (" << measured << " bytes)"
-    << "\n  change:    " << sign << format_mib(std::llabs(diff)) << " (" << sign << std::llabs(diff) << " bytes, "
+  // Bytes in the unit that keeps a small change visible (format_bytes: "4.0 KiB", "412.0 MiB"), and exactly.
+  m << "\n  baseline:  " << format_bytes(baseline) << " (" << baseline << " bytes)"
+    << "\n  measured:  " << format_bytes(measured) << " (" << measured << " bytes)"
+    << "\n  change:    " << sign << format_bytes(std::llabs(diff)) << " (" << sign << std::llabs(diff) << " bytes, "
     << pct << ")"
-    << "\n  tolerance: " << format_mib(allowed) << " (" << allowed << " bytes)";
+    << "\n  tolerance: " << format_bytes(allowed) << " (" << allowed << " bytes)";
   const auto record = record_command.empty()
                           ? std::string("ctest --preset update-baselines (update-baselines-gpu on a GPU runner)")
                           : record_command;

@@ -10,6 +10,11 @@ namespace memgate {
 
 namespace {
 
+constexpr const char* kCachingAllocatorNote =
+    "(on CUDA each component counts the caching allocator's blocks, not the tensors' sizes: sizes round up to 512 "
+    "bytes, and a cached block reused without a split can be up to 1 MiB larger than its tensor, so a component "
+    "that holds the same tensors, such as gradients, can differ between batch sizes)\n";
+
 // Table cells: MiB, or KiB below one MiB so that the tiny CPU twins do not read as zero.
 std::string format_cell(std::int64_t bytes) {
   if (bytes >= (1 << 20) || bytes == 0) return format_mib(bytes);
@@ -63,6 +68,7 @@ nlohmann::json profile_to_json(const Profile& profile) {
       probe["error"] = p.error;
     } else {
       probe["components"] = components_to_json(p.components);
+      if (!p.modules.empty()) probe["modules"] = module_breakdown_to_json(p.modules);
       probe["step_seconds"] = p.step_seconds;
       probe["library_workspace_bytes"] = p.library_workspace_bytes;
       probe["outside_allocator_bytes"] = p.outside_allocator_bytes;
@@ -125,6 +131,11 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
     }
     fmt::format_to(out, "\n");
   }
+  // CUDA's components are the caching allocator's blocks, not the tensors' sizes: said where a reader would
+  // otherwise take a difference between batch sizes for a wrong number.
+  if (d.device.is_cuda() || (estimated && d.slug == "cuda")) {
+    fmt::format_to(out, "{}", kCachingAllocatorNote);
+  }
   if (!estimated) {
     fmt::format_to(out, "{:<{}}", "step time", kNameWidth);
     for (const auto& p : profile.probes) {
@@ -172,11 +183,25 @@ std::string format_profile(const Profile& profile, const std::vector<GpuSpec>& g
     fmt::format_to(out, "\nlargest {} batch size that fits (step_peak_reserved <= usable: memory x usable_fraction - "
                         "outside the allocator):\n",
                    estimated ? "estimated" : "measured");
+    std::int64_t largest_tried = 0;
+    for (const auto& p : profile.probes) {
+      if (p.measured()) largest_tried = std::max(largest_tried, p.batch_size);
+    }
+    bool any_capped = false;
     for (const auto& g : gpus) {
       const auto best = largest_fitting_batch(profile, g);
+      // The largest batch size of this profile fits: the GPU takes at least that, and how much more is not known here.
+      const bool capped = best && *best == largest_tried;
+      any_capped = any_capped || capped;
       fmt::format_to(out, "  {:<28}{:>12} usable  ->  {}\n", g.name, format_usable(g.usable_bytes()),
-                     best ? fmt::format("bs {}", *best)
-                          : std::string(estimated ? "none of the estimated" : "none of the measured"));
+                     !best    ? std::string(estimated ? "none of the estimated" : "none of the measured")
+                     : capped ? fmt::format("bs {} or more (every batch size {} fits)", *best,
+                                            estimated ? "estimated" : "measured")
+                              : fmt::format("bs {}", *best));
+    }
+    if (any_capped) {
+      fmt::format_to(out, "  (\"or more\": the largest batch such a GPU fits was not searched; memgate estimate --gpu "
+                          "<id> finds it by estimate in seconds, memgate advise --gpu <id> confirms it)\n");
     }
     if (profile.device.device.is_cpu()) {
       fmt::format_to(out, "  (measured on the CPU: CUDA kernels and workspaces differ; profile on a GPU for a budget "

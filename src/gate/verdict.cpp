@@ -157,6 +157,28 @@ ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& p
     case Verdict::kStale: v.status = Status::kStale; break;
   }
   v.message = cmp.message() + provenance;
+  // Which modules moved: the breakdowns of the baseline and of this probe, where both have one of this component.
+  if (const auto* then = ranked ? nullptr : recorded->modules.find(component),
+      *now = ranked ? nullptr : probe.modules.find(component);
+      now != nullptr) {
+    std::string by_module;
+    if (then != nullptr) {
+      auto changes = module_changes(*then, *now);
+      if (!changes.empty()) by_module = "\n  by module: " + describe_module_changes(changes);
+      if (changes.size() > kModuleChangesKept) changes.resize(kModuleChangesKept);
+      v.modules = std::move(changes);
+    } else {
+      by_module = fmt::format("\n  by module: the baseline has no per-module breakdown of {}; record it again to name "
+                              "the modules that change",
+                              component);
+    }
+    if (v.status != Status::kOk && !by_module.empty()) {
+      // After the numbers, before what to do.
+      auto at = v.message.find("\n  If this growth");
+      if (at == std::string::npos) at = v.message.find("\n  Memory went down");
+      v.message.insert(at == std::string::npos ? v.message.size() : at, by_module);
+    }
+  }
   if (ranked) {
     // The imbalance between ranks: what each measured of this component.
     std::int64_t low = INT64_MAX, high = 0;

@@ -354,6 +354,7 @@ std::string rank_result_text(int rank, const ProbeResult& r) {
                      {"seconds", r.seconds},
                      {"step_seconds", r.step_seconds},
                      {"ranks", ranks}};
+  if (!r.modules.empty()) out["modules"] = module_breakdown_to_json(r.modules);
   if (r.param_counts) {
     out["params"] = {{"total", r.param_counts->total},
                      {"trainable", r.param_counts->trainable},
@@ -422,6 +423,7 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
     result.failed = j.value("failed", false);
     result.error = j.at("error").get<std::string>();
     result.components = components_from(j.at("components"));
+    if (j.contains("modules")) result.modules = module_breakdown_from_json(j.at("modules"), "the Python probe's modules");
     result.comm_buffer_bytes = j.at("comm_buffer_bytes").get<std::int64_t>();
     result.comm_buffers = j.at("comm_buffers").get<std::int64_t>();
     result.communicator_bytes = j.at("communicator_bytes").get<std::int64_t>();

@@ -4,6 +4,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/backend/memory_backend.h"
+#include "memgate/backend/module_attribution.h"
 
 #include <fmt/format.h>
 
@@ -101,11 +102,12 @@ class PeakTracker {
 class ProbeObserver final : public StepObserver {
  public:
   ProbeObserver(c10::Device device, std::function<void(std::string_view)> on_phase)
-      : backend_(make_memory_backend(device)), on_phase_(std::move(on_phase)) {}
+      : backend_(make_memory_backend(device)), attribution_(device), on_phase_(std::move(on_phase)) {}
   void start_measured_step() {
     measuring_ = true;
     backend_->synchronize();
     backend_->reset_peak();
+    attribution_.reset_peak(ModuleAttribution::kStep);
     tracker_.emplace(*backend_);
     before_step_ = backend_->snapshot().allocated;
   }
@@ -113,7 +115,10 @@ class ProbeObserver final : public StepObserver {
     tracker_->fold();
     c_.step_peak = tracker_->allocated() - base_.allocated;
     c_.step_peak_reserved = tracker_->reserved() - base_.reserved;
+    modules_.components["step_peak"] = attribution_.peak_since(ModuleAttribution::kStep, base_mark_);
   }
+  /// The per-module breakdown of the components that have one, where the model's modules were seen.
+  [[nodiscard]] ModuleBreakdown modules() const { return attribution_.saw_modules() ? modules_ : ModuleBreakdown{}; }
   /// What the measured step left allocated beyond what it started with (0 for a steady step: its gradients and
   /// graph freed, the optimizer's state as it was).
   [[nodiscard]] std::int64_t step_growth() const { return after_step_ - before_step_; }
@@ -124,6 +129,7 @@ class ProbeObserver final : public StepObserver {
 
   void base_read(const MemorySnapshot& base) override {
     base_ = base;
+    base_mark_ = attribution_.mark();
     phase("building the model");
   }
   void model_built() override {
@@ -134,16 +140,20 @@ class ProbeObserver final : public StepObserver {
     phase("eval forward");
     backend_->synchronize();
     backend_->reset_peak();
+    attribution_.reset_peak(ModuleAttribution::kPart);
   }
   void eval_end(int) override {
     backend_->synchronize();
     c_.eval_peak = backend_->snapshot().peak_allocated - base_.allocated;
+    modules_.components["eval_peak"] = attribution_.peak_since(ModuleAttribution::kPart, base_mark_);
   }
   void forward_begin(std::int64_t index) override {
     phase(measuring_ ? "measured step: forward" : "warm-up step: forward");
     if (!measuring_ || index != 0) return;
     tracker_->reset();
     before_forward_ = backend_->snapshot().allocated;
+    forward_mark_ = attribution_.mark();
+    attribution_.reset_peak(ModuleAttribution::kPart);
   }
   void forward_end(std::int64_t index) override {
     phase(measuring_ ? "measured step: backward" : "warm-up step: backward");
@@ -152,6 +162,8 @@ class ProbeObserver final : public StepObserver {
     const auto s = backend_->snapshot();
     c_.activations = s.allocated - before_forward_;
     c_.forward_peak = s.peak_allocated - before_forward_;
+    modules_.components["activations"] = attribution_.since(forward_mark_);
+    modules_.components["forward_peak"] = attribution_.peak_since(ModuleAttribution::kPart, forward_mark_);
   }
   void backward_done() override {
     phase(measuring_ ? "measured step: optimizer step" : "warm-up step: optimizer step");
@@ -187,14 +199,19 @@ class ProbeObserver final : public StepObserver {
 
  private:
   void phase(const char* what) {
+    if (what != phase_) attribution_.set_phase(what);
     if (what != phase_ && on_phase_) on_phase_(what);
     phase_ = what;
   }
 
   std::unique_ptr<MemoryBackend> backend_;
+  ModuleAttribution attribution_;
   std::function<void(std::string_view)> on_phase_;
   const char* phase_ = nullptr;
   MemorySnapshot base_;
+  ModuleAttribution::Mark base_mark_;
+  ModuleAttribution::Mark forward_mark_;
+  ModuleBreakdown modules_;
   Components c_;
   bool measuring_ = false;
   bool optimizer_state_seen_ = false;
@@ -299,6 +316,7 @@ ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10
     observer.finish_measured_step();
     result.step_seconds = seconds_since(step_start);
     result.components = observer.components();
+    result.modules = observer.modules();
     // The protocol measures one step as every step of training: a step that ends with more (or less) allocated than
     // it started with is not that, and its numbers would be recorded as truth.
     if (const auto growth = observer.step_growth(); growth != 0) {

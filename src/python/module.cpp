@@ -4,6 +4,7 @@
 #include "python_model.h"
 
 #include "memgate/backend/meta_allocator.h"
+#include "memgate/backend/module_attribution.h"
 #include "memgate/base/heartbeat.h"
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/gate/rank.h"
@@ -34,6 +35,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("note_progress", &memgate::note_progress,
         "Tells the probe's supervisor that the work moved (a module imported): it ends a probe that makes none for "
         "its timeout.");
+  m.def(
+      "enter_module", [](const std::string& name) { memgate::enter_module(name); }, py::arg("name"),
+      "The module whose forward runs from now on, by its dotted name: what the per-module breakdown names the bytes "
+      "allocated next by (memgate._modules's hooks call it).");
+  m.def("exit_module", &memgate::exit_module, "The module entered last has returned.");
   m.def(
       "register_meta_kernels", [] { memgate::use_meta_kernels_for(memgate::meta_kernels_target()); },
       "Registers memgate's own Meta kernels in this process (once; an estimate sets their target), before "

@@ -272,6 +272,9 @@ PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::u
     // A compiled module's blocks stay as they are: memgate's wrapper, a C++ function, would break the graph at each.
     if (!spec.compile) wrap_blocks();
     forward_ = spec.compile ? torch_module.attr("compile")(module_) : module_;
+    // Which module allocates what, for the per-module breakdown a failing component names (on the CPU, whose
+    // allocator memgate counts; not under torch.compile, whose graph would break at each hook).
+    if (device.is_cpu() && !spec.compile) module_tracking_ = py::module_::import("memgate._modules").attr("track")(module_);
   } catch (py::error_already_set& e) {
     throw Error(fmt::format("model.entry {}: {}", spec.entry, describe_python_error(e)));
   }
@@ -279,6 +282,14 @@ PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::u
 
 PythonModel::~PythonModel() {
   py::gil_scoped_acquire gil;
+  if (module_tracking_) {
+    try {
+      module_tracking_.attr("remove")();
+    } catch (const py::error_already_set&) {
+      // A destructor does not throw; the hooks name modules of a model that is gone, which no later probe has.
+    }
+    module_tracking_ = py::object();
+  }
   forward_ = py::object();
   loss_ = py::object();
   batch_fn_ = py::object();

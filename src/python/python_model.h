@@ -65,6 +65,9 @@ class PythonModel final : public Model {
   pybind11::object batch_fn_;         ///< model.batch, or None
   pybind11::object compute_loss_fn_;  ///< model.compute_loss, or None
   pybind11::object optimizer_fn_;     ///< training.optimizer's class or callable, or None
+  /// memgate._modules.Tracking over module_ (CPU, not compiled): names the module that runs for the per-module
+  /// breakdown; removed with the model.
+  pybind11::object module_tracking_;
   std::uint64_t seed_ = 0;
   std::vector<Block> blocks_;
 };

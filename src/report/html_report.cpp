@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <iterator>
+#include <map>
 #include <set>
 
 namespace memgate {
@@ -180,6 +182,68 @@ std::string component_table(const ProfileDocument& d) {
   return t;
 }
 
+// Which modules hold the bytes of the largest batch size that has a breakdown: a row per module among the largest
+// of any component, a column per component with one.
+std::string module_table(const ProfileDocument& d) {
+  constexpr std::size_t kTop = 12;
+  const DocumentProbe* probe = nullptr;
+  for (const auto& p : d.probes) {
+    if (p.measured() && !p.modules.empty() && (probe == nullptr || p.batch_size > probe->batch_size)) probe = &p;
+  }
+  if (probe == nullptr) return "";
+  std::vector<std::string_view> components;
+  std::map<std::string, std::int64_t, std::less<>> shown;  // module -> the most it holds of any component
+  for (const auto component : kBrokenDownComponents) {
+    const auto* modules = probe->modules.find(component);
+    if (modules == nullptr) continue;
+    components.push_back(component);
+    std::vector<std::pair<std::int64_t, std::string>> largest;
+    for (const auto& [module, bytes] : *modules) largest.emplace_back(bytes, module);
+    std::sort(largest.begin(), largest.end(), std::greater<>());
+    for (std::size_t i = 0; i < largest.size() && i < kTop; ++i) {
+      auto& most = shown[largest[i].second];
+      most = std::max(most, largest[i].first);
+    }
+  }
+  std::vector<std::pair<std::int64_t, std::string>> rows;
+  for (const auto& [module, most] : shown) rows.emplace_back(most, module);
+  std::sort(rows.begin(), rows.end(), std::greater<>());
+  std::string t = fmt::format(
+      "<h3>By module, batch size {}</h3><p class=\"meta\">What each module's forward allocated that is alive where "
+      "the component is read (the largest {} of each component); a name in parentheses is what no module's forward "
+      "allocated, by the part of the step that did.</p><table class=\"modules\"><tr><th>module</th>",
+      probe->batch_size, kTop);
+  for (const auto component : components) t += fmt::format("<th>{}</th>", component);
+  t += "</tr>";
+  for (const auto& [most, module] : rows) {
+    t += fmt::format("<tr><td>{}</td>", escape_html(module));
+    for (const auto component : components) {
+      const auto& modules = *probe->modules.find(component);
+      const auto it = modules.find(module);
+      t += it == modules.end() ? std::string("<td>-</td>")
+                               : fmt::format("<td title=\"{} bytes\">{}</td>", it->second, format_bytes(it->second));
+    }
+    t += "</tr>";
+  }
+  return t + "</table>";
+}
+
+// The modules whose bytes changed against the baseline, per batch size and component.
+std::string module_changes_table(const std::vector<ComparisonSection::ModuleRow>& rows) {
+  if (rows.empty()) return "";
+  std::string t = "<h2>By module</h2><table class=\"modules\"><tr><th>batch</th><th>component</th><th>module</th>"
+                   "<th>baseline</th><th>this run</th><th>change</th></tr>";
+  for (const auto& r : rows) {
+    const auto d = r.change.difference();
+    t += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td title=\"{} bytes\">{}</td><td title=\"{} bytes\">{}</td>"
+                     "<td class=\"{}\" title=\"{:+} bytes\">{}</td></tr>",
+                     r.batch_size, r.component, escape_html(r.change.module), r.change.baseline,
+                     format_bytes(r.change.baseline), r.change.measured, format_bytes(r.change.measured),
+                     d > 0 ? "grew" : "shrank", d, format_bytes_delta(d));
+  }
+  return t + "</table>";
+}
+
 std::string fits_table(const std::vector<const ProfileDocument*>& docs, const std::vector<GpuLine>& gpus) {
   if (gpus.empty()) return "";
   std::string t = "<table class=\"fits\"><tr><th>GPU</th><th>memory</th><th>usable</th>";
@@ -297,6 +361,7 @@ std::string render_report_html(const std::vector<ProfileDocument>& documents, co
     } else {
       body += "<div class=\"charts\">" + component_chart(d, gpus) + stacked_chart(d) + "</div>";
       body += component_table(d);
+      body += module_table(d);
       if (profiles.size() < 2) body += fits_table({&d}, gpus);
     }
     body += "</section>";
@@ -385,7 +450,8 @@ std::string render_comparisons_html(const std::vector<ComparisonSection>& sectio
   for (std::size_t i = 0; i < sections.size(); ++i) {
     body += fmt::format("<section class=\"comparison\" id=\"comparison-{}\"><h1>{}</h1>{}</section>", i,
                         escape_html(sections[i].title),
-                        comparison_body(sections[i].documents, gpus, sections[i].comparison));
+                        comparison_body(sections[i].documents, gpus, sections[i].comparison) +
+                            module_changes_table(sections[i].modules));
   }
   return page(title, body, options);
 }

@@ -76,6 +76,8 @@ class Node {
     throw Error(fmt::format("{}: {}: {}", source_, where.empty() ? "(top level)" : where, what));
   }
   [[nodiscard]] const std::string& path() const { return path_; }
+  [[nodiscard]] const std::string& source() const { return source_; }
+  [[nodiscard]] const nlohmann::json& json() const { return j_; }
 
  private:
   [[nodiscard]] std::string child(const char* key) const { return path_.empty() ? key : path_ + "." + key; }
@@ -109,6 +111,9 @@ DocumentProbe read_probe(const Node& p) {
       probe.components.*info.present = true;
     }
     probe.components.*info.member = bytes_at(components, info.name.data());
+  }
+  if (p.has("modules")) {
+    probe.modules = module_breakdown_from_json(p.object("modules").json(), fmt::format("{}: {}.modules", p.source(), p.path()));
   }
   probe.step_seconds = p.number_or("step_seconds", 0.0);
   return probe;

@@ -34,6 +34,7 @@ struct Row {
   Status status = Status::kOk;
   std::optional<std::int64_t> baseline;
   std::optional<std::int64_t> measured;
+  std::vector<ModuleChange> modules;  ///< the modules that changed most, where the verdict named them
 };
 
 std::string where(const std::string& path, int line) { return fmt::format("{}:{}", path, line); }
@@ -68,6 +69,19 @@ Row row_from_json(const nlohmann::json& j, const std::string& at) {
   if (r.baseline.has_value() != r.measured.has_value() && r.status != Status::kOom) {
     throw Error(at + ": `baseline` and `measured`: expected both or neither");
   }
+  if (j.contains("modules")) {
+    if (!j["modules"].is_array()) throw Error(at + ": `modules`: expected a list of {module, baseline, measured}");
+    for (const auto& m : j["modules"]) {
+      const auto module_at = at + ": `modules`";
+      ModuleChange change;
+      change.module = need_string(m, module_at, "module");
+      const auto then = optional_int(m, module_at, "baseline"), now = optional_int(m, module_at, "measured");
+      if (!then || !now) throw Error(module_at + ": expected `baseline` and `measured` bytes for each module");
+      change.baseline = *then;
+      change.measured = *now;
+      r.modules.push_back(std::move(change));
+    }
+  }
   return r;
 }
 
@@ -95,6 +109,13 @@ std::string status_cell(Status s) {
   return "?";
 }
 
+// The module whose bytes changed most: "+64.0 KiB in blocks.0.attn" ("-" where none was named).
+std::string module_cell(const Row& r) {
+  if (r.modules.empty()) return "-";
+  const auto& m = r.modules.front();
+  return fmt::format("{} in `{}`", format_bytes_delta(m.difference()), m.module);
+}
+
 std::string table_row(const Row& r, bool with_fixture) {
   std::string cells = with_fixture ? fmt::format("| {} / {} ", r.device, r.fixture) : "";
   cells += fmt::format("| {} | {} | ", r.batch_size, r.component);
@@ -105,7 +126,7 @@ std::string table_row(const Row& r, bool with_fixture) {
   } else {
     cells += fmt::format("{} | - | - | ", r.baseline ? format_bytes(*r.baseline) : "-");
   }
-  return cells + status_cell(r.status) + " |\n";
+  return cells + status_cell(r.status) + (with_fixture ? " | " + module_cell(r) : std::string()) + " |\n";
 }
 
 }  // namespace
@@ -186,8 +207,8 @@ Summary summarize(const Rows& rows) {
   if (changed.empty()) {
     md += "Every measured component equals its baseline to the byte.\n\n";
   } else {
-    md += "### What changed\n\n| fixture | batch | component | baseline | measured | change | status |\n"
-          "|---|---:|---|---:|---:|---:|---|\n";
+    md += "### What changed\n\n| fixture | batch | component | baseline | measured | change | status | module that "
+          "changed most |\n|---|---:|---|---:|---:|---:|---|---|\n";
     for (const auto* r : changed) md += table_row(*r, /*with_fixture=*/true);
     md += "\n";
   }
@@ -230,7 +251,11 @@ Summary summarize(const Rows& rows) {
     if (baseline.probes.empty()) continue;
     std::vector<ProfileDocument> docs{std::move(baseline), std::move(measured)};
     auto comparison = compare_documents(docs, {});
-    s.comparisons.push_back({fixture, std::move(docs), std::move(comparison)});
+    std::vector<ComparisonSection::ModuleRow> modules;
+    for (const auto& [key, r] : cases) {
+      for (const auto& m : r.modules) modules.push_back({r.batch_size, r.component, m});
+    }
+    s.comparisons.push_back({fixture, std::move(docs), std::move(comparison), std::move(modules)});
   }
   md += fmt::format("<details><summary>All {} results</summary>\n\n", total);
   for (const auto& [fixture, cases] : rows) {

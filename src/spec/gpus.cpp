@@ -60,6 +60,12 @@ std::int64_t GpuSpec::usable_bytes() const {
          outside_allocator_bytes;
 }
 
+std::int64_t GpuSpec::library_workspace_bytes() const {
+  constexpr std::int64_t kHopper = 4096LL * 8 * 1024, kOther = 4096LL * 2 * 1024 + 16LL * 8 * 1024, kLt = 1 << 20;
+  const bool hopper = compute_capability.empty() || compute_capability.starts_with("9.");
+  return 2 * (hopper ? kHopper : kOther) + kLt;
+}
+
 std::string format_usable(std::int64_t usable_bytes) { return format_mib(usable_bytes); }
 
 GpuSpec load_gpu(const std::string& path) {
@@ -75,6 +81,19 @@ GpuSpec load_gpu(const std::string& path) {
   gpu.outside_allocator_bytes =
       static_cast<std::int64_t>(r.get_double("outside_allocator_mib", 0.0, 0.0, 1 << 20) * (1 << 20));
   (void)r.get_string("note", std::string());
+  gpu.compute_capability = r.get_string("compute_capability", std::string());
+  if (!gpu.compute_capability.empty()) {
+    const auto& cc = gpu.compute_capability;
+    const auto dot = cc.find('.');
+    if (dot == std::string::npos || dot == 0 || dot + 1 == cc.size() ||
+        cc.find_first_not_of("0123456789.") != std::string::npos || cc.find('.', dot + 1) != std::string::npos) {
+      r.fail("compute_capability", "a compute capability as major.minor (\"9.0\", \"7.5\")", cc);
+    }
+  }
+  gpu.multiprocessors = static_cast<int>(r.get_int("multiprocessors", 0, 0, 10000));
+  gpu.max_threads_per_multiprocessor = static_cast<int>(r.get_int("max_threads_per_multiprocessor", 0, 0, 1 << 16));
+  gpu.sources = r.get_string("sources", std::string());
+  gpu.measured = r.get_bool("measured", false);
   if (gpu.usable_bytes() <= 0) {
     r.fail("outside_allocator_mib",
            "less than memory_gib x usable_fraction (" + format_bytes(gpu.usable_bytes() + gpu.outside_allocator_bytes) +

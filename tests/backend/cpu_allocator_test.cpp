@@ -1,5 +1,6 @@
 // The counting CPU allocator counts exactly what LibTorch's CPU tensors hold.
 #include "memgate/backend/cpu_allocator.h"
+#include "memgate/backend/module_attribution.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -76,6 +77,37 @@ TEST_F(CpuAllocatorTest, AnAllocationTheMachineRefusesIsOutOfMemoryAndNotCounted
   EXPECT_THROW((void)torch::empty({std::int64_t{1} << 60}, torch::kUInt8), c10::OutOfMemoryError);
   EXPECT_EQ(counter.current_bytes(), before);
   EXPECT_EQ(counter.peak_bytes(), peak) << "a failed allocation must not raise the peak";
+}
+
+// Each block is the innermost entered module's, else the phase's; since() splits the bytes alive now and
+// peak_since() those at the highest total, each summing to what the allocator counted.
+TEST_F(CpuAllocatorTest, AttributionSplitsBytesByTheModuleThatMadeThem) {
+  ModuleAttribution attribution(torch::kCPU);
+  attribution.set_phase("outside");
+  const auto from = attribution.mark();
+  attribution.reset_peak(ModuleAttribution::kPart);
+  const auto before = counter.current_bytes();
+  counter.reset_peak();
+  enter_module("a");
+  auto x = torch::empty({256});  // 1,024 bytes in a
+  enter_module("a.b");
+  auto y = torch::empty({512});  // 2,048 bytes in a.b
+  exit_module();
+  { auto t = torch::empty({1024}); }  // 4,096 bytes in a, freed: the peak
+  exit_module();
+  auto z = torch::empty({16});  // 64 bytes outside any module
+  EXPECT_EQ(attribution.since(from), (ModuleBytes{{"a", 1024}, {"a.b", 2048}, {"(outside)", 64}}));
+  EXPECT_EQ(counter.current_bytes() - before, 1024 + 2048 + 64);
+  EXPECT_EQ(attribution.peak_since(ModuleAttribution::kPart, from), (ModuleBytes{{"a", 5120}, {"a.b", 2048}}));
+  EXPECT_EQ(counter.peak_bytes() - before, 5120 + 2048);
+  EXPECT_TRUE(attribution.saw_modules());
+  // Freed, a module's bytes leave its split.
+  x.reset();
+  EXPECT_EQ(attribution.since(from), (ModuleBytes{{"a.b", 2048}, {"(outside)", 64}}));
+  // Off the CPU nothing is attributed.
+  ModuleAttribution meta(torch::kMeta);
+  EXPECT_TRUE(meta.since(meta.mark()).empty());
+  EXPECT_FALSE(meta.saw_modules());
 }
 
 }  // namespace

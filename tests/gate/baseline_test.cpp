@@ -319,8 +319,11 @@ TEST(BaselineTest, RegressionMessageSaysWhatGrewByHowMuchAndWhatToDo) {
   const auto m = c.message();
   EXPECT_THAT(m, HasSubstr("retfound_large_lora at batch 32: activations grew beyond its baseline"));
   EXPECT_THAT(m, HasSubstr("1000.0 MiB"));
-  EXPECT_THAT(m, HasSubstr("1412.0 MiB"));
+  EXPECT_THAT(m, HasSubstr("measured:  1.38 GiB (1480589312 bytes)"));
   EXPECT_THAT(m, HasSubstr("+412.0 MiB"));
+  // A small component in a unit that shows it, not "0.0 MiB".
+  EXPECT_THAT(compare_component("f", 1, "activations", 4100, 8196, Tolerance{0.0025, 0, 0.0025, 0}).message(),
+              HasSubstr("baseline:  4.0 KiB (4100 bytes)"));
   EXPECT_THAT(m, HasSubstr("+41.20%"));
   EXPECT_THAT(m, HasSubstr("tolerance: 10.0 MiB"));
   EXPECT_THAT(m, HasSubstr("update-baselines"));

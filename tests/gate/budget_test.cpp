@@ -4,6 +4,7 @@
 #include "memgate/gate/suite.h"
 #include "fixture_util.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -58,6 +59,35 @@ TEST(BudgetTest, CommittedGpuFixturesLoad) {
     EXPECT_LE(g.usable_fraction, 1.0) << g.id;
   }
   EXPECT_THROW((void)find_gpu(gpus, "tpu"), Error);
+  // Each carries what an estimate needs of it, with its sources; only the GPU memgate ran on says it was measured.
+  for (const auto& g : gpus) {
+    EXPECT_FALSE(g.compute_capability.empty()) << g.id;
+    EXPECT_GT(g.multiprocessors, 0) << g.id;
+    EXPECT_GT(g.max_threads_per_multiprocessor, 0) << g.id;
+    EXPECT_FALSE(g.sources.empty()) << g.id;
+    EXPECT_EQ(g.measured, g.id == "h200_141gb") << g.id;
+  }
+  EXPECT_EQ(t4.multiprocessors, 40);
+  EXPECT_EQ(t4.max_threads_per_multiprocessor, 1024);
+  EXPECT_EQ(find_gpu(gpus, "a100_80gb").multiprocessors, 108);
+  // torch 2.11's cuBLAS workspaces: 65 MiB on an H200 (as memgate measured there), 17.25 MiB on a T4.
+  EXPECT_EQ(find_gpu(gpus, "h200_141gb").library_workspace_bytes(), 65LL << 20);
+  EXPECT_EQ(t4.library_workspace_bytes(), 2 * 8'519'680 + (1 << 20));
+  EXPECT_EQ(GpuSpec{}.library_workspace_bytes(), 65LL << 20) << "unknown: the larger";
+}
+
+TEST(BudgetTest, AMalformedComputeCapabilityNamesTheKey) {
+  testing::TempDir dir;
+  for (const auto* bad : {"nine", "9", "9.0.1", ".5"}) {
+    testing::write_file(dir / "cc.yaml", fmt::format("name: X\nmemory_gib: 24\ncompute_capability: \"{}\"\n", bad));
+    try {
+      (void)load_gpu(dir / "cc.yaml");
+      FAIL() << bad;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("cc.yaml:3: compute_capability")) << bad;
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("major.minor")) << bad;
+    }
+  }
 }
 
 TEST(BudgetTest, AGpuWithNoUsableMemoryIsRefusedNamingTheKey) {

@@ -1,5 +1,6 @@
 // The gate end to end: the memory suite binary, run on a copy of a source tree, against a real recorded baseline.
 #include "memgate/gate/baseline.h"
+#include "memgate/gate/report.h"
 #include "memgate/gate/suite.h"
 #include "memgate/backend/device.h"
 #include "fixture_util.h"
@@ -415,6 +416,36 @@ TEST_F(VerdictBinaryTest, FailsWhenTheVerdictCannotBeFound) {
   EXPECT_NE(out.find("`suite`: expected a string"), std::string::npos) << out;
   EXPECT_EQ(testing::run(MEMGATE_VERDICT_TESTS + std::string(" --memgate_batch=0"), &out), 2) << out;
   EXPECT_NE(out.find("--memgate_batch=<N >= 1>"), std::string::npos) << out;
+}
+
+// After a profile, the fits-on table says what its numbers are: a GPU that fits every batch size profiled fits "that
+// or more", with the command that finds how much more; a CUDA profile says that its components count the caching
+// allocator's blocks (why gradients can differ between batch sizes).
+TEST(ProfileTextTest, TheFitsTableSaysWhatItKnows) {
+  Profile profile;
+  profile.device.name = "cpu";
+  profile.device.slug = "cpu";
+  profile.device.device = c10::Device(c10::DeviceType::CPU);
+  profile.fixture = "f";
+  for (const std::int64_t b : {1, 2, 4}) {
+    ProbeResult p;
+    p.batch_size = b;
+    p.components.step_peak_reserved = b * 1'000'000'000LL;
+    profile.probes.push_back(p);
+  }
+  GpuSpec big{.id = "big", .name = "Big GPU", .memory_bytes = 100'000'000'000LL, .usable_fraction = 1.0};
+  GpuSpec mid{.id = "mid", .name = "Mid GPU", .memory_bytes = 2'500'000'000LL, .usable_fraction = 1.0};
+  GpuSpec tiny{.id = "tiny", .name = "Tiny GPU", .memory_bytes = 500'000'000LL, .usable_fraction = 1.0};
+  auto text = format_profile(profile, {big, mid, tiny});
+  EXPECT_THAT(text, ::testing::HasSubstr("->  bs 4 or more (every batch size measured fits)")) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("->  bs 2\n")) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("->  none of the measured")) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("memgate estimate --gpu <id> finds it by estimate"));
+  EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("caching allocator's blocks")));
+  profile.device.device = c10::Device(c10::DeviceType::CUDA, 0);
+  text = format_profile(profile, {mid});
+  EXPECT_THAT(text, ::testing::HasSubstr("on CUDA each component counts the caching allocator's blocks"));
+  EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("or more")));
 }
 
 }  // namespace

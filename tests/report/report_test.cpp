@@ -285,5 +285,24 @@ TEST(HtmlReportTest, ThePageIsSelfContainedAndHoldsThePlots) {
   EXPECT_GT(count(chtml, "class=\"same\""), 0);
 }
 
+// A profile with a per-module breakdown (a Python fixture's on the CPU) shows which modules hold the bytes of its
+// largest batch size, escaped; a breakdown that is not bytes by module is an error naming the key.
+TEST(HtmlReportTest, APerModuleBreakdownIsShown) {
+  auto j = profile_json("seg", {1, 2});
+  j["probes"][1]["modules"] = {{"activations", {{"decoder.up<x>", 4096}, {"encoder", 512}}},
+                               {"step_peak", {{"(building the model)", 9000}, {"decoder.up<x>", 4096}}}};
+  const auto d = doc(j);
+  ASSERT_EQ(d.probes[1].modules.find("activations")->at("encoder"), 512);
+  const auto html = render_report_html({d}, {}, {.title = "", .generator = "memgate test"});
+  EXPECT_EQ(count(html, "<h3>By module, batch size 2</h3>"), 1);
+  EXPECT_EQ(count(html, "<td>decoder.up&lt;x&gt;</td>"), 1) << "one row per module";
+  EXPECT_EQ(count(html, "<td>(building the model)</td>"), 1);
+  EXPECT_LT(html.find("(building the model)"), html.find("decoder.up&lt;x&gt;</td>")) << "the largest first";
+  EXPECT_GT(count(html, "<td title=\"4096 bytes\">4.0 KiB</td>"), 0);
+  EXPECT_EQ(count(render_report_html({doc(profile_json("plain", {1}))}, {}, {}), "By module"), 0);
+  j["probes"][1]["modules"] = {{"activations", {{"encoder", "big"}}}};
+  EXPECT_THAT(error_of(j), HasSubstr("out/a.json: probes[1].modules.activations.encoder: expected a whole number"));
+}
+
 }  // namespace
 }  // namespace memgate

@@ -22,6 +22,11 @@ struct AdviceTarget {
   std::string id;              ///< `rtx_4090_24gb`, or `capacity`
   std::string name;            ///< `NVIDIA GeForce RTX 4090`, or `1024 MiB`
   std::int64_t usable_bytes;   ///< what a step may use in the allocator: GpuSpec::usable_bytes(), or the capacity
+  /// What an estimated step needs beside its reserved peak on this GPU: GpuSpec::library_workspace_bytes() (a
+  /// measured probe has its own, measured); 0 for a capacity.
+  std::int64_t library_workspace_bytes = 0;
+  /// False for a GPU fixture memgate never measured (GpuSpec::measured): its answers say so.
+  bool measured = true;
 };
 
 /// A GPU fixture as a target: its usable bytes (GpuSpec::usable_bytes()).
@@ -143,7 +148,9 @@ struct AdviseOptions {
 struct EstimatedFit {
   AdviceTarget target;
   std::int64_t largest = 0;              ///< 0: not even batch 1 fits
-  std::int64_t required_bytes = 0;       ///< step_peak_reserved at `largest` (at 1 when nothing fits)
+  /// What the step needs at `largest` (at 1 when nothing fits): step_peak_reserved and the target's library
+  /// workspaces.
+  std::int64_t required_bytes = 0;
   std::int64_t next_required_bytes = 0;  ///< at largest + 1, which does not fit (0 where the search stopped at its cap)
   std::int64_t micro_batch = 0;          ///< with an effective batch: its largest divisor that fits ...
   std::int64_t accumulation_steps = 0;   ///< ... and the steps that accumulate to it

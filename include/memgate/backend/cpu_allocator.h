@@ -52,6 +52,9 @@ class CountingCpuAllocator final : public c10::Allocator {
   };
   /// Sets the observer (nullptr: none). One at a time.
   void set_observer(Observer* observer);
+  /// A second observer, beside the first: the per-module attribution of a probe (backend/module_attribution.h),
+  /// which runs while a snapshot records. One at a time.
+  void set_attribution_observer(Observer* observer);
   /// Calls `visit(data, bytes)` for every live allocation, newest first, with the allocator's lock held.
   void for_each_live(const std::function<void(const void* data, std::size_t bytes)>& visit) const;
 

@@ -3,12 +3,14 @@
 #pragma once
 
 #include "memgate/base/enum_names.h"
+#include "memgate/base/module_breakdown.h"
 
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace memgate {
 
@@ -63,9 +65,16 @@ struct ComponentVerdict {
   std::optional<std::int64_t> measured;  ///< bytes, when the probe ran
   std::optional<std::int64_t> allowed;   ///< the tolerance in bytes, when compared
   std::string message;                   ///< what a failure, a notice or a skip prints
+  /// The modules whose bytes of this component changed against the baseline, the largest change first (at most
+  /// kModuleChangesKept), where the baseline and the probe both have a per-module breakdown of it; else empty.
+  std::vector<ModuleChange> modules;
 };
 
-/// JSON of a verdict: {"status", "fixture", "batch_size", "component", "message"} and the bytes that are known.
+/// How many module changes a verdict keeps.
+inline constexpr std::size_t kModuleChangesKept = 10;
+
+/// JSON of a verdict: {"status", "fixture", "batch_size", "component", "message"}, the bytes that are known, and
+/// "modules": [{"module", "baseline", "measured"}, ...] where modules changed.
 void to_json(nlohmann::json& j, const ComponentVerdict& v);
 /// Reads what to_json wrote; throws memgate::Error naming the field that is missing or of the wrong type.
 void from_json(const nlohmann::json& j, ComponentVerdict& v);

@@ -22,6 +22,9 @@ struct BaselineProbe {
   Components components;
   /// A distributed fixture's ranks, each with its own components (and communication buffers); empty otherwise.
   std::vector<RankComponents> ranks;
+  /// Which module holds the bytes of the components that have a breakdown (ProbeResult::modules): what names the
+  /// modules that changed when a component fails. Empty where the probe had none.
+  ModuleBreakdown modules;
   /// What can change the bytes, and the commit: see probe_provenance.
   nlohmann::json provenance = nlohmann::json::object();
   [[nodiscard]] std::string fixture_hash() const;

@@ -5,6 +5,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "memgate/base/components.h"
+#include "memgate/base/module_breakdown.h"
 #include "memgate/backend/device.h"
 #include "memgate/distributed/process_group.h"
 #include "memgate/backend/memory_backend.h"
@@ -29,6 +30,9 @@ struct ProbeResult {
   bool oom = false;          ///< the device ran out of memory; `components` is not filled
   std::string error;         ///< the out-of-memory message, or the failure's
   Components components;
+  /// Which module holds the bytes of activations, forward_peak, eval_peak and step_peak: a Python fixture's on the
+  /// CPU (backend/module_attribution.h); empty elsewhere.
+  ModuleBreakdown modules;
   double seconds = 0.0;      ///< wall time of the whole probe (build, warm-up, measured step)
   double step_seconds = 0.0; ///< wall time of the measured step alone
   /// cuBLAS / cuBLASLt workspaces on the device, created before `base` so that no component depends on what ran

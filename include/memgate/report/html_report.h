@@ -16,8 +16,8 @@ struct HtmlOptions {
 };
 
 /// The report of each document: memory per component against batch size with a line per GPU's usable memory, a
-/// stacked bar of what the step keeps at each batch size with its peaks marked, the component table, the largest
-/// batch that fits each GPU, and the advice where a document is one; with two or more profiles, an overview of
+/// stacked bar of what the step keeps at each batch size with its peaks marked, the component table, which modules
+/// hold the bytes (where the document has a per-module breakdown), the largest batch that fits each GPU, and the advice where a document is one; with two or more profiles, an overview of
 /// their step peaks first.
 [[nodiscard]] std::string render_report_html(const std::vector<ProfileDocument>& documents,
                                              const std::vector<GpuLine>& gpus, const HtmlOptions& options = {});
@@ -34,6 +34,14 @@ struct ComparisonSection {
   std::string title;
   std::vector<ProfileDocument> documents;
   ProfileComparison comparison;
+  /// The modules whose bytes changed, per batch size and component, the largest change first (the verdicts'
+  /// ComponentVerdict::modules): shown as a table "by module" under the comparison.
+  struct ModuleRow {
+    std::int64_t batch_size = 0;
+    std::string component;
+    ModuleChange change;
+  };
+  std::vector<ModuleRow> modules;
 };
 [[nodiscard]] std::string render_comparisons_html(const std::vector<ComparisonSection>& sections,
                                                   const std::vector<GpuLine>& gpus, const HtmlOptions& options = {});

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "memgate/base/components.h"
+#include "memgate/base/module_breakdown.h"
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +22,7 @@ struct DocumentProbe {
   Components components;    ///< when measured()
   double step_seconds = 0.0;
   bool failed = false;      ///< the probe failed with another error than an out-of-memory (`error`)
+  ModuleBreakdown modules;  ///< which module holds the bytes (a Python fixture's, on the CPU), where the file has it
 
   [[nodiscard]] bool measured() const { return !oom && !failed; }
 };

@@ -20,6 +20,22 @@ struct GpuSpec {
   /// less what lives outside the caching allocator, i.e. what the allocator may hold. A step fits when what it
   /// needs inside the allocator (step_peak_reserved and the library workspaces) is at most this.
   [[nodiscard]] std::int64_t usable_bytes() const;
+
+  /// What an estimate needs of the GPU beside its memory, each from `sources` (0 / "" where the file does not say):
+  std::string compute_capability;          ///< "9.0": which cuBLAS workspace torch gives it
+  int multiprocessors = 0;                 ///< its SMs
+  int max_threads_per_multiprocessor = 0;  ///< threads an SM holds (CUDA's table per compute capability)
+  std::string sources;                     ///< where the properties and memory_gib come from
+  /// Whether memgate measured this GPU (memory_gib and outside_allocator_mib from a run on it); otherwise its
+  /// figures are NVIDIA's and planning allowances, and estimates for it say so.
+  bool measured = false;
+
+  /// The caching allocator's bytes that cuBLAS keeps for a training step on this GPU in torch 2.11, which an
+  /// estimate adds to a step's needs as a measured probe does (its library_workspace_bytes): two cuBLAS workspaces
+  /// (the forward's thread and autograd's, a handle each) of 32 MiB on compute capability 9.x and 8 MiB + 128 KiB
+  /// elsewhere (CUBLAS_WORKSPACE_CONFIG's defaults, ":4096:8" and ":4096:2:16:8"), and one 1 MiB cuBLASLt workspace:
+  /// 65 MiB on an H200, as measured there; 17.25 MiB on a T4. Without a compute capability, the larger.
+  [[nodiscard]] std::int64_t library_workspace_bytes() const;
 };
 
 /// A GPU's usable memory as every output prints it: "12984.4 MiB" (format_mib: a budget's headroom is MiB-sized).

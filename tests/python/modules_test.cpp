@@ -1,0 +1,180 @@
+// Which module grew (issue 58): a Python fixture's activations and peaks are split by the module whose forward
+// allocated what is alive there, each split summing to its component to the byte; the baseline keeps the split, and a
+// change to one module's code fails the gate naming that module, in the message, check's table, its JSON, JUnit and
+// Markdown, and the HTML summary.
+#include "memgate/base/files.h"
+#include "memgate/base/module_breakdown.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/launch/run.h"
+#include "fixture_util.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <numeric>
+#include <string>
+
+namespace memgate {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// An encoder, a decoder with two linear layers, a head; `decoder_code` is the decoder's forward.
+std::string modules_model_code(const std::string& decoder_code) {
+  return "import torch\nfrom torch import nn\n\n"
+         "class Decoder(nn.Module):\n"
+         "    def __init__(self, d):\n        super().__init__()\n"
+         "        self.up = nn.Linear(d, 4 * d)\n        self.down = nn.Linear(4 * d, d)\n\n"
+         "    def forward(self, x):\n" + decoder_code +
+         "\nclass Net(nn.Module):\n"
+         "    def __init__(self, d=32):\n        super().__init__()\n"
+         "        self.encoder = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d))\n"
+         "        self.decoder = Decoder(d)\n        self.head = nn.Linear(d, 10)\n\n"
+         "    def forward(self, x):\n        return self.head(self.decoder(self.encoder(x)))\n\n"
+         "def build():\n    return Net()\n";
+}
+const std::string kModulesPlainDecoder = "        return self.down(torch.relu(self.up(x)))\n";
+// The same decoder gated by a sigmoid of its own: two more tensors saved for backward, allocated in the decoder's
+// forward but in none of its submodules'.
+const std::string kModulesGatedDecoder = "        h = self.up(x)\n        return self.down(torch.relu(h) * torch.sigmoid(h))\n";
+
+const std::string kModulesFixture =
+    "model:\n  arch: python\n  entry: models.py:build\n  inputs:\n    - {shape: [B, 32], dtype: float32}\n"
+    "  task: sum\ntraining: {optimizer: adamw, trainable: all}\nbatch_sizes: [4]\n";
+
+struct ModulesProject {
+  testing::TempDir dir;
+  explicit ModulesProject(const std::string& decoder_code) {
+    testing::write_file(dir / "f.yaml", kModulesFixture);
+    testing::write_file(dir / "models.py", modules_model_code(decoder_code));
+  }
+  [[nodiscard]] std::string check(const std::string& extra = "") const {
+    return fmt::format("env -u CI -u MEMGATE_STRICT -u GITHUB_STEP_SUMMARY {} check --config {} --device cpu "
+                       "--baselines {} {}",
+                       MEMGATE_CLI, dir / "f.yaml", dir / "baselines", extra);
+  }
+};
+
+std::int64_t sum_of_modules(const ModuleBytes& modules) {
+  return std::accumulate(modules.begin(), modules.end(), std::int64_t{0},
+                         [](std::int64_t total, const auto& entry) { return total + entry.second; });
+}
+
+// Each component with a breakdown is split exactly: the modules' bytes add up to the component's, at two batch
+// sizes; the leaves whose outputs backward keeps hold activations, and what no module's forward allocated (the
+// parameters and the optimizer's state at the step's peak) is named by the part of the step that allocated it.
+TEST(ModuleBreakdownTest, EachSplitSumsToItsComponentToTheByte) {
+  ModulesProject p(kModulesPlainDecoder);
+  const auto fixture = load_fixture(p.dir / "f.yaml");
+  for (const std::int64_t batch : {2, 4}) {
+    const auto probe = run_probe(fixture, batch, testing::kCpu);
+    ASSERT_TRUE(probe.measured()) << probe.error;
+    for (const auto component : kBrokenDownComponents) {
+      const auto* modules = probe.modules.find(component);
+      ASSERT_NE(modules, nullptr) << component;
+      EXPECT_EQ(sum_of_modules(*modules), probe.components.get(component)) << component << " at batch " << batch;
+    }
+    // What backward keeps: each encoder layer's output (GELU and the Linears save their inputs), the decoder's
+    // ReLU output (made in the decoder's own forward), decoder.down's output (the head's input). decoder.up's output
+    // is freed (ReLU keeps its own), and so is the head's (the loss needs no input).
+    const auto& activations = *probe.modules.find("activations");
+    for (const auto* module : {"encoder.0", "encoder.1", "encoder.2", "decoder", "decoder.down"}) {
+      EXPECT_EQ(activations.at(module), batch * 32 * 4 * (std::string(module) == "decoder" ? 4 : 1))
+          << module << " at batch " << batch;
+    }
+    EXPECT_FALSE(activations.contains("decoder.up"));
+    EXPECT_FALSE(activations.contains("head"));
+    EXPECT_EQ(probe.modules.find("forward_peak")->at("decoder.up"), batch * 128 * 4) << "alive at the peak";
+    const auto& step_peak = *probe.modules.find("step_peak");
+    EXPECT_TRUE(step_peak.contains("(building the model)")) << "the parameters";
+    EXPECT_TRUE(step_peak.contains("(warm-up step: optimizer step)")) << "AdamW's state";
+  }
+}
+
+// The zoo's C++ models have no modules memgate can name: no breakdown, and their baselines stay as they were.
+TEST(ModuleBreakdownTest, AZooModelHasNone) {
+  const auto probe = run_probe(testing::model_fixture("vit_tiny_lora"), 1, testing::kCpu);
+  ASSERT_TRUE(probe.measured()) << probe.error;
+  EXPECT_TRUE(probe.modules.empty());
+}
+
+TEST(ModuleBreakdownTest, AGrownModuleIsNamedByTheGate) {
+  ModulesProject p(kModulesPlainDecoder);
+  std::string out;
+  ASSERT_EQ(testing::run(p.check("--update-baselines"), &out), 0) << out;
+  const auto file = p.dir / "baselines/cpu/f.json";
+  const auto recorded = testing::read_file(file);
+  const auto baseline = nlohmann::json::parse(recorded);
+  ASSERT_TRUE(baseline["probes"][0].contains("modules")) << recorded;
+  EXPECT_EQ(baseline["probes"][0]["modules"]["activations"]["decoder"], 2048) << recorded;
+  // Recorded again with nothing changed: the file stays byte for byte.
+  ASSERT_EQ(testing::run(p.check("--update-baselines"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("unchanged"));
+  EXPECT_EQ(testing::read_file(file), recorded);
+  ASSERT_EQ(testing::run(p.check(), &out), 0) << out;
+
+  // The decoder's code changes: its forward keeps a gate's two tensors more.
+  testing::write_file(p.dir / "models.py", modules_model_code(kModulesGatedDecoder));
+  const auto reports = fmt::format("--json {} --junit {} --markdown {} --html {}", p.dir / "v.json", p.dir / "j.xml",
+                                   p.dir / "s.md", p.dir / "s.html");
+  EXPECT_EQ(testing::run(p.check(reports), &out), 1) << out;
+  // 4 x 128 float32 twice, in the decoder's own forward.
+  EXPECT_THAT(out, HasSubstr("by module: +4,096 B in decoder")) << out;
+  EXPECT_THAT(out, HasSubstr("regression  f_bs4_activations")) << out;
+  EXPECT_THAT(out, HasSubstr("+4.0 KiB decoder")) << "the table's module column: " << out;
+  EXPECT_LT(out.find("by module:"), out.find("If this growth is intended")) << "the module before what to do";
+
+  const auto verdicts = nlohmann::json::parse(testing::read_file(p.dir / "v.json"));
+  bool named = false;
+  for (const auto& row : verdicts.at("results")) {
+    if (row.at("component") != "activations") continue;
+    ASSERT_TRUE(row.contains("modules")) << row.dump();
+    EXPECT_EQ(row["modules"][0]["module"], "decoder");
+    EXPECT_EQ(row["modules"][0]["measured"].get<std::int64_t>() - row["modules"][0]["baseline"].get<std::int64_t>(),
+              4096);
+    named = true;
+  }
+  EXPECT_TRUE(named);
+  EXPECT_THAT(testing::read_file(p.dir / "j.xml"), HasSubstr("by module: +4,096 B in decoder"));
+  const auto md = testing::read_file(p.dir / "s.md");
+  EXPECT_THAT(md, HasSubstr("module that changed most"));
+  EXPECT_THAT(md, HasSubstr("+4.0 KiB in `decoder`")) << md;
+
+  // The HTML page shows the same modules.
+  const auto html = testing::read_file(p.dir / "s.html");
+  EXPECT_THAT(html, HasSubstr("<h2>By module</h2>"));
+  EXPECT_THAT(html, HasSubstr("<td>decoder</td>"));
+
+  // Recorded, the gate passes again and the breakdown holds the decoder's new bytes.
+  ASSERT_EQ(testing::run(p.check("--update-baselines"), &out), 0) << out;
+  EXPECT_EQ(testing::run(p.check(), &out), 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("by module")));
+}
+
+// A baseline recorded before breakdowns were kept judges as before; a failure says how to get the modules named.
+TEST(ModuleBreakdownTest, ABaselineWithoutOneSaysHowToGetIt) {
+  ModulesProject p(kModulesPlainDecoder);
+  std::string out;
+  ASSERT_EQ(testing::run(p.check("--update-baselines"), &out), 0) << out;
+  const auto file = p.dir / "baselines/cpu/f.json";
+  auto baseline = nlohmann::json::parse(testing::read_file(file));
+  baseline["probes"][0].erase("modules");
+  testing::write_file(file, baseline.dump(2));
+  EXPECT_EQ(testing::run(p.check(), &out), 0) << out;
+  testing::write_file(p.dir / "models.py", modules_model_code(kModulesGatedDecoder));
+  EXPECT_EQ(testing::run(p.check(), &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("the baseline has no per-module breakdown of activations; record it again")) << out;
+  // A corrupt breakdown is an error naming the file and the key.
+  baseline["probes"][0]["modules"] = {{"activations", {{"decoder", "many"}}}};
+  testing::write_file(file, baseline.dump(2));
+  EXPECT_EQ(testing::run(p.check(), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("probes[0].modules.activations.decoder: expected a whole number of bytes")) << out;
+}
+
+}  // namespace
+}  // namespace memgate
