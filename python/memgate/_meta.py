@@ -136,3 +136,127 @@ def module_of_error(root, traceback) -> str:
             found = f"the model ({kind})" if name == "" else f"'{name}' ({kind})"
         traceback = traceback.tb_next
     return found
+
+
+# --- A model's build on the Meta device, with the values it reads ----------------------------------------------------
+
+_SMALL = 4096  # elements: a build's schedule (drop-path rates per block) or a table of sizes, not a parameter
+
+
+def _value_factories():
+    return {torch.linspace, torch.logspace, torch.arange, torch.range, torch.tensor, torch.as_tensor, torch.zeros,
+            torch.ones, torch.full, torch.eye}
+
+
+def _value_reads():
+    t = torch.Tensor
+    return {t.item, t.tolist, t.__bool__, t.__int__, t.__float__, t.__index__, t.__complex__, t.numpy, t.__format__,
+            t.__repr__, t.__str__, t.__array__}
+
+
+from torch.utils._device import DeviceContext as _DeviceContext  # noqa: E402 (torch's own `with torch.device(...)`)
+
+
+class _BuildOnDevice(_DeviceContext):
+    """`torch.device(device)` for a model's build (factory functions make their tensors there), and on the Meta device
+    the values of what the build computes from Python numbers: a builder that reads one (MONAI's SwinUNETR and many
+    others: `dpr = [x.item() for x in torch.linspace(0, drop_path_rate, sum(depths))]`) gets it, where a Meta tensor
+    has none ("Tensor.item() cannot be called on meta tensors"). A small tensor made by a value factory (linspace,
+    arange, tensor, zeros, ...) keeps a CPU twin with its values, and so does what an op computes from twins alone;
+    a read of a Meta tensor's value (item, tolist, bool, int, float, ...) reads its twin. Random ops leave the CPU's
+    generator as it was, and every twin is dropped when the build ends: the model is the Meta device's alone. Values
+    of parameters drawn at random are none of these (their factories are empty and rand): reading one stays an
+    error."""
+
+    def __init__(self, device):
+        super().__init__(device)
+        self._on_meta = self.device.type == "meta"
+        self._factories = _value_factories()
+        self._reads = _value_reads()
+        self._twinned = []  # weak references to the Meta tensors given a twin
+
+    def __exit__(self, *exc):
+        for ref in self._twinned:
+            tensor = ref()
+            if tensor is not None and "_memgate_value" in tensor.__dict__:
+                del tensor._memgate_value
+        self._twinned.clear()
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self._on_meta:
+            return super().__torch_function__(func, types, args, kwargs)
+        if func in self._reads and args:
+            twin = _twin(args[0])
+            if twin is not None:
+                return func(twin, *args[1:], **kwargs)
+        factory = func in self._factories and kwargs.get("device") is None
+        result = super().__torch_function__(func, types, args, dict(kwargs))
+        try:
+            if factory:
+                if _small_meta(result):
+                    self._keep(result, func(*args, **{**kwargs, "device": "cpu"}))
+            else:
+                twins = _with_twins(args, kwargs)
+                if twins is not None and _small_meta(result):
+                    state = torch.get_rng_state()
+                    try:
+                        self._keep(result, func(*twins[0], **twins[1]))
+                    finally:
+                        torch.set_rng_state(state)
+        except Exception:  # noqa: BLE001 (a twin that cannot be computed: the value stays unread, as on Meta)
+            pass
+        return result
+
+    def _keep(self, result, twin):
+        import weakref
+
+        if isinstance(result, torch.Tensor):
+            if isinstance(twin, torch.Tensor) and twin.shape == result.shape:
+                result._memgate_value = twin
+                self._twinned.append(weakref.ref(result))
+        elif isinstance(result, (list, tuple)) and isinstance(twin, (list, tuple)) and len(result) == len(twin):
+            for r, t in zip(result, twin):
+                self._keep(r, t)
+
+
+def _twin(value):
+    return value.__dict__.get("_memgate_value") if isinstance(value, torch.Tensor) else None
+
+
+def _small_meta(result):
+    if isinstance(result, torch.Tensor):
+        return result.device.type == "meta" and result.numel() <= _SMALL
+    if isinstance(result, (list, tuple)):
+        return bool(result) and all(_small_meta(r) for r in result)
+    return False
+
+
+def _with_twins(args, kwargs):
+    """The op's arguments with each Meta tensor replaced by its twin; None unless there is one and every Meta tensor
+    has one."""
+    found = False
+
+    def swap(value):
+        nonlocal found
+        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+            twin = _twin(value)
+            if twin is None:
+                raise LookupError
+            found = True
+            return twin
+        if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+            return type(value)(swap(v) for v in value)
+        return value
+
+    try:
+        swapped = tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+    except LookupError:
+        return None
+    return swapped if found else None
+
+
+def building_on(device: str):
+    """The context a model's builder runs in on `device` (memgate's PythonModel): _BuildOnDevice."""
+    return _BuildOnDevice(device)

@@ -166,7 +166,19 @@ int rank_main(int argc, char** argv) {
     std::optional<ParamCounts> counts;
     if (!is_rank || fixture.model.arch == Arch::kPython) {
       options.on_phase("counting the model's parameters (building it on the Meta device)");
-      counts = workload_param_counts(fixture);
+      try {
+        counts = workload_param_counts(fixture);
+      } catch (const std::exception&) {
+        // A Python builder that cannot run on the Meta device (it reads a value drawn at random there): a measurement
+        // counts them on its own device, where the probe builds the model anyway (each probe then starts from an
+        // empty cache); an estimate, which runs on Meta alone, has the builder's error.
+        if (fixture.model.arch != Arch::kPython || args.contains("estimate-for")) throw;
+        options.on_phase("counting the model's parameters (building it on the probe's device: not on the Meta device)");
+        const c10::Device device(args.contains("device") ? args["device"] : std::string("cpu"));
+        auto model = build_model(fixture.model, device);
+        (void)select_trainable(*model, fixture.training.trainable, fixture.source);
+        counts = count_parameters(model->module());
+      }
     }
     if (is_rank && batch_sizes.size() > 1) throw std::invalid_argument("--batch-size: a rank probes one batch size");
     const bool keep_going = args.contains("keep-going") && args["keep-going"] == "1";

@@ -242,10 +242,12 @@ PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::u
     const auto kwargs = py::module_::import("json").attr("loads")(spec.args.dump()).cast<py::dict>();
     torch_module.attr("manual_seed")(seed);
     // Parameters are created on the probe's device directly (torch.device as the default device of factory
-    // functions: no CPU staging, and on the Meta device nothing is allocated); to() moves what was not.
+    // functions: no CPU staging, and on the Meta device nothing is allocated); to() moves what was not. On the Meta
+    // device the values a builder reads of what it computes from numbers are kept on the side
+    // (memgate._meta.building_on): a drop-path schedule read with item() builds there as on the CPU.
     py::object module;
     {
-      const auto on_device = torch_module.attr("device")(device.str());
+      const auto on_device = py::module_::import("memgate._meta").attr("building_on")(device.str());
       on_device.attr("__enter__")();
       try {
         // The build is one call: it must end within the probe's timeout (its imports are progress, its own work is
