@@ -112,10 +112,18 @@ log "memgate estimate --all-gpus, from $user: found the GPU fixtures"
   { cat "$work/check.log" >&2; fail "memgate check failed on the model its baseline was recorded from"; }
 log "$(tail -1 "$work/check.log")"
 status=0
-EXAMPLE_GROW_MODEL=1 "${memgate[@]}" check --config my_model.yaml --device cpu >"$work/grown.log" 2>&1 || status=$?
+EXAMPLE_GROW_MODEL=1 "${memgate[@]}" check --config my_model.yaml --device cpu --json "$work/grown.json" \
+  >"$work/grown.log" 2>&1 || status=$?
 [ "$status" -eq 1 ] || { cat "$work/grown.log" >&2; fail "memgate check on the grown model exited $status, not 1"; }
 grep -q "regression" "$work/grown.log" ||
   { cat "$work/grown.log" >&2; fail "the grown model's check named no regression"; }
+# The failure names the module that grew (the Sequential's widened layers: "2", its Conv2d, and "3", its ReLU).
+"$venv_python" - "$work/grown.json" <<'PY' || { cat "$work/grown.log" >&2; fail "the grown model's check named no module"; }
+import json, sys
+named = {m["module"] for result in json.load(open(sys.argv[1]))["results"] for m in result.get("modules", [])}
+print("[pip-install] the grown model's failures name the modules", ", ".join(sorted(named)))
+sys.exit(0 if {"2", "3"} & named else 1)
+PY
 log "with the model grown: $(tail -1 "$work/grown.log")"
 cd "$root"
 rm -rf "$work/venv"
