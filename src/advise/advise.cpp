@@ -7,6 +7,7 @@
 #include "memgate/base/units.h"
 #include "memgate/gate/report.h"
 #include "memgate/launch/estimate.h"
+#include "memgate/launch/ranks.h"
 #include "memgate/models/vit.h"
 
 #include <fmt/format.h>
@@ -558,6 +559,54 @@ int power_of_two_then_binary_search_trials(const std::function<bool(std::int64_t
   return trials;
 }
 
+namespace {
+
+// One target's search as power_of_two_then_binary_search_trials makes it (batch 1, 2, 4, ... until one does not fit,
+// then a binary search between the last two), a step at a time: every target's next batch size is known before any
+// is estimated, so that each round's batch sizes are estimated together.
+class StepwiseSearch {
+ public:
+  explicit StepwiseSearch(std::int64_t max_batch) : max_batch_(max_batch) { settle(); }
+  [[nodiscard]] bool done() const { return done_; }
+  [[nodiscard]] std::int64_t largest() const { return lo_; }
+  /// The batch size whose answer the search needs next (while not done).
+  [[nodiscard]] std::int64_t next() const { return doubling_ ? b_ : lo_ + (hi_ - lo_) / 2; }
+  void answer(bool fits) {
+    if (doubling_) {
+      if (fits) {
+        lo_ = b_;
+        b_ *= 2;
+      } else {
+        doubling_ = false;
+      }
+    } else if (fits) {
+      lo_ = next();
+    } else {
+      hi_ = next();
+    }
+    settle();
+  }
+
+ private:
+  void settle() {
+    if (doubling_ && b_ > max_batch_) doubling_ = false;
+    if (!doubling_ && !bisecting_) {
+      bisecting_ = true;
+      hi_ = std::min(b_, max_batch_ + 1);
+    }
+    if (bisecting_ && hi_ - lo_ <= 1) done_ = true;
+  }
+  std::int64_t max_batch_;
+  std::int64_t b_ = 1;
+  std::int64_t lo_ = 0;  ///< the last batch that fits (0: none yet)
+  std::int64_t hi_ = 0;
+  bool doubling_ = true;
+  bool bisecting_ = false;
+  bool done_ = false;
+};
+
+}  // namespace
+
 EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::vector<AdviceTarget>& targets,
                                           std::optional<std::int64_t> effective_batch, std::int64_t max_batch) {
   if (targets.empty()) throw Error(workload.source + ": the search needs a GPU (--gpu or --all-gpus)");
@@ -567,20 +616,57 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
   out.max_batch = max_batch;
   if (workload.training.distributed.enabled()) out.world_size = workload.training.distributed.world_size;
   std::map<std::int64_t, std::int64_t> required;  // batch -> step_peak_reserved, each estimated once
-  const auto required_at = [&](std::int64_t batch) {
-    if (const auto it = required.find(batch); it != required.end()) return it->second;
-    const auto probe = estimate_probe(workload, batch, EstimateTarget::kCuda);
-    ++out.estimates;
-    return required[batch] = probe.components.step_peak_reserved;
+  // The batch sizes not yet estimated among `batches`, estimated together: a Python fixture's in one Python process
+  // (its model's imports and memgate's start paid once per round, not once per batch size: 0.3 s of a ViT-B's 0.6 s),
+  // each from the state a process of its own would start it in, as a profile's are (run_python_probes).
+  const auto estimate = [&](const std::set<std::int64_t>& batches) {
+    std::vector<std::int64_t> missing;
+    for (const auto b : batches) {
+      if (!required.contains(b)) missing.push_back(b);
+    }
+    if (missing.empty()) return;
+    std::vector<ProbeResult> probes;
+    if (runs_in_python(workload)) {
+      probes = run_python_probes(workload, missing, c10::Device(c10::DeviceType::Meta), ProbeOptions{},
+                                 EstimateTarget::kCuda);
+    } else {
+      for (const auto b : missing) probes.push_back(estimate_probe(workload, b, EstimateTarget::kCuda));
+    }
+    for (std::size_t i = 0; i < missing.size(); ++i) required[missing[i]] = probes.at(i).components.step_peak_reserved;
+    out.estimates += static_cast<std::int64_t>(missing.size());
   };
-  for (const auto& target : targets) {
+  // The step's reserved peak and, beside it in the allocator, the cuBLAS workspaces a target's GPU gets.
+  const auto needs = [&](const AdviceTarget& target, std::int64_t b) {
+    return required.at(b) + target.library_workspace_bytes;
+  };
+  // Every target's search in step: each round estimates the batch sizes the unfinished searches need next.
+  std::vector<StepwiseSearch> searches(targets.size(), StepwiseSearch(max_batch));
+  for (;;) {
+    std::set<std::int64_t> wanted;
+    for (const auto& search : searches) {
+      if (!search.done()) wanted.insert(search.next());
+    }
+    if (wanted.empty()) break;
+    estimate(wanted);
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+      auto& search = searches[t];
+      if (!search.done()) search.answer(needs(targets[t], search.next()) <= targets[t].usable_bytes);
+    }
+  }
+  // What each step needs at its largest batch (at 1 when none fits) and at the next one up.
+  std::set<std::int64_t> reported;
+  for (const auto& search : searches) {
+    reported.insert(std::max<std::int64_t>(search.largest(), 1));
+    if (search.largest() < max_batch) reported.insert(search.largest() + 1);
+  }
+  estimate(reported);
+  for (std::size_t t = 0; t < targets.size(); ++t) {
+    const auto& target = targets[t];
     EstimatedFit fit{.target = target};
-    // The step's reserved peak and, beside it in the allocator, the cuBLAS workspaces this GPU gets.
-    const auto needs = [&](std::int64_t b) { return required_at(b) + target.library_workspace_bytes; };
-    (void)power_of_two_then_binary_search_trials([&](std::int64_t b) { return needs(b) <= target.usable_bytes; },
-                                                 max_batch, &fit.largest);
-    fit.required_bytes = needs(std::max<std::int64_t>(fit.largest, 1));
-    if (fit.largest < max_batch) fit.next_required_bytes = needs(fit.largest + 1);
+    fit.largest = searches[t].largest();
+    const auto needs_here = [&](std::int64_t b) { return needs(target, b); };
+    fit.required_bytes = needs_here(std::max<std::int64_t>(fit.largest, 1));
+    if (fit.largest < max_batch) fit.next_required_bytes = needs_here(fit.largest + 1);
     fit.capped = fit.largest >= max_batch;
     if (effective_batch && fit.largest > 0) {
       for (auto d = std::min(fit.largest, *effective_batch); d >= 1; --d) {

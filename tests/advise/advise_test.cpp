@@ -3,15 +3,19 @@
 #include "memgate/advise/advise.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
+#include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
 #include "fixture_util.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -227,6 +231,53 @@ TEST(AdviseTest, PowerOfTwoThenBinarySearchCountsItsTrials) {
   EXPECT_EQ(found, 37);
   EXPECT_EQ(power_of_two_then_binary_search_trials([](std::int64_t) { return false; }, 1 << 20, &found), 1);
   EXPECT_EQ(found, 0);
+}
+
+// The search by estimate of every GPU in step (estimate --all-gpus): each round's batch sizes estimated together, a
+// Python fixture's in one Python process (issue 59: a ViT-B with LoRA took 66 processes, 0.6 s each after its imports).
+// Every target's largest batch, what it needs and what the next batch needs equal the one-at-a-time search over
+// estimates made each in a process of its own, as memgate made them before (MEMGATE_GC_FREEZE=0: Python's collector
+// walking every object).
+TEST(AdviseTest, TheSearchByEstimateOfAPythonFixtureEqualsOneEstimateAProcessAtATime) {
+  if (!std::filesystem::is_regular_file(std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() /
+                                        "python" / "memgate" / "_build.py")) {
+    GTEST_SKIP() << "memgate's Python extension is not built (MEMGATE_PYTHON_EXTENSION=OFF)";
+  }
+  // Three targets: one whose usable bytes are the step's at batch 5, one at batch 12, one that every batch fits.
+  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/py_vit_tiny_lora_timm.yaml");
+  constexpr std::int64_t kMaxBatch = 16;
+  std::map<std::int64_t, std::int64_t> alone;
+  ::setenv("MEMGATE_GC_FREEZE", "0", 1);
+  const auto required = [&](std::int64_t b) {
+    if (!alone.contains(b)) alone[b] = estimate_probe(f, b, EstimateTarget::kCuda).components.step_peak_reserved;
+    return alone[b];
+  };
+  const std::vector<AdviceTarget> targets = {{.id = "five", .name = "five", .usable_bytes = required(5)},
+                                             {.id = "twelve", .name = "twelve", .usable_bytes = required(12)},
+                                             {.id = "all", .name = "all", .usable_bytes = std::int64_t{1} << 50}};
+  std::vector<std::int64_t> expected;
+  for (const auto& t : targets) {
+    std::int64_t found = 0;
+    (void)power_of_two_then_binary_search_trials([&](std::int64_t b) { return required(b) <= t.usable_bytes; },
+                                                 kMaxBatch, &found);
+    expected.push_back(found);
+    (void)required(std::max<std::int64_t>(found, 1));
+    if (found < kMaxBatch) (void)required(found + 1);
+  }
+  ::unsetenv("MEMGATE_GC_FREEZE");
+  ASSERT_GE(expected[0], 5);
+  ASSERT_GE(expected[1], 12);
+  ASSERT_EQ(expected[2], kMaxBatch);
+  const auto fits = largest_batches_by_estimate(f, targets, std::nullopt, kMaxBatch);
+  ASSERT_EQ(fits.fits.size(), targets.size());
+  EXPECT_GT(fits.estimates, 0);
+  for (std::size_t t = 0; t < targets.size(); ++t) {
+    const auto& fit = fits.fits[t];
+    EXPECT_EQ(fit.largest, expected[t]) << targets[t].id;
+    EXPECT_EQ(fit.required_bytes, alone.at(expected[t])) << targets[t].id;
+    EXPECT_EQ(fit.next_required_bytes, expected[t] < kMaxBatch ? alone.at(expected[t] + 1) : 0) << targets[t].id;
+    EXPECT_EQ(fit.capped, expected[t] == kMaxBatch) << targets[t].id;
+  }
 }
 
 }  // namespace
