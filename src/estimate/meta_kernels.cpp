@@ -214,9 +214,194 @@ bool unit_1x1(const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef 
   return weight.size(2) == 1 && weight.size(3) == 1 && unit_stride && no_padding;
 }
 
+// --- the CPU's convolutions without oneDNN: Slow2d, SlowDilated2d, SlowTranspose2d ----------------------------------
+// _convolution and convolution_backward (Convolution.cpp) make the input and the weight contiguous in the backend's
+// format first (determine_backend_memory_format: channels last for Slow2d/SlowDilated2d where
+// thnn_conv_use_channels_last, the input's or the weight's suggested format being so; contiguous for
+// SlowTranspose2d), alive until they return: a channels-last input (ConvNeXt's downsampling after its LayerNorm2d)
+// has the weight copied to channels last. These backends lack groups: a grouped convolution runs one group at a
+// time, for each group its slices through subtensor (narrow(...).contiguous(format): a copy of the input's and the
+// output gradient's channels, none for a weight's or bias's leading rows), the backend on them, each group's results
+// kept in a vector until at::cat joins them. A depthwise convolution (groups = channels) takes the same loop: on the
+// CPU no other backend serves it without oneDNN (the depthwise kernels are CUDA's; Winograd3x3Depthwise is ARM's and
+// inference's). The slices and the cat run here as ATen's Meta ops, which allocate what the CPU's do. Measured
+// against the CPU (torch 2.11, portable kernels): timm's ConvNeXt's forward_peak was 3.0% low at batch 2 (the
+// downsampling's weight copy), a ResNeXt/MobileNet-style net's step_peak 6.8-7.1% low (the groups' copies and cat).
+at::MemoryFormat meta_conv_group_format(const at::Tensor& input, const at::Tensor& weight, bool transposed) {
+  if (transposed) return at::MemoryFormat::Contiguous;
+  return input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+                 weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast
+             ? at::MemoryFormat::ChannelsLast
+             : at::MemoryFormat::Contiguous;
+}
+
+// subtensor (Convolution.cpp): group g of `groups` along dim, made contiguous in the tensor's suggested format (a
+// channels-last weight's leading rows are so already, a channels-last input's channels are not).
+at::Tensor meta_conv_group_slice(const at::Tensor& t, int64_t dim, int64_t groups, int64_t g) {
+  if (!t.defined()) return t;
+  const auto n = t.size(dim) / groups;
+  return t.narrow(dim, n * g, n).contiguous(t.suggest_memory_format());
+}
+
+// The CPU's backend without oneDNN (_select_conv_backend): SlowTranspose2d, SlowDilated2d, else Slow2d.
+enum class MetaSlowConv { kSlow2d, kDilated2d, kTranspose2d };
+
+MetaSlowConv meta_slow_conv_backend(at::IntArrayRef dilation, bool transposed) {
+  if (transposed) return MetaSlowConv::kTranspose2d;
+  return std::any_of(dilation.begin(), dilation.end(), [](int64_t d) { return d != 1; }) ? MetaSlowConv::kDilated2d
+                                                                                        : MetaSlowConv::kSlow2d;
+}
+
+// _convolution_nogroup_backend on one group (or the whole convolution):
+// - Slow2d: thnn_conv2d -> _slow_conv2d_forward (ConvolutionMM2d.cpp): compute_columns2d's columns of every image
+//   (none for a 1x1 kernel at unit stride without padding: a view of the input), then the output in the format of
+//   thnn_conv_use_channels_last; the columns freed on return.
+// - SlowDilated2d: slow_conv_dilated2d (NaiveDilatedConvolution.cpp): the output, then the columns of one image
+//   (slow_conv_dilated_all_cpu_template resizes one buffer and reuses it for every image).
+// - SlowTranspose2d: slow_conv_transpose2d (NaiveConvolutionTranspose2d.cpp, slow_conv_transpose2d_out_cpu_template):
+//   the structured op's output, then the columns of every image (C_out x kh x kw rows, a column per input pixel).
+at::Tensor meta_conv_group_forward(const at::Tensor& input, const at::Tensor& weight, std::vector<int64_t> shape,
+                                   at::IntArrayRef stride, at::IntArrayRef padding, MetaSlowConv backend) {
+  const auto kh = weight.size(2), kw = weight.size(3);
+  const auto options = input.options().memory_format(meta_conv_group_format(input, weight, false));
+  if (backend == MetaSlowConv::kTranspose2d) {
+    auto out = at::empty(shape, options);
+    auto columns = at::empty({input.size(0), weight.size(1) * kh * kw, input.size(2) * input.size(3)}, input.options());
+    return out;
+  }
+  if (backend == MetaSlowConv::kDilated2d) {
+    auto out = at::empty(shape, options);
+    auto columns = at::empty({input.size(1) * kh * kw, shape[2] * shape[3]}, input.options());
+    return out;
+  }
+  const auto finput = unit_1x1(weight, stride, padding)
+                          ? at::Tensor()
+                          : at::empty({input.size(0), input.size(1) * kh * kw, shape[2] * shape[3]}, input.options());
+  return at::empty(shape, options);
+}
+
+at::Tensor meta_conv_slow_forward(const at::Tensor& input, const at::Tensor& weight,
+                                  const std::optional<at::Tensor>& bias, std::vector<int64_t> shape,
+                                  at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                  bool transposed, int64_t groups) {
+  const auto backend = meta_slow_conv_backend(dilation, transposed);
+  const auto format = meta_conv_group_format(input, weight, transposed);
+  const auto in = input.contiguous(format);
+  const auto w = weight.contiguous(format);
+  if (groups == 1) return meta_conv_group_forward(in, w, shape, stride, padding, backend);
+  shape[1] /= groups;
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(static_cast<std::size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    const auto input_g = meta_conv_group_slice(in, 1, groups, g);
+    const auto weight_g = meta_conv_group_slice(w, 0, groups, g);
+    const auto bias_g = bias.has_value() ? meta_conv_group_slice(*bias, 0, groups, g) : at::Tensor();
+    outputs.push_back(meta_conv_group_forward(input_g, weight_g, shape, stride, padding, backend));
+  }
+  return at::cat(outputs, 1);
+}
+
+// _convolution_backward_nogroup_backend on one group (or the whole convolution):
+// - Slow2d: _slow_conv2d_backward's slow_conv2d_backward_out_cpu (ConvolutionMM2d.cpp), in its order: the input's
+//   gradient (after grad_output.contiguous(format), the format channels last where the input or the weight is: a copy
+//   where it is not so already, e.g. a ViT's patch embedding gets its gradient through flatten(2).transpose(1, 2),
+//   freed when that gradient is done (step_peak 1.1-2.4% low without it); its columns per image are a
+//   std::unique_ptr, not the allocator's), the bias's (sum_out), the weight's (in the weight's suggested format;
+//   grad_output made contiguous again, and compute_columns2d's columns of every image, freed on return).
+// - SlowDilated2d: slow_conv_dilated2d_backward_cpu: grad_output made contiguous, the three gradients allocated up
+//   front, then the columns of one image (for the input's or the weight's gradient), and for the bias's a sum of each
+//   image's grad_output, added and freed.
+// - SlowTranspose2d: slow_conv_transpose2d_backward_cpu: the input's gradient and one image's columns (the output
+//   gradient unfolded: C_out x kh x kw rows, a column per input pixel; none for a 1x1 kernel at unit stride without
+//   padding or dilation), freed; the bias's (sum_out); the weight's and the same columns again
+//   (slow_conv_transpose2d_acc_grad_parameters_cpu). Each part reads grad_output.contiguous(format).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_conv_group_backward(const at::Tensor& grad_output,
+                                                                       const at::Tensor& input,
+                                                                       const at::Tensor& weight,
+                                                                       at::IntArrayRef stride,
+                                                                       at::IntArrayRef padding,
+                                                                       at::IntArrayRef dilation, MetaSlowConv backend,
+                                                                       std::array<bool, 3> mask) {
+  at::Tensor gi, gw, gb;
+  const auto kh = weight.size(2), kw = weight.size(3);
+  const auto format = meta_conv_group_format(input, weight, false);
+  if (backend == MetaSlowConv::kTranspose2d) {
+    const bool need_columns = !unit_1x1(weight, stride, padding) ||
+                              std::any_of(dilation.begin(), dilation.end(), [](int64_t d) { return d != 1; });
+    auto columns = [&] {
+      const auto gy = grad_output.contiguous(format);
+      if (need_columns) at::empty({weight.size(1) * kh * kw, input.size(2) * input.size(3)}, input.options());
+    };
+    if (mask[0]) {
+      gi = at::empty(input.sizes(), input.options().memory_format(format));
+      columns();
+    }
+    if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
+    if (mask[1]) {
+      gw = at::empty(weight.sizes(), weight.options().memory_format(weight.suggest_memory_format()));
+      columns();
+    }
+    return {gi, gw, gb};
+  }
+  if (backend == MetaSlowConv::kDilated2d) {
+    const auto gy = grad_output.contiguous(format);
+    if (mask[0]) gi = at::empty(input.sizes(), input.options().memory_format(format));
+    if (mask[1]) gw = at::empty(weight.sizes(), weight.options().memory_format(format));
+    if (mask[2]) gb = at::empty({weight.size(0)}, weight.options());
+    const auto columns = mask[0] || mask[1]
+                             ? at::empty({input.size(1) * kh * kw, grad_output.size(2) * grad_output.size(3)},
+                                         input.options())
+                             : at::Tensor();
+    if (mask[2]) {
+      [[maybe_unused]] const auto image_sum = at::empty({weight.size(0)}, weight.options());
+    }
+    return {gi, gw, gb};
+  }
+  if (mask[0]) {
+    const auto gy = grad_output.contiguous(format);
+    gi = at::empty(input.sizes(), input.options().memory_format(format));
+  }
+  if (mask[2]) gb = at::empty({grad_output.size(1)}, grad_output.options());
+  if (mask[1]) {
+    gw = at::empty(weight.sizes(), weight.options().memory_format(weight.suggest_memory_format()));
+    const auto gy = grad_output.contiguous(format);
+    if (!unit_1x1(weight, stride, padding)) {
+      auto columns = at::empty({input.size(0), input.size(1) * kh * kw, grad_output.size(2) * grad_output.size(3)},
+                               input.options());
+    }
+  }
+  return {gi, gw, gb};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_conv_slow_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed, int64_t groups, std::array<bool, 3> mask) {
+  const auto backend = meta_slow_conv_backend(dilation, transposed);
+  const auto format = meta_conv_group_format(input, weight, transposed);
+  const auto in = input.contiguous(format);
+  const auto w = weight.contiguous(format);
+  if (groups == 1) return meta_conv_group_backward(grad_output, in, w, stride, padding, dilation, backend, mask);
+  std::vector<at::Tensor> gis, gws, gbs;
+  for (int64_t g = 0; g < groups; ++g) {
+    const auto grad_output_g = meta_conv_group_slice(grad_output, 1, groups, g);
+    const auto input_g = meta_conv_group_slice(in, 1, groups, g);
+    const auto weight_g = meta_conv_group_slice(w, 0, groups, g);
+    auto [gi, gw, gb] = meta_conv_group_backward(grad_output_g, input_g, weight_g, stride, padding, dilation,
+                                                 backend, mask);
+    gis.push_back(std::move(gi));
+    gws.push_back(std::move(gw));
+    gbs.push_back(std::move(gb));
+  }
+  at::Tensor gi, gw, gb;
+  if (mask[0]) gi = at::cat(gis, 1);
+  if (mask[1]) gw = at::cat(gws, 0);
+  if (mask[2]) gb = at::cat(gbs, 0);
+  return {gi, gw, gb};
+}
+
 // On the Meta device _convolution picks the "overrideable" backend; the output's spatial sizes follow the
 // convolution arithmetic, its layout the input's.
-at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& /*bias*/,
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                        at::IntArrayRef output_padding, int64_t groups) {
   const auto spatial = input.dim() - 2;
@@ -230,11 +415,13 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   }
   const auto options = input.options().memory_format(input.suggest_memory_format());
   if (!for_cpu() || spatial != 2) return at::empty(shape, options);
-  // The CPU's kernels take a contiguous input: a strided one (a permuted view) is copied first, and the copy lives
-  // until the convolution returns.
+  if (!cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
+    return meta_conv_slow_forward(input, weight, bias, shape, stride, padding, dilation, transposed, groups);
+  }
+  // oneDNN's (the host's kernels). It takes a contiguous input: a strided one (a permuted view) is copied first, and
+  // the copy lives until the convolution returns.
   auto contiguous = input.is_contiguous(input.suggest_memory_format()) ? at::Tensor() : at::empty_like(input, input.suggest_memory_format());
-  const bool mkldnn = cpu_uses_mkldnn(input, weight, stride, dilation, groups);
-  if (mkldnn && !transposed) {
+  if (!transposed) {
     // oneDNN (ideep) reorders the input into its blocked layout (channels padded to 16; not for a first layer of
     // fewer than 16 channels, read as it is), and the weight, computes into a blocked buffer of the output, then
     // reorders that into the output: all but the output are freed when it returns.
@@ -254,8 +441,8 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
     return out;
   }
   const auto kh = weight.size(2), kw = weight.size(3);
-  if (transposed) {
-    if (mkldnn && input.scalar_type() == at::kBFloat16) {
+  {
+    if (input.scalar_type() == at::kBFloat16) {
       // oneDNN's brgemm deconvolution in bf16: a scratchpad (a 32 KiB batch buffer, and one output row with its
       // channels padded to 16), the input and the padded weight reordered, the output computed in place; then
       // two output-sized copies on the way out. Channels last is its own layout: no reorder of the input, no copies.
@@ -280,23 +467,10 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
       auto second = at::empty(shape, options);
       return out;
     }
-    if (mkldnn) {
-      auto reordered = at::empty_like(weight);
-      auto buffer = at::empty(shape, options);
-      return at::empty(shape, options);
-    }
-    // slow_conv_transpose2d: the output, then the columns of one image at a time (C_out x kh x kw rows, one column
-    // per input pixel), freed when it returns.
-    auto out = at::empty(shape, options);
-    auto columns = at::empty({weight.size(1) * kh * kw, input.size(2) * input.size(3)}, input.options());
-    return out;
+    auto reordered = at::empty_like(weight);
+    auto buffer = at::empty(shape, options);
+    return at::empty(shape, options);
   }
-  // im2col (_slow_conv2d_forward): the unfolded input (C_in x kh x kw rows, one column per output pixel) for each
-  // image, then the output; a 1x1 kernel at unit stride without padding reads the input as it is.
-  const auto finput = unit_1x1(weight, stride, padding)
-                          ? at::Tensor()
-                          : at::empty({input.size(0), input.size(1) / groups * kh * kw, shape[2] * shape[3]}, input.options());
-  return at::empty(shape, options);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
@@ -304,6 +478,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed, at::IntArrayRef, int64_t groups,
     std::array<bool, 3> mask) {
   at::Tensor gi, gw, gb;
+  if (for_cpu() && input.dim() == 4 && !cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
+    return meta_conv_slow_backward(grad_output, input, weight, stride, padding, dilation, transposed, groups, mask);
+  }
   const bool cpu_2d = for_cpu() && input.dim() == 4 && !transposed;
   if (cpu_2d && cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
     const auto layout = OneDnnLayout::of(input, weight, groups);
@@ -372,19 +549,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     }
     return {gi, gw, gb};
   }
-  // _slow_conv2d_backward's templates (the input's gradient, then the weight's) each start from
-  // grad_output.contiguous(format), the format channels last where the input or the weight is
-  // (thnn_conv_use_channels_last): a copy where it is not (a ViT's patch embedding gets its gradient through
-  // flatten(2).transpose(1, 2)), alive while that gradient is computed (step_peak 1.1-2.4% low without it).
-  const auto format = input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
-                              weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast
-                          ? at::MemoryFormat::ChannelsLast
-                          : at::MemoryFormat::Contiguous;
-  const bool copy_grad_output = cpu_2d && !grad_output.is_contiguous(format);
-  if (mask[0]) {
-    auto gy = copy_grad_output ? at::empty_like(grad_output, format) : at::Tensor();
-    gi = at::empty_like(input, input.suggest_memory_format());
-  }
+  // The CPU's convolutions without oneDNN are meta_conv_slow_backward's, above; its transposed ones, and CUDA's
+  // (cuDNN): the gradients.
+  if (mask[0]) gi = at::empty_like(input, input.suggest_memory_format());
   if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
   if (mask[2]) {
     // On CUDA the bias's gradient is grad_output.sum over all dims but the channels (convolution_backward, after
@@ -393,14 +560,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     std::vector<int64_t> dims{0};
     for (int64_t d = 2; d < grad_output.dim(); ++d) dims.push_back(d);
     cuda_reduction_buffers(grad_output, dims, grad_output.scalar_type());
-  }
-  if (cpu_2d && mask[1]) {
-    auto gy = copy_grad_output ? at::empty_like(grad_output, format) : at::Tensor();
-    if (!unit_1x1(weight, stride, padding)) {
-      // _slow_conv2d_backward unfolds the input again for the weight's gradient: one column buffer per image.
-      auto columns = at::empty({input.size(0), input.size(1) / groups * weight.size(2) * weight.size(3),
-                                grad_output.size(2) * grad_output.size(3)}, input.options());
-    }
   }
   return {gi, gw, gb};
 }

@@ -3,7 +3,8 @@
 // roll have no Meta kernel in LibTorch's C++; the estimate's Python process keeps torch's Python ones for them
 // (python/memgate/_meta.py) and counts their outputs as the CPU's kernels allocate them. Each py_meta_* fixture (small
 // nets of these ops, and timm's ResNet with its GroupNorm and ReLU6) is estimated for the CPU and measured on it,
-// component by component. An op with no Meta kernel anywhere is an error
+// component by component; so are grouped and depthwise convolutions (timm's ConvNeXt, a ResNeXt- and MobileNet-style
+// net), which the CPU without oneDNN runs one group at a time. An op with no Meta kernel anywhere is an error
 // naming the op and the module whose forward called it. And `memgate profile` reports a batch size that fails as
 // failed, measuring and writing the others.
 #include "memgate/base/components.h"
@@ -79,7 +80,12 @@ INSTANTIATE_TEST_SUITE_P(
     Ops, MetaOpsEstimateTest,
     ::testing::Values(MetaCase{"SegmentationCrossEntropy2dGroupNormPreluRelu6RollIntegerAbs", "py_meta_seg_ce2d", {2, 4}},
                       MetaCase{"RegressionMseWithAPerFeaturePrelu", "py_meta_regress", {2, 8}},
-                      MetaCase{"TimmResNetWithGroupNormAndRelu6", "py_meta_timm_resnet_gn", {2, 4}}),
+                      MetaCase{"TimmResNetWithGroupNormAndRelu6", "py_meta_timm_resnet_gn", {2, 4}},
+                      // Grouped and depthwise convolutions: without oneDNN the CPU runs them a group at a time.
+                      MetaCase{"TimmConvNeXtDepthwise7x7", "py_meta_timm_convnext", {2, 4}},
+                      MetaCase{"GroupedAndDepthwiseConvolutions", "py_meta_grouped_conv", {2, 4}},
+                      MetaCase{"DilatedTransposed1dAndChannelsLastGroupedConvolutions",
+                               "py_meta_grouped_conv_variants", {2, 3}}),
     case_name);
 
 // A fixture folder of its own: f.yaml (a Python fixture over models.py:build, inputs [B, 4]) and models.py.
