@@ -7,6 +7,7 @@
 #include "memgate/base/units.h"
 #include "memgate/gate/report.h"
 #include "memgate/launch/estimate.h"
+#include "memgate/estimate/cuda_reduce.h"
 #include "memgate/launch/ranks.h"
 #include "memgate/models/vit.h"
 
@@ -307,7 +308,9 @@ AdviceTarget target_of(const GpuSpec& gpu) {
           .name = gpu.name,
           .usable_bytes = gpu.usable_bytes(),
           .library_workspace_bytes = gpu.library_workspace_bytes(),
-          .measured = gpu.measured};
+          .measured = gpu.measured,
+          .multiprocessors = gpu.multiprocessors,
+          .max_threads_per_multiprocessor = gpu.max_threads_per_multiprocessor};
 }
 
 Advice advise(const Workload& workload, const std::vector<AdviceTarget>& targets, c10::Device device,
@@ -615,16 +618,32 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
   EstimatedFits out;
   out.max_batch = max_batch;
   if (workload.training.distributed.enabled()) out.world_size = workload.training.distributed.world_size;
-  std::map<std::int64_t, std::int64_t> required;  // batch -> step_peak_reserved, each estimated once
+  // CUDA's reduction staging depends on the GPU's SMs and threads per SM (cuda_reduce.h): a target's estimates are
+  // its GPU's, shared by the targets of the same counts (an H100 and an H200; targets without counts: the defaults).
+  // CUDA's reduction staging depends on the GPU's SMs and threads per SM (cuda_reduce.h), a few bytes to a few MiB
+  // of a step's peak. The searches run on estimates for the defaults (an H100's; one estimate serves every target);
+  // then each target's answer is settled on its own GPU's estimates: its largest batch and the next, moved a batch at a
+  // time while they disagree with its GPU (rarely: the staging moves the peak by far less than a sample does).
+  using Gpu = std::pair<int, int>;
+  const CudaReduceDevice defaults;
+  const auto gpu_of = [&](const AdviceTarget& t) {
+    const bool as_defaults = t.multiprocessors <= 0 || t.max_threads_per_multiprocessor <= 0 ||
+                             (t.multiprocessors == defaults.multiprocessors &&
+                              t.max_threads_per_multiprocessor == defaults.max_threads_per_multiprocessor);
+    return as_defaults ? Gpu{0, 0} : Gpu{t.multiprocessors, t.max_threads_per_multiprocessor};
+  };
+  std::map<Gpu, std::map<std::int64_t, std::int64_t>> required;  // GPU -> batch -> step_peak_reserved, each once
   // The batch sizes not yet estimated among `batches`, estimated together: a Python fixture's in one Python process
   // (its model's imports and memgate's start paid once per round, not once per batch size: 0.3 s of a ViT-B's 0.6 s),
   // each from the state a process of its own would start it in, as a profile's are (run_python_probes).
-  const auto estimate = [&](const std::set<std::int64_t>& batches) {
+  const auto estimate = [&](const Gpu& gpu, const std::set<std::int64_t>& batches) {
+    auto& known = required[gpu];
     std::vector<std::int64_t> missing;
     for (const auto b : batches) {
-      if (!required.contains(b)) missing.push_back(b);
+      if (!known.contains(b)) missing.push_back(b);
     }
     if (missing.empty()) return;
+    const ScopedEstimateGpu for_gpu(CudaReduceDevice{gpu.first, gpu.second});
     std::vector<ProbeResult> probes;
     if (runs_in_python(workload)) {
       probes = run_python_probes(workload, missing, c10::Device(c10::DeviceType::Meta), ProbeOptions{},
@@ -632,12 +651,12 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
     } else {
       for (const auto b : missing) probes.push_back(estimate_probe(workload, b, EstimateTarget::kCuda));
     }
-    for (std::size_t i = 0; i < missing.size(); ++i) required[missing[i]] = probes.at(i).components.step_peak_reserved;
+    for (std::size_t i = 0; i < missing.size(); ++i) known[missing[i]] = probes.at(i).components.step_peak_reserved;
     out.estimates += static_cast<std::int64_t>(missing.size());
   };
-  // The step's reserved peak and, beside it in the allocator, the cuBLAS workspaces a target's GPU gets.
-  const auto needs = [&](const AdviceTarget& target, std::int64_t b) {
-    return required.at(b) + target.library_workspace_bytes;
+  // The step's reserved peak on `gpu` and, beside it in the allocator, the cuBLAS workspaces a target's GPU gets.
+  const auto needs_on = [&](const Gpu& gpu, const AdviceTarget& target, std::int64_t b) {
+    return required.at(gpu).at(b) + target.library_workspace_bytes;
   };
   // Every target's search in step: each round estimates the batch sizes the unfinished searches need next.
   std::vector<StepwiseSearch> searches(targets.size(), StepwiseSearch(max_batch));
@@ -647,24 +666,45 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
       if (!search.done()) wanted.insert(search.next());
     }
     if (wanted.empty()) break;
-    estimate(wanted);
+    estimate(Gpu{0, 0}, wanted);
     for (std::size_t t = 0; t < targets.size(); ++t) {
       auto& search = searches[t];
-      if (!search.done()) search.answer(needs(targets[t], search.next()) <= targets[t].usable_bytes);
+      if (!search.done()) search.answer(needs_on(Gpu{0, 0}, targets[t], search.next()) <= targets[t].usable_bytes);
     }
   }
-  // What each step needs at its largest batch (at 1 when none fits) and at the next one up.
-  std::set<std::int64_t> reported;
-  for (const auto& search : searches) {
-    reported.insert(std::max<std::int64_t>(search.largest(), 1));
-    if (search.largest() < max_batch) reported.insert(search.largest() + 1);
+  // Each answer on its own GPU: the largest batch that fits (at 1 when none does) and the next one up, estimated
+  // together per GPU, until neither moves it.
+  std::vector<std::int64_t> largest(targets.size());
+  std::vector<bool> settled(targets.size(), false);
+  for (std::size_t t = 0; t < targets.size(); ++t) largest[t] = searches[t].largest();
+  for (;;) {
+    std::map<Gpu, std::set<std::int64_t>> wanted;
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+      if (settled[t]) continue;
+      auto& batches = wanted[gpu_of(targets[t])];
+      batches.insert(std::max<std::int64_t>(largest[t], 1));
+      if (largest[t] < max_batch) batches.insert(largest[t] + 1);
+    }
+    if (wanted.empty()) break;
+    for (const auto& [gpu, batches] : wanted) estimate(gpu, batches);
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+      if (settled[t]) continue;
+      const auto gpu = gpu_of(targets[t]);
+      const auto fits = [&](std::int64_t b) { return needs_on(gpu, targets[t], b) <= targets[t].usable_bytes; };
+      if (largest[t] >= 1 && !fits(largest[t])) {
+        --largest[t];
+      } else if (largest[t] < max_batch && fits(largest[t] + 1)) {
+        ++largest[t];
+      } else {
+        settled[t] = true;
+      }
+    }
   }
-  estimate(reported);
   for (std::size_t t = 0; t < targets.size(); ++t) {
     const auto& target = targets[t];
     EstimatedFit fit{.target = target};
-    fit.largest = searches[t].largest();
-    const auto needs_here = [&](std::int64_t b) { return needs(target, b); };
+    fit.largest = largest[t];
+    const auto needs_here = [&](std::int64_t b) { return needs_on(gpu_of(target), target, b); };
     fit.required_bytes = needs_here(std::max<std::int64_t>(fit.largest, 1));
     if (fit.largest < max_batch) fit.next_required_bytes = needs_here(fit.largest + 1);
     fit.capped = fit.largest >= max_batch;
@@ -726,6 +766,8 @@ std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::
                     "cuBLAS and one cuBLASLt: {} on compute capability 9.x, {} elsewhere)\n",
                  format_mib(GpuSpec{.compute_capability = "9.0"}.library_workspace_bytes()),
                  format_mib(GpuSpec{.compute_capability = "8.0"}.library_workspace_bytes()));
+  fmt::format_to(o, "  and its CUDA reductions' staging sized for that GPU's multiprocessors (fixtures/gpus: a T4's "
+                    "40 x 1,024 threads stage less than an H100's 132 x 2,048)\n");
   if (any_unmeasured) {
     fmt::format_to(o, "  * never measured by memgate: its memory is NVIDIA's figure and what lives outside the "
                       "allocator a planning allowance (fixtures/gpus)\n");

@@ -82,7 +82,7 @@ void cuda_reduction_buffers(const at::Tensor& self, at::OptionalIntArrayRef dims
   operands.max_threads = in_dtype == at::kComplexDouble ? 256 : 512;
   operands.can_accumulate_in_output =
       !((in_dtype == at::kHalf || in_dtype == at::kBFloat16 || in_dtype == at::kComplexHalf) && out_dtype == in_dtype);
-  const auto buffers = cuda_reduce_buffers(operands);
+  const auto buffers = cuda_reduce_buffers(operands, estimated_cuda_reduce_device());
   const auto bytes = self.options().dtype(at::kByte);
   auto accumulation = buffers.accumulation_bytes > 0 ? at::empty({buffers.accumulation_bytes}, bytes) : at::Tensor();
   for (const auto& launch : buffers.launches) {

@@ -182,6 +182,8 @@ int rank_main(int argc, char** argv) {
     }
     if (is_rank && batch_sizes.size() > 1) throw std::invalid_argument("--batch-size: a rank probes one batch size");
     const bool keep_going = args.contains("keep-going") && args["keep-going"] == "1";
+    // An estimate for a GPU of the search's (ranks.cpp passes it): its reductions staged for that GPU's SMs.
+    if (args.contains("estimate-gpu-sms")) ::setenv("MEMGATE_ESTIMATE_GPU_SMS", args["estimate-gpu-sms"].c_str(), 1);
     const auto of_probe = [&](const std::string& path, std::size_t i) {
       return probe_file(path, i, batch_sizes.size());
     };

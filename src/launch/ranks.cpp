@@ -235,6 +235,9 @@ std::vector<std::string> child_environment() {
   std::string pythonpath = package;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry(*e);
+    if (entry.starts_with("MEMGATE_ESTIMATE_GPU_SMS=")) {
+      continue;  // the GPU an estimate speaks for: the probe's argument (--estimate-gpu-sms), one fork server for all
+    }
     if (entry.starts_with("PYTHONPATH=")) {
       const auto rest = entry.substr(11);
       if (!rest.empty()) pythonpath += (pythonpath.empty() ? "" : ":") + std::string(rest);
@@ -380,6 +383,11 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   *(at + 1) = fmt::format("{}", fmt::join(batch_sizes, ","));
   command.insert(command.end(), arguments.begin(), arguments.end());
   if (estimate) command.insert(command.end(), {"--estimate-for", *estimate == EstimateTarget::kCpu ? "cpu" : "cuda"});
+  // The GPU an estimate for CUDA speaks for (estimated_cuda_reduce_device: `estimate --gpu`'s search sets it per GPU).
+  if (const char* sms = std::getenv("MEMGATE_ESTIMATE_GPU_SMS");
+      estimate == EstimateTarget::kCuda && sms != nullptr && *sms != '\0') {
+    command.insert(command.end(), {"--estimate-gpu-sms", sms});
+  }
   // A profile's: an error at one batch size is written as that batch size's result, and the process goes on.
   if (options.keep_going) command.insert(command.end(), {"--keep-going", "1"});
   const auto snapshot = dir / "probe.pickle";

@@ -1,6 +1,7 @@
 // memgate advise on the CPU: for every CPU-suite fixture and two capacities, the advised batch runs under the
 // counting allocator's cap and the next one up does not, as an exhaustive search finds, in a few probes.
 #include "memgate/advise/advise.h"
+#include "memgate/estimate/cuda_reduce.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
 #include "memgate/launch/estimate.h"
@@ -278,6 +279,46 @@ TEST(AdviseTest, TheSearchByEstimateOfAPythonFixtureEqualsOneEstimateAProcessAtA
     EXPECT_EQ(fit.next_required_bytes, expected[t] < kMaxBatch ? alone.at(expected[t] + 1) : 0) << targets[t].id;
     EXPECT_EQ(fit.capped, expected[t] == kMaxBatch) << targets[t].id;
   }
+}
+
+// Each GPU as itself (issue 59): CUDA's reduction staging depends on the GPU's SMs and threads per SM, and the
+// two-stage conv segmentation net's decoder stages its bias gradients' sums through it (channels last, few outputs, many
+// inputs each). An estimate for a T4 (40 SMs x 1,024 threads) stages less than one for an H100 (132 x 2,048), and the
+// search answers each GPU target with its own GPU's estimates: what it reports a batch needs is that GPU's.
+TEST(AdviseTest, EachGpuTargetIsAnsweredWithItsOwnGpusReductionStaging) {
+  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/camo_seg_stage1.yaml");
+  const CudaReduceDevice t4{40, 1024};
+  const auto h100_at = [&](std::int64_t b) { return estimate_probe(f, b, EstimateTarget::kCuda).components; };
+  const auto t4_at = [&](std::int64_t b) {
+    const ScopedEstimateGpu scoped(t4);
+    return estimate_probe(f, b, EstimateTarget::kCuda).components;
+  };
+  ASSERT_EQ(std::getenv("MEMGATE_ESTIMATE_GPU_SMS"), nullptr);  // the scope put it back
+  const auto h100 = h100_at(4), on_t4 = t4_at(4);
+  EXPECT_LT(on_t4.step_peak_reserved, h100.step_peak_reserved);
+  EXPECT_LT(on_t4.step_peak, h100.step_peak);
+  EXPECT_EQ(on_t4.params, h100.params);
+  EXPECT_EQ(on_t4.activations, h100.activations);  // what the forward keeps: no reduction's staging
+  // Two targets of the same usable bytes and workspaces, a T4's SMs and the defaults': the bytes of the H100's step at
+  // batch 6. Each answer is its own GPU's: its largest batch fits on its GPU's estimate and the next does not.
+  const auto usable = h100_at(6).step_peak_reserved;
+  const std::vector<AdviceTarget> targets = {
+      {.id = "h100", .name = "h100", .usable_bytes = usable, .multiprocessors = 132,
+       .max_threads_per_multiprocessor = 2048},
+      {.id = "t4", .name = "t4", .usable_bytes = usable, .multiprocessors = 40, .max_threads_per_multiprocessor = 1024}};
+  const auto fits = largest_batches_by_estimate(f, targets, std::nullopt, 64);
+  ASSERT_EQ(fits.fits.size(), 2U);
+  const auto& h = fits.fits[0];
+  const auto& t = fits.fits[1];
+  EXPECT_GE(h.largest, 6);
+  EXPECT_GE(t.largest, h.largest);
+  EXPECT_EQ(h.required_bytes, h100_at(h.largest).step_peak_reserved);
+  EXPECT_EQ(h.next_required_bytes, h100_at(h.largest + 1).step_peak_reserved);
+  EXPECT_EQ(t.required_bytes, t4_at(t.largest).step_peak_reserved);
+  EXPECT_EQ(t.next_required_bytes, t4_at(t.largest + 1).step_peak_reserved);
+  EXPECT_LE(t.required_bytes, usable);
+  EXPECT_GT(t.next_required_bytes, usable);
+  EXPECT_LT(t.required_bytes, h100_at(t.largest).step_peak_reserved);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -170,6 +171,53 @@ TEST(CudaReduceTest, TheEstimateForCudaStagesAsTheGpuDoesTheCpuNot) {
   use_meta_kernels_for(EstimateTarget::kCpu);
   EXPECT_EQ(above_output(sum), 0);
   EXPECT_EQ(above_output(bias_gradient), 0);
+}
+
+// The GPU an estimate speaks for: MEMGATE_ESTIMATE_GPU_SMS ("<SMs>x<threads per SM>"), set for a scope by the search
+// for each GPU target and put back after; a malformed value is the defaults. The same bias gradient stages less on a
+// T4 (40 x 1,024) than on an H100: the Meta kernel reads it.
+TEST(CudaReduceTest, TheEstimateStagesForTheGpuItSpeaksFor) {
+  ASSERT_EQ(std::getenv("MEMGATE_ESTIMATE_GPU_SMS"), nullptr);
+  EXPECT_EQ(estimated_cuda_reduce_device().multiprocessors, 132);
+  {
+    const ScopedEstimateGpu t4({40, 1024});
+    EXPECT_STREQ(std::getenv("MEMGATE_ESTIMATE_GPU_SMS"), "40x1024");
+    EXPECT_EQ(estimated_cuda_reduce_device().multiprocessors, 40);
+    EXPECT_EQ(estimated_cuda_reduce_device().max_threads_per_multiprocessor, 1024);
+    {
+      const ScopedEstimateGpu defaults({0, 0});  // nothing set: the T4's stays
+      EXPECT_STREQ(std::getenv("MEMGATE_ESTIMATE_GPU_SMS"), "40x1024");
+    }
+  }
+  EXPECT_EQ(std::getenv("MEMGATE_ESTIMATE_GPU_SMS"), nullptr);
+  for (const auto* bad : {"40", "40x", "x1024", "40x1024x2", "0x1024", "forty"}) {
+    ::setenv("MEMGATE_ESTIMATE_GPU_SMS", bad, 1);
+    EXPECT_EQ(estimated_cuda_reduce_device().multiprocessors, 132) << bad;
+  }
+  ::unsetenv("MEMGATE_ESTIMATE_GPU_SMS");
+
+  auto& meta = CountingMetaAllocator::install();
+  meta.set_granularity(0);
+  meta.model_caching_allocator(false);
+  const auto grad_output = torch::empty({4, 128, 96, 96}, torch::TensorOptions().device(torch::kMeta).memory_format(
+                                                                 torch::MemoryFormat::ChannelsLast));
+  const auto staged = [&] {
+    const auto before = meta.current_bytes();
+    meta.reset_peak();
+    const auto out = grad_output.sum({0, 2, 3});
+    return meta.peak_bytes() - before - 512;  // above the output's block
+  };
+  use_meta_kernels_for(EstimateTarget::kCuda);
+  const auto on_h100 = staged();
+  std::int64_t on_t4 = 0;
+  {
+    const ScopedEstimateGpu t4({40, 1024});
+    on_t4 = staged();
+  }
+  use_meta_kernels_for(EstimateTarget::kCpu);
+  EXPECT_GT(on_h100, 0);
+  EXPECT_GT(on_t4, 0);
+  EXPECT_LT(on_t4, on_h100);
 }
 
 }  // namespace

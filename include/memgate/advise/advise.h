@@ -27,6 +27,10 @@ struct AdviceTarget {
   std::int64_t library_workspace_bytes = 0;
   /// False for a GPU fixture memgate never measured (GpuSpec::measured): its answers say so.
   bool measured = true;
+  /// The GPU's multiprocessors and threads per multiprocessor (GpuSpec's), which size CUDA's reduction staging in an
+  /// estimate for it (ScopedEstimateGpu); 0: the defaults (an H100's).
+  int multiprocessors = 0;
+  int max_threads_per_multiprocessor = 0;
 };
 
 /// A GPU fixture as a target: its usable bytes (GpuSpec::usable_bytes()).

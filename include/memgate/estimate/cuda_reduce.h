@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace memgate {
@@ -18,6 +19,27 @@ namespace memgate {
 struct CudaReduceDevice {
   int multiprocessors = 132;
   int max_threads_per_multiprocessor = 2048;
+};
+
+/// The GPU an estimate for CUDA speaks for, as its reductions read it: MEMGATE_ESTIMATE_GPU_SMS
+/// ("<multiprocessors>x<threads per multiprocessor>", e.g. "40x1024" for a T4), which `memgate estimate --gpu`'s
+/// search and `estimate --suite` set for each GPU fixture (ScopedEstimateGpu) and a Python probe's process inherits
+/// with its environment; else the defaults (an H100's and an H200's). Malformed: the defaults.
+[[nodiscard]] CudaReduceDevice estimated_cuda_reduce_device();
+
+/// MEMGATE_ESTIMATE_GPU_SMS set to `device` (nothing set for the defaults {0, 0}) for as long as it lives, and put
+/// back as it was after.
+class ScopedEstimateGpu {
+ public:
+  explicit ScopedEstimateGpu(CudaReduceDevice device);
+  ~ScopedEstimateGpu();
+  ScopedEstimateGpu(const ScopedEstimateGpu&) = delete;
+  ScopedEstimateGpu& operator=(const ScopedEstimateGpu&) = delete;
+
+ private:
+  bool had_ = false;
+  std::string previous_;
+  bool set_ = false;
 };
 
 /// A reduction as gpu_reduce_kernel receives it: its input (sizes, strides in elements, the byte offset of its first
