@@ -145,6 +145,93 @@ at::Tensor mse_loss_backward(const at::Tensor& /*grad_output*/, const at::Tensor
   return at::empty(self.sizes(), self.options());
 }
 
+// --- ops the CPU runs that LibTorch's C++ has no Meta kernel for ------------------------------------------------
+// torch's Python registers Meta kernels for these (torch/_meta_registrations.py, torch/_decomp), which a Python
+// fixture's estimate keeps (python/memgate/_meta.py); a zoo or TorchScript fixture's estimate runs in C++ alone, where
+// the Meta device had none and the estimate stopped at the op (issue 59). Each allocates its outputs as the CPU's
+// kernel does (the layouts the Python kernels give, which the Python fixtures' estimates equal their measurements
+// with: tests/python/meta_ops_test.cpp).
+
+// _prelu_kernel (PReLU, its weight already viewed to broadcast): a TensorIterator output in the input's layout.
+at::Tensor prelu_kernel_meta(const at::Tensor& self, const at::Tensor& weight) {
+  const auto shape = at::infer_size(self.sizes(), weight.sizes());
+  return shape == self.sizes().vec() ? at::empty_like(self) : at::empty(shape, self.options());
+}
+
+// _prelu_kernel_backward: the input's gradient and the weight's (the latter at the input's shape, reduced by autograd).
+std::tuple<at::Tensor, at::Tensor> prelu_kernel_backward_meta(const at::Tensor& /*grad*/, const at::Tensor& self,
+                                                              const at::Tensor& weight) {
+  return {prelu_kernel_meta(self, weight), prelu_kernel_meta(self, weight)};
+}
+
+// native_group_norm (group_norm.cpp): the output in the input's layout, then mean and rstd of (N, group) in the
+// parameters' type (float for a reduced-precision input with float affine parameters: param_scalar_type).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_meta(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& /*bias*/,
+    c10::SymInt n, c10::SymInt /*c*/, c10::SymInt /*hxw*/, int64_t group, double /*eps*/) {
+  const bool mixed = weight.has_value() && weight->defined() && weight->scalar_type() != input.scalar_type();
+  const auto dtype = mixed ? weight->scalar_type() : input.scalar_type();
+  auto y = at::empty_like(input, input.suggest_memory_format());
+  auto mean = at::empty({n.expect_int(), group}, input.options().dtype(dtype));
+  auto rstd = at::empty({n.expect_int(), group}, input.options().dtype(dtype));
+  return {y, mean, rstd};
+}
+
+// native_group_norm_backward: the input's gradient (in its layout), the weight's and the bias's (the weight's shape).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward_meta(
+    const at::Tensor& /*grad_out*/, const at::Tensor& input, const at::Tensor& /*mean*/, const at::Tensor& /*rstd*/,
+    const std::optional<at::Tensor>& weight, c10::SymInt /*n*/, c10::SymInt c, c10::SymInt /*hxw*/, int64_t /*group*/,
+    std::array<bool, 3> mask) {
+  const auto param = weight.has_value() && weight->defined() ? input.options().dtype(weight->scalar_type())
+                                                             : input.options();
+  at::Tensor dx, dgamma, dbeta;
+  if (mask[0]) dx = at::empty_like(input, input.suggest_memory_format());
+  if (mask[1]) dgamma = at::empty({c.expect_int()}, param);
+  if (mask[2]) dbeta = at::empty({c.expect_int()}, param);
+  return {dx, dgamma, dbeta};
+}
+
+// hardtanh (ReLU6, a zoo's or TorchScript's): a unary TensorIterator output, in the input's layout.
+at::Tensor hardtanh_meta(const at::Tensor& self, const at::Scalar& /*min*/, const at::Scalar& /*max*/) {
+  return at::empty_like(self);
+}
+
+// hardtanh_backward (ReLU6's backward): a binary TensorIterator output, in the input's layout.
+at::Tensor hardtanh_backward_meta(const at::Tensor& grad_output, const at::Tensor& self, const at::Scalar& /*min*/,
+                                  const at::Scalar& /*max*/) {
+  const auto shape = at::infer_size(grad_output.sizes(), self.sizes());
+  return shape == self.sizes().vec() ? at::empty_like(self) : at::empty(shape, self.options());
+}
+
+// roll: a contiguous tensor of the input's shape (roll_cpu's empty_like, LEGACY_CONTIGUOUS_MEMORY_FORMAT).
+at::Tensor roll_meta(const at::Tensor& self, c10::SymIntArrayRef /*shifts*/, at::IntArrayRef /*dims*/) {
+  return at::empty(self.sizes(), self.options());
+}
+
+// abs.out (abs of an integer tensor: abs's composite allocates the result, then calls this): the out resized.
+at::Tensor& abs_out_meta(const at::Tensor& self, at::Tensor& out) {
+  if (out.sizes() != self.sizes()) out.resize_(self.sizes());
+  return out;
+}
+
+// nll_loss2d_forward (2-D cross-entropy): the loss (per pixel without a reduction, else a scalar) and the total weight.
+std::tuple<at::Tensor, at::Tensor> nll_loss2d_forward_meta(const at::Tensor& self, const at::Tensor& target,
+                                                           const std::optional<at::Tensor>& /*weight*/,
+                                                           int64_t reduction, c10::SymInt /*ignore_index*/) {
+  auto output = reduction == at::Reduction::None ? at::empty(target.sizes(), self.options())
+                                                 : at::empty({}, self.options());
+  auto total_weight = at::empty({}, self.options());
+  return {output, total_weight};
+}
+
+// nll_loss2d_backward: the input's gradient, zeros of its shape (contiguous), then the kernel scatters into it.
+at::Tensor nll_loss2d_backward_meta(const at::Tensor& /*grad_output*/, const at::Tensor& self,
+                                    const at::Tensor& /*target*/, const std::optional<at::Tensor>& /*weight*/,
+                                    int64_t /*reduction*/, c10::SymInt /*ignore_index*/,
+                                    const at::Tensor& /*total_weight*/) {
+  return at::empty(self.sizes(), self.options());
+}
+
 // --- convolution ------------------------------------------------------------------------------------------
 // Whether the CPU's oneDNN takes this dtype (ideep's has_bf16_type_support / has_fp16_type_support: an AVX-512 core,
 // or AVX512-FP16 for fp16, or AVX-NE-CONVERT for both).
@@ -1009,6 +1096,16 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("std.correction", TORCH_FN(var_correction));
     lib.impl("mse_loss", TORCH_FN(mse_loss));
     lib.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
+    lib.impl("_prelu_kernel", TORCH_FN(prelu_kernel_meta));
+    lib.impl("_prelu_kernel_backward", TORCH_FN(prelu_kernel_backward_meta));
+    lib.impl("native_group_norm", TORCH_FN(native_group_norm_meta));
+    lib.impl("native_group_norm_backward", TORCH_FN(native_group_norm_backward_meta));
+    lib.impl("hardtanh", TORCH_FN(hardtanh_meta));
+    lib.impl("hardtanh_backward", TORCH_FN(hardtanh_backward_meta));
+    lib.impl("roll", TORCH_FN(roll_meta));
+    lib.impl("abs.out", TORCH_FN(abs_out_meta));
+    lib.impl("nll_loss2d_forward", TORCH_FN(nll_loss2d_forward_meta));
+    lib.impl("nll_loss2d_backward", TORCH_FN(nll_loss2d_backward_meta));
     lib.impl("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward));
     lib.impl("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward));
     lib.impl("relu_", TORCH_FN(relu_));

@@ -17,22 +17,24 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// roll has a CPU kernel and no Meta kernel in LibTorch's C++ (torch's Python registers one): in a program without
-// Python the estimate meets the dispatcher's error, which names the op.
+// unique_consecutive has a CPU kernel and no Meta kernel in LibTorch's C++ or memgate's (its output's size is its data's):
+// the estimate meets the dispatcher's error, which names the op.
 TEST(MissingMetaKernelTest, LibTorchsErrorForAnOpWithoutAMetaKernelNamesTheOp) {
   use_meta_kernels_for(EstimateTarget::kCpu);
   const auto x = torch::empty({2, 3}, torch::TensorOptions().device(torch::kMeta));
   std::string message;
   try {
-    (void)torch::roll(x, {1}, {0});
+    (void)torch::unique_consecutive(x);
   } catch (const c10::Error& e) {
     message = e.what_without_backtrace();
   }
-  ASSERT_FALSE(message.empty()) << "roll ran on Meta in LibTorch's C++: pick another op without a Meta kernel";
-  EXPECT_EQ(op_without_meta_kernel(message), std::optional<std::string>("aten::roll")) << message;
+  ASSERT_FALSE(message.empty()) << "unique_consecutive ran on Meta in LibTorch's C++: pick another op without a Meta "
+                                   "kernel";
+  EXPECT_EQ(op_without_meta_kernel(message), std::optional<std::string>("aten::unique_consecutive")) << message;
   const auto described = describe_missing_meta_kernel(message, /*in_python=*/false);
   ASSERT_TRUE(described.has_value());
-  EXPECT_THAT(*described, HasSubstr("the op aten::roll has no Meta kernel (not LibTorch's or memgate's"));
+  EXPECT_THAT(*described,
+              HasSubstr("the op aten::unique_consecutive has no Meta kernel (not LibTorch's or memgate's"));
   EXPECT_THAT(*described, HasSubstr("measure the fixture instead"));
   EXPECT_THAT(*described, Not(HasSubstr("called in")));
 }

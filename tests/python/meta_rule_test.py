@@ -1,6 +1,7 @@
 """Which Meta kernel an estimate runs for each op (issue 59; python/memgate/_meta.py): torch's Python one where
-LibTorch has none that runs on the Meta device (2-D cross-entropy, PReLU, GroupNorm, hardtanh's backward, roll, the
-abs.out under integer abs), LibTorch's or memgate's own everywhere else (gelu's structured kernel, memgate's
+neither LibTorch nor memgate has one that runs on the Meta device (max_unpool2d), memgate's own for the ops of the issue
+that LibTorch lacks (2-D cross-entropy, PReLU, GroupNorm, hardtanh's backward, roll, the abs.out under integer abs),
+LibTorch's or memgate's own everywhere else (gelu's structured kernel, memgate's
 convolution under LibTorch's composite, memgate's layer norm and mse_loss_backward). Read from the dispatcher, where
 each kernel says which file registered it; then the ops of the issue run forward and backward on Meta.
 
@@ -42,11 +43,15 @@ def expect_composite(op):
         failures.append(f"{op}: expected no Meta kernel (LibTorch's CompositeExplicitAutograd runs), got {line}")
 
 
-# torch's Python kernels: the CPU runs a kernel of its own, which LibTorch has no Meta twin for.
+# torch's Python kernels: the CPU runs a kernel of its own, which LibTorch has no Meta twin for (nor memgate).
+for op in ["aten::max_unpool2d"]:
+    expect(op, "memgate/_meta.py")
+# ... and those memgate gives a C++ Meta kernel too (src/estimate/meta_kernels.cpp), so that a TorchScript or zoo
+# fixture's estimate, which has no Python, runs them: memgate's, with the outputs torch's Python kernels allocate.
 for op in ["aten::nll_loss2d_forward", "aten::nll_loss2d_backward", "aten::_prelu_kernel",
            "aten::_prelu_kernel_backward", "aten::native_group_norm", "aten::native_group_norm_backward",
            "aten::hardtanh", "aten::hardtanh_backward", "aten::roll", "aten::abs.out"]:
-    expect(op, "memgate/_meta.py")
+    expect(op, "meta_kernels.cpp")
 # LibTorch's structured kernels.
 for op in ["aten::gelu", "aten::_log_softmax", "aten::nll_loss_forward", "aten::sigmoid"]:
     expect(op, "RegisterMeta")
