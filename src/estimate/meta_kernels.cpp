@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <memory>
 #include <atomic>
@@ -782,11 +783,27 @@ at::Tensor meta_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   // takes the heads as they are (sdp_utils_cpp: use_flash_attention_cpp supports GQA); on CUDA to the math path.
   const bool gqa = enable_gqa && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(1) == v.size(1) &&
                    k.size(1) > 0 && q.size(1) % k.size(1) == 0;
-  const bool plain = !(attn_mask && attn_mask->defined()) && dropout_p == 0.0 && (!enable_gqa || (gqa && for_cpu()));
+  const bool masked = attn_mask && attn_mask->defined();
+  // The CPU's flash attention takes a mask too (sdp_utils_cpp: check_attn_mask_shape; a sliding window's, a padded
+  // batch's): a boolean one converted first to an additive mask of the query's type (convert_boolean_attn_mask: where
+  // with two 0-dim scalars), which the kernel's autograd saves for its backward. CUDA's kernels here take none.
+  const bool cpu_mask = masked && for_cpu() && attn_mask->dim() >= 2 && attn_mask->dim() <= 4 &&
+                        (attn_mask->scalar_type() == at::kBool || attn_mask->scalar_type() == q.scalar_type());
+  const bool plain = (!masked || cpu_mask) && dropout_p == 0.0 && (!enable_gqa || (gqa && for_cpu()));
   switch (plain ? sdp_choice(q) : Sdp::kMath) {
     case Sdp::kFlash:
       if (for_cpu()) {
-        return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, std::nullopt, scale));
+        std::optional<at::Tensor> mask;
+        if (cpu_mask) {
+          if (attn_mask->scalar_type() == at::kBool) {
+            const auto zero = at::scalar_tensor(0.0, q.options());
+            const auto minus_infinity = at::scalar_tensor(-std::numeric_limits<double>::infinity(), q.options());
+            mask = at::where(*attn_mask, zero, minus_infinity);
+          } else {
+            mask = *attn_mask;
+          }
+        }
+        return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, mask, scale));
       }
       return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, 0.0, causal, false, scale));
     case Sdp::kEfficient: {

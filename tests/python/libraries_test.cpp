@@ -55,7 +55,7 @@ std::string library_case_name(const ::testing::TestParamInfo<std::string>& info)
 INSTANTIATE_TEST_SUITE_P(Libraries, LibraryEstimateTest,
                          ::testing::Values("diffusers_unet2d", "diffusers_vae", "monai_swinunetr", "monai_segresnet",
                                            "smp_unet_mobilenetv2", "smp_deeplabv3plus_r18", "hf_bert_lora",
-                                           "hf_llama_lora_bf16", "timm_swin_tiny"),
+                                           "hf_llama_lora_bf16", "hf_mistral_lora_bf16", "timm_swin_tiny"),
                          library_case_name);
 
 }  // namespace
