@@ -59,14 +59,10 @@ def main() -> int:
         return 3
     # What is imported by now (torch, memgate; in a probe forked from the fork server, everything the server imported)
     # is out of the collector's walks: the protocol collects several times per probe, and each full collection walked
-    # every object of torch and of the model's packages (2 s of a ViT-B estimate's 2.5 s). Collected first, so that
-    # what is frozen is alive; the probe's own objects are collected as before.
-    import gc
-    import os
+    # every object of torch and of the model's packages (2 s of a ViT-B estimate's 2.5 s).
+    from memgate._forkserver import freeze_what_is_alive
 
-    if os.environ.get("MEMGATE_GC_FREEZE") != "0":  # memgate's tests: a probe as it was, every object walked
-        gc.collect()
-        gc.freeze()
+    freeze_what_is_alive()
     _note_imports_as_progress(_core.note_progress)
     _count_cpu_storage_copies()
     if "--estimate-for" in sys.argv:

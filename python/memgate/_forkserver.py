@@ -48,7 +48,7 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _freeze() -> None:
+def freeze_what_is_alive() -> None:
     """What this process holds now, garbage collected first, out of every later collection's walk (gc.freeze): the
     probes forked from it collect their own objects only. An object frozen here is alive (the collection before it
     freed what was not), and one that a probe's reference cycle holds is kept alive by the cycle's reference as
@@ -244,7 +244,7 @@ class Server:
         # memgate starts the probes directly.
         if _threads() > self.threads or _cuda_touched():
             self.forkable = False
-        _freeze()
+        freeze_what_is_alive()
 
     def reap_exited(self) -> None:
         for pid, read_end in list(self.children.items()):
@@ -359,7 +359,7 @@ def main() -> int:
         if _threads() > server.threads or _cuda_touched():
             server.send({"error": "Inductor's checks left a thread or loaded CUDA's driver: a fork could not use it"})
             return 3
-    _freeze()
+    freeze_what_is_alive()
     server.send({"ready": os.getpid()})
     return server.serve()
 

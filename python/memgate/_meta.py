@@ -8,7 +8,10 @@ stops before memgate's kernel, which allocates what the target's convolution doe
 for an op where LibTorch (memgate's kernels included) has no Meta kernel of its own and the CPU does not run a
 composite of LibTorch's either (`needs_python_meta_kernel`): 2-D cross-entropy (nll_loss2d), PReLU, GroupNorm,
 hardtanh's backward (ReLU6), roll, abs.out under integer abs."""
+import weakref
+
 import torch
+from torch.utils._device import DeviceContext as _DeviceContext  # torch's own `with torch.device(...)`
 
 
 def needs_python_meta_kernel(op: str) -> bool:
@@ -154,9 +157,6 @@ def _value_reads():
             t.__repr__, t.__str__, t.__array__}
 
 
-from torch.utils._device import DeviceContext as _DeviceContext  # noqa: E402 (torch's own `with torch.device(...)`)
-
-
 class _BuildOnDevice(_DeviceContext):
     """`torch.device(device)` for a model's build (factory functions make their tensors there), and on the Meta device
     the values of what the build computes from Python numbers: a builder that reads one (MONAI's SwinUNETR and many
@@ -210,8 +210,6 @@ class _BuildOnDevice(_DeviceContext):
         return result
 
     def _keep(self, result, twin):
-        import weakref
-
         if isinstance(result, torch.Tensor):
             if isinstance(twin, torch.Tensor) and twin.shape == result.shape:
                 result._memgate_value = twin

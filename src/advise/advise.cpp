@@ -540,33 +540,12 @@ std::string format_advice(const Advice& advice) {
   return out;
 }
 
-int power_of_two_then_binary_search_trials(const std::function<bool(std::int64_t)>& fits, std::int64_t max_batch,
-                                           std::int64_t* found) {
-  int trials = 0;
-  std::int64_t last_ok = 0;
-  std::int64_t b = 1;
-  while (b <= max_batch) {
-    ++trials;
-    if (!fits(b)) break;
-    last_ok = b;
-    b *= 2;
-  }
-  std::int64_t lo = last_ok, hi = std::min(b, max_batch + 1);
-  while (hi - lo > 1) {
-    const auto mid = lo + (hi - lo) / 2;
-    ++trials;
-    if (fits(mid)) lo = mid;
-    else hi = mid;
-  }
-  if (found != nullptr) *found = lo;
-  return trials;
-}
-
 namespace {
 
-// One target's search as power_of_two_then_binary_search_trials makes it (batch 1, 2, 4, ... until one does not fit,
-// then a binary search between the last two), a step at a time: every target's next batch size is known before any
-// is estimated, so that each round's batch sizes are estimated together.
+// The search for the largest batch that fits (batch 1, 2, 4, ... until one does not fit or max_batch is passed, then a
+// binary search between the last two), a step at a time: power_of_two_then_binary_search_trials runs it to the end,
+// and largest_batches_by_estimate runs every target's in step, so that each round's batch sizes are estimated
+// together.
 class StepwiseSearch {
  public:
   explicit StepwiseSearch(std::int64_t max_batch) : max_batch_(max_batch) { settle(); }
@@ -610,6 +589,16 @@ class StepwiseSearch {
 
 }  // namespace
 
+int power_of_two_then_binary_search_trials(const std::function<bool(std::int64_t)>& fits, std::int64_t max_batch,
+                                           std::int64_t* found) {
+  int trials = 0;
+  StepwiseSearch search(max_batch);
+  for (; !search.done(); ++trials) search.answer(fits(search.next()));
+  if (found != nullptr) *found = search.largest();
+  return trials;
+}
+
+
 EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::vector<AdviceTarget>& targets,
                                           std::optional<std::int64_t> effective_batch, std::int64_t max_batch) {
   if (targets.empty()) throw Error(workload.source + ": the search needs a GPU (--gpu or --all-gpus)");
@@ -618,8 +607,6 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
   EstimatedFits out;
   out.max_batch = max_batch;
   if (workload.training.distributed.enabled()) out.world_size = workload.training.distributed.world_size;
-  // CUDA's reduction staging depends on the GPU's SMs and threads per SM (cuda_reduce.h): a target's estimates are
-  // its GPU's, shared by the targets of the same counts (an H100 and an H200; targets without counts: the defaults).
   // CUDA's reduction staging depends on the GPU's SMs and threads per SM (cuda_reduce.h), a few bytes to a few MiB
   // of a step's peak. The searches run on estimates for the defaults (an H100's; one estimate serves every target);
   // then each target's answer is settled on its own GPU's estimates: its largest batch and the next, moved a batch at a

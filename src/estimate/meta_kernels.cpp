@@ -153,10 +153,15 @@ at::Tensor mse_loss_backward(const at::Tensor& /*grad_output*/, const at::Tensor
 // kernel does (the layouts the Python kernels give, which the Python fixtures' estimates equal their measurements
 // with: tests/python/meta_ops_test.cpp).
 
-// _prelu_kernel (PReLU, its weight already viewed to broadcast): a TensorIterator output in the input's layout.
-at::Tensor prelu_kernel_meta(const at::Tensor& self, const at::Tensor& weight) {
-  const auto shape = at::infer_size(self.sizes(), weight.sizes());
+// A binary TensorIterator op's output: in `self`'s layout at its shape, else contiguous at the broadcast shape.
+at::Tensor binary_output_meta(const at::Tensor& self, const at::Tensor& other) {
+  const auto shape = at::infer_size(self.sizes(), other.sizes());
   return shape == self.sizes().vec() ? at::empty_like(self) : at::empty(shape, self.options());
+}
+
+// _prelu_kernel (PReLU, its weight already viewed to broadcast).
+at::Tensor prelu_kernel_meta(const at::Tensor& self, const at::Tensor& weight) {
+  return binary_output_meta(self, weight);
 }
 
 // _prelu_kernel_backward: the input's gradient and the weight's (the latter at the input's shape, reduced by autograd).
@@ -197,11 +202,10 @@ at::Tensor hardtanh_meta(const at::Tensor& self, const at::Scalar& /*min*/, cons
   return at::empty_like(self);
 }
 
-// hardtanh_backward (ReLU6's backward): a binary TensorIterator output, in the input's layout.
+// hardtanh_backward (ReLU6's backward).
 at::Tensor hardtanh_backward_meta(const at::Tensor& grad_output, const at::Tensor& self, const at::Scalar& /*min*/,
                                   const at::Scalar& /*max*/) {
-  const auto shape = at::infer_size(grad_output.sizes(), self.sizes());
-  return shape == self.sizes().vec() ? at::empty_like(self) : at::empty(shape, self.options());
+  return binary_output_meta(self, grad_output);
 }
 
 // roll: a contiguous tensor of the input's shape (roll_cpu's empty_like, LEGACY_CONTIGUOUS_MEMORY_FORMAT).
