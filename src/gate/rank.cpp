@@ -181,6 +181,11 @@ int rank_main(int argc, char** argv) {
       }
     }
     if (is_rank && batch_sizes.size() > 1) throw std::invalid_argument("--batch-size: a rank probes one batch size");
+    // An estimate of a Python model on one device: one build serves every batch size (models/python.h), the first
+    // probe's (the parameter count's build is not kept: the imports it paid are not the model's). Not under ranks
+    // (their hooks stay on the module), nor a cap (a build replayed past it would stop halfway).
+    const bool reuse = args.contains("estimate-for") && !fixture.training.distributed.enabled() && cap == 0;
+    if (reuse) reuse_python_builds(true);
     const bool keep_going = args.contains("keep-going") && args["keep-going"] == "1";
     // An estimate for a GPU of the search's (ranks.cpp passes it): its reductions staged for that GPU's SMs.
     if (args.contains("estimate-gpu-sms")) ::setenv("MEMGATE_ESTIMATE_GPU_SMS", args["estimate-gpu-sms"].c_str(), 1);

@@ -58,6 +58,14 @@ ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, Es
   // backend applies the probe's allocator settings to the model, as the CUDA backend does to the allocator).
   meta.model_caching_allocator(target == EstimateTarget::kCuda);
   use_meta_kernels_for(target, workload.training.cpu_kernels);
+  // A Python model kept for the next probe (reuse_python_builds) is as its build left it, and nothing of the probe
+  // is alive: else it is freed now, between probes, and the next probe builds anew.
+  struct KeptBuildCheck {
+    std::int64_t before = CountingMetaAllocator::install().current_bytes();
+    ~KeptBuildCheck() {
+      if (CountingMetaAllocator::install().current_bytes() != before) drop_reused_python_build();
+    }
+  } kept_build_check;
   try {
     const CpuBesideMeta cpu(target == EstimateTarget::kCpu);
     return run_probe(workload, batch_size, c10::Device(c10::DeviceType::Meta), options);

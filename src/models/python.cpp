@@ -10,12 +10,36 @@ namespace {
 
 std::mutex g_mutex;
 PythonModelFactory g_factory;
+PythonBuildReuse g_reuse;
 
 }  // namespace
 
 void set_python_model_factory(PythonModelFactory factory) {
   const std::lock_guard lock(g_mutex);
   g_factory = std::move(factory);
+}
+
+void set_python_build_reuse(PythonBuildReuse reuse) {
+  const std::lock_guard lock(g_mutex);
+  g_reuse = std::move(reuse);
+}
+
+void reuse_python_builds(bool on) {
+  PythonBuildReuse reuse;
+  {
+    const std::lock_guard lock(g_mutex);
+    reuse = g_reuse;
+  }
+  if (reuse.enable) reuse.enable(on);
+}
+
+void drop_reused_python_build() {
+  PythonBuildReuse reuse;
+  {
+    const std::lock_guard lock(g_mutex);
+    reuse = g_reuse;
+  }
+  if (reuse.drop) reuse.drop();
 }
 
 bool python_models_available() {

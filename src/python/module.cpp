@@ -26,6 +26,8 @@ PYBIND11_MODULE(_core, m) {
                                        std::uint64_t seed) -> std::unique_ptr<memgate::Model> {
     return std::make_unique<memgate::python::PythonModel>(options, device, seed);
   });
+  memgate::set_python_build_reuse({.enable = &memgate::python::PythonModel::reuse_builds,
+                                    .drop = &memgate::python::PythonModel::drop_reused_build});
   // An earlier probe's model is freed by Python's collector, in reference cycles: collected before the next probe
   // reads its base, never inside its numbers.
   memgate::set_before_base_hook([] {

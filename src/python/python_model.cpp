@@ -214,8 +214,137 @@ class PythonOptimizer final : public OwnOptimizer {
 
 }  // namespace
 
+namespace {
+
+bool g_reuse_builds = false;
+
+// What a kept build is kept for: the same callable with the same arguments, device and seed.
+std::string build_key(const PythonOptions& spec, torch::Device device, std::uint64_t seed) {
+  return fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}", spec.entry, spec.entry_file, spec.args.dump(), spec.loss,
+                     spec.batch.text, spec.compute_loss.text, spec.optimizer_class, spec.blocks, device.str(), seed);
+}
+
+}  // namespace
+
+// A build kept between the probes of an estimate process (PythonModel::park).
+struct PythonModel::Parked {
+  std::string key;
+  std::shared_ptr<CountingMetaAllocator::BuildRecord> record;
+  std::shared_ptr<torch::nn::Module> root;
+  py::object module, forward, loss, batch_fn, compute_loss_fn, optimizer_fn, flags, hooks;
+  std::vector<Block> blocks;
+  std::shared_ptr<const bool*> checkpointing_of;
+  Parked() = default;
+  Parked(const Parked&) = delete;
+  Parked& operator=(const Parked&) = delete;
+  ~Parked() {
+    py::gil_scoped_acquire gil;
+    module = forward = loss = batch_fn = compute_loss_fn = optimizer_fn = flags = hooks = py::object();
+    blocks.clear();
+    root.reset();
+  }
+};
+
+namespace {
+
+std::unique_ptr<PythonModel::Parked>& parked_build() {
+  static auto* parked = new std::unique_ptr<PythonModel::Parked>();  // never destroyed: Python may be gone at exit
+  return *parked;
+}
+
+}  // namespace
+
+void PythonModel::reuse_builds(bool on) {
+  g_reuse_builds = on;
+  if (!on) drop_reused_build();
+}
+
+void PythonModel::drop_reused_build() { parked_build().reset(); }
+
 PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::uint64_t seed)
-    : spec_(spec), device_(device), seed_(seed) {
+    : spec_(spec), device_(device), seed_(seed), checkpointing_of_(std::make_shared<const bool*>(&checkpointing_)) {
+  py::gil_scoped_acquire gil;
+  if (take_parked()) return;
+  // Kept for the next probe: a build on the Meta device of a model whose probe is memgate's step or torch.optim's
+  // (a callable optimizer may register hooks on the parameters; a compiled module keeps its graphs).
+  auto& meta = CountingMetaAllocator::install();
+  if (g_reuse_builds && device.is_meta() && !spec.compile && spec.optimizer.empty()) record_ = meta.start_recording();
+  try {
+    build();
+  } catch (...) {
+    if (record_) {
+      meta.stop_recording();
+      record_.reset();
+    }
+    throw;
+  }
+  if (record_) {
+    meta.stop_recording();
+    try {
+      const auto reuse = py::module_::import("memgate._reuse");
+      flags_ = reuse.attr("flags_of")(module_);
+      hooks_ = reuse.attr("hooks_of")(module_);
+    } catch (const py::error_already_set&) {
+      record_.reset();  // not kept
+    }
+  }
+}
+
+bool PythonModel::take_parked() {
+  auto& parked = parked_build();
+  if (!parked) return false;
+  if (!g_reuse_builds || parked->key != build_key(spec_, device_, seed_)) {
+    parked.reset();
+    return false;
+  }
+  CountingMetaAllocator::install().replay(*parked->record);
+  record_ = std::move(parked->record);
+  root_ = std::move(parked->root);
+  module_ = std::move(parked->module);
+  forward_ = std::move(parked->forward);
+  loss_ = std::move(parked->loss);
+  batch_fn_ = std::move(parked->batch_fn);
+  compute_loss_fn_ = std::move(parked->compute_loss_fn);
+  optimizer_fn_ = std::move(parked->optimizer_fn);
+  flags_ = std::move(parked->flags);
+  hooks_ = std::move(parked->hooks);
+  blocks_ = std::move(parked->blocks);
+  checkpointing_of_ = std::move(parked->checkpointing_of);
+  *checkpointing_of_ = &checkpointing_;
+  parked.reset();
+  py::module_::import("memgate._reuse").attr("restore_flags")(flags_);
+  return true;
+}
+
+bool PythonModel::park() {
+  try {
+    if (!py::module_::import("memgate._reuse").attr("hooks_of")(module_).equal(hooks_)) return false;
+  } catch (const py::error_already_set&) {
+    return false;
+  }
+  if (!CountingMetaAllocator::install().park(*record_)) return false;
+  auto parked = std::make_unique<Parked>();
+  parked->key = build_key(spec_, device_, seed_);
+  parked->record = std::move(record_);
+  parked->root = std::move(root_);
+  parked->module = std::move(module_);
+  parked->forward = std::move(forward_);
+  parked->loss = std::move(loss_);
+  parked->batch_fn = std::move(batch_fn_);
+  parked->compute_loss_fn = std::move(compute_loss_fn_);
+  parked->optimizer_fn = std::move(optimizer_fn_);
+  parked->flags = std::move(flags_);
+  parked->hooks = std::move(hooks_);
+  parked->blocks = std::move(blocks_);
+  parked->checkpointing_of = std::move(checkpointing_of_);
+  parked_build() = std::move(parked);
+  return true;
+}
+
+void PythonModel::build() {
+  const auto& spec = spec_;
+  const auto device = device_;
+  const auto seed = seed_;
   py::gil_scoped_acquire gil;
   const auto torch_module = py::module_::import("torch");
   auto build = import_callable(spec.entry_file, spec.entry_module, spec.entry_callable, "model.entry", spec.entry);
@@ -284,6 +413,7 @@ PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::u
 
 PythonModel::~PythonModel() {
   py::gil_scoped_acquire gil;
+  if (record_ && g_reuse_builds && !module_tracking_ && park()) return;
   if (module_tracking_) {
     try {
       module_tracking_.attr("remove")();
@@ -293,6 +423,8 @@ PythonModel::~PythonModel() {
     module_tracking_ = py::object();
   }
   forward_ = py::object();
+  flags_ = py::object();
+  hooks_ = py::object();
   loss_ = py::object();
   batch_fn_ = py::object();
   compute_loss_fn_ = py::object();
@@ -350,7 +482,7 @@ void PythonModel::wrap_blocks() {
   for (auto& b : blocks_) {
     const py::object original = b.module.attr("forward");
     torch::nn::Module* mirror = b.mirror;
-    bool* checkpointing = &checkpointing_;
+    const std::shared_ptr<const bool*> checkpointing = checkpointing_of_;
     b.module.attr("forward") = py::cpp_function([original, mirror, checkpointing](py::args args, py::kwargs kwargs) {
       if (args.empty() || !THPVariable_Check(args[0].ptr())) {
         throw Error("a block's forward takes its input tensor as its first positional argument");
@@ -358,7 +490,7 @@ void PythonModel::wrap_blocks() {
       const auto x = args[0].cast<at::Tensor>();
       auto call = std::make_shared<BlockCall>(original, args[py::slice(1, static_cast<py::ssize_t>(args.size()), 1)],
                                               py::dict(kwargs));
-      const bool checkpointed = *checkpointing;
+      const bool checkpointed = **checkpointing;
       torch::Tensor y;
       {
         py::gil_scoped_release release;

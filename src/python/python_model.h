@@ -1,6 +1,7 @@
 // A user's nn.Module trained by memgate's C++ step, in a Python process that imported memgate._core.
 #pragma once
 
+#include "memgate/backend/meta_allocator.h"
 #include "memgate/models/python.h"
 
 #include <torch/csrc/utils/pybind.h>
@@ -38,12 +39,25 @@ class PythonModel final : public Model {
   /// its parameters and buffers and any other), updated over the two state_dict()s' values.
   [[nodiscard]] std::unique_ptr<ModelEma> make_ema(double decay) override;
 
+  /// PythonBuildReuse's (models/python.h): a build on the Meta device is kept for the next probe while reuse is on.
+  static void reuse_builds(bool on);
+  static void drop_reused_build();
+  /// A build kept between probes (park).
+  struct Parked;
+
  private:
   struct Block {
     std::string name;
     pybind11::object module;
     torch::nn::Module* mirror = nullptr;
   };
+  /// The build: the user's callables imported, the module built, mirrored and its blocks wrapped.
+  void build();
+  /// Takes the kept build of this model, if there is one: its record replayed, its flags as the build left them.
+  bool take_parked();
+  /// Keeps this build for the next probe, where it is as the build left it (no hook added, no gradient, every tensor
+  /// it left alive and nothing more of its own): its blocks counted as freed.
+  bool park();
   void find_blocks();
   void wrap_blocks();
   pybind11::object call(const Batch& batch);
@@ -70,6 +84,13 @@ class PythonModel final : public Model {
   pybind11::object module_tracking_;
   std::uint64_t seed_ = 0;
   std::vector<Block> blocks_;
+  /// The model's checkpointing flag, as its wrapped blocks read it (a kept build's blocks then read the next
+  /// model's).
+  std::shared_ptr<const bool*> checkpointing_of_;
+  /// With reuse on: the build's record, and its flags and hooks as it left them (memgate._reuse).
+  std::shared_ptr<CountingMetaAllocator::BuildRecord> record_;
+  pybind11::object flags_;
+  pybind11::object hooks_;
 };
 
 }  // namespace memgate::python

@@ -77,6 +77,81 @@ TEST(CountingMetaAllocatorTest, WithTheCachingAllocatorsModelCountsWholeBlocks) 
   EXPECT_EQ(meta.counts().allocated, meta.current_bytes()) << "without the model: the requests";
 }
 
+// A build recorded, parked and replayed (a Python fixture's module built once for every batch size of an estimate
+// process) counts what building it anew counts: allocated, reserved and their peaks through a fresh model of the
+// caching allocator, the build's temporaries and the requests after it included. A parked build counts as freed, its
+// tensors' frees count nothing more, and a build one of whose tensors went while it was in use is not parked again.
+TEST(CountingMetaAllocatorTest, AParkedBuildReplayedCountsWhatBuildingItAnewCounts) {
+  auto& meta = CountingMetaAllocator::install();
+  meta.set_granularity(512);
+  const auto on_meta = torch::TensorOptions().device(torch::kMeta);
+  const auto build = [&] {
+    std::vector<torch::Tensor> kept;
+    auto temporary = torch::empty({3000000}, on_meta);  // a large segment, freed within the build
+    kept.push_back(torch::empty({300000}, on_meta));
+    temporary.reset();
+    kept.push_back(torch::empty({5}, on_meta));
+    kept.push_back(torch::empty({700000}, on_meta));
+    return kept;
+  };
+  const auto after_build_and_a_step = [&](std::vector<torch::Tensor>& kept) {
+    std::vector<MemorySnapshot> out{meta.counts()};
+    {
+      auto step = torch::empty({2000000}, on_meta);
+      out.push_back(meta.counts());
+    }
+    out.push_back(meta.counts());
+    return out;
+  };
+  const auto base = meta.current_bytes();
+  meta.model_caching_allocator(true);
+  std::vector<MemorySnapshot> anew;
+  {
+    auto kept = build();
+    anew = after_build_and_a_step(kept);
+  }
+  ASSERT_EQ(meta.current_bytes(), base);
+
+  meta.model_caching_allocator(true);
+  const auto record = meta.start_recording();
+  auto kept = build();
+  meta.stop_recording();
+  const auto with_build = meta.current_bytes();
+  ASSERT_TRUE(meta.park(*record));
+  EXPECT_EQ(meta.current_bytes(), base) << "a parked build counts as freed";
+  EXPECT_EQ(meta.counts().allocated, 0);
+  for (int probe = 0; probe < 2; ++probe) {
+    meta.model_caching_allocator(true);  // the next probe's allocator, empty
+    meta.replay(*record);
+    EXPECT_EQ(meta.current_bytes(), with_build);
+    const auto replayed = after_build_and_a_step(kept);
+    ASSERT_EQ(replayed.size(), anew.size());
+    for (std::size_t i = 0; i < anew.size(); ++i) {
+      EXPECT_EQ(replayed[i].allocated, anew[i].allocated) << "probe " << probe << ", reading " << i;
+      EXPECT_EQ(replayed[i].reserved, anew[i].reserved) << "probe " << probe << ", reading " << i;
+      EXPECT_EQ(replayed[i].peak_allocated, anew[i].peak_allocated) << "probe " << probe << ", reading " << i;
+      EXPECT_EQ(replayed[i].peak_reserved, anew[i].peak_reserved) << "probe " << probe << ", reading " << i;
+    }
+    ASSERT_TRUE(meta.park(*record));
+  }
+  meta.model_caching_allocator(true);
+  meta.replay(*record);
+  kept[1].reset();  // a tensor of the build freed while in use: counted, and the build is not as it was
+  EXPECT_EQ(meta.current_bytes(), with_build - 512);
+  EXPECT_FALSE(meta.park(*record));
+  kept.clear();
+  EXPECT_EQ(meta.current_bytes(), base);
+
+  const auto parked = meta.start_recording();
+  auto more = build();
+  meta.stop_recording();
+  ASSERT_TRUE(meta.park(*parked));
+  more.clear();
+  EXPECT_EQ(meta.current_bytes(), base) << "a parked tensor's free counts nothing more";
+  meta.model_caching_allocator(false);
+  meta.set_granularity(0);
+}
+
 
 struct SuiteFixture {
   std::string name;

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -515,6 +516,68 @@ TEST(PythonEstimateSpeedTest, EstimatesInOneProcessEqualEachInAProcessOfItsOwn) 
                                 fmt::format("{}, estimate for {} at batch {}: in one process with the others, and "
                                             "in a process of its own", name, for_what, batches[i]));
         EXPECT_TRUE(together.probes[i].modules == alone[i].modules) << name << " batch " << batches[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memgate
+
+namespace memgate {
+namespace {
+
+// One built module serves every batch size of an estimate process (issue 59: the build was most of a ViT-B's 0.2 s
+// per estimate): the builder runs for the parameter count and the first probe, and the later probes replay the
+// first's build (CountingMetaAllocator::BuildRecord) with the module as it left it. A module that a probe leaves
+// otherwise (a tensor it keeps from its first forward, a hook it adds) is built anew for the next probe. Either way
+// each estimate equals, to the byte, that of a process of its own, for CUDA and for the CPU.
+TEST(PythonEstimateSpeedTest, OneBuiltModuleServesEveryBatchSizeUnlessAProbeLeftItChanged) {
+  testing::TempDir dir;
+  testing::write_file(dir / "models.py",
+                      "import torch\n\n"
+                      "def _noted(kind):\n"
+                      "    with open(r'" + (dir / "builds.txt") + "', 'a') as f:\n"
+                      "        f.write(kind + '\\n')\n\n"
+                      "class Net(torch.nn.Module):\n"
+                      "    def __init__(self, keeps):\n"
+                      "        super().__init__()\n"
+                      "        self.keeps = keeps\n"
+                      "        self.cache = None\n"
+                      "        self.body = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), "
+                      "torch.nn.Linear(64, 2))\n\n"
+                      "    def forward(self, x):\n"
+                      "        if self.keeps == 'tensor' and self.cache is None:\n"
+                      "            self.cache = torch.zeros(64, 64, device=x.device)\n"
+                      "        if self.keeps == 'hook' and not self._forward_hooks:\n"
+                      "            self.register_forward_hook(lambda module, args, out: None)\n"
+                      "        return self.body(x)\n\n"
+                      "def build(keeps):\n"
+                      "    _noted(keeps)\n"
+                      "    return Net(keeps)\n");
+  const std::vector<std::int64_t> batches = {2, 5, 3};
+  for (const auto* keeps : {"nothing", "tensor", "hook"}) {
+    testing::write_file(dir / "f.yaml", fmt::format("model:\n  arch: python\n  entry: models.py:build\n  args: "
+                                                    "{{keeps: {}}}\n{}batch_sizes: [2]\n", keeps, kInputs));
+    const auto f = load_fixture(dir / "f.yaml");
+    for (const auto target : {EstimateTarget::kCuda, EstimateTarget::kCpu}) {
+      const auto what = fmt::format("a module that keeps {}, estimated for {}", keeps,
+                                    target == EstimateTarget::kCuda ? "CUDA" : "the CPU");
+      std::vector<ProbeResult> alone;
+      for (const auto b : batches) alone.push_back(estimate_probe(f, b, target));
+      std::filesystem::remove(dir / "builds.txt");
+      const auto together = estimate_profile(f, batches, target);
+      std::istringstream lines(testing::read_file(dir / "builds.txt"));
+      int builds = 0;
+      for (std::string line; std::getline(lines, line);) ++builds;
+      // The parameter count's build, then the first probe's; the others' too where the module was changed.
+      EXPECT_EQ(builds, std::string(keeps) == "nothing" ? 2 : 1 + static_cast<int>(batches.size())) << what;
+      ASSERT_EQ(together.probes.size(), batches.size());
+      for (std::size_t i = 0; i < batches.size(); ++i) {
+        ASSERT_FALSE(alone[i].failed || together.probes[i].failed) << alone[i].error << together.probes[i].error;
+        expect_equal_components(together.probes[i].components, alone[i].components,
+                                fmt::format("{} at batch {}: in one process, and in a process of its own", what,
+                                            batches[i]));
       }
     }
   }

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace memgate {
 
@@ -92,6 +93,26 @@ class CountingMetaAllocator final : public c10::Allocator {
     virtual void on_free(std::uint64_t id, std::size_t bytes) = 0;
   };
   void set_observer(Observer* observer);
+
+  /// A build's requests, recorded so that the build can be counted again without running it: a Python fixture's
+  /// module, built once, serves every batch size of an estimate process (python_model.cpp). Between its probes the
+  /// module is parked: its blocks are counted as freed (allocator and caching allocator's model, the observer too)
+  /// while the tensors live on; the next probe's build is the record replayed (each request and free in its order,
+  /// through the model of that probe), which counts what building it anew would.
+  ///
+  ///   auto record = meta.start_recording();  build();  meta.stop_recording();
+  ///   ... probe ...
+  ///   if (meta.park(*record)) { /* keep the module */ }   ...   meta.replay(*record);  // the next probe's build
+  class BuildRecord;
+  /// Records every counted request and free (and count_external) from now until stop_recording.
+  [[nodiscard]] std::shared_ptr<BuildRecord> start_recording();
+  void stop_recording();
+  /// Counts the record's blocks as freed and marks them parked. False, and nothing changed, where the build's state
+  /// is gone: one of the blocks it left was freed since, or what it left beside its Meta tensors (CPU bytes counted
+  /// with count_external) is not zero.
+  [[nodiscard]] bool park(BuildRecord& record);
+  /// Counts the build again: its requests and frees in order, its parked blocks taken back.
+  void replay(BuildRecord& record);
 
  private:
   CountingMetaAllocator() = default;

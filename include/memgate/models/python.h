@@ -80,6 +80,21 @@ void set_python_model_factory(PythonModelFactory factory);
 /// Whether this process can build Python models: it is a Python that imported memgate's extension.
 [[nodiscard]] bool python_models_available();
 
+/// An estimate process's Python builds (the extension installs it): with reuse on, a build on the Meta device is
+/// recorded and, when its probe ends, kept with the module as the build left it (CountingMetaAllocator's parked
+/// blocks); the next probe's build of the same model replays the record instead of running the builder (one built
+/// module serves every batch size of the process, and counts what building it anew would). `drop` frees a kept
+/// module: between probes, when one left more allocated than it found.
+struct PythonBuildReuse {
+  std::function<void(bool on)> enable;
+  std::function<void()> drop;
+};
+void set_python_build_reuse(PythonBuildReuse reuse);
+/// Turns reuse on or off in this process (nothing where no extension installed it).
+void reuse_python_builds(bool on);
+/// Frees the kept module, if any.
+void drop_reused_python_build();
+
 /// Builds the model with the installed factory; throws memgate::Error where there is none.
 [[nodiscard]] std::unique_ptr<Model> make_python_model(const PythonOptions& options, torch::Device device,
                                                        std::uint64_t seed);
