@@ -599,6 +599,40 @@ int power_of_two_then_binary_search_trials(const std::function<bool(std::int64_t
 }
 
 
+namespace {
+
+nlohmann::json target_to_json(const AdviceTarget& t) {
+  return {{"id", t.id}, {"name", t.name}, {"usable_bytes", t.usable_bytes},
+          {"library_workspace_bytes", t.library_workspace_bytes}, {"measured", t.measured},
+          {"multiprocessors", t.multiprocessors}, {"max_threads_per_multiprocessor", t.max_threads_per_multiprocessor}};
+}
+
+AdviceTarget target_from_json(const nlohmann::json& j) {
+  return {.id = j.at("id").get<std::string>(), .name = j.at("name").get<std::string>(),
+          .usable_bytes = j.at("usable_bytes").get<std::int64_t>(),
+          .library_workspace_bytes = j.at("library_workspace_bytes").get<std::int64_t>(),
+          .measured = j.at("measured").get<bool>(), .multiprocessors = j.at("multiprocessors").get<int>(),
+          .max_threads_per_multiprocessor = j.at("max_threads_per_multiprocessor").get<int>()};
+}
+
+}  // namespace
+
+std::string search_largest_batches_here(const Workload& workload, const std::string& request) {
+  const auto j = nlohmann::json::parse(request);
+  std::vector<AdviceTarget> targets;
+  for (const auto& t : j.at("targets")) targets.push_back(target_from_json(t));
+  std::optional<std::int64_t> effective_batch;
+  if (!j.at("effective_batch").is_null()) effective_batch = j.at("effective_batch").get<std::int64_t>();
+  const auto fits = largest_batches_by_estimate(workload, targets, effective_batch, j.at("max_batch").get<std::int64_t>());
+  nlohmann::json answer = {{"memgate_version", MEMGATE_VERSION}, {"estimates", fits.estimates}, {"fits", nlohmann::json::array()}};
+  for (const auto& f : fits.fits) {
+    answer["fits"].push_back({{"largest", f.largest}, {"required_bytes", f.required_bytes},
+                              {"next_required_bytes", f.next_required_bytes}, {"micro_batch", f.micro_batch},
+                              {"accumulation_steps", f.accumulation_steps}, {"capped", f.capped}});
+  }
+  return answer.dump();
+}
+
 EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::vector<AdviceTarget>& targets,
                                           std::optional<std::int64_t> effective_batch, std::int64_t max_batch) {
   if (targets.empty()) throw Error(workload.source + ": the search needs a GPU (--gpu or --all-gpus)");
@@ -607,10 +641,33 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
   EstimatedFits out;
   out.max_batch = max_batch;
   if (workload.training.distributed.enabled()) out.world_size = workload.training.distributed.world_size;
+  // A Python fixture's search runs whole in its Python process: one process and one built module for every estimate
+  // (0.08 s each for a ViT-B with LoRA, where a process per round paid its start and its first build each time).
+  if (runs_in_python(workload)) {
+    nlohmann::json request = {{"targets", nlohmann::json::array()}, {"max_batch", max_batch},
+                              {"effective_batch", effective_batch ? nlohmann::json(*effective_batch) : nlohmann::json()}};
+    for (const auto& t : targets) request["targets"].push_back(target_to_json(t));
+    const auto answer = nlohmann::json::parse(run_python_search(workload, request.dump()));
+    out.estimates = answer.at("estimates").get<std::int64_t>();
+    const auto& fits = answer.at("fits");
+    if (fits.size() != targets.size()) {
+      throw Error(fmt::format("{}: the Python search answered for {} GPUs of {}", workload.source, fits.size(),
+                              targets.size()));
+    }
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+      const auto& f = fits.at(t);
+      out.fits.push_back({.target = targets[t], .largest = f.at("largest").get<std::int64_t>(),
+                          .required_bytes = f.at("required_bytes").get<std::int64_t>(),
+                          .next_required_bytes = f.at("next_required_bytes").get<std::int64_t>(),
+                          .micro_batch = f.at("micro_batch").get<std::int64_t>(),
+                          .accumulation_steps = f.at("accumulation_steps").get<std::int64_t>(),
+                          .capped = f.at("capped").get<bool>()});
+    }
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return out;
+  }
   // CUDA's reduction staging depends on the GPU's SMs and threads per SM (cuda_reduce.h), a few bytes to a few MiB
-  // of a step's peak. The searches run on estimates for the defaults (an H100's; one estimate serves every target);
-  // then each target's answer is settled on its own GPU's estimates: its largest batch and the next, moved a batch at a
-  // time while they disagree with its GPU (rarely: the staging moves the peak by far less than a sample does).
+  // of a step's peak: each target's answer comes from its own GPU's estimates.
   using Gpu = std::pair<int, int>;
   const CudaReduceDevice defaults;
   const auto gpu_of = [&](const AdviceTarget& t) {
@@ -620,9 +677,7 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
     return as_defaults ? Gpu{0, 0} : Gpu{t.multiprocessors, t.max_threads_per_multiprocessor};
   };
   std::map<Gpu, std::map<std::int64_t, std::int64_t>> required;  // GPU -> batch -> step_peak_reserved, each once
-  // The batch sizes not yet estimated among `batches`, estimated together: a Python fixture's in one Python process
-  // (its model's imports and memgate's start paid once per round, not once per batch size: 0.3 s of a ViT-B's 0.6 s),
-  // each from the state a process of its own would start it in, as a profile's are (run_python_probes).
+  // The batch sizes not yet estimated among `batches`, each from the state a process of its own would start it in.
   const auto estimate = [&](const Gpu& gpu, const std::set<std::int64_t>& batches) {
     auto& known = required[gpu];
     std::vector<std::int64_t> missing;
@@ -632,12 +687,7 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
     if (missing.empty()) return;
     const ScopedEstimateGpu for_gpu(CudaReduceDevice{gpu.first, gpu.second});
     std::vector<ProbeResult> probes;
-    if (runs_in_python(workload)) {
-      probes = run_python_probes(workload, missing, c10::Device(c10::DeviceType::Meta), ProbeOptions{},
-                                 EstimateTarget::kCuda);
-    } else {
-      for (const auto b : missing) probes.push_back(estimate_probe(workload, b, EstimateTarget::kCuda));
-    }
+    for (const auto b : missing) probes.push_back(estimate_probe(workload, b, EstimateTarget::kCuda));
     for (std::size_t i = 0; i < missing.size(); ++i) known[missing[i]] = probes.at(i).components.step_peak_reserved;
     out.estimates += static_cast<std::int64_t>(missing.size());
   };
@@ -645,47 +695,88 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
   const auto needs_on = [&](const Gpu& gpu, const AdviceTarget& target, std::int64_t b) {
     return required.at(gpu).at(b) + target.library_workspace_bytes;
   };
-  // Every target's search in step: each round estimates the batch sizes the unfinished searches need next.
-  std::vector<StepwiseSearch> searches(targets.size(), StepwiseSearch(max_batch));
-  for (;;) {
-    std::set<std::int64_t> wanted;
-    for (const auto& search : searches) {
-      if (!search.done()) wanted.insert(search.next());
+  // Each target's search keeps a bracket on its own GPU's estimates: `lo` fits (0: nothing yet) and `hi` does not (0:
+  // none found yet). Each round guesses where the step's reserved bytes reach the usable bytes, on the line through
+  // the two estimates around them (batch 1 and 2 first, the defaults'), and estimates the guess and the
+  // batch after it: a step grows by about the same bytes per sample, so the guess is mostly the answer, and the
+  // answer is read from estimates on both sides of it (its largest batch fits, the next does not). A round that does
+  // not halve the bracket (or double `lo` before there is a `hi`) makes the next a bisection (or a doubling): the
+  // search never takes more rounds than the doubling and bisection it replaces, and mostly two or three.
+  struct Bracket {
+    std::int64_t lo = 0, hi = 0;
+    std::int64_t guess = 0;
+    bool safe_next = false;  ///< bisect or double next, the guess having not moved the bracket enough
+    bool done = false;
+  };
+  std::vector<Bracket> brackets(targets.size());
+  const auto guess_for = [&](std::size_t t) {
+    const auto& target = targets[t];
+    auto& b = brackets[t];
+    const auto top = b.hi > 0 ? b.hi - 1 : max_batch;
+    if (b.safe_next) {
+      return b.hi > 0 ? b.lo + (b.hi - b.lo) / 2 : std::min(top, std::max<std::int64_t>(2 * b.lo, 1));
     }
-    if (wanted.empty()) break;
-    estimate(Gpu{0, 0}, wanted);
-    for (std::size_t t = 0; t < targets.size(); ++t) {
-      auto& search = searches[t];
-      if (!search.done()) search.answer(needs_on(Gpu{0, 0}, targets[t], search.next()) <= targets[t].usable_bytes);
+    // Its GPU's estimates, and the defaults' where its GPU has none (a guess only: the bracket is its GPU's).
+    auto points = required[Gpu{0, 0}];
+    for (const auto& [batch, bytes] : required[gpu_of(target)]) points[batch] = bytes;
+    const double usable = static_cast<double>(target.usable_bytes - target.library_workspace_bytes);
+    // The consecutive estimates whose bytes enclose the usable bytes; else the last two (all below) or the first two.
+    std::vector<std::pair<std::int64_t, std::int64_t>> sorted(points.begin(), points.end());
+    std::size_t i = sorted.size() >= 2 ? sorted.size() - 2 : 0;
+    for (std::size_t k = 0; k + 1 < sorted.size(); ++k) {
+      if (static_cast<double>(sorted[k + 1].second) > usable) {
+        i = k;
+        break;
+      }
     }
-  }
-  // Each answer on its own GPU: the largest batch that fits (at 1 when none does) and the next one up, estimated
-  // together per GPU, until neither moves it.
-  std::vector<std::int64_t> largest(targets.size());
-  std::vector<bool> settled(targets.size(), false);
-  for (std::size_t t = 0; t < targets.size(); ++t) largest[t] = searches[t].largest();
+    std::int64_t g = 2 * std::max<std::int64_t>(b.lo, 1);
+    if (i + 1 < sorted.size() && sorted[i + 1].second > sorted[i].second) {
+      const auto [b0, v0] = sorted[i];
+      const auto [b1, v1] = sorted[i + 1];
+      const double at = static_cast<double>(b0) + (usable - static_cast<double>(v0)) * static_cast<double>(b1 - b0) /
+                                                      static_cast<double>(v1 - v0);
+      g = at >= static_cast<double>(max_batch) ? max_batch : static_cast<std::int64_t>(std::floor(at));
+    }
+    return std::clamp(g, b.lo + 1, top);
+  };
+  estimate(Gpu{0, 0}, max_batch >= 2 ? std::set<std::int64_t>{1, 2} : std::set<std::int64_t>{1});
   for (;;) {
     std::map<Gpu, std::set<std::int64_t>> wanted;
     for (std::size_t t = 0; t < targets.size(); ++t) {
-      if (settled[t]) continue;
+      auto& b = brackets[t];
+      if (b.done) continue;
+      b.guess = guess_for(t);
       auto& batches = wanted[gpu_of(targets[t])];
-      batches.insert(std::max<std::int64_t>(largest[t], 1));
-      if (largest[t] < max_batch) batches.insert(largest[t] + 1);
+      batches.insert(b.guess);
+      if (b.guess < max_batch && (b.hi == 0 || b.guess + 1 < b.hi)) batches.insert(b.guess + 1);
     }
     if (wanted.empty()) break;
     for (const auto& [gpu, batches] : wanted) estimate(gpu, batches);
     for (std::size_t t = 0; t < targets.size(); ++t) {
-      if (settled[t]) continue;
+      auto& b = brackets[t];
+      if (b.done) continue;
       const auto gpu = gpu_of(targets[t]);
-      const auto fits = [&](std::int64_t b) { return needs_on(gpu, targets[t], b) <= targets[t].usable_bytes; };
-      if (largest[t] >= 1 && !fits(largest[t])) {
-        --largest[t];
-      } else if (largest[t] < max_batch && fits(largest[t] + 1)) {
-        ++largest[t];
-      } else {
-        settled[t] = true;
+      const auto lo = b.lo, width = b.hi - b.lo;
+      for (const auto batch : {b.guess, b.guess + 1}) {
+        if (batch <= b.lo || (b.hi > 0 && batch >= b.hi) || !required.at(gpu).contains(batch)) continue;
+        if (needs_on(gpu, targets[t], batch) <= targets[t].usable_bytes) {
+          b.lo = batch;
+        } else {
+          b.hi = batch;
+          break;
+        }
       }
+      b.safe_next = b.hi > 0 ? width > 0 && 2 * (b.hi - b.lo) > width : b.lo < 2 * std::max<std::int64_t>(lo, 1);
+      b.done = (b.hi > 0 && b.hi - b.lo <= 1) || b.lo >= max_batch;
     }
+  }
+  std::vector<std::int64_t> largest(targets.size());
+  for (std::size_t t = 0; t < targets.size(); ++t) {
+    largest[t] = brackets[t].lo;
+    // What the answer reports: the estimates at its largest batch (at 1 when none fits) and the next.
+    std::set<std::int64_t> reported{std::max<std::int64_t>(largest[t], 1)};
+    if (largest[t] < max_batch) reported.insert(largest[t] + 1);
+    estimate(gpu_of(targets[t]), reported);
   }
   for (std::size_t t = 0; t < targets.size(); ++t) {
     const auto& target = targets[t];

@@ -84,7 +84,14 @@ void inject_fault(int rank, std::string_view phase) {
   if (fault == "crash") std::raise(SIGSEGV);
 }
 
+RankSearch& rank_search() {
+  static RankSearch search;
+  return search;
+}
+
 }  // namespace
+
+void set_rank_search(RankSearch search) { rank_search() = std::move(search); }
 
 bool is_rank_command(int argc, char** argv) {
   declare_rank_host();
@@ -186,6 +193,12 @@ int rank_main(int argc, char** argv) {
     // (their hooks stay on the module), nor a cap (a build replayed past it would stop halfway).
     const bool reuse = args.contains("estimate-for") && !fixture.training.distributed.enabled() && cap == 0;
     if (reuse) reuse_python_builds(true);
+    if (args.contains("search")) {
+      if (!rank_search()) throw Error("--search: this program cannot search (memgate's Python extension can)");
+      const auto answer = rank_search()(fixture, read_text_file(args["search"], "a search's request"));
+      write_file_atomically(args["output"], answer);
+      return 0;
+    }
     const bool keep_going = args.contains("keep-going") && args["keep-going"] == "1";
     // An estimate for a GPU of the search's (ranks.cpp passes it): its reductions staged for that GPU's SMs.
     if (args.contains("estimate-gpu-sms")) ::setenv("MEMGATE_ESTIMATE_GPU_SMS", args["estimate-gpu-sms"].c_str(), 1);

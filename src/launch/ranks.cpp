@@ -476,6 +476,34 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   return results;
 }
 
+std::string run_python_search(const Workload& workload, const std::string& request, const ProbeOptions& options) {
+  auto command = child_command(workload);
+  const auto env = child_environment();
+  RunDir run;
+  const auto& dir = run.path();
+  const auto request_file = (dir / "search.json").string();
+  write_file_atomically(request_file, request);
+  const auto& spec = workload.training.distributed;
+  auto arguments = probe_arguments(workload, 1, 0, spec.enabled() ? spec.world_size : 1, dir / "rank0.json", options,
+                                   0, "meta");
+  command.insert(command.end(), arguments.begin(), arguments.end());
+  command.insert(command.end(), {"--estimate-for", "cuda", "--search", request_file});
+  Children children(run, options.rank_timeout);
+  children.start({.name = "its Python search", .argv = command, .env = env, .log = (dir / "rank0.log").string(),
+                  .heartbeat = (dir / "rank0.beat").string(),
+                  .server = fork_server_of(command, env, workload.training.compile),
+                  .scan = python_code_of(workload),
+                  .result = (dir / "rank0.json").string(),
+                  .no_result_note = shadowing_note(command)});
+  if (auto failure = children.wait()) {
+    throw Error(fmt::format("{}: the search by estimate: {} (-m memgate): {}", workload.source, command.front(),
+                            *failure));
+  }
+  auto answer = read_text_file((dir / "rank0.json").string(), "a search's answer");
+  require_same_version(nlohmann::json::parse(answer), "the Python search", command.front() + " -m memgate");
+  return answer;
+}
+
 ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                              const ProbeOptions& options, std::optional<EstimateTarget> estimate,
                              std::int64_t cap_bytes) {

@@ -7,7 +7,9 @@
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
 #include "fixture_util.h"
+#include "test_util.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -234,18 +237,33 @@ TEST(AdviseTest, PowerOfTwoThenBinarySearchCountsItsTrials) {
   EXPECT_EQ(found, 0);
 }
 
-// The search by estimate of every GPU in step (estimate --all-gpus): each round's batch sizes estimated together, a
-// Python fixture's in one Python process (issue 59: a ViT-B with LoRA took 66 processes, 0.6 s each after its imports).
-// Every target's largest batch, what it needs and what the next batch needs equal the one-at-a-time search over
-// estimates made each in a process of its own, as memgate made them before (MEMGATE_GC_FREEZE=0: Python's collector
-// walking every object).
+// The search by estimate of a Python fixture (estimate --all-gpus) runs whole in one Python process, every estimate
+// from one built module (issue 59: a ViT-B with LoRA took 66 processes, 0.6 s each after its imports): the model's
+// builder runs twice (the parameter count's build, and the first estimate's, which the others replay). Every target's
+// largest batch, what it needs and what the next batch needs equal the one-at-a-time search over estimates made each
+// in a process of its own, as memgate made them before (MEMGATE_GC_FREEZE=0: Python's collector walking every
+// object).
 TEST(AdviseTest, TheSearchByEstimateOfAPythonFixtureEqualsOneEstimateAProcessAtATime) {
   if (!std::filesystem::is_regular_file(std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() /
                                         "python" / "memgate" / "_build.py")) {
     GTEST_SKIP() << "memgate's Python extension is not built (MEMGATE_PYTHON_EXTENSION=OFF)";
   }
+  // The timm ViT with LoRA, through a builder that notes each call.
+  testing::TempDir dir;
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  testing::write_file(dir / "noting.py", "import sys\n\nsys.path.insert(0, r'" + models + "python')\n"
+                                             "from models import timm_vit_lora  # noqa: E402\n\n\n"
+                                             "def build(**kwargs):\n"
+                                             "    with open(r'" + (dir / "builds.txt") + "', 'a') as f:\n"
+                                             "        f.write('built\\n')\n"
+                                             "    return timm_vit_lora(**kwargs)\n");
+  auto yaml = testing::read_file(models + "py_vit_tiny_lora_timm.yaml");
+  const std::string entry = "entry: python/models.py:timm_vit_lora";
+  ASSERT_NE(yaml.find(entry), std::string::npos);
+  yaml.replace(yaml.find(entry), entry.size(), "entry: " + (dir / "noting.py:build"));
+  testing::write_file(dir / "f.yaml", yaml);
   // Three targets: one whose usable bytes are the step's at batch 5, one at batch 12, one that every batch fits.
-  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/py_vit_tiny_lora_timm.yaml");
+  const auto f = load_fixture(dir / "f.yaml");
   constexpr std::int64_t kMaxBatch = 16;
   std::map<std::int64_t, std::int64_t> alone;
   ::setenv("MEMGATE_GC_FREEZE", "0", 1);
@@ -269,7 +287,10 @@ TEST(AdviseTest, TheSearchByEstimateOfAPythonFixtureEqualsOneEstimateAProcessAtA
   ASSERT_GE(expected[0], 5);
   ASSERT_GE(expected[1], 12);
   ASSERT_EQ(expected[2], kMaxBatch);
+  std::filesystem::remove(dir / "builds.txt");
   const auto fits = largest_batches_by_estimate(f, targets, std::nullopt, kMaxBatch);
+  EXPECT_EQ(testing::read_file(dir / "builds.txt"), "built\nbuilt\n")
+      << "the search's one process: the parameter count's build and the first estimate's";
   ASSERT_EQ(fits.fits.size(), targets.size());
   EXPECT_GT(fits.estimates, 0);
   for (std::size_t t = 0; t < targets.size(); ++t) {
@@ -319,6 +340,50 @@ TEST(AdviseTest, EachGpuTargetIsAnsweredWithItsOwnGpusReductionStaging) {
   EXPECT_LE(t.required_bytes, usable);
   EXPECT_GT(t.next_required_bytes, usable);
   EXPECT_LT(t.required_bytes, h100_at(t.largest).step_peak_reserved);
+}
+
+// The search guesses where each GPU's step reaches its usable bytes on the line through the estimates around it, and
+// estimates the guess and the batch after it (issue 59: the doubling and bisection took 55 estimates for RETFound
+// ViT-L with LoRA over the nine GPU fixtures). Every GPU's answer equals the doubling and bisection's on its own GPU's
+// estimates, its largest batch fits and the next does not, with fewer estimates than that search needs.
+TEST(AdviseTest, TheSearchByEstimateGuessesFromTheLineAndAnswersAsTheDoublingSearch) {
+  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/retfound_large_lora.yaml");
+  std::vector<AdviceTarget> targets;
+  for (const auto& gpu : load_gpus(testing::source_dir() + "/fixtures/gpus")) targets.push_back(target_of(gpu));
+  ASSERT_GE(targets.size(), 5U);
+  constexpr std::int64_t kMaxBatch = 4096;
+  const auto fits = largest_batches_by_estimate(f, targets, std::nullopt, kMaxBatch);
+  ASSERT_EQ(fits.fits.size(), targets.size());
+  std::map<std::pair<int, int>, std::map<std::int64_t, std::int64_t>> alone;
+  std::set<std::pair<std::pair<int, int>, std::int64_t>> doubling_estimates;
+  for (std::size_t t = 0; t < targets.size(); ++t) {
+    const auto& target = targets[t];
+    const std::pair<int, int> gpu{target.multiprocessors, target.max_threads_per_multiprocessor};
+    const auto needs = [&](std::int64_t b) {
+      if (!alone[gpu].contains(b)) {
+        const ScopedEstimateGpu scoped(CudaReduceDevice{gpu.first, gpu.second});
+        alone[gpu][b] = estimate_probe(f, b, EstimateTarget::kCuda).components.step_peak_reserved;
+      }
+      return alone[gpu][b] + target.library_workspace_bytes;
+    };
+    std::int64_t found = 0;
+    (void)power_of_two_then_binary_search_trials(
+        [&](std::int64_t b) {
+          doubling_estimates.insert({gpu, b});
+          return needs(b) <= target.usable_bytes;
+        },
+        kMaxBatch, &found);
+    const auto& fit = fits.fits[t];
+    EXPECT_EQ(fit.largest, found) << target.id;
+    ASSERT_GT(fit.largest, 0) << target.id;
+    EXPECT_EQ(fit.required_bytes, needs(fit.largest)) << target.id;
+    EXPECT_LE(fit.required_bytes, target.usable_bytes) << target.id;
+    EXPECT_EQ(fit.next_required_bytes, needs(fit.largest + 1)) << target.id;
+    EXPECT_GT(fit.next_required_bytes, target.usable_bytes) << target.id;
+  }
+  std::cout << fmt::format("[ SEARCH   ] {} GPUs: {} estimates; the doubling and bisection: {}\n", targets.size(),
+                           fits.estimates, doubling_estimates.size());
+  EXPECT_LT(fits.estimates, static_cast<std::int64_t>(doubling_estimates.size()));
 }
 
 }  // namespace

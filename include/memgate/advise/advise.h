@@ -175,6 +175,10 @@ struct EstimatedFits {
                                                         const std::vector<AdviceTarget>& targets,
                                                         std::optional<std::int64_t> effective_batch = {},
                                                         std::int64_t max_batch = std::int64_t{1} << 16);
+/// largest_batches_by_estimate in this process, for a request and an answer as run_python_search passes them (a
+/// Python fixture's search runs in its Python process: set_rank_search).
+[[nodiscard]] std::string search_largest_batches_here(const Workload& workload, const std::string& request);
+
 /// The search's answer as text for a terminal, and as JSON (estimate --output: "largest_batch_by_estimate").
 [[nodiscard]] std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::int64_t> effective_batch);
 [[nodiscard]] nlohmann::json estimated_fits_to_json(const EstimatedFits& fits);

@@ -3,7 +3,12 @@
 // architectures are there in each rank.
 #pragma once
 
+#include <functional>
+#include <string>
+
 namespace memgate {
+
+struct Workload;
 
 /// Whether this process was started as a rank of a distributed probe (its first argument is --memgate-rank), or as
 /// the fork server its ranks are forked from (--memgate-fork-server). Calling it also says that this program runs
@@ -19,5 +24,11 @@ namespace memgate {
 ///     ...
 ///   }
 int rank_main(int argc, char** argv);
+
+/// What a Python probe process started with `--search FILE` runs: a whole search of the largest batches by estimate
+/// (memgate::advise's), its request read from FILE and its answer written as the output, so that one process and
+/// one built module serve every batch size of the search. memgate's Python extension installs it.
+using RankSearch = std::function<std::string(const Workload& workload, const std::string& request)>;
+void set_rank_search(RankSearch search);
 
 }  // namespace memgate

@@ -47,6 +47,12 @@ namespace memgate {
                                                          std::optional<EstimateTarget> estimate,
                                                          std::int64_t cap_bytes = 0);
 
+/// A Python fixture's whole search of the largest batches by estimate for CUDA, in one Python process
+/// (rank_main's --search: set_rank_search), `request` its input and the answer's text returned: every estimate of
+/// the search from one built module (reuse_python_builds). A process that fails is an error naming the fixture.
+[[nodiscard]] std::string run_python_search(const Workload& workload, const std::string& request,
+                                            const ProbeOptions& options = {});
+
 /// For an estimate of a distributed workload's ranks: for each rank, the first rank that makes the same requests (its
 /// own index when none before it does), which the estimate reuses. DDP's ranks are all rank 0's; FSDP's are alike when
 /// they own the same number of rows of every parameter's dim-0 chunk.
