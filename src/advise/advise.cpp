@@ -720,19 +720,41 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
     auto points = required[Gpu{0, 0}];
     for (const auto& [batch, bytes] : required[gpu_of(target)]) points[batch] = bytes;
     const double usable = static_cast<double>(target.usable_bytes - target.library_workspace_bytes);
-    // The consecutive estimates whose bytes enclose the usable bytes; else the last two (all below) or the first two.
+    // The consecutive estimates whose bytes enclose the usable bytes; else (all below, or all above) the nearest one
+    // and one at least twice (or half) as far from batch 0: a line through two batches next to each other is as steep
+    // as one sample makes it (a new segment, or none), not as the step grows.
     std::vector<std::pair<std::int64_t, std::int64_t>> sorted(points.begin(), points.end());
-    std::size_t i = sorted.size() >= 2 ? sorted.size() - 2 : 0;
-    for (std::size_t k = 0; k + 1 < sorted.size(); ++k) {
-      if (static_cast<double>(sorted[k + 1].second) > usable) {
-        i = k;
-        break;
+    std::int64_t g = 2 * std::max<std::int64_t>(b.lo, 1);
+    std::optional<std::pair<std::size_t, std::size_t>> line;
+    for (std::size_t k = 0; k + 1 < sorted.size() && !line; ++k) {
+      if (static_cast<double>(sorted[k].second) <= usable && static_cast<double>(sorted[k + 1].second) > usable) {
+        line = {k, k + 1};
       }
     }
-    std::int64_t g = 2 * std::max<std::int64_t>(b.lo, 1);
-    if (i + 1 < sorted.size() && sorted[i + 1].second > sorted[i].second) {
-      const auto [b0, v0] = sorted[i];
-      const auto [b1, v1] = sorted[i + 1];
+    if (!line && sorted.size() >= 2) {
+      if (static_cast<double>(sorted.back().second) <= usable) {
+        std::size_t k = 0;
+        for (std::size_t j = sorted.size() - 1; j-- > 0;) {
+          if (2 * sorted[j].first <= sorted.back().first) {
+            k = j;
+            break;
+          }
+        }
+        line = {k, sorted.size() - 1};
+      } else {
+        std::size_t k = sorted.size() - 1;
+        for (std::size_t j = 1; j < sorted.size(); ++j) {
+          if (sorted[j].first >= 2 * sorted.front().first) {
+            k = j;
+            break;
+          }
+        }
+        line = {0, k};
+      }
+    }
+    if (line && sorted[line->second].second > sorted[line->first].second) {
+      const auto [b0, v0] = sorted[line->first];
+      const auto [b1, v1] = sorted[line->second];
       const double at = static_cast<double>(b0) + (usable - static_cast<double>(v0)) * static_cast<double>(b1 - b0) /
                                                       static_cast<double>(v1 - v0);
       g = at >= static_cast<double>(max_batch) ? max_batch : static_cast<std::int64_t>(std::floor(at));

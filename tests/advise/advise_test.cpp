@@ -346,8 +346,10 @@ TEST(AdviseTest, EachGpuTargetIsAnsweredWithItsOwnGpusReductionStaging) {
 // estimates the guess and the batch after it (issue 59: the doubling and bisection took 55 estimates for RETFound
 // ViT-L with LoRA over the nine GPU fixtures). Every GPU's answer equals the doubling and bisection's on its own GPU's
 // estimates, its largest batch fits and the next does not, with fewer estimates than that search needs.
-TEST(AdviseTest, TheSearchByEstimateGuessesFromTheLineAndAnswersAsTheDoublingSearch) {
-  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/retfound_large_lora.yaml");
+class SearchByEstimateTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SearchByEstimateTest, GuessesFromTheLineAndAnswersAsTheDoublingSearch) {
+  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/" + GetParam() + ".yaml");
   std::vector<AdviceTarget> targets;
   for (const auto& gpu : load_gpus(testing::source_dir() + "/fixtures/gpus")) targets.push_back(target_of(gpu));
   ASSERT_GE(targets.size(), 5U);
@@ -375,7 +377,10 @@ TEST(AdviseTest, TheSearchByEstimateGuessesFromTheLineAndAnswersAsTheDoublingSea
         kMaxBatch, &found);
     const auto& fit = fits.fits[t];
     EXPECT_EQ(fit.largest, found) << target.id;
-    ASSERT_GT(fit.largest, 0) << target.id;
+    if (fit.largest == 0) {
+      EXPECT_GT(needs(1), target.usable_bytes) << target.id;
+      continue;
+    }
     EXPECT_EQ(fit.required_bytes, needs(fit.largest)) << target.id;
     EXPECT_LE(fit.required_bytes, target.usable_bytes) << target.id;
     EXPECT_EQ(fit.next_required_bytes, needs(fit.largest + 1)) << target.id;
@@ -385,6 +390,10 @@ TEST(AdviseTest, TheSearchByEstimateGuessesFromTheLineAndAnswersAsTheDoublingSea
                            fits.estimates, doubling_estimates.size());
   EXPECT_LT(fits.estimates, static_cast<std::int64_t>(doubling_estimates.size()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Zoo, SearchByEstimateTest,
+                         ::testing::Values("retfound_large_lora", "gpt2_small", "resnet18_fewshot", "camo_seg_stage2",
+                                           "lisa_7b_bf16", "vessel_unet_1024_fp16"));
 
 }  // namespace
 }  // namespace memgate
