@@ -77,6 +77,12 @@ TEST(CudnnWorkspaceTest, AnswersResNet18sConvolutionsOnAnH200) {
             13287635);
   // layer2.0's 1x1 stride-2 downsampling runs without a workspace forward.
   EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kForward, 8, 64, 56, 128, 1, 2, 0), device), 0);
+  // The H100's properties (its clocks, L2 and memory differ) give the same plans here.
+  const auto h100 = load_gpu(testing::source_dir() + "/fixtures/gpus/h100_80gb.yaml").cudnn_device_json;
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kBackwardFilter, 8, 3, 224, 64, 7, 2, 3), h100),
+            34872464);
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kBackwardData, 8, 64, 56, 64, 3, 1, 1), h100),
+            12992528);
   // Cached: asked again, the same answer.
   EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kBackwardFilter, 8, 3, 224, 64, 7, 2, 3), device),
             34872464);
