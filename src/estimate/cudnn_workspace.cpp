@@ -416,7 +416,13 @@ std::string estimated_cudnn_device_json() {
   static std::mutex mutex;
   static std::map<std::string, std::string> by_folder;
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto folder = gpus_dir(project_dir());
+  std::string folder;
+  try {
+    folder = gpus_dir(project_dir());
+  } catch (const Error& e) {
+    throw Error(std::string("an estimate for CUDA sizes cuDNN's workspaces for an H200 by default, from its device "
+                            "properties in the GPU fixtures (h200_141gb.yaml's cudnn_device): ") + e.what());
+  }
   if (const auto hit = by_folder.find(folder); hit != by_folder.end()) return hit->second;
   const auto path = (std::filesystem::path(folder) / "h200_141gb.yaml").string();
   if (!std::filesystem::exists(path)) {
