@@ -145,6 +145,25 @@ if(MEMGATE_HAS_CUDA)
   endif()
 endif()
 
+# cuDNN's backend header (cudnn_graph.h), for estimates for CUDA that ask cuDNN, without a GPU, the workspace each
+# convolution takes: the header of the wheel's own cuDNN (site-packages/nvidia/cudnn, beside torch), which memgate
+# loads at run time (libcudnn_graph.so.9, dlopen: nothing is linked), and CUDA's runtime headers it includes (the
+# wheel's nvidia/cu13, else the toolkit's). Without them an estimate for CUDA that reaches a cuDNN convolution fails,
+# saying so.
+set(MEMGATE_HAS_CUDNN_HEADERS OFF)
+find_path(MEMGATE_CUDNN_INCLUDE_DIR cudnn_graph.h
+  HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/cudnn/include" "${TORCH_INSTALL_PREFIX}/include" ${CUDAToolkit_INCLUDE_DIRS}
+  NO_CACHE)
+find_path(MEMGATE_CUDA_RUNTIME_INCLUDE_DIR cuda_runtime_api.h
+  HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/cu13/include" ${CUDAToolkit_INCLUDE_DIRS}
+  NO_CACHE)
+if(MEMGATE_CUDNN_INCLUDE_DIR AND MEMGATE_CUDA_RUNTIME_INCLUDE_DIR)
+  set(MEMGATE_HAS_CUDNN_HEADERS ON)
+  message(STATUS "memgate: cuDNN's workspaces in estimates for CUDA, cudnn_graph.h from ${MEMGATE_CUDNN_INCLUDE_DIR}")
+else()
+  message(STATUS "memgate: no cudnn_graph.h (pip install nvidia-cudnn-cu13): estimates for CUDA cannot size cuDNN's workspaces")
+endif()
+
 # Added to another project (FetchContent, add_subdirectory), memgate's targets are linked from that project's
 # folders: the imported targets they name (torch, yaml-cpp, GTest, ...) must be visible there too.
 if(NOT PROJECT_IS_TOP_LEVEL)

@@ -827,7 +827,7 @@ std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::
   std::string out =
       "\nLargest batch by estimate (the step on the Meta device through the CUDA caching allocator's model; an "
       "estimate, not a measurement: the allocator's model replays real GPU traces exactly; cuBLAS's workspaces are "
-      "held against each GPU, cuDNN's are not yet):\n";
+      "held against each GPU, cuDNN's convolution workspaces are in the step as cuDNN picks them for an H200):\n";
   auto o = std::back_inserter(out);
   const auto world = fits.world_size;
   if (world > 1) {

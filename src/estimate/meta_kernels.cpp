@@ -5,8 +5,10 @@
 #include "memgate/estimate/meta_kernels.h"
 
 #include "memgate/estimate/cuda_reduce.h"
+#include "memgate/estimate/cudnn_workspace.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Reduction.h>
@@ -491,6 +493,117 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_conv_slow_backward(
   return {gi, gw, gb};
 }
 
+// --- CUDA's convolutions through cuDNN ----------------------------------------------------------------------------
+// Where PyTorch 2.11 runs a CUDA convolution with cuDNN (select_conv_backend in aten/src/ATen/native/Convolution.cpp:
+// every 1-D, 2-D and 3-D convolution of fp32, fp16, bf16 or fp64, transposed ones too, but a depthwise one in
+// channels-first layout, which goes to CUDA's own depthwise kernels, and one whose output padding is not below its
+// stride), each of cuDNN's passes takes a workspace from the caching allocator for that call (run_conv_plan in
+// aten/src/ATen/native/cudnn/Conv_v8.cpp: allocate(plan.getWorkspaceSize()), nothing for 0 bytes) and frees it when
+// the pass returns, after the pass's output was allocated. cudnn_workspace_bytes asks cuDNN which plan ATen runs and
+// the workspace it takes, for the GPU the estimate speaks for. Left out: fp16 depthwise convolutions that
+// use_cudnn_depthwise sends to cuDNN in channels-first layout, the inputs' copies where a tensor is not yet in the
+// convolution's memory format, and the batch splits of a convolution too large for 32-bit indexing.
+struct CudnnGeometry {
+  bool channels_last = false;
+  std::vector<int64_t> stride, padding, dilation;
+  bool one_dimensional = false;  ///< viewed as 2-D (view1d_as_2d): a spatial dim of 1 in front
+};
+
+// cudnn_conv_suggest_memory_format (ConvUtils.h): channels last where the input or the weight is, for 4-D and 5-D
+// weights; fp64 always channels first.
+bool cudnn_channels_last(const at::Tensor& input, const at::Tensor& weight) {
+  if (input.scalar_type() == at::kDouble || weight.scalar_type() == at::kDouble) return false;
+  if (weight.dim() == 4) {
+    return input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+           weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+  }
+  if (weight.dim() == 5) {
+    return input.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d ||
+           weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d;
+  }
+  return false;
+}
+
+std::optional<CudnnGeometry> cuda_cudnn_geometry(const at::Tensor& input, const at::Tensor& weight,
+                                                 at::IntArrayRef stride, at::IntArrayRef padding,
+                                                 at::IntArrayRef dilation, bool transposed,
+                                                 at::IntArrayRef output_padding, int64_t groups) {
+  if (for_cpu() || input.dim() < 3 || input.dim() > 5) return std::nullopt;
+  const auto t = input.scalar_type();
+  if (t != at::kFloat && t != at::kHalf && t != at::kBFloat16 && t != at::kDouble) return std::nullopt;
+  CudnnGeometry g;
+  g.one_dimensional = input.dim() == 3;
+  const auto spatial = input.dim() - 2;
+  auto at_or_first = [](at::IntArrayRef a, int64_t i) { return a.size() == 1 ? a[0] : a[i]; };
+  if (g.one_dimensional) {
+    g.stride.push_back(1);
+    g.padding.push_back(0);
+    g.dilation.push_back(1);
+  }
+  for (int64_t i = 0; i < spatial; ++i) {
+    g.stride.push_back(at_or_first(stride, i));
+    g.padding.push_back(at_or_first(padding, i));
+    g.dilation.push_back(at_or_first(dilation, i));
+    if (transposed && !output_padding.empty() && at_or_first(output_padding, i) >= at_or_first(stride, i)) {
+      return std::nullopt;  // is_output_padding_big: the slow transposed kernels
+    }
+  }
+  g.channels_last = !g.one_dimensional && cudnn_channels_last(input, weight);
+  const bool depthwise = !transposed && (input.dim() == 4 || input.dim() == 5) && input.size(1) == groups &&
+                         groups > 1 && weight.size(0) % input.size(1) == 0;
+  if (depthwise && !g.channels_last) return std::nullopt;  // CudaDepthwise2d / 3d
+  return g;
+}
+
+std::vector<int64_t> as_2d(at::IntArrayRef sizes, bool one_dimensional) {
+  std::vector<int64_t> v(sizes.begin(), sizes.end());
+  if (one_dimensional) v.insert(v.begin() + 2, 1);
+  return v;
+}
+
+// The strides of a tensor of `sizes` contiguous in the convolution's memory format (ATen makes each operand so).
+std::vector<int64_t> dense_strides(const std::vector<int64_t>& sizes, bool channels_last) {
+  const auto dims = static_cast<int64_t>(sizes.size());
+  std::vector<int64_t> order;  // innermost first
+  if (channels_last) order.push_back(1);
+  for (int64_t d = dims - 1; d > 1; --d) order.push_back(d);
+  if (!channels_last) order.push_back(1);
+  order.push_back(0);
+  std::vector<int64_t> strides(sizes.size());
+  int64_t inner = 1;
+  for (const auto d : order) {
+    strides[d] = inner;
+    inner *= std::max<int64_t>(sizes[d], 1);
+  }
+  return strides;
+}
+
+// One of cuDNN's passes, run after its output was allocated: its workspace, allocated and freed.
+void cudnn_pass_workspace(ConvolutionPass pass, const CudnnGeometry& g, at::ScalarType dtype, at::IntArrayRef x,
+                          at::IntArrayRef w, at::IntArrayRef y, const at::TensorOptions& options) {
+  CudnnConvolution c;
+  c.pass = pass;
+  c.dtype = dtype;
+  c.channels_last = g.channels_last;
+  c.x_sizes = as_2d(x, g.one_dimensional);
+  c.w_sizes = as_2d(w, g.one_dimensional);
+  c.y_sizes = as_2d(y, g.one_dimensional);
+  for (const auto& s : {c.x_sizes, c.w_sizes, c.y_sizes}) {
+    if (std::any_of(s.begin(), s.end(), [](int64_t n) { return n == 0; })) return;  // numel() == 0: no call
+  }
+  c.x_strides = dense_strides(c.x_sizes, g.channels_last);
+  c.w_strides = dense_strides(c.w_sizes, g.channels_last);
+  c.y_strides = dense_strides(c.y_sizes, g.channels_last);
+  c.stride = g.stride;
+  c.padding = g.padding;
+  c.dilation = g.dilation;
+  // The settings ATen's filter reads, as the probe set them (configure_determinism: a fixture's `deterministic`).
+  c.deterministic = at::globalContext().deterministicCuDNN();
+  c.allow_tf32 = at::globalContext().allowTF32CuDNN(at::Float32Op::CONV);
+  const auto bytes = cudnn_workspace_bytes(c, estimated_cudnn_device_json());
+  if (bytes > 0) auto workspace = at::empty({bytes}, options.dtype(at::kByte).memory_format(at::MemoryFormat::Contiguous));
+}
+
 // On the Meta device _convolution picks the "overrideable" backend; the output's spatial sizes follow the
 // convolution arithmetic, its layout the input's.
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -506,6 +619,22 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
                                : (in + 2 * p - d * (k - 1) - 1) / s + 1);
   }
   const auto options = input.options().memory_format(input.suggest_memory_format());
+  if (const auto cudnn = cuda_cudnn_geometry(input, weight, stride, padding, dilation, transposed, output_padding, groups)) {
+    // cudnn_convolution allocates the output in the convolution's memory format, then runs the forward pass; a
+    // transposed one (cudnn_convolution_transpose) runs the backward-data pass with the output as dx, the input as dy.
+    const auto format = !cudnn->channels_last ? at::MemoryFormat::Contiguous
+                        : input.dim() == 5    ? at::MemoryFormat::ChannelsLast3d
+                                              : at::MemoryFormat::ChannelsLast;
+    auto out = at::empty(shape, input.options().memory_format(format));
+    if (transposed) {
+      cudnn_pass_workspace(ConvolutionPass::kBackwardData, *cudnn, input.scalar_type(), out.sizes(), weight.sizes(),
+                           input.sizes(), input.options());
+    } else {
+      cudnn_pass_workspace(ConvolutionPass::kForward, *cudnn, input.scalar_type(), input.sizes(), weight.sizes(),
+                           out.sizes(), input.options());
+    }
+    return out;
+  }
   if (!for_cpu() || spatial != 2) return at::empty(shape, options);
   if (!cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
     return meta_conv_slow_forward(input, weight, bias, shape, stride, padding, dilation, transposed, groups);
@@ -567,7 +696,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
-    at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed, at::IntArrayRef, int64_t groups,
+    at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding, int64_t groups,
     std::array<bool, 3> mask) {
   at::Tensor gi, gw, gb;
   if (for_cpu() && input.dim() == 4 && !cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
@@ -643,8 +772,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   }
   // The CPU's convolutions without oneDNN are meta_conv_slow_backward's, above; its transposed ones, and CUDA's
   // (cuDNN): the gradients.
-  if (mask[0]) gi = at::empty_like(input, input.suggest_memory_format());
-  if (mask[1]) gw = at::empty_like(weight, weight.suggest_memory_format());
+  const auto cudnn =
+      cuda_cudnn_geometry(input, weight, stride, padding, dilation, transposed, output_padding, groups);
+  if (mask[0]) {
+    gi = at::empty_like(input, input.suggest_memory_format());
+    // cudnn_convolution_backward: the input's gradient (backward data: dx the input's gradient, dy the output's), then
+    // cudnn_convolution_transpose_backward: a forward pass of the output's gradient.
+    if (cudnn && input.numel() > 0) {
+      if (transposed) {
+        cudnn_pass_workspace(ConvolutionPass::kForward, *cudnn, input.scalar_type(), grad_output.sizes(),
+                             weight.sizes(), input.sizes(), input.options());
+      } else {
+        cudnn_pass_workspace(ConvolutionPass::kBackwardData, *cudnn, input.scalar_type(), input.sizes(),
+                             weight.sizes(), grad_output.sizes(), input.options());
+      }
+    }
+  }
+  if (mask[1]) {
+    gw = at::empty_like(weight, weight.suggest_memory_format());
+    if (cudnn && input.numel() > 0) {
+      // cudnn_convolution_backward_weight: its memory format is the input's and the output gradient's, which
+      // cudnn_convolution_backward first brought to the input's: the weight's own is not asked. For a transposed
+      // convolution the two swap roles.
+      auto filter = *cudnn;
+      const auto& x = transposed ? grad_output : input;
+      const auto& dy = transposed ? input : grad_output;
+      filter.channels_last = !cudnn->one_dimensional && input.scalar_type() != at::kDouble &&
+                             input.suggest_memory_format() != at::MemoryFormat::Contiguous;
+      cudnn_pass_workspace(ConvolutionPass::kBackwardFilter, filter, input.scalar_type(), x.sizes(), weight.sizes(),
+                           dy.sizes(), input.options());
+    }
+  }
   if (mask[2]) {
     // On CUDA the bias's gradient is grad_output.sum over all dims but the channels (convolution_backward, after
     // cuDNN's data and weight gradients), grad_output as it came: channels last where the layer's output was.

@@ -68,6 +68,35 @@ std::int64_t GpuSpec::library_workspace_bytes() const {
 
 std::string format_usable(std::int64_t usable_bytes) { return format_mib(usable_bytes); }
 
+namespace {
+
+// cuDNN's device properties, each key of cudaDeviceProp (or cudaDeviceGetAttribute) that
+// CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION requires (cuDNN 9.19 rejects a JSON without any one of them), written
+// back as JSON in this order.
+void read_cudnn_device(detail::MapReader r, GpuSpec& gpu) {
+  nlohmann::ordered_json json;
+  for (const char* key : {"deviceVer", "multiProcessorCount", "warpSize", "maxSharedMemoryPerBlock",
+                          "maxSharedMemoryPerBlockOptin", "reservedSharedMemoryPerBlock", "maxRegistersPerSM",
+                          "maxCtasPerSM", "maxThreadsPerBlock", "maxThreadsPerSM", "regsPerBlock", "totalGlobalMem",
+                          "smClockRateKHz", "l2CacheSize", "maxBlockSize", "memClockRateKHz", "maxGridSize",
+                          "supportCoopLaunch", "pciDeviceId", "isTccDriver", "cudaDeviceId", "driverVer",
+                          "deviceName"}) {
+    const std::string name = key;
+    if (name == "maxBlockSize" || name == "maxGridSize") {
+      json[name] = r.get_int_list(name, std::nullopt, 1);
+    } else if (name == "deviceName") {
+      json[name] = r.get_string(name, std::nullopt);
+    } else {
+      json[name] = r.get_int(name, std::nullopt, 0);
+    }
+  }
+  gpu.cudnn_device_sources = r.get_string("sources", std::nullopt);
+  r.finish();
+  gpu.cudnn_device_json = json.dump();
+}
+
+}  // namespace
+
 GpuSpec load_gpu(const std::string& path) {
   auto root = detail::load_yaml_file(path);
   detail::MapReader r(root, path, "");
@@ -94,6 +123,7 @@ GpuSpec load_gpu(const std::string& path) {
   gpu.max_threads_per_multiprocessor = static_cast<int>(r.get_int("max_threads_per_multiprocessor", 0, 0, 1 << 16));
   gpu.sources = r.get_string("sources", std::string());
   gpu.measured = r.get_bool("measured", false);
+  if (r.has("cudnn_device")) read_cudnn_device(r.child("cudnn_device"), gpu);
   if (gpu.usable_bytes() <= 0) {
     r.fail("outside_allocator_mib",
            "less than memory_gib x usable_fraction (" + format_bytes(gpu.usable_bytes() + gpu.outside_allocator_bytes) +

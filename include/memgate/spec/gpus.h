@@ -29,6 +29,11 @@ struct GpuSpec {
   /// Whether memgate measured this GPU (memory_gib and outside_allocator_mib from a run on it); otherwise its
   /// figures are NVIDIA's and planning allowances, and estimates for it say so.
   bool measured = false;
+  /// The GPU's properties as cuDNN's heuristics read them (a CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR's JSON, from the
+  /// file's `cudnn_device`), with which an estimate asks cuDNN which plan a convolution runs and the workspace it
+  /// takes; "" where the file has none.
+  std::string cudnn_device_json;
+  std::string cudnn_device_sources;  ///< where each of those values comes from
 
   /// The caching allocator's bytes that cuBLAS keeps for a training step on this GPU in torch 2.11, which an
   /// estimate adds to a step's needs as a measured probe does (its library_workspace_bytes): two cuBLAS workspaces

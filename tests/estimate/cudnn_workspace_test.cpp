@@ -1,0 +1,163 @@
+// cuDNN's convolution workspaces without a GPU (cudnn_workspace.h): what cuDNN 9.19, given the H200's device
+// properties from its GPU fixture, answers for ResNet-18's convolutions, and the estimate's Meta convolutions taking
+// those workspaces for CUDA only.
+#include "memgate/estimate/cudnn_workspace.h"
+
+#include "memgate/backend/meta_allocator.h"
+#include "memgate/estimate/meta_kernels.h"
+#include "memgate/spec/gpus.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+std::vector<std::int64_t> nchw_strides(const std::vector<std::int64_t>& s) {
+  return {s[1] * s[2] * s[3], s[2] * s[3], s[3], 1};
+}
+
+// A 2-D convolution of fp32 NCHW tensors with square kernels, as ATen describes it to cuDNN for `pass`.
+CudnnConvolution resnet_convolution(ConvolutionPass pass, std::int64_t batch, std::int64_t in_channels,
+                                    std::int64_t size, std::int64_t out_channels, std::int64_t kernel,
+                                    std::int64_t stride, std::int64_t padding) {
+  const auto out_size = (size + 2 * padding - kernel) / stride + 1;
+  CudnnConvolution c;
+  c.pass = pass;
+  c.x_sizes = {batch, in_channels, size, size};
+  c.w_sizes = {out_channels, in_channels, kernel, kernel};
+  c.y_sizes = {batch, out_channels, out_size, out_size};
+  c.x_strides = nchw_strides(c.x_sizes);
+  c.w_strides = nchw_strides(c.w_sizes);
+  c.y_strides = nchw_strides(c.y_sizes);
+  c.stride = {stride, stride};
+  c.padding = {padding, padding};
+  c.dilation = {1, 1};
+  return c;
+}
+
+std::string h200() {
+  return load_gpu(testing::source_dir() + "/fixtures/gpus/h200_141gb.yaml").cudnn_device_json;
+}
+
+TEST(CudnnWorkspaceTest, TheGpuFixturesHoldCudnnsDeviceProperties) {
+  for (const auto* id : {"h200_141gb", "h100_80gb"}) {
+    const auto gpu = load_gpu(testing::source_dir() + "/fixtures/gpus/" + id + ".yaml");
+    EXPECT_NE(gpu.cudnn_device_json.find("\"deviceVer\":900"), std::string::npos) << id;
+    EXPECT_NE(gpu.cudnn_device_json.find("\"multiProcessorCount\":132"), std::string::npos) << id;
+    EXPECT_NE(gpu.cudnn_device_json.find("\"maxGridSize\":[2147483647,65535,65535]"), std::string::npos) << id;
+    EXPECT_FALSE(gpu.cudnn_device_sources.empty()) << id;
+  }
+  EXPECT_TRUE(load_gpu(testing::source_dir() + "/fixtures/gpus/t4_16gb.yaml").cudnn_device_json.empty());
+}
+
+// These are cuDNN's answers (cuDNN 9.19's heuristics and plans, device-less, for the H200's properties), not
+// constants fitted to any measurement: the same values a stand-alone probe of the backend API printed for ResNet-18 at
+// batch 8, 224 px, fp32 NCHW, with ATen's defaults (TF32 on, nondeterministic algorithms allowed).
+TEST(CudnnWorkspaceTest, AnswersResNet18sConvolutionsOnAnH200) {
+  const auto device = h200();
+  ASSERT_FALSE(device.empty());
+  std::cout << "[ CUDNN    ] " << cudnn_library_description() << "\n";
+  // conv1, 7x7 stride 2, 3 -> 64: its forward and its weight's gradient (its input needs none).
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kForward, 8, 3, 224, 64, 7, 2, 3), device),
+            30544656);
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kBackwardFilter, 8, 3, 224, 64, 7, 2, 3), device),
+            34872464);
+  // layer1's 3x3 64 -> 64 at 56 px: all three passes.
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kForward, 8, 64, 56, 64, 3, 1, 1), device),
+            6570000);
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kBackwardData, 8, 64, 56, 64, 3, 1, 1), device),
+            12992528);
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kBackwardFilter, 8, 64, 56, 64, 3, 1, 1), device),
+            13287635);
+  // layer2.0's 1x1 stride-2 downsampling runs without a workspace forward.
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kForward, 8, 64, 56, 128, 1, 2, 0), device), 0);
+  // The H100's properties (its clocks, L2 and memory differ) give the same plans here.
+  const auto h100 = load_gpu(testing::source_dir() + "/fixtures/gpus/h100_80gb.yaml").cudnn_device_json;
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kBackwardFilter, 8, 3, 224, 64, 7, 2, 3), h100),
+            34872464);
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kBackwardData, 8, 64, 56, 64, 3, 1, 1), h100),
+            12992528);
+  // Cached: asked again, the same answer.
+  EXPECT_EQ(cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kBackwardFilter, 8, 3, 224, 64, 7, 2, 3), device),
+            34872464);
+}
+
+// The device properties an estimate gives cuDNN: MEMGATE_ESTIMATE_GPU_CUDNN's where set, else the H200 fixture's; where
+// no GPU fixtures can be found, an error that says what the estimate needed them for.
+TEST(CudnnWorkspaceTest, AnEstimateSpeaksForAnH200UnlessToldOtherwise) {
+  const auto restore = [](const char* name, const char* before) {
+    if (before != nullptr) {
+      ::setenv(name, before, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  };
+  const char* project = std::getenv("MEMGATE_PROJECT_DIR");
+  const std::string project_before = project != nullptr ? project : "";
+  ::setenv("MEMGATE_PROJECT_DIR", testing::source_dir().c_str(), 1);
+  EXPECT_EQ(estimated_cudnn_device_json(), h200());
+  ::setenv("MEMGATE_ESTIMATE_GPU_CUDNN", "{\"deviceVer\": 750}", 1);
+  EXPECT_EQ(estimated_cudnn_device_json(), "{\"deviceVer\": 750}");
+  ::unsetenv("MEMGATE_ESTIMATE_GPU_CUDNN");
+  const auto empty = std::filesystem::temp_directory_path() / "memgate_cudnn_no_fixtures";
+  std::filesystem::create_directories(empty);
+  ::setenv("MEMGATE_PROJECT_DIR", empty.c_str(), 1);
+  const char* data = std::getenv("MEMGATE_DATA_DIR");
+  const std::string data_before = data != nullptr ? data : "";
+  ::setenv("MEMGATE_DATA_DIR", empty.c_str(), 1);
+  try {
+    (void)estimated_cudnn_device_json();
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("cudnn_device"), std::string::npos) << e.what();
+  }
+  restore("MEMGATE_DATA_DIR", data != nullptr ? data_before.c_str() : nullptr);
+  restore("MEMGATE_PROJECT_DIR", project != nullptr ? project_before.c_str() : nullptr);
+  std::filesystem::remove_all(empty);
+}
+
+// Malformed device properties are cuDNN's error, named.
+TEST(CudnnWorkspaceTest, DevicePropertiesCudnnRejectsAreAnError) {
+  try {
+    (void)cudnn_workspace_bytes(resnet_convolution(ConvolutionPass::kForward, 1, 3, 32, 8, 3, 1, 1), "{}");
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("device properties"), std::string::npos) << e.what();
+  }
+}
+
+// The estimate's Meta convolution takes the forward's workspace after its output and frees it before it returns, for
+// CUDA: conv1 at batch 8 (fp32, channels first) peaks 30,544,656 bytes above its output. The CPU's portable kernel
+// (Slow2d) takes its im2col columns instead, and no cuDNN workspace: 8 images x 3 x 7 x 7 x 112 x 112 fp32.
+TEST(CudnnWorkspaceTest, MetaConvolutionsTakeTheWorkspaceForCudaOnly) {
+  auto& meta = CountingMetaAllocator::install();
+  meta.set_granularity(0);
+  meta.model_caching_allocator(false);
+  const auto options = torch::TensorOptions().device(torch::kMeta);
+  const auto input = torch::empty({8, 3, 224, 224}, options);
+  const auto weight = torch::empty({64, 3, 7, 7}, options);
+  const std::int64_t output_bytes = 8LL * 64 * 112 * 112 * 4;
+  const auto above_output = [&] {
+    const auto before = meta.current_bytes();
+    meta.reset_peak();
+    const auto out = at::convolution(input, weight, std::nullopt, {2, 2}, {3, 3}, {1, 1}, false, {0, 0}, 1);
+    EXPECT_EQ(out.sizes(), (std::vector<std::int64_t>{8, 64, 112, 112}));
+    EXPECT_EQ(meta.current_bytes() - before, output_bytes) << "the output alone stays";
+    return meta.peak_bytes() - before - output_bytes;
+  };
+  use_meta_kernels_for(EstimateTarget::kCuda);
+  EXPECT_EQ(above_output(), 30544656);
+  use_meta_kernels_for(EstimateTarget::kCpu);
+  EXPECT_EQ(above_output(), 8LL * 3 * 7 * 7 * 112 * 112 * 4);
+}
+
+}  // namespace
+}  // namespace memgate
