@@ -411,30 +411,18 @@ std::string cudnn_library_description() { return "memgate was built without cuDN
 
 #endif
 
+namespace detail {
+std::string_view builtin_h200_fixture();  // builtin_h200.cpp, generated from fixtures/gpus/h200_141gb.yaml
+}  // namespace detail
+
 std::string estimated_cudnn_device_json() {
   if (const char* json = std::getenv("MEMGATE_ESTIMATE_GPU_CUDNN"); json != nullptr && *json != '\0') return json;
-  static std::mutex mutex;
-  static std::map<std::string, std::string> by_folder;
-  const std::lock_guard<std::mutex> lock(mutex);
-  std::string folder;
-  try {
-    folder = gpus_dir(project_dir());
-  } catch (const Error& e) {
-    throw Error(std::string("an estimate for CUDA sizes cuDNN's workspaces for an H200 by default, from its device "
-                            "properties in the GPU fixtures (h200_141gb.yaml's cudnn_device): ") + e.what());
-  }
-  if (const auto hit = by_folder.find(folder); hit != by_folder.end()) return hit->second;
-  const auto path = (std::filesystem::path(folder) / "h200_141gb.yaml").string();
-  if (!std::filesystem::exists(path)) {
-    throw Error("an estimate for CUDA sizes cuDNN's workspaces for an H200 by default, from its device properties in " +
-                path + " (cudnn_device), which does not exist");
-  }
-  const auto gpu = load_gpu(path);
-  if (gpu.cudnn_device_json.empty()) {
-    throw Error(path + " has no cudnn_device: an estimate for CUDA needs the H200's device properties for cuDNN");
-  }
-  by_folder.emplace(folder, gpu.cudnn_device_json);
-  return gpu.cudnn_device_json;
+  static const std::string h200 = [] {
+    const auto gpu = gpu_from_text(std::string(detail::builtin_h200_fixture()), "h200_141gb.yaml (built in)");
+    if (gpu.cudnn_device_json.empty()) throw Error("h200_141gb.yaml (built in) has no cudnn_device");
+    return gpu.cudnn_device_json;
+  }();
+  return h200;
 }
 
 }  // namespace memgate

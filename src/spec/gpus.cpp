@@ -97,8 +97,9 @@ void read_cudnn_device(detail::MapReader r, GpuSpec& gpu) {
 
 }  // namespace
 
-GpuSpec load_gpu(const std::string& path) {
-  auto root = detail::load_yaml_file(path);
+namespace {
+
+GpuSpec gpu_from_yaml(const YAML::Node& root, const std::string& path) {
   detail::MapReader r(root, path, "");
   GpuSpec gpu;
   gpu.path = path;
@@ -132,6 +133,18 @@ GpuSpec load_gpu(const std::string& path) {
   }
   r.finish();
   return gpu;
+}
+
+}  // namespace
+
+GpuSpec load_gpu(const std::string& path) { return gpu_from_yaml(detail::load_yaml_file(path), path); }
+
+GpuSpec gpu_from_text(const std::string& text, const std::string& name) {
+  try {
+    return gpu_from_yaml(YAML::Load(text), name);
+  } catch (const YAML::Exception& e) {
+    throw Error(name + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
+  }
 }
 
 std::vector<GpuSpec> load_gpus(const std::string& dir) {

@@ -90,37 +90,24 @@ TEST(CudnnWorkspaceTest, AnswersResNet18sConvolutionsOnAnH200) {
             34872464);
 }
 
-// The device properties an estimate gives cuDNN: MEMGATE_ESTIMATE_GPU_CUDNN's where set, else the H200 fixture's; where
-// no GPU fixtures can be found, an error that says what the estimate needed them for.
+// The device properties an estimate gives cuDNN: MEMGATE_ESTIMATE_GPU_CUDNN's where set, else the H200 fixture's, built
+// into memgate.
 TEST(CudnnWorkspaceTest, AnEstimateSpeaksForAnH200UnlessToldOtherwise) {
-  const auto restore = [](const char* name, const char* before) {
-    if (before != nullptr) {
-      ::setenv(name, before, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  };
+  // Built in: the same wherever it runs (a team's repository has no fixtures/gpus of memgate's).
   const char* project = std::getenv("MEMGATE_PROJECT_DIR");
   const std::string project_before = project != nullptr ? project : "";
-  ::setenv("MEMGATE_PROJECT_DIR", testing::source_dir().c_str(), 1);
+  const auto empty = std::filesystem::temp_directory_path() / "memgate_cudnn_no_fixtures";
+  std::filesystem::create_directories(empty);
+  ::setenv("MEMGATE_PROJECT_DIR", empty.c_str(), 1);
   EXPECT_EQ(estimated_cudnn_device_json(), h200());
   ::setenv("MEMGATE_ESTIMATE_GPU_CUDNN", "{\"deviceVer\": 750}", 1);
   EXPECT_EQ(estimated_cudnn_device_json(), "{\"deviceVer\": 750}");
   ::unsetenv("MEMGATE_ESTIMATE_GPU_CUDNN");
-  const auto empty = std::filesystem::temp_directory_path() / "memgate_cudnn_no_fixtures";
-  std::filesystem::create_directories(empty);
-  ::setenv("MEMGATE_PROJECT_DIR", empty.c_str(), 1);
-  const char* data = std::getenv("MEMGATE_DATA_DIR");
-  const std::string data_before = data != nullptr ? data : "";
-  ::setenv("MEMGATE_DATA_DIR", empty.c_str(), 1);
-  try {
-    (void)estimated_cudnn_device_json();
-    ADD_FAILURE() << "expected an error";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("cudnn_device"), std::string::npos) << e.what();
+  if (project != nullptr) {
+    ::setenv("MEMGATE_PROJECT_DIR", project_before.c_str(), 1);
+  } else {
+    ::unsetenv("MEMGATE_PROJECT_DIR");
   }
-  restore("MEMGATE_DATA_DIR", data != nullptr ? data_before.c_str() : nullptr);
-  restore("MEMGATE_PROJECT_DIR", project != nullptr ? project_before.c_str() : nullptr);
   std::filesystem::remove_all(empty);
 }
 

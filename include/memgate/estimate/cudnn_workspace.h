@@ -43,8 +43,8 @@ struct CudnnConvolution {
 [[nodiscard]] std::int64_t cudnn_workspace_bytes(const CudnnConvolution& convolution, const std::string& device_json);
 
 /// The device properties an estimate for CUDA gives cuDNN: those of the GPU it speaks for (MEMGATE_ESTIMATE_GPU_CUDNN,
-/// a GPU fixture's `cudnn_device` JSON), else an H200's (the GPU fixtures' h200_141gb.yaml, found as budgets find
-/// them: the project's fixtures/gpus, else memgate's own data). Throws memgate::Error naming where it looked.
+/// a GPU fixture's `cudnn_device` JSON), else an H200's (fixtures/gpus/h200_141gb.yaml as memgate was built with it,
+/// built in: wherever memgate runs).
 [[nodiscard]] std::string estimated_cudnn_device_json();
 
 /// Where libcudnn_graph.so.9 was loaded from, or why it could not be (for messages and tests).

@@ -48,6 +48,8 @@ struct GpuSpec {
 
 /// Loads one GPU fixture; bad input throws memgate::Error with file, key and line.
 [[nodiscard]] GpuSpec load_gpu(const std::string& path);
+/// A GPU fixture's text read as load_gpu reads its file (a fixture built into memgate); `name` stands for the path.
+[[nodiscard]] GpuSpec gpu_from_text(const std::string& text, const std::string& name);
 /// Loads every *.yaml under `dir`, sorted by memory then id.
 [[nodiscard]] std::vector<GpuSpec> load_gpus(const std::string& dir);
 /// The GPU with this id from `gpus`; throws memgate::Error naming the known ids.
