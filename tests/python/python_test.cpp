@@ -217,9 +217,11 @@ TEST(PythonFixtureTest, TheEstimateForCudaOfTheTimmTwinEqualsTheZoosToTheByte) {
 
 // The same for torchvision's ResNet. Its Python builder once built the full-width ResNet-18 on the probe's device and
 // replaced its modules: the freed segments stayed reserved, 64 MiB in the estimate for CUDA as on an H200, where the
-// zoo twin holds 4 MiB.
+// zoo twin holds 4 MiB. With cuDNN's workspaces in the estimate, eval_peak alone may differ by one 8 KiB activation
+// block at batch 1: torchvision's block frees a tensor a moment later than the zoo's C++ block does (its Python local
+// outlives it), and a convolution's workspace is held at that moment (1,024 B apart, seen in the two snapshots).
 TEST(PythonFixtureTest, TheEstimateForCudaOfTheTorchvisionTwinEqualsTheZoosToTheByte) {
-  expect_cuda_estimate_twins("py_resnet_tiny_torchvision", "resnet_tiny_classify", {1, 4});
+  expect_cuda_estimate_twins("py_resnet_tiny_torchvision", "resnet_tiny_classify", {1, 4}, 8192);
 }
 
 // A pull request that adds dropout to the LLaMA's LoRA adapters (models.py's LLAMA_LORA_DROPOUT), with the fixture
