@@ -54,10 +54,11 @@ fi
 # plugin's own test (tests/python/pytest_plugin_test.py); check-jsonschema lints ci/github/'s workflows
 # (tests/ci/workflow_lint_test.py); scikit-build-core is pip's build backend for memgate (tests/ci/prerequisites_test.py
 # runs it); segmentation_models_pytorch, MONAI (with einops, which its SwinUNETR imports) and diffusers build the real
-# libraries' models the estimate is checked on (tests/python/libraries_test.cpp).
+# libraries' models the estimate is checked on (tests/python/libraries_test.cpp); expecttest is imported by torch's
+# test utilities, whose OpInfo samples tools/conformance.py runs (ConformanceTest).
 py_deps=("torchvision==0.26.0" "timm==1.0.31" "peft==0.21.2" "transformers==5.24.0" "pyyaml==6.0.4" "pytest==9.2.0"
          "check-jsonschema==0.39.0" "scikit-build-core==0.11.6"
-         "segmentation-models-pytorch==0.6.0" "monai==1.6.1" "diffusers==0.42.1" "einops==0.8.2")
+         "segmentation-models-pytorch==0.6.0" "monai==1.6.1" "diffusers==0.42.1" "einops==0.8.2" "expecttest==0.3.0")
 if "$venv/bin/python" - "${py_deps[@]}" <<'PY' 2>/dev/null; then
 import importlib.metadata as m, sys
 sys.exit(0 if all(m.version(d.split("==")[0]) == d.split("==")[1] for d in sys.argv[1:]) else 1)

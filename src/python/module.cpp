@@ -5,6 +5,7 @@
 
 #include "memgate/advise/advise.h"
 
+#include "memgate/backend/cpu_allocator.h"
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/backend/module_attribution.h"
 #include "memgate/base/heartbeat.h"
@@ -15,10 +16,93 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
+#include <cstdint>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace py = pybind11;
+
+namespace {
+
+// Every allocation and free of the CPU's counting allocator and of the Meta device's while it records, in their order
+// (tools/conformance.py compares an op's bytes on the CPU with its estimate's). One recorder at a time: it takes both
+// allocators' observers, which no probe holds in a process that records.
+class AllocationRecorder final {
+ public:
+  // (device, bytes: + allocated, - freed, block id): the CPU's block is its data pointer, the Meta device's its id.
+  using Event = std::tuple<std::string, std::int64_t, std::uint64_t>;
+
+  AllocationRecorder() = default;
+  AllocationRecorder(const AllocationRecorder&) = delete;
+  AllocationRecorder& operator=(const AllocationRecorder&) = delete;
+  ~AllocationRecorder() {
+    if (started_) stop();
+  }
+  void start() {
+    started_ = true;
+    {
+      const std::lock_guard lock(mutex_);
+      events_.clear();
+    }
+    memgate::CountingCpuAllocator::install().set_observer(&cpu_);
+    memgate::CountingMetaAllocator::install().set_observer(&meta_);
+  }
+  void stop() {
+    started_ = false;
+    memgate::CountingCpuAllocator::install().set_observer(nullptr);
+    memgate::CountingMetaAllocator::install().set_observer(nullptr);
+  }
+  [[nodiscard]] std::size_t count() const {
+    const std::lock_guard lock(mutex_);
+    return events_.size();
+  }
+  [[nodiscard]] std::vector<Event> events() const {
+    const std::lock_guard lock(mutex_);
+    std::vector<Event> out;
+    out.reserve(events_.size());
+    for (const auto& e : events_) out.emplace_back(e.meta ? "meta" : "cpu", e.bytes, e.id);
+    return out;
+  }
+
+ private:
+  struct Raw {
+    bool meta;
+    std::int64_t bytes;
+    std::uint64_t id;
+  };
+  void add(bool meta, std::int64_t bytes, std::uint64_t id) {
+    const std::lock_guard lock(mutex_);
+    events_.push_back({meta, bytes, id});
+  }
+  // Called with the allocators' locks held: they allocate no tensor.
+  struct Cpu final : memgate::CountingCpuAllocator::Observer {
+    explicit Cpu(AllocationRecorder& r) : r(r) {}
+    void on_alloc(const void* data, std::size_t bytes) override {
+      r.add(false, static_cast<std::int64_t>(bytes), reinterpret_cast<std::uintptr_t>(data));
+    }
+    void on_free(const void* data, std::size_t bytes) override {
+      r.add(false, -static_cast<std::int64_t>(bytes), reinterpret_cast<std::uintptr_t>(data));
+    }
+    AllocationRecorder& r;
+  };
+  struct Meta final : memgate::CountingMetaAllocator::Observer {
+    explicit Meta(AllocationRecorder& r) : r(r) {}
+    void on_alloc(std::uint64_t id, std::size_t bytes, std::uint64_t) override {
+      r.add(true, static_cast<std::int64_t>(bytes), id);
+    }
+    void on_free(std::uint64_t id, std::size_t bytes) override { r.add(true, -static_cast<std::int64_t>(bytes), id); }
+    AllocationRecorder& r;
+  };
+  mutable std::mutex mutex_;
+  std::vector<Raw> events_;
+  bool started_ = false;
+  Cpu cpu_{*this};
+  Meta meta_{*this};
+};
+
+}  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "memgate's C++ core: probes of Python models by memgate's own protocol";
@@ -57,6 +141,29 @@ PYBIND11_MODULE(_core, m) {
       },
       "fn(*args, **kwargs) with this thread's Meta tensors allocated outside the estimate's count: a decomposition "
       "standing in for a device kernel makes its temporaries so (memgate._meta).");
+  m.def(
+      "count_cpu_allocations", [] { memgate::CountingCpuAllocator::install(); },
+      "Installs memgate's counting CPU allocator in this process (as a CPU probe does): CPU tensors allocated from now "
+      "on are counted, and an AllocationRecorder sees them.");
+  m.def(
+      "estimate_for_cpu",
+      [] {
+        auto& meta = memgate::CountingMetaAllocator::install();
+        meta.set_granularity(0);
+        meta.model_caching_allocator(false);
+        memgate::use_meta_kernels_for(memgate::EstimateTarget::kCpu, memgate::CpuKernels::kPortable);
+      },
+      "Sets the Meta device up as an estimate for the CPU sets it (its portable kernels): each request counted as it "
+      "is, no caching allocator's model, memgate's Meta kernels allocating what the CPU's do.");
+  py::class_<AllocationRecorder>(m, "AllocationRecorder",
+                                 "Records every allocation and free of memgate's counting CPU allocator and of the "
+                                 "Meta device's from start() to stop(), in order: events() is a list of (device, "
+                                 "bytes, block), bytes negative for a free (tools/conformance.py).")
+      .def(py::init<>())
+      .def("start", &AllocationRecorder::start, "Forgets what it recorded and records from now on.")
+      .def("stop", &AllocationRecorder::stop)
+      .def("count", &AllocationRecorder::count, "The number of events recorded so far.")
+      .def("events", &AllocationRecorder::events);
   m.def(
       "rank_main",
       [](const std::vector<std::string>& argv) {
