@@ -17,6 +17,7 @@
 #include <ATen/ops/add_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mse_loss_meta_dispatch.h>
+#include <ATen/ops/resize_native.h>
 #include <ATen/ops/sum_meta_dispatch.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/function.h>
@@ -1191,6 +1192,28 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   return out;
 }
 
+// resize_ as the devices run it (2.11's at::native::resize_ on the CPU: maybe_resize_storage_cpu, resize_bytes_cpu in
+// ATen/native/Resize.h; resize_cuda_ likewise): a tensor whose new size needs more bytes than its storage holds (and
+// has elements) takes a new block of those bytes from the storage's allocator, and its old block is freed after.
+// LibTorch's Meta resize_ (resize_bytes_meta) only sets the storage's size, past the allocator: the output of every
+// composite that makes an empty tensor and resizes it in an out= kernel (abs, l1_loss, linalg's norms and solvers,
+// upsampling's backward) was counted as 0 bytes (tools/conformance.py). The sizes are then LibTorch's Meta kernel's.
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                          std::optional<at::MemoryFormat> memory_format) {
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  const auto& storage = self.unsafeGetTensorImpl()->unsafe_storage();
+  if (storage && c10::multiply_integers(sizes) != 0) {
+    const auto bytes = at::detail::computeStorageNbytesContiguous(sizes, self.dtype().itemsize(),
+                                                                  static_cast<std::size_t>(self.storage_offset()));
+    auto* impl = storage.unsafeGetStorageImpl();
+    if (bytes > impl->nbytes() && impl->resizable() && impl->allocator() != nullptr) {
+      impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+      impl->set_nbytes(bytes);
+    }
+  }
+  return at::native::resize__symint(self, size, memory_format);
+}
+
 // The fused optimizers (_fused_adamw_, _fused_adam_, _fused_sgd_: optimizer_impl fused) update their lists in place
 // and return nothing; on the CPU and on CUDA they allocate nothing either (one pass over each parameter's tensors), so
 // on Meta there is nothing to do but take the arguments off the stack. LibTorch registers no Meta kernel for them
@@ -1298,6 +1321,7 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("sum.dim_IntList", TORCH_FN(sum));
     lib.impl("mean.dim", TORCH_FN(mean));
     lib.impl("arange.start_out", TORCH_FN(arange_out));
+    lib.impl("resize_", TORCH_FN(resize_));
     for (const auto* op : {"_fused_adamw_", "_fused_adamw_.tensor_lr", "_fused_adam_", "_fused_adam_.tensor_lr",
                            "_fused_sgd_", "_fused_sgd_.tensor_lr"}) {
       lib.impl(op, torch::CppFunction::makeFromBoxedFunction<&fused_optimizer_in_place>());
