@@ -14,7 +14,17 @@
 #include <ATen/core/Reduction.h>
 #include <ATen/cpu/Utils.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/ops/add_meta_dispatch.h>
+#include <ATen/ops/div_meta_dispatch.h>
+#include <ATen/ops/eq_meta_dispatch.h>
+#include <ATen/ops/ge_meta_dispatch.h>
+#include <ATen/ops/gt_meta_dispatch.h>
+#include <ATen/ops/le_meta_dispatch.h>
+#include <ATen/ops/lt_meta_dispatch.h>
+#include <ATen/ops/mul_meta_dispatch.h>
+#include <ATen/ops/ne_meta_dispatch.h>
+#include <ATen/ops/sub_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mse_loss_meta_dispatch.h>
 #include <ATen/ops/resize_native.h>
@@ -1164,23 +1174,58 @@ bool holds_last_reference(const at::Tensor& t) {
   return t.is_non_overlapping_and_dense() && t.use_count() == 1 && t.has_storage() && t.storage().use_count() == 1;
 }
 
-// On the CPU an input of another dtype than the sum's is cast into a temporary first (TensorIterator's compute_types,
-// promote_inputs_to_common_dtype: the CPU's loops take one dtype), freed once the sum exists; CUDA's kernels cast as
-// they load. A residual sum of an fp32 stream and a bf16 or fp16 branch (autocast's linear output) holds one more
-// stream in fp32 at that moment: an fp16 GPT's eval_peak was estimated 2.8% low without it (the corpus).
+// On the CPU an input of another dtype than the op's common dtype is cast into a temporary first (TensorIterator's
+// compute_types, promote_inputs_to_common_dtype: the CPU's loops take one dtype), before the output is allocated, and
+// freed with the iterator once the op is done; CUDA's kernels cast as they load, and the Meta device's iterator casts
+// nothing. A residual sum of an fp32 stream and a bf16 or fp16 branch (autocast's linear output) holds one more stream
+// in fp32 at that moment: an fp16 GPT's eval_peak was estimated 2.8% low without it (the corpus). A 0-dim input is cast
+// too: the wrapped Python number of x * 0.5 or x == 0 (an 8-byte double, cast to x's dtype), the few bytes by which
+// CPU estimates were low (tools/conformance.py: the first difference of some 80 of op_db's ops).
+std::vector<at::Tensor> cpu_input_casts(at::ScalarType common, std::initializer_list<const at::Tensor*> inputs) {
+  std::vector<at::Tensor> casts;
+  if (!for_cpu()) return casts;
+  for (const auto* t : inputs) {
+    if (t->scalar_type() != common) casts.push_back(at::empty_like(*t, t->options().dtype(common)));
+  }
+  return casts;
+}
+
 at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   if (in_engine_sum() && holds_last_reference(self) && self.sizes() == other.sizes() &&
       self.scalar_type() == other.scalar_type()) {
     return at::meta::add_(const_cast<at::Tensor&>(self), other, alpha);
   }
-  std::vector<at::Tensor> casts;
-  if (for_cpu() && self.scalar_type() != other.scalar_type()) {
-    const auto common = at::result_type(self, other);
-    for (const auto* t : {&self, &other}) {
-      if (t->scalar_type() != common && t->dim() > 0) casts.push_back(at::empty_like(*t, t->options().dtype(common)));
-    }
-  }
+  const auto casts = cpu_input_casts(at::result_type(self, other), {&self, &other});
   return at::meta::add(self, other, alpha);
+}
+
+at::Tensor sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  const auto casts = cpu_input_casts(at::result_type(self, other), {&self, &other});
+  return at::meta::sub(self, other, alpha);
+}
+
+// The binary ops whose .Scalar forms wrap the number and call them (mul, true division; build_borrowing_binary_op and
+// its float form, which takes integer inputs to the default float dtype) and the comparisons
+// (build_borrowing_comparison_op), with the CPU's casts of their inputs.
+using BinaryMeta = at::Tensor (*)(const at::Tensor&, const at::Tensor&);
+template <BinaryMeta op, bool to_float = false>
+at::Tensor binary_cast_on_cpu(const at::Tensor& self, const at::Tensor& other) {
+  auto common = at::result_type(self, other);
+  if (to_float && at::isIntegralType(common, /*includeBool=*/true)) {
+    common = c10::typeMetaToScalarType(c10::get_default_dtype());
+  }
+  const auto casts = cpu_input_casts(common, {&self, &other});
+  return op(self, other);
+}
+
+// A comparison with a number (eq.Scalar, ...): its structured kernel wraps the number (a CPU tensor the iterator owns,
+// freed before the casts) and compares as with a tensor.
+template <BinaryMeta op>
+at::Tensor compare_scalar_cast_on_cpu(const at::Tensor& self, const at::Scalar& other) {
+  std::vector<at::Tensor> casts;
+  const auto wrapped = at::native::wrapped_scalar_tensor(other);
+  casts = cpu_input_casts(at::result_type(self, wrapped), {&self, &wrapped});
+  return op(self, wrapped);
 }
 
 // arange into a fresh tensor (at::arange is empty({0}) then arange_out): Meta's resize_ grows a storage by setting its
@@ -1318,6 +1363,19 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("_amp_foreach_non_finite_check_and_unscale_", TORCH_FN(amp_unscale));
     lib.impl("_amp_update_scale_", TORCH_FN(amp_update_scale));
     lib.impl("add.Tensor", TORCH_FN(add));
+    lib.impl("sub.Tensor", TORCH_FN(sub));
+    lib.impl("mul.Tensor", TORCH_FN((binary_cast_on_cpu<static_cast<BinaryMeta>(&at::meta::mul)>)));
+    lib.impl("div.Tensor", TORCH_FN((binary_cast_on_cpu<static_cast<BinaryMeta>(&at::meta::div), true>)));
+#define MEMGATE_COMPARISON(name)                                                                   \
+  lib.impl(#name ".Tensor", TORCH_FN((binary_cast_on_cpu<static_cast<BinaryMeta>(&at::meta::name)>))); \
+  lib.impl(#name ".Scalar", TORCH_FN((compare_scalar_cast_on_cpu<static_cast<BinaryMeta>(&at::meta::name)>)))
+    MEMGATE_COMPARISON(eq);
+    MEMGATE_COMPARISON(ne);
+    MEMGATE_COMPARISON(lt);
+    MEMGATE_COMPARISON(le);
+    MEMGATE_COMPARISON(gt);
+    MEMGATE_COMPARISON(ge);
+#undef MEMGATE_COMPARISON
     lib.impl("sum.dim_IntList", TORCH_FN(sum));
     lib.impl("mean.dim", TORCH_FN(mean));
     lib.impl("arange.start_out", TORCH_FN(arange_out));
