@@ -838,6 +838,20 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Ten
 }
 
 // --- layer norm ----------------------------------------------------------------------------------------------
+// The CPU's layer norm, forward and backward (layer_norm_cpu, layer_norm_backward_cpu), first takes contiguous copies
+// of its input, weight and bias where they are not (expect_contiguous: a permuted input, as ConvNeXt's and Swin's
+// norms over channels last get), held until it returns (for the CPU only: CUDA's are not modelled here).
+std::vector<at::Tensor> cpu_contiguous_copies(std::initializer_list<const at::Tensor*> tensors) {
+  std::vector<at::Tensor> copies;
+  if (!for_cpu()) return copies;
+  for (const auto* t : tensors) {
+    if (t != nullptr && t->defined() && !t->is_contiguous()) {
+      copies.push_back(at::empty_like(*t, at::MemoryFormat::Contiguous));
+    }
+  }
+  return copies;
+}
+
 std::vector<int64_t> stat_shape(const at::Tensor& input, std::size_t normalized) {
   std::vector<int64_t> shape;
   const auto axis = input.dim() - static_cast<int64_t>(normalized);
@@ -847,9 +861,10 @@ std::vector<int64_t> stat_shape(const at::Tensor& input, std::size_t normalized)
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tensor& input, at::IntArrayRef normalized,
                                                                  const std::optional<at::Tensor>& weight,
-                                                                 const std::optional<at::Tensor>&, double) {
+                                                                 const std::optional<at::Tensor>& bias, double) {
   int64_t m = 1;
   for (int64_t i = 0; i < input.dim() - static_cast<int64_t>(normalized.size()); ++i) m *= input.size(i);
+  const auto copies = cpu_contiguous_copies({&input, weight ? &*weight : nullptr, bias ? &*bias : nullptr});
   auto y = at::empty_like(input, at::MemoryFormat::Contiguous);
   // Mean and rstd: CUDA keeps them in the accumulate type; the CPU in the input's, or fp32 when a reduced-precision
   // input meets fp32 parameters (autocast leaves layer_norm alone on the CPU).
@@ -862,18 +877,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tenso
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
-    const at::Tensor& /*grad_out*/, const at::Tensor& input, at::IntArrayRef normalized, const at::Tensor&,
+    const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized, const at::Tensor&,
     const at::Tensor&, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     std::array<bool, 3> mask) {
+  const auto copies = cpu_contiguous_copies({&input, weight ? &*weight : nullptr, bias ? &*bias : nullptr});
   at::Tensor dx, dgamma, dbeta;
   if (mask[0]) dx = at::empty_like(input, at::MemoryFormat::Contiguous);
   if (mask[1] && weight && weight->defined()) dgamma = at::empty_like(*weight, at::MemoryFormat::Contiguous);
   if (mask[2] && bias && bias->defined()) dbeta = at::empty_like(*bias, at::MemoryFormat::Contiguous);
-  if (for_cpu() && (dgamma.defined() || dbeta.defined())) {
-    // The CPU kernel reduces dgamma and dbeta through a {2, threads, N} buffer (one thread in a probe).
-    int64_t n = 1;
-    for (const auto d : normalized) n *= d;
-    (void)at::empty({2, 1, n}, input.options());
+  int64_t n = 1;
+  for (const auto d : normalized) n *= d;
+  if (for_cpu() && n > 0 && input.numel() > 0) {
+    // The CPU's kernel (M > 0) takes a contiguous copy of the output's gradient (dY.contiguous(), an expanded one
+    // from a sum's backward too), then reduces dgamma and dbeta through a {2, threads, N} buffer (one thread in a
+    // probe); both are freed as it returns.
+    const auto dy = cpu_contiguous_copies({&grad_out});
+    if (dgamma.defined() || dbeta.defined()) (void)at::empty({2, 1, n}, input.options());
   }
   return {dx, dgamma, dbeta};
 }
