@@ -15,18 +15,24 @@ Each fixture file is one `memgate check --config F --json ...` (its probes measu
 memgate's own rules), and each test reads its verdict: a regression, a changed model, an out-of-memory or a component
 that is not repeatable fails with the gate's message (and the command that records a new baseline); a missing baseline
 is skipped (it fails under CI, as `memgate check` says, where a gate that compared nothing would pass); stale and ok
-pass. A fixture that cannot be judged fails each of its tests with memgate's error. `--memgate-fixtures GLOB` and
-`--memgate-device` override the configuration; `--memgate-strict` fails stale and missing baselines too.
+pass. A fixture that cannot be judged fails each of its tests with memgate's error; one whose batch sizes or world size
+cannot even be read (`batch_sizes: 8`, `world_size: two`) is a single test that fails with memgate's error, and the
+session's other tests still run. A glob of memgate_fixtures that matches no fixture file (a .yaml or .yml under the
+rootdir) is a warning, and under CI (CI set to true, 1, yes or on, as memgate reads it) a failing test: a gate that
+judges nothing does not pass. `--memgate-fixtures GLOB` and `--memgate-device` override the configuration;
+`--memgate-strict` fails stale and missing baselines too.
 """
 from __future__ import annotations
 
 import fnmatch
+import glob
 import json
 import os
 import pathlib
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import pytest
 
@@ -51,6 +57,54 @@ def pytest_addoption(parser):
 
 def _globs(config):
     return config.getoption("memgate_fixtures") or config.getini("memgate_fixtures")
+
+
+def _in_ci() -> bool:
+    """CI set to a truthy word, as memgate's ci_environment reads it (src/base/status.cpp)."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes", "on")
+
+
+def _matches_a_fixture(root: pathlib.Path, pattern: str) -> bool:
+    """Whether `pattern` (from the rootdir, or absolute) names at least one fixture file: a .yaml or .yml file."""
+    where = pattern if os.path.isabs(pattern) else str(root / pattern)
+    return any(os.path.isfile(path) and path.endswith((".yaml", ".yml")) for path in glob.iglob(where, recursive=True))
+
+
+class UnmatchedGlob(pytest.Item):
+    """Under CI, a glob of memgate_fixtures that names no file: a failing test (a gate that judged nothing)."""
+
+    def __init__(self, *, message, **kwargs):
+        super().__init__(**kwargs)
+        self.message = message
+        self.add_marker("memgate")
+
+    def runtest(self):
+        raise MemgateFailure(self.message)
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, MemgateFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, None, f"memgate: {self.name}"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    root = pathlib.Path(str(config.rootpath))
+    option = bool(config.getoption("memgate_fixtures"))
+    source = "--memgate-fixtures" if option else f"memgate_fixtures ({config.inipath or 'the ini file'})"
+    for pattern in _globs(config):
+        if _matches_a_fixture(root, pattern):
+            continue
+        message = (f"{source}: '{pattern}' matches no fixture file under {root}: expected a glob of .yaml or .yml "
+                   f"files from the rootdir (a missing file, or a glob that matches nothing, gates nothing)")
+        if _in_ci():
+            items.append(UnmatchedGlob.from_parent(session, name=f"memgate_fixtures[{pattern}]",
+                                                   message=message + "; CI is set: this fails"))
+        else:
+            warnings.warn(pytest.PytestConfigWarning(message))
 
 
 def pytest_collect_file(file_path: pathlib.Path, parent):
@@ -94,19 +148,39 @@ class FixtureFile(pytest.File):
             yield GateItem.from_parent(self, name=self.path.stem, batch_size=None, component=None,
                                        load_error=str(e))
             return
-        sizes = doc.get("batch_sizes") or []
-        training = doc.get("training") or {}
-        world = ((training.get("distributed") or {}).get("world_size")) if isinstance(training, dict) else None
-        components = list(COMPONENTS) + (["ema"] if isinstance(training, dict) and training.get("ema") else [])
-        if world:
-            components = [f"rank{r}_{c}" for r in range(int(world)) for c in components]
-        if not sizes:
-            # memgate names what is wrong with it (no batch_sizes, a bad value): one test carries its error.
+        tests = _tests_of(doc)
+        if not tests:
+            # memgate names what is wrong with it (no batch_sizes, a value that is not a number): one test carries
+            # its error, and the session's other tests still run.
             yield GateItem.from_parent(self, name=self.path.stem, batch_size=None, component=None)
             return
-        for b in sizes:
-            for c in components:
-                yield GateItem.from_parent(self, name=f"{self.path.stem}_bs{b}_{c}", batch_size=b, component=c)
+        for b, c in tests:
+            yield GateItem.from_parent(self, name=f"{self.path.stem}_bs{b}_{c}", batch_size=b, component=c)
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _tests_of(doc: dict) -> list:
+    """(batch size, component) of each test of a fixture, as memgate names its rows; empty where its batch sizes or
+    world size are not what memgate reads (memgate's own run then says what is wrong)."""
+    sizes = doc.get("batch_sizes")
+    if not isinstance(sizes, list) or not sizes or not all(_positive_int(b) for b in sizes):
+        return []
+    training = doc.get("training")
+    if training is None:
+        training = {}
+    if not isinstance(training, dict):
+        return []
+    distributed = training.get("distributed")
+    world = distributed.get("world_size") if isinstance(distributed, dict) else None
+    if world is not None and not _positive_int(world):
+        return []
+    components = list(COMPONENTS) + (["ema"] if training.get("ema") else [])
+    if world:
+        components = [f"rank{r}_{c}" for r in range(world) for c in components]
+    return [(b, c) for b in sizes for c in components]
 
 
 class MemgateFailure(Exception):

@@ -40,7 +40,7 @@ batch_sizes: [1, 2]
 def pytest(project, *args, ci=False):
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "MEMGATE_STRICT", "GITHUB_STEP_SUMMARY")}
     if ci:
-        env["CI"] = "true"
+        env["CI"] = ci if isinstance(ci, str) else "true"
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "memgate.pytest_plugin", "-p", "no:cacheprovider",
                           "-q", "-rA", *args], cwd=project, env=env, capture_output=True, text=True)
     return run.returncode, run.stdout + run.stderr
@@ -101,7 +101,39 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out = pytest(project, "-k", "broken")
     expect(rc == 1 and "colour" in out, f"a broken fixture: exit {rc}:\n{out}")
 
+# Fixtures whose batch sizes or world size are not what memgate reads: each is one failing test with memgate's
+# message, and the session's other tests run (collection is not interrupted). Globs of memgate_fixtures that match no
+# file warn; under CI (its truthy words read as memgate reads them, case-insensitive) each is a failing test.
+with tempfile.TemporaryDirectory() as tmp:
+    project = pathlib.Path(tmp)
+    (project / "memgate").mkdir()
+    (project / "memgate" / "bad_batch.yaml").write_text(FIXTURE.replace("batch_sizes: [1, 2]", "batch_sizes: 8"))
+    (project / "memgate" / "bad_world.yaml").write_text(
+        FIXTURE.replace("  trainable: head\n", "  trainable: head\n  distributed: {strategy: ddp, world_size: two}\n"))
+    (project / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmemgate_fixtures = ["memgate/*.yaml", '
+                                            '"memgate/missing.yaml", "nothing/*.yml"]\n')
+    (project / "test_own.py").write_text("def test_the_teams_own_test():\n    assert 1 + 1 == 2\n")
+    fixtures = {p.name: p.read_bytes() for p in (project / "memgate").iterdir()}
+
+    rc, out = pytest(project)
+    expect("Interrupted" not in out and "error during collection" not in out, f"collection interrupted:\n{out}")
+    expect(rc == 1 and counts(out) == {"failed": 2, "passed": 1}, f"broken fixtures: exit {rc}, {counts(out)}:\n{out}")
+    expect(re.search(r"bad_batch\.yaml.*batch_sizes", out) is not None, f"memgate names batch_sizes:\n{out}")
+    expect(re.search(r"bad_world\.yaml.*world_size", out) is not None, f"memgate names world_size:\n{out}")
+    for glob in ("memgate/missing.yaml", "nothing/*.yml"):
+        expect(f"'{glob}' matches no fixture file" in out and "PytestConfigWarning" in out,
+               f"outside CI, {glob} warns:\n{out}")
+    for ci in ("true", "YES", "1"):
+        rc, out = pytest(project, ci=ci)
+        expect(rc == 1 and counts(out) == {"failed": 4, "passed": 1}, f"CI={ci}: exit {rc}, {counts(out)}:\n{out}")
+        expect("memgate_fixtures[nothing/*.yml]" in out and "memgate_fixtures[memgate/missing.yaml]" in out and
+               "CI is set: this fails" in out, f"CI={ci}: the globs fail:\n{out}")
+    rc, out = pytest(project, ci="false")
+    expect(rc == 1 and counts(out) == {"failed": 2, "passed": 1}, f"CI=false: exit {rc}, {counts(out)}:\n{out}")
+    expect({p.name: p.read_bytes() for p in (project / "memgate").iterdir()} == fixtures, "the fixtures changed")
+
 if failures:
     print("FAILED:\n" + "\n".join(failures))
     sys.exit(1)
-print("pytest plugin: collection, skip, CI failure, record, pass, regression and JUnit as expected")
+print("pytest plugin: collection, skip, CI failure, record, pass, regression, JUnit, broken fixtures and unmatched "
+      "globs as expected")
