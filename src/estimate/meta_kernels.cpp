@@ -14,6 +14,7 @@
 #include <ATen/core/Reduction.h>
 #include <ATen/cpu/Utils.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/OpMathType.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/ops/add_meta_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
@@ -197,9 +198,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_meta(
 }
 
 // native_group_norm_backward: the input's gradient (in its layout), the weight's and the bias's (the weight's shape).
+// On the CPU, the kernel for a contiguous input (GroupNormBackwardKernelImplInternal) then sums its internal gradients
+// into ds and db, {N, C} each in the input's math type (float for bf16 and fp16), freed as it returns; its kernel for
+// channels last is not modelled.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward_meta(
     const at::Tensor& /*grad_out*/, const at::Tensor& input, const at::Tensor& /*mean*/, const at::Tensor& /*rstd*/,
-    const std::optional<at::Tensor>& weight, c10::SymInt /*n*/, c10::SymInt c, c10::SymInt /*hxw*/, int64_t /*group*/,
+    const std::optional<at::Tensor>& weight, c10::SymInt n, c10::SymInt c, c10::SymInt /*hxw*/, int64_t /*group*/,
     std::array<bool, 3> mask) {
   const auto param = weight.has_value() && weight->defined() ? input.options().dtype(weight->scalar_type())
                                                              : input.options();
@@ -207,6 +211,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward_meta(
   if (mask[0]) dx = at::empty_like(input, input.suggest_memory_format());
   if (mask[1]) dgamma = at::empty({c.expect_int()}, param);
   if (mask[2]) dbeta = at::empty({c.expect_int()}, param);
+  if (for_cpu() && input.suggest_memory_format() == at::MemoryFormat::Contiguous) {
+    const auto math = input.options().dtype(at::toOpMathType(input.scalar_type()));
+    const auto ds = at::empty({n.expect_int(), c.expect_int()}, math);
+    const auto db = at::empty({n.expect_int(), c.expect_int()}, math);
+  }
   return {dx, dgamma, dbeta};
 }
 
