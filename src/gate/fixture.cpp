@@ -593,7 +593,7 @@ DistributedSpec read_distributed(MapReader& r) {
   d.strategy = *parse_enum(kDistributedStrategyNames, strategy);
   d.world_size = r.get_int("world_size", std::nullopt, 1, 4096);
   if (d.strategy == DistributedStrategy::kDdp) {
-    if (r.has("bucket_cap_mb")) d.bucket_cap_mb = r.get_double("bucket_cap_mb", std::nullopt, 1e-6, 1e6);
+    if (r.optional("bucket_cap_mb")) d.bucket_cap_mb = r.get_double("bucket_cap_mb", std::nullopt, 1e-6, 1e6);
     d.gradient_as_bucket_view = r.get_bool("gradient_as_bucket_view", false);
     for (const auto* key : {"units", "reshard_after_forward", "backward_prefetch", "reduce_dtype"}) {
       if (r.has(key)) r.fail(key, "no FSDP key with strategy ddp", "a value");
@@ -605,7 +605,7 @@ DistributedSpec read_distributed(MapReader& r) {
     d.units = r.get_string("units", std::string("blocks"), {"blocks", "root"});
     // FSDP2's reshard_after_forward: a bool, or the size of the group of ranks to reshard to after forward (1:
     // none; the world size: the whole group, as true; a divisor between: FSDP2's post-forward mesh).
-    const auto reshard = r.has("reshard_after_forward") ? r.get_string("reshard_after_forward", std::nullopt) : "";
+    const auto reshard = r.optional("reshard_after_forward") ? r.get_string("reshard_after_forward", std::nullopt) : "";
     if (reshard.empty()) {
       // FSDP2's default: the blocks reshard, the root does not.
     } else if (reshard == "true" || reshard == "false") {
@@ -622,7 +622,9 @@ DistributedSpec read_distributed(MapReader& r) {
       d.reshard_after_forward_group = n;
     }
     d.backward_prefetch = r.get_int("backward_prefetch", 1, 1, 64);
-    if (r.has("reduce_dtype")) d.reduce_dtype = r.get_enum("reduce_dtype", std::optional<Precision>(), kPrecisionNames);
+    if (r.optional("reduce_dtype")) {
+      d.reduce_dtype = r.get_enum("reduce_dtype", std::optional<Precision>(), kPrecisionNames);
+    }
   }
   r.finish();
   return d;
@@ -687,9 +689,9 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
     t.weight_decay = r.get_double("weight_decay", t.optimizer == Optimizer::kAdamW ? 0.01 : 0.0, 0.0, 1e3);
     if (t.optimizer == Optimizer::kSgd) t.momentum = r.get_double("momentum", 0.0, 0.0, 1.0);
   }
-  // Added later: absent, fixtures keep their hash.
-  if (r.has("max_grad_norm")) t.max_grad_norm = r.get_double("max_grad_norm", std::nullopt, 1e-12, 1e12);
-  if (r.has("ema")) {
+  // Added later: absent (or null: not set), fixtures keep their hash.
+  if (r.optional("max_grad_norm")) t.max_grad_norm = r.get_double("max_grad_norm", std::nullopt, 1e-12, 1e12);
+  if (r.optional("ema")) {
     // timm's ModelEmaV3 with a fixed decay: ema = decay x ema + (1 - decay) x model, after each optimizer step.
     auto ema = r.child("ema");
     t.ema_decay = ema.get_double("decay", std::nullopt, 0.0, 1.0);
@@ -707,7 +709,7 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
   if (!t.deterministic) r.leave_out_of_hash("deterministic");  // added later: off, fixtures keep their hash
   t.allocator = r.get_string("allocator", std::string());
   t.cpu_kernels = r.get_enum("cpu_kernels", std::optional(t.cpu_kernels), kCpuKernelsNames);
-  if (r.has("distributed")) {
+  if (r.optional("distributed")) {
     auto distributed = r.child("distributed");
     t.distributed = read_distributed(distributed);
   }
@@ -794,10 +796,10 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
 ToleranceOverride read_tolerance(MapReader& r) {
   ToleranceOverride t;
   // Bounds keep the scaled values (KiB and MiB to bytes) and baseline + allowance far from overflow.
-  if (r.has("relative")) t.relative = r.get_double("relative", std::nullopt, 0.0, 10.0);
-  if (r.has("absolute_kib")) t.absolute = r.get_int("absolute_kib", std::nullopt, 0, std::int64_t{1} << 30) << 10;
-  if (r.has("reserved_relative")) t.reserved_relative = r.get_double("reserved_relative", std::nullopt, 0.0, 10.0);
-  if (r.has("reserved_absolute_mib")) {
+  if (r.optional("relative")) t.relative = r.get_double("relative", std::nullopt, 0.0, 10.0);
+  if (r.optional("absolute_kib")) t.absolute = r.get_int("absolute_kib", std::nullopt, 0, std::int64_t{1} << 30) << 10;
+  if (r.optional("reserved_relative")) t.reserved_relative = r.get_double("reserved_relative", std::nullopt, 0.0, 10.0);
+  if (r.optional("reserved_absolute_mib")) {
     t.reserved_absolute = r.get_int("reserved_absolute_mib", std::nullopt, 0, std::int64_t{1} << 20) << 20;
   }
   r.finish();

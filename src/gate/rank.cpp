@@ -4,6 +4,7 @@
 
 #include "fork_server_main.h"
 
+#include "memgate/backend/cpu_allocator.h"
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/base/heartbeat.h"
@@ -167,6 +168,11 @@ int rank_main(int argc, char** argv) {
     if (args.contains("seed")) options.seed = static_cast<std::uint64_t>(to_int(args, "seed"));
     if (args.contains("snapshot")) options.snapshot = SnapshotOptions{};
     const auto cap = args.contains("cap-bytes") ? to_int(args, "cap-bytes") : 0;
+    // The launcher's CPU limit (profile --cpu-memory-limit-mib): this process's CPU tensors are held to it, as the
+    // launcher's own probes are (a Python fixture's model and batch, a rank's).
+    if (args.contains("cpu-limit-bytes")) {
+      CountingCpuAllocator::install().set_limit(to_int(args, "cpu-limit-bytes"));
+    }
     // The whole probe reports the model's parameter counts. They are counted first, on the Meta device: a Python
     // model's imports (modules whose import allocates tensors, PEFT's among them) then happen before the probe, as in
     // a training script, and are not counted as the model's (its ranks count them for that alone).

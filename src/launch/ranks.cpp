@@ -8,6 +8,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
+#include "memgate/backend/cpu_allocator.h"
 #include "memgate/backend/device.h"
 #include "memgate/distributed/process_group.h"
 #include "memgate/models/python.h"
@@ -260,11 +261,18 @@ bool runs_in_python(const Workload& workload) {
 namespace {
 
 // What every probe process is told (rank_main's arguments, after the command that starts it), but a rank's store.
+// The CPU counting allocator's limit of this process (profile --cpu-memory-limit-mib) goes to each: a probe in a
+// process of its own (a Python fixture's, a rank) runs out of memory at it as one in this process does.
 std::vector<std::string> probe_arguments(const Workload& workload, std::int64_t batch_size, int rank,
                                          std::int64_t world, const std::filesystem::path& output,
                                          const ProbeOptions& options, std::int64_t cap_bytes,
                                          const std::string& device) {
-  return {"--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size),
+  std::vector<std::string> cpu_limit;
+  if (const auto* cpu = CountingCpuAllocator::instance(); cpu != nullptr && cpu->limit() > 0) {
+    cpu_limit = {"--cpu-limit-bytes", std::to_string(cpu->limit())};
+  }
+  std::vector<std::string> arguments{
+          "--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size),
           "--rank", std::to_string(rank), "--world-size", std::to_string(world), "--output", output.string(),
           "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
           "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
@@ -272,6 +280,8 @@ std::vector<std::string> probe_arguments(const Workload& workload, std::int64_t 
           "--timeout-s", std::to_string(options.rank_timeout.count()),
           "--heartbeat", fmt::format("{}/rank{}.beat", output.parent_path().string(), rank),
           "--memgate-version", MEMGATE_VERSION};
+  arguments.insert(arguments.end(), cpu_limit.begin(), cpu_limit.end());
+  return arguments;
 }
 
 // The result file's memgate version must be this one's: a rank program of another memgate may write other figures.

@@ -4,9 +4,13 @@
 #include "memgate/base/error.h"
 #include "memgate/base/heartbeat.h"
 #include "memgate/models/autocast.h"
+#include "memgate/models/python.h"
 
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <optional>
 
 namespace memgate {
@@ -37,6 +41,11 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
                            std::uint64_t seed, StepObserver* observer, const RankGroup* group)
     : training_(workload.training), source_(workload.source), batch_size_(batch_size), device_(device) {
   require_batch_size(workload, batch_size);
+  loss_ = "the task's loss";
+  if (const auto* py = std::get_if<PythonOptions>(&workload.model.options)) {
+    if (!py->compute_loss.empty()) loss_ = "model.compute_loss " + py->compute_loss.text;
+    else if (!py->loss.empty()) loss_ = "model.loss " + py->loss;
+  }
   model_ = build_model(workload.model, device, seed);
   model_->set_gradient_checkpointing(training_.gradient_checkpointing);
   const bool sharded = group != nullptr && training_.distributed.strategy == DistributedStrategy::kFsdp;
@@ -150,6 +159,15 @@ void TrainingStep::run(StepObserver* observer) {
       loss.backward();
     }
     if (fsdp_) fsdp_->finish_backward();
+  }
+  // A loss that requires grad yet is not computed from the parameters (loss.detach().requires_grad_()) leaves every
+  // trainable parameter without a gradient: that step trains nothing, and its gradients would be measured as 0 bytes.
+  const auto& trainable = optimizer_->params();
+  if (!trainable.empty() && std::none_of(trainable.begin(), trainable.end(),
+                                         [](const torch::Tensor& p) { return p.grad().defined(); })) {
+    throw Error(fmt::format("{} at batch {}: {} returned a loss that none of the {} trainable parameters' gradients "
+                            "flow from: backward gave none of them a gradient; expected a loss computed from the "
+                            "model's output (not detached from it)", source_, batch_size_, loss_, trainable.size()));
   }
   if (observer != nullptr) observer->backward_done();
   // Clipping, as a training loop calls clip_grad_norm_ (after scaler.unscale_ under fp16) before the optimizer step.

@@ -19,6 +19,8 @@
 #include <filesystem>
 #include <fnmatch.h>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <set>
 #include <unordered_set>
 
@@ -97,6 +99,32 @@ void collect_tensors(const py::handle& value, std::vector<torch::Tensor>& out) {
   } else if (py::isinstance<py::dict>(value)) {  // a dict, or transformers' ModelOutput (an OrderedDict)
     for (const auto e : value.cast<py::dict>()) collect_tensors(e.second, out);
   }
+}
+
+// The first tensor of a batch callable's value (nested tuples, lists and dicts) that is not on `device`: its path
+// ("batch[1]", "batch[\"mask\"]") and its device; nothing when each is there.
+std::optional<std::pair<std::string, std::string>> tensor_off_device(const py::handle& value, const c10::Device& device,
+                                                                    const std::string& path) {
+  if (THPVariable_Check(value.ptr())) {
+    const auto on = value.cast<at::Tensor>().device();
+    if (on.type() == device.type() && (!device.has_index() || !on.has_index() || on.index() == device.index())) {
+      return std::nullopt;
+    }
+    return std::make_pair(path, on.str());
+  }
+  if (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value)) {
+    std::size_t i = 0;
+    for (const auto e : value) {
+      if (auto off = tensor_off_device(e, device, fmt::format("{}[{}]", path, i++))) return off;
+    }
+  } else if (py::isinstance<py::dict>(value)) {
+    for (const auto e : value.cast<py::dict>()) {
+      const auto key = py::isinstance<py::str>(e.first) ? "\"" + e.first.cast<std::string>() + "\""
+                                                         : py::repr(e.first).cast<std::string>();
+      if (auto off = tensor_off_device(e.second, device, fmt::format("{}[{}]", path, key))) return off;
+    }
+  }
+  return std::nullopt;
 }
 
 // One call of a block's original forward with the arguments it was given besides its first tensor: kept alive for
@@ -536,6 +564,14 @@ Batch PythonModel::make_batch(std::int64_t batch_size) {
     throw Error(fmt::format("model.batch: {} returned {}, expected a tensor, a tuple, a list or a dict (nested)",
                             spec_.batch.text, type_name(value)));
   }
+  // A callable that ignores its `device` argument would fail deep in the forward or in autograd ("expected device
+  // meta but got cpu"): the tensor is named here, with where it is and where it was asked for.
+  if (const auto off = tensor_off_device(value, device_, "batch")) {
+    throw Error(fmt::format("model.batch: {} returned {} on {}, expected it on {} (the device argument it is called "
+                            "with{}): make the batch's tensors on `device`",
+                            spec_.batch.text, off->first, off->second, device_.str(),
+                            device_.is_meta() ? ": an estimate runs the model on the Meta device" : ""));
+  }
   Batch batch;
   collect_tensors(value, batch.inputs);
   batch.own = std::shared_ptr<void>(new py::object(std::move(value)), [](void* p) {
@@ -575,6 +611,21 @@ py::object PythonModel::python_batch(const Batch& batch) const {
       py::arg("inputs") = inputs, py::arg("kwargs") = kwargs,
       py::arg("target") = batch.target.defined() ? py::cast(batch.target) : py::none());
 }
+
+namespace {
+
+// A loss that requires grad but was made by no op (a leaf: loss.detach().requires_grad_()) is computed from no
+// parameter: backward would give none a gradient, and the step would be measured training nothing.
+void require_from_model(const torch::Tensor& loss, const std::string& key, const std::string& what) {
+  if (torch::GradMode::is_enabled() && loss.requires_grad() && loss.is_leaf()) {
+    throw Error(fmt::format("{}: {} returned a loss detached from the model (a leaf tensor that requires grad, as "
+                            "loss.detach().requires_grad_() makes: no trainable parameter would get a gradient): "
+                            "expected the loss computed from the model's output, with its autograd graph",
+                            key, what));
+  }
+}
+
+}  // namespace
 
 torch::Tensor PythonModel::run_compute_loss(const Batch& batch) {
   // A callable that runs backward itself leaves gradients where there were none: not a step memgate measures.
@@ -617,6 +668,7 @@ torch::Tensor PythonModel::run_compute_loss(const Batch& batch) {
     throw Error(not_one_step("model.compute_loss", spec_.compute_loss.text + " ran backward itself (a parameter has a "
                                                    "gradient when it returns): return the loss instead"));
   }
+  require_from_model(loss, "model.compute_loss", spec_.compute_loss.text);
   return loss;
 }
 
@@ -635,7 +687,9 @@ torch::Tensor PythonModel::loss(const Batch& batch) {
       if (!THPVariable_Check(value.ptr())) {
         throw Error(fmt::format("model.loss: {} returned {}, expected a scalar tensor", spec_.loss, type_name(value)));
       }
-      return value.cast<at::Tensor>();
+      auto loss = value.cast<at::Tensor>();
+      require_from_model(loss, "model.loss", spec_.loss);
+      return loss;
     }
     std::vector<torch::Tensor> tensors;
     collect_tensors(out, tensors);

@@ -219,6 +219,11 @@ bool MapReader::has(const std::string& key) const {
   return node_.IsMap() && node_[key].IsDefined() && !node_[key].IsNull();
 }
 
+bool MapReader::optional(const std::string& key) {
+  read_.insert(key);
+  return has(key);
+}
+
 YAML::Node MapReader::value(const std::string& key) const {
   if (!node_.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
   return node_[key];

@@ -3,9 +3,11 @@
 #include "memgate/estimate/cuda_reduce.h"
 
 #include "memgate/backend/meta_allocator.h"
+#include "memgate/base/error.h"
 #include "memgate/estimate/meta_kernels.h"
 
 #include <ATen/TensorIterator.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -141,6 +143,170 @@ TEST(CudaReduceTest, IteratesAsTensorIteratorDoes) {
     EXPECT_EQ(it.output_strides, iter.strides(0).vec()) << name;
     EXPECT_EQ(it.input_strides, iter.strides(1).vec()) << name;
   }
+}
+
+// Past 32-bit indexing, the launches against LibTorch's own TensorIterator (its with_32bit_indexing over views of one
+// float: nothing allocated): as many pieces, and where an input expanded from one value leaves nothing to split (the
+// gradient of a .sum() over 2^32 elements, a Linear's bias gradient), TensorIterator::split asserts; the estimate
+// says that this reduction fails on CUDA, where it recursed into a stack overflow (signal 11) before.
+TEST(CudaReduceTest, SplitsPast32BitIndexingAsTensorIteratorDoesAndFailsWhereItFails) {
+  struct Case {
+    std::string name;
+    std::vector<std::int64_t> sizes;
+    std::vector<std::int64_t> strides;  // empty: contiguous
+    std::vector<bool> reduced;          // empty: all
+    bool fails = false;                 // TensorIterator::split asserts
+  };
+  constexpr std::int64_t k2e30 = std::int64_t{1} << 30, k2e31 = std::int64_t{1} << 31, k2e32 = std::int64_t{1} << 32;
+  const std::vector<Case> cases{
+      {"expanded [2^30, 2] over dim 0 (2^31 elements)", {k2e30, 2}, {0, 0}, {true, false}},
+      {"expanded [2^31, 2] over dim 0 (2^32 elements)", {k2e31, 2}, {0, 0}, {true, false}, true},
+      {"expanded [2^31, 1] over dim 0", {k2e31, 1}, {0, 0}, {true, false}},
+      {"expanded [4, 2^31] over dim 1", {4, k2e31}, {0, 0}, {false, true}, true},
+      {"expanded [2^32] over all", {k2e32}, {0}, {}},
+      {"expanded [2^32 + 3] over all", {k2e32 + 3}, {0}, {}},
+      {"[2^16, 2^16] over dim 0 (2^32 elements)", {65536, 65536}, {}, {true, false}},
+      {"[2^16, 2^16] over dim 1", {65536, 65536}, {}, {false, true}},
+      {"[2^32] over all", {k2e32}, {}, {}},
+      {"[3, 2^31] over dim 1", {3, k2e31}, {}, {false, true}},
+      {"[2^31 + 1] over all", {k2e31 + 1}, {}, {}},
+      {"channels last [64, 128, 512, 512] over 0, 2, 3", {64, 128, 512, 512}, channels_last(128, 512, 512),
+       {true, false, true, true}},
+  };
+  // On the CPU (a Meta iterator skips coalesce_dimensions): views of one float that no one reads, as large as asked.
+  float one = 0;
+  for (const auto& c : cases) {
+    auto strides = c.strides;
+    if (strides.empty()) strides = torch::empty(c.sizes, torch::kMeta).strides().vec();
+    const auto input = torch::from_blob(&one, c.sizes, strides, torch::kFloat);
+    std::vector<bool> reduced = c.reduced.empty() ? std::vector<bool>(c.sizes.size(), true) : c.reduced;
+    auto out_sizes = c.sizes;
+    for (std::size_t d = 0; d < c.sizes.size(); ++d) {
+      if (reduced[d]) out_sizes[d] = 1;
+    }
+    auto out_strides = torch::empty(out_sizes, torch::kMeta).strides().vec();
+    for (std::size_t d = 0; d < c.sizes.size(); ++d) {
+      if (reduced[d]) out_strides[d] = 0;
+    }
+    auto viewed = torch::from_blob(&one, out_sizes, out_strides, torch::kFloat);
+    auto iter = at::TensorIterator::reduce_op(viewed, input);
+    ASSERT_FALSE(iter.can_use_32bit_indexing()) << c.name;
+    std::size_t pieces = 0;
+    bool aten_fails = false;
+    try {
+      for (auto& piece : iter.with_32bit_indexing()) {
+        EXPECT_TRUE(piece.can_use_32bit_indexing()) << c.name;
+        ++pieces;
+      }
+    } catch (const c10::Error& e) {
+      aten_fails = true;
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("shape()[dim] >= 2")) << c.name;
+    }
+    EXPECT_EQ(aten_fails, c.fails) << c.name;
+    const auto operands = fp32(c.sizes, strides, reduced);
+    if (aten_fails) {
+      try {
+        (void)cuda_reduce_buffers(operands);
+        ADD_FAILURE() << c.name << ": LibTorch's split fails, the estimate's did not";
+      } catch (const Error& e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("on CUDA this reduction fails")) << c.name;
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("sizes [" + std::to_string(c.sizes[0]))) << c.name;
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("more than 32-bit indexing covers")) << c.name;
+      }
+    } else {
+      EXPECT_EQ(cuda_reduce_buffers(operands).launches.size(), pieces) << c.name;
+    }
+  }
+}
+
+// The audio front end's bias gradient at batch 16384 ([B, 65536, 1] into a Linear(1, 2), a .sum() loss): 2^30 rows of
+// an expanded gradient, 2^31 elements, split by its two outputs; each column's 2^30 inputs over 512-thread blocks
+// (block.y), 2^21 values per thread, 8192 blocks per output (setReduceConfig: values_per_thread / 256 bounds it from
+// below): 8192 fp32 partials staged and one semaphore, per launch. At batch 32768 (2^31 rows) it fails as CUDA does.
+TEST(CudaReduceTest, StagesTheBiasGradientOfASumPast2To31ElementsPerOutput) {
+  constexpr std::int64_t rows = std::int64_t{1} << 30;
+  const auto buffers = cuda_reduce_buffers(fp32({rows, 2}, {0, 0}, {true, false}));
+  ASSERT_EQ(buffers.launches.size(), 2U);
+  for (const auto& launch : buffers.launches) {
+    EXPECT_EQ(launch.ctas_per_output, 8192);
+    EXPECT_EQ(launch.staging_bytes, 4 * 8192);
+    EXPECT_EQ(launch.semaphore_bytes, 4);
+  }
+  EXPECT_THROW((void)cuda_reduce_buffers(fp32({2 * rows, 2}, {0, 0}, {true, false})), Error);
+}
+
+// Every reduction an estimate for CUDA runs on the Meta device, past 2^31 and past 2^32 elements: sums over dims and
+// over all, mean, var, std, norms, softmax and log_softmax, layer, group and batch norm, cross-entropy, argmax,
+// forward and backward where it has one. Each returns its output's shape (nothing allocated; no signal). A .sum()'s
+// gradient through a Linear (its bias gradient sums an expanded gradient) fails as CUDA does past 2^32 elements and
+// runs at 2^31; a .mean()'s, materialized, runs at both.
+TEST(CudaReduceTest, EveryReductionOnTheMetaDeviceRunsPast32BitIndexing) {
+  auto& allocator = CountingMetaAllocator::install();
+  allocator.set_granularity(512);
+  allocator.model_caching_allocator(false);
+  use_meta_kernels_for(EstimateTarget::kCuda);
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  for (const std::int64_t rows : {std::int64_t{1} << 25, std::int64_t{1} << 26, (std::int64_t{1} << 26) + 64}) {
+    // [rows, 64]: 2^31, 2^32 and 2^32 + 4096 elements
+    const auto label = "rows " + std::to_string(rows);
+    const auto x = torch::empty({rows, 64}, meta).requires_grad_();
+    const auto expect_shape = [&](const at::Tensor& t, std::vector<std::int64_t> sizes, const char* what) {
+      EXPECT_EQ(t.sizes().vec(), sizes) << what << ", " << label;
+    };
+    expect_shape(x.sum(0), {64}, "sum over dim 0");
+    expect_shape(x.sum(1), {rows}, "sum over dim 1");
+    expect_shape(x.sum(), {}, "sum");
+    expect_shape(x.mean(0), {64}, "mean over dim 0");
+    expect_shape(x.mean(), {}, "mean");
+    expect_shape(x.var(0), {64}, "var");
+    expect_shape(x.std(1), {rows}, "std");
+    expect_shape(at::linalg_vector_norm(x, 2, {0}), {64}, "vector_norm");
+    expect_shape(x.norm(), {}, "norm");
+    expect_shape(x.argmax(0), {64}, "argmax over dim 0");
+    expect_shape(x.argmax(), {}, "argmax");
+    expect_shape(std::get<0>(x.max(1)), {rows}, "max over dim 1");
+    expect_shape(x.logsumexp(1), {rows}, "logsumexp");
+    allocator.reset_peak();
+    const auto staged_from = allocator.current_bytes();
+    const auto column_sums = x.sum(0);
+    EXPECT_GT(allocator.peak_bytes() - staged_from - 512, 0) << "the sum's staging above its output, " << label;
+    const auto backward = [&](const at::Tensor& loss, const char* what) {
+      x.mutable_grad() = at::Tensor();
+      loss.backward();
+      expect_shape(x.grad(), {rows, 64}, what);
+    };
+    backward(x.softmax(1).mul(x).sum(), "softmax");
+    backward(x.log_softmax(1).mean(), "log_softmax");
+    backward(at::cross_entropy_loss(x, torch::zeros({rows}, meta.dtype(torch::kLong))), "cross_entropy");
+    backward(at::layer_norm(x, {64}).mean(), "layer_norm");
+    const auto x4 = x.view({rows / 32, 64, 32, 1});
+    backward(at::group_norm(x4, 8).mean(), "group_norm");
+    backward(at::batch_norm(x4, {}, {}, {}, {}, true, 0.1, 1e-5, false).mean(), "batch_norm");
+  }
+  // A Linear(1, 2)'s bias gradient over 2^30 and 2^31 rows: a .mean()'s gradient is materialized and runs at both; a
+  // .sum()'s is expanded, and runs at 2^31 elements (split by the two outputs) but fails at 2^32, naming why.
+  for (const std::int64_t rows : {std::int64_t{1} << 30, std::int64_t{1} << 31}) {
+    const auto label = "rows " + std::to_string(rows);
+    const auto weight = torch::empty({2, 1}, meta).requires_grad_();
+    const auto bias = torch::empty({2}, meta).requires_grad_();
+    const auto x = torch::empty({rows, 1}, meta);
+    at::linear(x, weight, bias).mean().backward();
+    EXPECT_EQ(bias.grad().sizes().vec(), std::vector<std::int64_t>{2}) << "a mean's, " << label;
+    bias.mutable_grad() = at::Tensor();
+    if (rows == std::int64_t{1} << 30) {
+      at::linear(x, weight, bias).sum().backward();
+      EXPECT_EQ(bias.grad().sizes().vec(), std::vector<std::int64_t>{2}) << "a sum's, " << label;
+    } else {
+      try {
+        at::linear(x, weight, bias).sum().backward();
+        ADD_FAILURE() << "a sum's bias gradient over 2^31 rows ran";
+      } catch (const std::exception& e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("on CUDA this reduction fails: its input of sizes [2147483648, 2]"));
+      }
+    }
+  }
+  use_meta_kernels_for(EstimateTarget::kCpu);
+  allocator.set_granularity(0);
 }
 
 // The Meta kernels of an estimate for CUDA allocate the staging and semaphores after the output and free them before

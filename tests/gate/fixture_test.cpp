@@ -136,6 +136,23 @@ TEST(FixtureTest, DistributedTrainingReadsPyTorchsDefaultsAndNamesBadKeys) {
               HasSubstr("no FSDP key with strategy ddp"));
 }
 
+TEST(FixtureTest, NullOptionalKeyIsNotSetAndMisspelledOnePointsToIt) {
+  const auto a = testing::fixture_from(tiny_vit_yaml());
+  // A null is "not set", as if the key were absent: the same training and the same hash.
+  const auto nulls = testing::fixture_from(tiny_vit_yaml("  max_grad_norm: null\n  ema: ~\n  distributed:\n"));
+  EXPECT_EQ(nulls.training.max_grad_norm, a.training.max_grad_norm);
+  EXPECT_EQ(nulls.training.ema_decay, a.training.ema_decay);
+  EXPECT_FALSE(nulls.training.distributed.enabled());
+  EXPECT_EQ(nulls.hash, a.hash);
+  // A misspelling is an unknown key, and the keys the map takes include the optional ones, set or not.
+  for (const auto* typo : {"  max_grad_norms: 1.0\n", "  ema_decay: 0.99\n"}) {
+    const auto message = load_error(tiny_vit_yaml(typo));
+    EXPECT_THAT(message, HasSubstr("unknown key")) << typo;
+    EXPECT_THAT(message, HasSubstr(" ema,")) << message;
+    EXPECT_THAT(message, HasSubstr(" max_grad_norm,")) << message;
+  }
+}
+
 TEST(FixtureTest, UnknownKeyNamesKeyAndLine) {
   auto yaml = tiny_vit_yaml("  optimiser_typo: sgd\n");
   const auto message = load_error(yaml);

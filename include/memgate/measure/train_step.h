@@ -104,6 +104,7 @@ class TrainingStep {
 
   TrainingSpec training_;
   std::string source_;  // the fixture file, named by errors
+  std::string loss_;    // what makes the loss (model.compute_loss ..., model.loss ..., the task's), named by errors
   std::int64_t batch_size_;
   c10::Device device_;
   std::unique_ptr<Model> model_;

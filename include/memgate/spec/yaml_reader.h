@@ -36,6 +36,10 @@ class MapReader {
   MapReader(YAML::Node node, std::string file, std::string path, nlohmann::json* out = nullptr);
 
   [[nodiscard]] bool has(const std::string& key) const;
+  /// Whether an optional key is set (present and not null), marking it known either way: listed among the keys the
+  /// map takes when another is unknown, and a null accepted as not set, as if the key were absent (nothing recorded
+  /// in the canonical JSON, so a fixture keeps its hash). A set key is then read with a getter.
+  [[nodiscard]] bool optional(const std::string& key);
   [[nodiscard]] std::int64_t get_int(const std::string& key, std::optional<std::int64_t> fallback,
                                      std::int64_t min, std::int64_t max = INT64_MAX);
   [[nodiscard]] double get_double(const std::string& key, std::optional<double> fallback, double min, double max);
