@@ -85,7 +85,15 @@ class Server:
         self.forkable = True
         self.cwd = os.getcwd()  # sys.path[0] of `python -m`
         paths = sysconfig.get_paths()
-        self.installed = tuple({os.path.realpath(paths[k]) + os.sep for k in ("purelib", "platlib") if k in paths})
+        installed = {os.path.realpath(paths[k]) + os.sep for k in ("purelib", "platlib") if k in paths}
+        # A team's own packages on PYTHONPATH count as installed ones: imported here, outside any probe (a module that
+        # makes a tensor as it is imported makes it on the CPU, as a training script's import does, not on the Meta
+        # device of a build that imports it), each probe forked with them as they were imported. The working folder
+        # itself does not (its modules are the user's own, which the probe imports).
+        for folder in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+            if folder and os.path.isdir(folder) and os.path.realpath(folder) != os.path.realpath(self.cwd):
+                installed.add(os.path.realpath(folder) + os.sep)
+        self.installed = tuple(installed)
 
     def send(self, message: dict) -> None:
         self.sock.sendall((json.dumps(message) + "\n").encode())

@@ -8,6 +8,7 @@ stops before memgate's kernel, which allocates what the target's convolution doe
 for an op where LibTorch (memgate's kernels included) has no Meta kernel of its own and the CPU does not run a
 composite of LibTorch's either (`needs_python_meta_kernel`): 2-D cross-entropy (nll_loss2d), PReLU, GroupNorm,
 hardtanh's backward (ReLU6), roll, abs.out under integer abs."""
+import sys
 import weakref
 
 import torch
@@ -122,6 +123,46 @@ def _read_on_meta(tensor):
 
 # --- Which module an op that fails on Meta was called from ---------------------------------------------------------
 
+# Ops whose output's size depends on their input's values: torch's Python Meta kernels refuse them, or have none.
+_DATA_DEPENDENT_OPS = {"aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+                       "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount",
+                       "aten::repeat_interleave", "aten::_local_scalar_dense"}
+
+
+def data_dependent_op(message: str) -> str:
+    """The op an error on the Meta device came from when it is one whose output's size, or a value read, depends on
+    a tensor's data (which Meta tensors do not hold), as memgate names it; "" for any other error. torch's texts:
+    nonzero's Python Meta kernel (also boolean indexing, torch.where(cond), argwhere), "attempted to run this operator
+    with Meta tensors" for masked_select, unique and bincount, a custom op whose fake kernel asks for a size from data
+    (torchvision's NMS), repeat_interleave without output_size, and a read of values (tolist, cpu, numpy, item)."""
+    if "The register_meta function for torch.nonzero()" in message:
+        return "aten::nonzero (boolean indexing, torch.where(condition) and argwhere call it)"
+    marker = ": attempted to run this operator with Meta tensors"
+    if marker in message:
+        op = message[:message.index(marker)].rsplit(" ", 1)[-1]
+        return op if op in _DATA_DEPENDENT_OPS else ""
+    if "with meta Tensors (as opposed to FakeTensors)" in message:  # a fake kernel making a size from data
+        return message.split(" (", 1)[0].rsplit(" ", 1)[-1]
+    if "cannot repeat_interleave a meta tensor without output_size" in message:
+        return "aten::repeat_interleave (without output_size)"
+    if "Cannot copy out of meta tensor" in message or "can't convert meta device type tensor to numpy" in message:
+        return "a read of a tensor's values (Tensor.tolist(), .cpu(), .numpy())"
+    if "an estimate cannot read the value of a" in message:  # _read_on_meta's own
+        return "aten::_local_scalar_dense (Tensor.item(), int(), float() of a tensor)"
+    return ""
+
+
+def describe_data_dependent(message: str, module: str) -> str:
+    """memgate's refusal of a data-dependent op in an estimate (data_dependent_op), naming the op and the module whose
+    forward called it; "" when the error is not one."""
+    op = data_dependent_op(message)
+    if not op:
+        return ""
+    where = f", called in the forward of {module}" if module else ""
+    return (f"the estimate cannot run {op}{where}: its output's size or the value read depends on the tensor's data, "
+            f"which the Meta device does not hold; measure it instead (`memgate profile`)")
+
+
 def module_of_error(root, traceback) -> str:
     """The innermost module of `root` whose forward is on the error's traceback (a frame whose `self` is one of its
     modules), as "'<dotted name>' (<class>)", "the model (<class>)" for the root itself, or "" when none is (the
@@ -174,8 +215,17 @@ class _BuildOnDevice(_DeviceContext):
         self._factories = _value_factories()
         self._reads = _value_reads()
         self._twinned = []  # weak references to the Meta tensors given a twin
+        self._imports = _ImportsOffTheDevice(self) if self._on_meta else None
+
+    def __enter__(self):
+        result = super().__enter__()
+        if self._imports is not None:
+            sys.meta_path.insert(0, self._imports)
+        return result
 
     def __exit__(self, *exc):
+        if self._imports is not None and self._imports in sys.meta_path:
+            sys.meta_path.remove(self._imports)
         for ref in self._twinned:
             tensor = ref()
             if tensor is not None and "_memgate_value" in tensor.__dict__:
@@ -217,6 +267,80 @@ class _BuildOnDevice(_DeviceContext):
         elif isinstance(result, (list, tuple)) and isinstance(twin, (list, tuple)) and len(result) == len(twin):
             for r, t in zip(result, twin):
                 self._keep(r, t)
+
+
+class _ImportsOffTheDevice:
+    """A finder first on sys.meta_path while a build runs on the Meta device: a module the builder imports for the
+    first time (a library imported inside the builder's body) runs its import outside the build's `torch.device`, with
+    no torch function mode and the default device as it was, as a training script's import would. A tensor the module
+    makes as it is imported (a detection head's anchors at class level) is then the CPU's, not a Meta tensor for the
+    rest of the process: the parameter count, the first build of a probe's process, runs on the Meta device, and the
+    measurement that follows it must find what a process of its own finds. It finds nothing itself: it asks the finders
+    after it and has the loader found run the module's code off the device."""
+
+    def __init__(self, context):
+        self._context = context
+        self._finding = False
+
+    def find_spec(self, name, path=None, target=None):
+        if self._finding:
+            return None
+        self._finding = True
+        try:
+            spec = None
+            for finder in sys.meta_path[sys.meta_path.index(self) + 1:] if self in sys.meta_path else []:
+                find = getattr(finder, "find_spec", None)
+                if find is not None:
+                    spec = find(name, path, target)
+                    if spec is not None:
+                        break
+        finally:
+            self._finding = False
+        loader = getattr(spec, "loader", None)
+        # Built-in and frozen modules' loaders are classes shared by all (and make no tensors): left as they are.
+        if loader is None or isinstance(loader, type) or not hasattr(loader, "exec_module"):
+            return spec
+        original = loader.exec_module
+        context = self._context
+
+        def exec_module(module):
+            try:
+                del loader.exec_module  # the loader's own again, for a reload
+            except AttributeError:
+                pass
+            with _off_the_device(context):
+                original(module)
+
+        try:
+            loader.exec_module = exec_module
+        except (AttributeError, TypeError):
+            pass  # a loader that takes no attribute: its module is imported on the device, as before
+        return spec
+
+
+class _off_the_device:
+    """The torch function modes (the build's `torch.device` and any above it) off the stack and the default device
+    as it was before the build, for an import; put back as they were after it."""
+
+    def __init__(self, context):
+        self._context = context
+
+    def __enter__(self):
+        from torch.overrides import _pop_mode
+        from torch.utils import _device
+
+        self._modes = [_pop_mode() for _ in range(torch._C._len_torch_function_stack())]
+        self._device = _device.CURRENT_DEVICE
+        _device.CURRENT_DEVICE = getattr(self._context, "old_device", None)
+
+    def __exit__(self, *exc):
+        from torch.overrides import _push_mode
+        from torch.utils import _device
+
+        _device.CURRENT_DEVICE = self._device
+        for mode in reversed(self._modes):
+            _push_mode(mode)
+        return False
 
 
 def _twin(value):

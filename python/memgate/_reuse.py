@@ -27,3 +27,84 @@ def restore_flags(flags) -> None:
         m.training = training
     for p, requires_grad in params:
         p.requires_grad_(requires_grad)
+
+
+# --- The Python state around a build: what a process of its own would start its step from ----------------------------
+#
+# A probe's process runs several builds (the parameter count's, then each batch size's, or one build kept for every
+# batch size of an estimate), and the user's code keeps state between them: a loss with a module-level step counter, a
+# package's globals, a model's attributes set in its forward. Each build ends with `settle(module)`: the first time a
+# module of the user's own is seen, its globals are recorded; every later build puts back each global rebound since
+# (and drops those added), so that each step starts from the globals the first build left, in a sweep as in a process
+# of its own. The module's own attributes are recorded too: a kept module whose forward set one (a call counter, a
+# cached tensor) is not kept for the next batch size (`attributes_unchanged`), it is built anew. What the user's code
+# changes inside an object (a list it appends to) is not put back.
+
+import os as _os
+import sys as _sys
+import sysconfig as _sysconfig
+import weakref as _weakref
+
+_GLOBALS = {}  # id(module) -> (weak reference to the module, its globals as the first build left them)
+_ATTRIBUTES = _weakref.WeakKeyDictionary()  # built module -> its modules' attributes as the build left them
+_OWN = {}  # module name -> whether it is the user's own
+_NOT_OWN = tuple({_os.path.realpath(p) + _os.sep for k, p in _sysconfig.get_paths().items()
+                  if k in ("stdlib", "platstdlib", "purelib", "platlib")} |
+                 {_os.path.dirname(_os.path.realpath(__file__)) + _os.sep})  # memgate's own (its __main__ too)
+
+
+def _is_own(name, module):
+    own = _OWN.get(name)
+    if own is None:
+        where = getattr(module, "__file__", None)
+        top = name.partition(".")[0]
+        own = bool(where) and top not in ("memgate", "torch") and not _os.path.realpath(where).startswith(_NOT_OWN)
+        _OWN[name] = own
+    return own
+
+
+def _own_modules():
+    return [m for name, m in list(_sys.modules.items()) if m is not None and _is_own(name, m)]
+
+
+def _forget(key):
+    return lambda _ref: _GLOBALS.pop(key, None)
+
+
+def settle(module=None) -> None:
+    """As a build starts (no module) and ends (python_model.cpp): the user's modules' globals as the first build left
+    them (recorded, or put back), and the built module's attributes recorded."""
+    for m in _own_modules():
+        key = id(m)
+        seen = _GLOBALS.get(key)
+        if seen is None or seen[0]() is not m:
+            try:
+                _GLOBALS[key] = (_weakref.ref(m, _forget(key)), dict(m.__dict__))
+            except TypeError:
+                pass
+            continue
+        first = seen[1]
+        now = m.__dict__
+        for name in [n for n in now if n not in first]:
+            del now[name]
+        for name, value in first.items():
+            if now.get(name, first) is not value:
+                now[name] = value
+    if module is None:
+        return
+    try:
+        _ATTRIBUTES[module] = attributes_of(module)
+    except TypeError:
+        pass
+
+
+def attributes_of(module):
+    """Each submodule's attributes (by identity; `training` aside, which restore_flags puts back)."""
+    return [(id(m), {k: id(v) for k, v in m.__dict__.items() if k != "training"}) for m in module.modules()]
+
+
+def attributes_unchanged(module) -> bool:
+    """Whether no attribute of the module's was set, added or removed since its build (a kept module whose forward
+    set one would start the next batch size from another state than a build of its own)."""
+    recorded = _ATTRIBUTES.get(module)
+    return recorded is not None and recorded == attributes_of(module)

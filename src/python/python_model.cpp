@@ -292,7 +292,14 @@ void PythonModel::drop_reused_build() { parked_build().reset(); }
 PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::uint64_t seed)
     : spec_(spec), device_(device), seed_(seed), checkpointing_of_(std::make_shared<const bool*>(&checkpointing_)) {
   py::gil_scoped_acquire gil;
-  if (take_parked()) return;
+  // The user's modules' globals as the process's first build left them, before this build and after it (a step
+  // counter of a loss's module, rebound by the probe before: memgate._reuse.settle).
+  const auto reuse = py::module_::import("memgate._reuse");
+  reuse.attr("settle")();
+  if (take_parked()) {
+    reuse.attr("settle")(module_);
+    return;
+  }
   // Kept for the next probe: a build on the Meta device of a model whose probe is memgate's step or torch.optim's
   // (a callable optimizer may register hooks on the parameters; a compiled module keeps its graphs).
   auto& meta = CountingMetaAllocator::install();
@@ -309,13 +316,13 @@ PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::u
   if (record_) {
     meta.stop_recording();
     try {
-      const auto reuse = py::module_::import("memgate._reuse");
       flags_ = reuse.attr("flags_of")(module_);
       hooks_ = reuse.attr("hooks_of")(module_);
     } catch (const py::error_already_set&) {
       record_.reset();  // not kept
     }
   }
+  reuse.attr("settle")(module_);
 }
 
 bool PythonModel::take_parked() {
@@ -346,7 +353,10 @@ bool PythonModel::take_parked() {
 
 bool PythonModel::park() {
   try {
-    if (!py::module_::import("memgate._reuse").attr("hooks_of")(module_).equal(hooks_)) return false;
+    const auto reuse = py::module_::import("memgate._reuse");
+    if (!reuse.attr("hooks_of")(module_).equal(hooks_)) return false;
+    // A forward that set an attribute (a call counter, a cached tensor): the next batch size builds anew.
+    if (!reuse.attr("attributes_unchanged")(module_).cast<bool>()) return false;
   } catch (const py::error_already_set&) {
     return false;
   }
@@ -725,15 +735,21 @@ torch::Tensor PythonModel::forward(const Batch& batch) {
 void PythonModel::rethrow(py::error_already_set& e) const {
   // An error an op raised (an out-of-memory among them) comes back as the op's own message, which the probe reads.
   auto message = describe_python_error(e);
-  // On the Meta device, an op without a Meta kernel: named with the module whose forward called it.
-  if (device_.is_meta() && op_without_meta_kernel(message)) {
-    std::string module;
-    try {
-      module = py::module_::import("memgate._meta").attr("module_of_error")(module_, e.trace()).cast<std::string>();
-    } catch (const std::exception&) {
-      // Without the module: the op still names what failed.
+  // On the Meta device, an op whose output's size depends on data (nonzero, a read of values: memgate._meta's
+  // data_dependent_op) or an op without a Meta kernel: named with the module whose forward called it.
+  if (device_.is_meta()) {
+    const auto meta = py::module_::import("memgate._meta");
+    const bool data_dependent = !meta.attr("data_dependent_op")(message).cast<std::string>().empty();
+    if (data_dependent || op_without_meta_kernel(message)) {
+      std::string module;
+      try {
+        module = meta.attr("module_of_error")(module_, e.trace()).cast<std::string>();
+      } catch (const std::exception&) {
+        // Without the module: the op still names what failed.
+      }
+      message = data_dependent ? meta.attr("describe_data_dependent")(message, module).cast<std::string>()
+                               : *describe_missing_meta_kernel(message, /*in_python=*/true, module);
     }
-    message = *describe_missing_meta_kernel(message, /*in_python=*/true, module);
   }
   throw std::runtime_error(message);
 }

@@ -9,7 +9,8 @@ packages it imports before it forks a probe, so that the probe finds them import
 - a name with a module of the user's own beside the file, or in the probe's working folder, is left to the probe;
 - the standard library, the user's own modules, relative imports and memgate do not count, nor what the server has
   imported already;
-- a file that is not there or does not parse gives nothing (the probe reports it).
+- a file that is not there or does not parse gives nothing (the probe reports it);
+- a package of the team's own on PYTHONPATH counts as installed (not the working folder there).
 
     python tests/python/forkserver_scan_test.py <build dir>/python
 """
@@ -102,6 +103,26 @@ with tempfile.TemporaryDirectory() as tmp:
     server.preloaded.update({"inst_top", "inst_entry"})
     expect(server.imports_of([f"{models}:build"], str(work)), ["inst_class", "inst_inner", "inst_nested", "inst_try"],
            "what the server imported already")
+
+    # A team's own package on PYTHONPATH counts as an installed one (imported by the server, outside any probe's
+    # Meta build); the server's working folder on PYTHONPATH does not.
+    own = root / "own"
+    (own / "own_pkg").mkdir(parents=True)
+    (own / "own_pkg" / "__init__.py").write_text("")
+    (code / "uses_own.py").write_text("def build():\n    import own_pkg\n")
+    sys.path.insert(0, str(own))
+    importlib.invalidate_caches()
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(own), os.getcwd()])
+    try:
+        with_path = Server(socket.socketpair()[1])
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+    expect(with_path.imports_of([f"{code / 'uses_own.py'}:build"], str(work)), ["own_pkg"], "a package on PYTHONPATH")
+    expect(os.path.realpath(os.getcwd()) + os.sep in with_path.installed, False, "the working folder on PYTHONPATH")
 
 if failures:
     print("\n".join(failures))

@@ -1,0 +1,176 @@
+// What memgate's own machinery must not change (issue 68): a library that makes a tensor as it is first imported
+// (a detection head's anchors at class level), imported inside the model's builder, is imported on the CPU even when
+// the process's first build is the parameter count's on the Meta device; and an op whose output's size depends on data
+// is refused by an estimate with memgate's message, naming the op and the module whose forward called it; and state the
+// user's code keeps between the batch sizes of a sweep does not change their bytes.
+#include "memgate/base/components.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// A fixture folder: f_<entry>.yaml over models.py:<entry> (inputs [B, 4], task sum) and lib/anchors_lib, a package of
+// the team's own on PYTHONPATH whose class makes its anchors as it is imported.
+struct IsolationFolder {
+  testing::TempDir dir;
+  IsolationFolder() {
+    testing::write_file(dir / "lib/anchors_lib/__init__.py",
+                        "import torch\nfrom torch import nn\n\n\n"
+                        "class AnchorHead(nn.Module):\n"
+                        "    ANCHORS = torch.linspace(0.0, 1.0, 64).view(16, 4)  # made as the package is imported\n\n"
+                        "    def __init__(self):\n        super().__init__()\n        self.proj = nn.Linear(4, 4)\n"
+                        "        self.register_buffer('anchors', self.ANCHORS.clone(), persistent=False)\n\n"
+                        "    def forward(self, x):\n        return self.proj(x) + self.anchors[: x.shape[0]]\n");
+    testing::write_file(dir / "models.py",
+                        "import torch\nfrom torch import nn\n\n\n"
+                        "class Net(nn.Module):\n"
+                        "    def __init__(self, head):\n        super().__init__()\n        self.lin = nn.Linear(4, 4)\n"
+                        "        self.head = head\n\n"
+                        "    def forward(self, x):\n        return self.head(self.lin(x))\n\n\n"
+                        "def anchors():\n"
+                        "    from anchors_lib import AnchorHead  # imported inside the builder's body\n"
+                        "    return Net(AnchorHead())\n\n\n"
+                        "class Picks(nn.Module):\n"
+                        "    def __init__(self, how):\n        super().__init__()\n        self.how = how\n"
+                        "        self.lin = nn.Linear(4, 4)\n\n"
+                        "    def forward(self, x):\n"
+                        "        y = self.lin(x)\n"
+                        "        if self.how == 'nonzero':\n            return y[torch.nonzero(y > 0, as_tuple=True)]\n"
+                        "        if self.how == 'tolist':\n            return y[: max(1, len(y[0].tolist()))]\n"
+                        "        if self.how == 'item':\n            return y[: max(1, int(y.sum().item()))]\n"
+                        "        import torchvision\n"
+                        "        keep = torchvision.ops.nms(torch.cat([y[:, :2], y[:, :2] + 1], 1), y[:, 2], 0.5)\n"
+                        "        return y[keep]\n\n\n"
+                        "class Detector(nn.Module):\n"
+                        "    def __init__(self, how):\n        super().__init__()\n        self.body = nn.Linear(4, 4)\n"
+                        "        self.picks = Picks(how)\n\n"
+                        "    def forward(self, x):\n        return self.picks(self.body(x))\n\n\n"
+                        "def detector(how):\n    return Detector(how)\n");
+  }
+  [[nodiscard]] std::string fixture(const std::string& entry, const std::string& args = "{}") const {
+    const auto path = dir / ("f_" + entry + ".yaml");
+    testing::write_file(path, fmt::format("model:\n  arch: python\n  entry: models.py:{}\n  args: {}\n  inputs:\n"
+                                          "    - {{shape: [B, 4], dtype: float32}}\n  task: sum\n"
+                                          "training: {{optimizer: adamw, trainable: all}}\nbatch_sizes: [2]\n",
+                                          entry == "anchors" ? "anchors" : "detector", args));
+    return path;
+  }
+  [[nodiscard]] std::string memgate(const std::string& args) const {
+    return fmt::format("env -u CI -u MEMGATE_STRICT PYTHONPATH={} {} {}", dir / "lib", MEMGATE_CLI, args);
+  }
+};
+
+nlohmann::json components_of(const std::string& path) {
+  return nlohmann::json::parse(testing::read_file(path)).at("probes").at(0).at("components");
+}
+
+// Before, the parameter count's build on the Meta device imported anchors_lib under torch.device("meta"): its anchors
+// were a Meta tensor for the whole process and the measurement failed ("Cannot copy out of meta tensor"). Now the
+// measurement runs, and the estimate equals it on every component (the anchors a buffer of the model's in both).
+TEST(ParameterCountTest, ALibraryImportedInTheBuilderMakesItsTensorsOnTheCpuAsAProcessOfItsOwnDoes) {
+  IsolationFolder f;
+  const auto fixture = f.fixture("anchors");
+  std::string out;
+  ASSERT_EQ(testing::run(f.memgate(fmt::format("profile --config {} --device cpu --output {}", fixture,
+                                               f.dir / "measured.json")),
+                         &out),
+            0)
+      << out;
+  EXPECT_THAT(out, Not(HasSubstr("meta tensor"))) << out;
+  ASSERT_EQ(testing::run(f.memgate(fmt::format("estimate --config {} --for cpu --output {}", fixture,
+                                               f.dir / "estimated.json")),
+                         &out),
+            0)
+      << out;
+  const auto measured = components_of(f.dir / "measured.json"), estimated = components_of(f.dir / "estimated.json");
+  for (const auto& [name, bytes] : measured.items()) {
+    EXPECT_GT(bytes.get<std::int64_t>(), 0) << name;
+    EXPECT_EQ(estimated.at(name), bytes) << name;
+  }
+}
+
+// nonzero (boolean indexing), a read of values (tolist, item) and torchvision's NMS in a module's forward: the estimate
+// fails with memgate's message (the op, the module, measure it instead), not PyTorch's text; the measurement runs.
+TEST(DataDependentOpTest, AnEstimateRefusesItNamingTheOpAndTheModuleAndSaysToMeasure) {
+  IsolationFolder f;
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"nonzero", "aten::nonzero"},
+      {"tolist", "a read of a tensor's values"},
+      {"item", "aten::_local_scalar_dense"},
+      {"nms", "torchvision::nms"}};
+  for (const auto& [how, op] : cases) {
+    const auto fixture = f.fixture("detector_" + how, fmt::format("{{how: {}}}", how));
+    std::string out;
+    EXPECT_EQ(testing::run(f.memgate(fmt::format("estimate --config {} --for cpu", fixture)), &out), 3) << out;
+    EXPECT_THAT(out, HasSubstr("the estimate cannot run " + op)) << how << ": " << out;
+    EXPECT_THAT(out, HasSubstr("called in the forward of 'picks' (Picks)")) << how << ": " << out;
+    EXPECT_THAT(out, HasSubstr("measure it instead (`memgate profile`)")) << how << ": " << out;
+    for (const auto* bare : {"Traceback", "register_meta function", "Cannot copy out of meta tensor",
+                             "as opposed to FakeTensors"}) {
+      EXPECT_THAT(out, Not(HasSubstr(bare))) << how << ": " << out;
+    }
+    EXPECT_EQ(testing::run(f.memgate(fmt::format("profile --config {} --device cpu", fixture)), &out), 0)
+        << how << ": " << out;
+  }
+}
+
+// State the user's code keeps between batch sizes: a model whose forward counts its calls (its extra head joins after
+// four, one probe's forwards) and a loss from a package on PYTHONPATH with a module-level step counter (a wider term
+// after two steps, one probe's). Before, a sweep's later batch sizes ran with both switched on (the estimate's one
+// built module kept its counter; the package's counter went on in the measurement's process): gradients 17,920 B
+// against 1,280 B at batch 2. Each batch size of a sweep now equals a process of its own, estimate and measurement.
+TEST(SweepStateTest, EachBatchSizeOfASweepEqualsAProcessOfItsOwn) {
+  testing::TempDir dir;
+  testing::write_file(dir / "lib/stepstate/__init__.py",
+                      "import torch\n\nSTEP = 0  # the loss's own step counter\n\n\n"
+                      "def loss(output, batch):\n    global STEP\n    STEP += 1\n    h, extra = output\n"
+                      "    value = h.pow(2).mean() + extra.pow(2).mean()\n"
+                      "    if STEP > 2:\n        value = value + torch.cat([h] * 8, dim=1).pow(2).mean()\n"
+                      "    return value\n");
+  testing::write_file(dir / "models.py",
+                      "from torch import nn\n\n\n"
+                      "class Net(nn.Module):\n"
+                      "    def __init__(self):\n        super().__init__()\n        self.body = nn.Linear(4, 64)\n"
+                      "        self.extra = nn.Linear(64, 64)\n        self.calls = 0\n\n"
+                      "    def forward(self, x):\n        self.calls += 1\n        h = self.body(x)\n"
+                      "        return h, (self.extra(h) if self.calls > 4 else h * 0)\n\n\n"
+                      "def build():\n    return Net()\n");
+  testing::write_file(dir / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n  loss: stepstate:loss\n"
+                                      "  inputs:\n    - {shape: [B, 4], dtype: float32}\n"
+                                      "training: {optimizer: adamw, trainable: all}\nbatch_sizes: [1, 2, 4]\n");
+  const auto memgate = [&](const std::string& args, const std::string& output) {
+    std::string out;
+    EXPECT_EQ(testing::run(fmt::format("env -u CI -u MEMGATE_STRICT PYTHONPATH={} {} {} --config {} --output {}",
+                                       dir / "lib", MEMGATE_CLI, args, dir / "f.yaml", output),
+                           &out),
+              0)
+        << out;
+    return nlohmann::json::parse(testing::read_file(output)).at("probes");
+  };
+  for (const auto* command : {"estimate --for cpu", "profile --device cpu"}) {
+    const auto sweep = memgate(fmt::format("{} --batch-sizes 1,2,4", command), dir / "sweep.json");
+    ASSERT_EQ(sweep.size(), 3U) << command;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto batch = std::vector<int>{1, 2, 4}[i];
+      const auto alone = memgate(fmt::format("{} --batch-sizes {}", command, batch), dir / "alone.json").at(0);
+      for (const auto& [name, bytes] : alone.at("components").items()) {
+        EXPECT_EQ(sweep.at(i).at("components").at(name), bytes) << command << " at batch " << batch << ": " << name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memgate
