@@ -67,7 +67,13 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     // A symlink to a regular file: the file it names is replaced, and the link stays.
     if (std::filesystem::is_symlink(std::filesystem::symlink_status(file, ec))) file = std::filesystem::canonical(file);
   }
-  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  if (file.has_parent_path()) {
+    std::filesystem::create_directories(file.parent_path(), ec);
+    if (ec) {
+      throw Error(file.parent_path().string() + ": cannot make the folder (to write " + path + "): " + ec.message() +
+                  "; expected a folder this process may write to");
+    }
+  }
   const auto tmp = file.string() + ".tmp." + std::to_string(::getpid());
   TemporaryFileGuard guard(tmp);  // gone on an error, a return or Ctrl-C before the rename
   {

@@ -76,7 +76,8 @@ CommandResult run_program(const std::vector<std::string>& argv) {
 }
 
 bool send_line(int fd, const nlohmann::json& message) {
-  const auto text = message.dump() + "\n";
+  // A path that is not UTF-8 (in an error) goes as U+FFFD rather than throw in the middle of a reply.
+  const auto text = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::size_t sent = 0;
   while (sent < text.size()) {
     const auto n = ::send(fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);

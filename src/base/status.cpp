@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <iterator>
+#include <optional>
+#include <string>
 
 namespace memgate {
 
@@ -26,30 +29,53 @@ bool fails(Status status, bool strict) {
   return true;
 }
 
-bool strict_mode() {
-  const char* v = std::getenv("MEMGATE_STRICT");
-  return v != nullptr && std::string(v) == "1";
+namespace {
+
+constexpr const char* kTruthy[] = {"1", "true", "yes", "on"};
+constexpr const char* kFalsy[] = {"0", "false", "no", "off"};
+
+std::string lowercase(std::string value) {
+  std::transform(value.begin(), value.end(), value.begin(), [](unsigned char c) { return std::tolower(c); });
+  return value;
 }
+
+}  // namespace
+
+std::optional<bool> env_switch(const char* variable) {
+  const char* v = std::getenv(variable);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  const auto value = lowercase(v);
+  for (const char* word : kTruthy) {
+    if (value == word) return true;
+  }
+  for (const char* word : kFalsy) {
+    if (value == word) return false;
+  }
+  throw Error(fmt::format("{}={}: expected 1, true, yes or on to turn it on, or 0, false, no or off to turn it off "
+                          "(any case; unset or empty: the default)",
+                          variable, v));
+}
+
+void check_env_switches() {
+  for (const char* variable : {"MEMGATE_STRICT", "MEMGATE_UPDATE_BASELINES"}) (void)env_switch(variable);
+}
+
+bool strict_mode() { return env_switch("MEMGATE_STRICT").value_or(false); }
 
 bool ci_environment() {
   const char* v = std::getenv("CI");
   if (v == nullptr) return false;
-  std::string value(v);
-  std::transform(value.begin(), value.end(), value.begin(), [](unsigned char c) { return std::tolower(c); });
-  return value == "true" || value == "1" || value == "yes";
+  const auto value = lowercase(v);
+  return std::any_of(std::begin(kTruthy), std::end(kTruthy), [&](const char* word) { return value == word; });
 }
 
 bool missing_fails(bool strict) {
-  if (strict || strict_mode()) return true;
-  const char* v = std::getenv("MEMGATE_STRICT");
-  if (v != nullptr && std::string(v) == "0") return false;
+  if (strict) return true;
+  if (const auto set = env_switch("MEMGATE_STRICT")) return *set;
   return ci_environment();
 }
 
-bool update_mode() {
-  const char* v = std::getenv("MEMGATE_UPDATE_BASELINES");
-  return v != nullptr && std::string(v) == "1";
-}
+bool update_mode() { return env_switch("MEMGATE_UPDATE_BASELINES").value_or(false); }
 
 void to_json(nlohmann::json& j, const ComponentVerdict& v) {
   j = {{"status", name_of(kStatusNames, v.status)},

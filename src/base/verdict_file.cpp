@@ -58,7 +58,7 @@ void write_verdict_file(const std::string& path, const VerdictFile& file) {
                       {"budgets", file.budgets}};
   if (file.skipped) j["skipped"] = *file.skipped;
   if (file.error) j["error"] = *file.error;
-  write_file_atomically(path, j.dump(1) + "\n");
+  write_file_atomically(path, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 VerdictFile read_verdict_file(const std::string& path) {

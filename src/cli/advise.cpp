@@ -82,10 +82,12 @@ Run add_advise(CLI::App& app) {
       "answered at once from estimates for CUDA (memgate estimate --gpu), labelled as such, not by probes on the\n"
       "CPU under a GPU-sized cap; --capacity-mib N probes a cap on any device. Each probe prints a line."));
   return [o] {
-    refuse_output_onto_input(o->output, {o->config});
     // The GPUs first: an unknown id is a usage error, before any work.
     const auto gpus = gpu_targets(o->gpus, o->gpu, o->all_gpus);
     auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
+    auto inputs = fixture_inputs("--config", o->config, &fixture);
+    inputs.push_back({"the GPU fixtures (--gpus)", o->gpus.empty() ? default_gpus_dir() : o->gpus, true});
+    refuse_colliding_files(inputs, {{"--output", o->output}});
     set_world_size(fixture, o->world_size, o->config);
     const auto device = memgate::resolve_device(o->device);
     // A GPU target is probed under its cap only on a GPU at least its usable size; elsewhere the probes would be the
@@ -152,7 +154,7 @@ Run add_advise(CLI::App& app) {
       json["estimated_because"] = why;
     }
     if (!o->output.empty()) {
-      memgate::write_file_atomically(o->output, json.dump(2) + "\n");
+      write_output("--output", o->output, json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
       fmt::print("\nwrote {}\n", o->output);
     }
     return kOk;

@@ -72,11 +72,13 @@ Run add_bench_merge(CLI::App& app) {
       "kept: compare pooled runs when one run each is too noisy to decide on time (a case slowed down for a\n"
       "whole run by another tenant of a shared runner)."));
   return [o] {
-    refuse_output_onto_input(o->output, o->files);
+    std::vector<FileArg> inputs;
+    for (const auto& f : o->files) inputs.push_back({"runs.json", f});
+    refuse_colliding_files(inputs, {{"--output", o->output}});
     std::vector<nlohmann::json> docs;
     for (const auto& f : o->files) docs.push_back(memgate::read_bench_document(f));
     const auto merged = memgate::merge_bench_json(docs, o->output);
-    memgate::write_file_atomically(o->output, merged.dump(2) + "\n");
+    write_output("--output", o->output, merged.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     fmt::print("merged {} runs into {}\n", o->files.size(), o->output);
     return kOk;
   };
@@ -95,12 +97,12 @@ Run add_bench_convert(CLI::App& app) {
       "\"<case> peak_allocated\", \"unit\": \"MiB\", \"value\": ...}]); the time JSON itself goes to\n"
       "github-action-benchmark unchanged, with `tool: googlecpp`."));
   return [o] {
-    refuse_output_onto_input(o->output, {o->input});
+    refuse_colliding_files({{"bench.json", o->input}}, {{"--output", o->output}});
     const auto entries = memgate::bench_memory_to_custom(memgate::load_bench_json(o->input));
     if (entries.empty()) {
       throw memgate::Error(o->input + ": no case has a peak_allocated_bytes counter: nothing to convert");
     }
-    memgate::write_file_atomically(o->output, entries.dump(2) + "\n");
+    write_output("--output", o->output, entries.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     fmt::print("wrote {} entries to {}\n", entries.size(), o->output);
     return kOk;
   };

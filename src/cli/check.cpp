@@ -95,31 +95,34 @@ void write_reports(const ReportFiles& files, const char* verdict, const std::str
     nlohmann::json doc = {{"verdict", verdict}, {"summary", counts}, {"results", rows},
                           {"not_judged", nlohmann::json::array()}};
     for (const auto& e : not_judged) doc["not_judged"].push_back({{"fixture", e.fixture}, {"error", e.error}});
-    memgate::write_file_atomically(files.json, doc.dump(2) + "\n");
+    write_output("--json", files.json, doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
-  if (!files.junit.empty()) memgate::write_file_atomically(files.junit, memgate::render_junit(rows, not_judged, strict));
+  if (!files.junit.empty()) write_output("--junit", files.junit, memgate::render_junit(rows, not_judged, strict));
   if (!files.html.empty()) {
     // memgate summary's page: baseline against this run for each fixture that changed, and the modules that moved.
     std::vector<memgate::ComparisonSection> sections;
     if (!rows.empty()) sections = memgate::summarize_result_rows(rows).comparisons;
-    memgate::write_file_atomically(
-        files.html, memgate::render_comparisons_html(sections, {},
+    write_output(
+        "--html", files.html, memgate::render_comparisons_html(sections, {},
                                                      {.title = "memgate check: baseline against this run, per changed "
                                                                "fixture",
                                                       .generator = generator()}));
   }
   const char* step_summary = std::getenv("GITHUB_STEP_SUMMARY");
-  const bool to_step_summary = step_summary != nullptr && *step_summary != '\0';
+  const bool to_step_summary = step_summary != nullptr && *step_summary != '\0';  // append_step_summary reads it
   if (files.markdown.empty() && !to_step_summary) return;
   std::string md = rows.empty() ? std::string("## memgate memory gate\n\nNothing was judged.\n\n")
                                 : memgate::summarize_result_rows(rows).markdown;
   md = fmt::format("## memgate memory gate: {}\n\n`memgate check`: {}\n{}", verdict, counts, md.substr(md.find('\n') + 1));
   if (!not_judged.empty()) {
     md += fmt::format("\n### Not judged ({})\n\n", not_judged.size());
-    for (const auto& e : not_judged) md += fmt::format("- `{}`: {}\n", e.fixture, e.error.substr(0, e.error.find('\n')));
+    for (const auto& e : not_judged) {
+      md += fmt::format("- {}: {}\n", memgate::markdown_code(e.fixture),
+                        memgate::markdown_text(e.error.substr(0, e.error.find('\n'))));
+    }
   }
-  if (!files.markdown.empty()) memgate::write_file_atomically(files.markdown, md);
-  if (to_step_summary) std::ofstream(step_summary, std::ios::app) << md;
+  if (!files.markdown.empty()) write_output("--markdown", files.markdown, md);
+  if (to_step_summary) append_step_summary(md);
 }
 
 }  // namespace
@@ -192,6 +195,7 @@ Run add_check(CLI::App& app) {
       "not ok, then one line of counts; exits 1 when the gate fails. With --exact, a component that differs from\n"
       "its baseline by any byte is printed as 'differs' and fails."));
   return [o] {
+    check_env_switches();
     memgate::set_record_command({.cli = true,
                                  .baselines_dir = o->baselines == memgate::project_dir() + "/baselines" ? std::string()
                                                                                                         : o->baselines,
@@ -212,27 +216,40 @@ Run add_check(CLI::App& app) {
                                    o->baselines, std::filesystem::is_regular_file(o->baselines, ec) ? "a file" : "no folder"));
     }
     auto device = memgate::resolve_device(o->device);
+    std::vector<FileArg> inputs = project_inputs(o->baselines);
     const auto load = [&](const std::string& path, const std::vector<std::int64_t>& sizes) {
       Job job{.path = path};
       try {
         job.fixture = load_fixture_for_run(path, o->cpu_kernels);
+        for (auto& f : fixture_inputs(o->suite.empty() ? "--config" : "a fixture of --suite", path, &*job.fixture)) {
+          inputs.push_back(std::move(f));
+        }
         job.batch_sizes = sizes.empty() ? job.fixture->batch_sizes : sizes;
       } catch (const std::exception& e) {
         job.error = e.what();
+        inputs.push_back({o->suite.empty() ? "--config" : "a fixture of --suite", path});
       }
       jobs.push_back(std::move(job));
     };
     if (!o->suite.empty()) {
+      inputs.push_back({"--suite", o->suite});
       const auto s = memgate::load_suite(o->suite, memgate::suite_models_dir(o->suite));
       if (o->device == "auto") device = memgate::resolve_device(s.device == memgate::SuiteDevice::kCuda ? "cuda" : "cpu");
       for (const auto& f : memgate::suite_fixtures(s)) {
-        if (!f.error.empty()) jobs.push_back({.path = f.path, .error = f.error});
+        if (!f.error.empty()) {
+          jobs.push_back({.path = f.path, .error = f.error});
+          inputs.push_back({"a fixture of --suite", f.path});
+        }
         else if (!f.batch_sizes.empty()) load(f.path, f.batch_sizes);
       }
     } else {
       const auto sizes = o->batch_sizes.empty() ? std::vector<std::int64_t>{} : *parse_batch_sizes(o->batch_sizes);
       for (const auto& path : o->configs) load(path, sizes);
     }
+    // Before any probe: no report may land on what this run reads (a fixture, the suite, a baseline, the GPU
+    // fixtures), nor two reports on one file.
+    refuse_colliding_files(inputs, {{"--junit", o->junit}, {"--markdown", o->markdown}, {"--json", o->json},
+                                    {"--html", o->html}});
     int errors = 0;
     std::vector<memgate::NotJudged> not_judged;
     std::vector<nlohmann::json> rows;  // a row per judged component, for --junit, --markdown and --json
@@ -274,7 +291,9 @@ Run add_check(CLI::App& app) {
     std::string record_hint;
     std::vector<Noted> noted;  // what is not ok, printed as one table once every fixture is judged
     memgate::Progress progress;
-    const bool missing_fails = memgate::missing_fails(o->strict || o->exact);
+    // --strict, --exact or MEMGATE_STRICT on: stale and missing baselines fail too.
+    const bool strict = o->strict || o->exact || memgate::strict_mode();
+    const bool missing_fails = memgate::missing_fails(strict);
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const auto& job = jobs[i];
       if (!job.fixture) {
@@ -322,7 +341,7 @@ Run add_check(CLI::App& app) {
           continue;
         }
         ++counts[v.status];
-        const bool fails_gate = memgate::fails(v.status, o->strict || o->exact);
+        const bool fails_gate = memgate::fails(v.status, strict);
         rows.back()["fails"] = fails_gate;
         failed = failed || fails_gate;
         // A missing baseline is said once, below, with the command that records it.
@@ -347,7 +366,7 @@ Run add_check(CLI::App& app) {
       fmt::print("  {} {} no baseline (looked in {}); record {} with: {}{}\n", missing,
                  missing == 1 ? "component has" : "components have", folders, missing == 1 ? "it" : "them",
                  record_hint,
-                 missing_fails ? (o->strict || o->exact || memgate::strict_mode()
+                 missing_fails ? (strict
                                       ? std::string("; strict mode fails a missing baseline")
                                       : std::string("; under CI (CI=true) a missing baseline fails: a gate that "
                                                     "compared nothing is not a pass (MEMGATE_STRICT=0 lets it pass)"))
@@ -356,7 +375,7 @@ Run add_check(CLI::App& app) {
     }
     write_reports({o->junit, o->markdown, o->json, o->html}, verdict, fmt::format("{} probes on {}, {} components compared with a baseline: {}", probes,
                                            device.str(), compared, line),
-                  rows, not_judged, o->strict || o->exact);
+                  rows, not_judged, strict);
     if (errors > 0) return kError;
     return failed ? kFailed : kOk;
   };

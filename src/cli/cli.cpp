@@ -2,13 +2,19 @@
 #include "cli.h"
 
 #include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/base/status.h"
 #include "memgate/report/profile_document.h"
 #include "memgate/spec/gpus.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cerrno>
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -34,34 +40,127 @@ std::optional<T> parse_whole(std::string_view text) {
 
 std::string footer(std::string_view what) { return fmt::format("{}\n\n{}", what, kExitCodes); }
 
-void refuse_output_onto_input(const std::string& output, const std::vector<std::string>& inputs) {
+namespace {
+
+namespace fs = std::filesystem;
+
+// `path` made absolute, its symlinks and ./ .. resolved as far as it exists, without a trailing separator.
+fs::path real_path(const std::string& path) {
   std::error_code ec;
-  if (output.empty() || !std::filesystem::exists(output, ec)) return;
-  for (const auto& input : inputs) {
-    if (std::filesystem::equivalent(input, output, ec)) {
-      throw memgate::Error(output + ": is also an input (" + input + "): writing it would destroy it; give another "
-                           "--output");
+  const auto absolute = fs::absolute(path, ec);
+  auto real = fs::weakly_canonical(absolute, ec);
+  if (ec) real = absolute.lexically_normal();
+  if (!real.has_filename() && real.has_relative_path()) real = real.parent_path();
+  return real;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::equivalent(a, b, ec)) return true;  // both there: hard links too
+  return real_path(a) == real_path(b);
+}
+
+// Whether `path` is `folder` or lies inside it.
+bool within(const std::string& path, const std::string& folder) {
+  const auto p = real_path(path), f = real_path(folder);
+  auto pi = p.begin();
+  for (auto fi = f.begin(); fi != f.end(); ++fi, ++pi) {
+    if (pi == p.end() || *pi != *fi) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void refuse_colliding_files(const std::vector<FileArg>& inputs, const std::vector<FileArg>& outputs) {
+  for (const auto& out : outputs) {
+    if (out.path.empty()) continue;
+    for (const auto& in : inputs) {
+      if (in.path.empty()) continue;
+      if (same_file(out.path, in.path)) {
+        throw UsageError(fmt::format("{} {}: is also an input ({}: {}): writing it would destroy it; give {} another "
+                                     "file", out.what, out.path, in.what, in.path, out.what));
+      }
+      if (in.folder && within(out.path, in.path)) {
+        throw UsageError(fmt::format("{} {}: is inside an input ({}: {}): memgate would read it back as one of that "
+                                     "folder's files (or overwrite one); give {} a path outside it",
+                                     out.what, out.path, in.what, in.path, out.what));
+      }
+    }
+  }
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (std::size_t j = i + 1; j < outputs.size(); ++j) {
+      const auto& a = outputs[i];
+      const auto& b = outputs[j];
+      if (a.path.empty() || b.path.empty() || !same_file(a.path, b.path)) continue;
+      throw UsageError(fmt::format("{} {} and {} {} name one file: one output would overwrite the other; give each "
+                                   "its own file", a.what, a.path, b.what, b.path));
+    }
+  }
+  for (const auto& out : outputs) {
+    if (out.path.empty()) continue;
+    std::error_code ec;
+    if (fs::is_directory(out.path, ec)) {
+      throw UsageError(fmt::format("{} {}: is a folder: expected a file to write", out.what, out.path));
+    }
+    // The nearest folder on the way that exists must be a folder: a file there cannot hold the output.
+    for (auto up = fs::absolute(out.path, ec).lexically_normal().parent_path(); !up.empty(); up = up.parent_path()) {
+      const auto st = fs::status(up, ec);
+      if (!fs::exists(st)) {
+        if (up == up.parent_path()) break;
+        continue;
+      }
+      if (!fs::is_directory(st)) {
+        throw UsageError(fmt::format("{} {}: cannot be written: {} is a file, not a folder; give {} a path in a folder",
+                                     out.what, out.path, up.string(), out.what));
+      }
+      break;
     }
   }
 }
 
-void refuse_same_output(const std::vector<std::pair<std::string, std::string>>& flag_and_path) {
-  const auto same = [](const std::string& a, const std::string& b) {
-    std::error_code ec;
-    if (std::filesystem::equivalent(a, b, ec)) return true;  // both there: hard links and symlinks too
-    const auto ca = std::filesystem::weakly_canonical(std::filesystem::absolute(a, ec), ec);
-    const auto cb = std::filesystem::weakly_canonical(std::filesystem::absolute(b, ec), ec);
-    return !ec && ca == cb;
-  };
-  for (std::size_t i = 0; i < flag_and_path.size(); ++i) {
-    for (std::size_t j = i + 1; j < flag_and_path.size(); ++j) {
-      const auto& [flag_a, a] = flag_and_path[i];
-      const auto& [flag_b, b] = flag_and_path[j];
-      if (a.empty() || b.empty() || !same(a, b)) continue;
-      throw UsageError(fmt::format("{} {} and {} {} name one file: one output would overwrite the other; give each "
-                                   "its own file", flag_a, a, flag_b, b));
+void write_output(std::string_view flag, const std::string& path, const std::string& text) {
+  try {
+    memgate::write_file_atomically(path, text);
+  } catch (const std::exception& e) {
+    throw memgate::Error(fmt::format("{} {}: cannot write it: {}", flag, path, e.what()));
+  }
+}
+
+void check_env_switches() {
+  try {
+    memgate::check_env_switches();
+  } catch (const memgate::Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+void append_step_summary(const std::string& markdown) {
+  const char* path = std::getenv("GITHUB_STEP_SUMMARY");
+  if (path == nullptr || *path == '\0') return;
+  std::string reason;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    reason = "it is a folder, not a file";
+  } else {
+    errno = 0;
+    std::FILE* f = std::fopen(path, "a");
+    if (f == nullptr) {
+      reason = std::strerror(errno);
+    } else {
+      const bool written = std::fwrite(markdown.data(), 1, markdown.size(), f) == markdown.size();
+      int error = errno;
+      const bool flushed = std::fflush(f) == 0;
+      if (!flushed && error == 0) error = errno;
+      const bool closed = std::fclose(f) == 0;
+      if (!closed && error == 0) error = errno;
+      if (!written || !flushed || !closed) reason = error != 0 ? std::strerror(error) : "the write failed";
     }
   }
+  if (reason.empty()) return;
+  std::fflush(stdout);
+  fmt::print(stderr, "memgate: warning: GITHUB_STEP_SUMMARY={}: the Markdown summary was not appended: {}\n", path,
+             reason);
 }
 
 // --- Values ---------------------------------------------------------------------------------------------------

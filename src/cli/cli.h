@@ -39,18 +39,40 @@ inline constexpr const char* kExitCodes = R"(exit codes:
 /// A subcommand's --help footer: what it does, then the exit codes.
 std::string footer(std::string_view what);
 
-/// An --output that is one of the command's inputs (the same file, by any path) would destroy that input: refused,
-/// before any work, naming both.
-void refuse_output_onto_input(const std::string& output, const std::vector<std::string>& inputs);
-
 /// A usage error found after parsing (flags that conflict): main prints it and exits 2.
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Two outputs of one command (--output, --html, --snapshot) naming one file, by any path: one would overwrite the
-/// other. Refused as a usage error, before any work, naming both flags. Empty paths are not given.
-void refuse_same_output(const std::vector<std::pair<std::string, std::string>>& flag_and_path);
+/// A file a command reads or writes, and what names it. An input's `what` says where it comes from ("--config", "the
+/// model.entry of f.yaml", "the baselines folder (--baselines)"); an output's is its flag ("--json").
+struct FileArg {
+  std::string what;
+  std::string path;
+  bool folder = false;  ///< an input folder: the folder and every path inside it are inputs
+};
+
+/// What every command that writes files calls before any work (before a probe is measured): refuses, as a usage error
+/// (exit 2) naming the flags and the paths,
+///  - an output that is an input: the same file by any path (./, .., symlinks, hard links), or a path inside an
+///    input folder (the baselines, the GPU fixtures), which would destroy or corrupt it;
+///  - two outputs that name one file (one would overwrite the other);
+///  - an output that is a folder, or whose folder cannot be one (a file on its way).
+/// Empty paths are not given and skipped.
+void refuse_colliding_files(const std::vector<FileArg>& inputs, const std::vector<FileArg>& outputs);
+
+/// Writes an output (write_file_atomically); any failure is a memgate::Error (exit 3) naming `flag`, the path and
+/// the reason (a folder that cannot be made, a read-only file system, a full disk).
+void write_output(std::string_view flag, const std::string& path, const std::string& text);
+
+/// MEMGATE_STRICT and MEMGATE_UPDATE_BASELINES read as on or off (memgate::check_env_switches); any other value is a
+/// usage error (exit 2) naming the variable and the words accepted. check and summary call it before any work.
+void check_env_switches();
+
+/// Appends `markdown` to $GITHUB_STEP_SUMMARY when that is set. A summary that cannot be appended (a folder, a missing
+/// folder, a full disk) is a warning on stderr naming the variable, the path and the reason; the exit code stays
+/// the command's.
+void append_step_summary(const std::string& markdown);
 
 /// Runs a subcommand once its options are parsed; returns the exit code.
 using Run = std::function<int()>;

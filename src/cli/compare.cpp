@@ -38,7 +38,9 @@ Run add_compare(CLI::App& app) {
       "batch size measured in all of them, each later file's difference from the first in bytes and %, and the\n"
       "largest batch that fits each GPU for each. Exits 1 only with --threshold-pct, when something grew beyond it."));
   return [o, threshold] {
-    refuse_output_onto_input(o->html, o->files);
+    std::vector<FileArg> inputs{{"the GPU fixtures (--gpus)", o->gpus, true}};
+    for (const auto& f : o->files) inputs.push_back({"profile.json", f});
+    refuse_colliding_files(inputs, {{"--html", o->html}});
     std::vector<memgate::ProfileDocument> docs;
     for (const auto& f : o->files) docs.push_back(memgate::load_profile_document(f));
     memgate::label_documents(docs);
@@ -48,8 +50,8 @@ Run add_compare(CLI::App& app) {
     const auto comparison = memgate::compare_documents(docs, gpus, options);
     fmt::print("{}", comparison.text);
     if (!o->html.empty()) {
-      memgate::write_file_atomically(o->html, memgate::render_comparison_html(docs, gpus, comparison,
-                                                                              {.title = "", .generator = generator()}));
+      write_output("--html", o->html,
+                   memgate::render_comparison_html(docs, gpus, comparison, {.title = "", .generator = generator()}));
       fmt::print("\nwrote {}\n", o->html);
     }
     return comparison.failed() ? kFailed : kOk;

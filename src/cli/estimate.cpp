@@ -128,8 +128,8 @@ Run add_estimate(CLI::App& app) {
       "each of the suite's budgets from an estimate for CUDA at its batch size, and exits 1 when one does not fit."));
   return [o] {
     if (!o->suite.empty()) return check_estimated_budgets(o->suite, o->files.gpus);
-    o->files.refuse_onto(o->config);
     auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
+    o->files.refuse_onto(fixture_inputs("--config", o->config, &fixture));
     set_world_size(fixture, o->world_size, o->config);
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto target = o->target == "cpu" ? memgate::EstimateTarget::kCpu : memgate::EstimateTarget::kCuda;

@@ -8,6 +8,8 @@
 #include "memgate/gate/report.h"
 #include "memgate/report/html_report.h"
 #include "memgate/report/profile_document.h"
+#include "memgate/models/python.h"
+#include "memgate/models/torchscript.h"
 
 #include <fmt/format.h>
 
@@ -15,6 +17,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 namespace memgate::cli {
@@ -62,7 +65,7 @@ void write_profile(const memgate::Profile& profile, const nlohmann::json& json, 
         fmt::print(stderr, "memgate: no snapshot of rank {} at batch size {} could be taken\n", r, p.batch_size);
         continue;
       }
-      memgate::write_file_atomically(rank_path, p.rank_snapshots[r]);
+      write_output("--snapshot", rank_path, p.rank_snapshots[r]);
       fmt::print(stderr, "memgate: wrote {} of rank {} at batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
                  history, r, p.batch_size, rank_path);
     }
@@ -71,21 +74,21 @@ void write_profile(const memgate::Profile& profile, const nlohmann::json& json, 
       fmt::print(stderr, "memgate: no snapshot of batch size {} could be taken\n", p.batch_size);
       continue;
     }
-    memgate::write_file_atomically(path, p.snapshot);
+    write_output("--snapshot", path, p.snapshot);
     fmt::print(stderr, "memgate: wrote {} of batch size {} to {} (open it at https://pytorch.org/memory_viz)\n",
                history, p.batch_size, path);
   }
   fmt::print("{}", memgate::format_profile(profile, gpu_specs(files.gpus)));
   if (!files.output.empty()) {
-    memgate::write_file_atomically(files.output, json.dump(2) + "\n");
+    write_output("--output", files.output, json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     fmt::print("\nwrote {}\n", files.output);
   }
   if (!files.html.empty()) {
     std::vector<memgate::ProfileDocument> docs{memgate::profile_document_from_json(json, config)};
     docs.front().path = files.output;
     memgate::label_documents(docs);
-    memgate::write_file_atomically(files.html, memgate::render_report_html(docs, gpu_lines(files.gpus),
-                                                                           {.title = "", .generator = generator()}));
+    write_output("--html", files.html,
+                 memgate::render_report_html(docs, gpu_lines(files.gpus), {.title = "", .generator = generator()}));
     fmt::print("wrote {}\n", files.html);
   }
 }
@@ -124,6 +127,28 @@ void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const st
                                      world_size, config, group, world_size));
   }
   fixture.training.distributed.world_size = world_size;
+}
+
+std::vector<FileArg> fixture_inputs(const std::string& flag, const std::string& path,
+                                    const memgate::Fixture* fixture) {
+  std::vector<FileArg> files{{flag, path}};
+  if (fixture == nullptr) return files;
+  const auto of = [&](const char* key) { return fmt::format("{} of {}", key, path); };
+  if (const auto* ts = std::get_if<memgate::TorchScriptOptions>(&fixture->model.options)) {
+    files.push_back({of("model.path"), ts->path});
+  }
+  if (const auto* py = std::get_if<memgate::PythonOptions>(&fixture->model.options)) {
+    files.push_back({of("model.entry"), py->entry_file});
+    files.push_back({of("model.loss"), py->loss_file});
+    files.push_back({of("model.batch"), py->batch.file});
+    files.push_back({of("model.compute_loss"), py->compute_loss.file});
+    files.push_back({of("training.optimizer"), py->optimizer.file});
+  }
+  return files;
+}
+
+std::vector<FileArg> project_inputs(const std::string& baselines) {
+  return {{"the baselines folder (--baselines)", baselines, true}, {"the GPU fixtures", default_gpus_dir(), true}};
 }
 
 memgate::Fixture load_fixture_for_run(const std::string& path, const std::string& cpu_kernels) {

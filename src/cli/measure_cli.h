@@ -31,10 +31,11 @@ struct ProfileFiles {
   std::string snapshot;
   std::string gpus = default_gpus_dir();
 
-  /// Refuses, before any work, a file that is the fixture itself.
-  void refuse_onto(const std::string& config) const {
-    for (const auto* file : {&output, &html, &snapshot}) refuse_output_onto_input(*file, {config});
-    refuse_same_output({{"--output", output}, {"--html", html}, {"--snapshot", snapshot}});
+  /// Refuses, before any work, an output that is one of `inputs` (the fixture's files) or the GPU fixtures, and two
+  /// outputs on one file (refuse_colliding_files).
+  void refuse_onto(std::vector<FileArg> inputs) const {
+    inputs.push_back({"the GPU fixtures (--gpus)", gpus, true});
+    refuse_colliding_files(inputs, {{"--output", output}, {"--html", html}, {"--snapshot", snapshot}});
   }
 };
 
@@ -51,6 +52,14 @@ void add_rank_timeout_option(CLI::App& app, std::int64_t& seconds);
 
 // --world-size N (estimate, advise): a distributed fixture over N ranks instead of its world_size; 0 leaves it.
 void set_world_size(memgate::Fixture& fixture, std::int64_t world_size, const std::string& config);
+
+// The files a fixture is read from, named by `flag` (--config): the fixture itself, a TorchScript fixture's module,
+// a Python fixture's entry, loss, batch, compute_loss and optimizer files.
+std::vector<FileArg> fixture_inputs(const std::string& flag, const std::string& path,
+                                    const memgate::Fixture* fixture);
+
+// The baselines folder and the GPU fixtures memgate reads, as inputs no output may land in.
+std::vector<FileArg> project_inputs(const std::string& baselines);
 
 // A fixture as a run measures it: with the kernels the run asks for (--cpu-kernels).
 memgate::Fixture load_fixture_for_run(const std::string& path, const std::string& cpu_kernels);

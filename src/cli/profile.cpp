@@ -85,8 +85,8 @@ Run add_profile(CLI::App& app) {
       "run; the exit code is then 3 (when every batch size failed, the first's error is the command's, as for any\n"
       "error, and nothing is written)."));
   return [o, limit] {
-    o->files.refuse_onto(o->config);
     const auto fixture = load_fixture_for_run(o->config, o->cpu_kernels);
+    o->files.refuse_onto(fixture_inputs("--config", o->config, &fixture));
     const auto batch_sizes = o->batch_sizes.empty() ? fixture.batch_sizes : *parse_batch_sizes(o->batch_sizes);
     const auto device = memgate::resolve_device(o->device);
     if (limit->count() > 0) memgate::CountingCpuAllocator::install().set_limit(o->cpu_memory_limit_mib << 20);

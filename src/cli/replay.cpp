@@ -67,9 +67,9 @@ Run add_replay(CLI::App& app) {
         return kUsageError;
       }
     }
-    refuse_output_onto_input(o->output, {o->snapshot});
-    refuse_output_onto_input(o->html, {o->snapshot});
-    refuse_same_output({{"--output", o->output}, {"--html", o->html}});
+    refuse_colliding_files({{"snapshot.pickle", o->snapshot},
+                            {"the GPU fixtures (--gpus)", o->gpus.empty() ? default_gpus_dir() : o->gpus, true}},
+                           {{"--output", o->output}, {"--html", o->html}});
     const auto snapshot = memgate::load_snapshot(o->snapshot);
     std::optional<std::int64_t> capacity_bytes;
     std::string capacity_label;
@@ -91,11 +91,12 @@ Run add_replay(CLI::App& app) {
     const auto report = memgate::replay_snapshot(snapshot, what_ifs);
     fmt::print("{}", memgate::replay_summary(report));
     if (!o->output.empty()) {
-      memgate::write_file_atomically(o->output, memgate::replay_to_json(report).dump(2) + "\n");
+      const auto json = memgate::replay_to_json(report);
+      write_output("--output", o->output, json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
       fmt::print("wrote {}\n", o->output);
     }
     if (!o->html.empty()) {
-      memgate::write_file_atomically(o->html, memgate::replay_html(report));
+      write_output("--html", o->html, memgate::replay_html(report));
       fmt::print("wrote {}\n", o->html);
     }
     return report.exact() ? kOk : kFailed;

@@ -35,12 +35,14 @@ Run add_report(CLI::App& app) {
       "at each batch size with its peaks marked, the component table and the largest batch that fits each GPU;\n"
       "an advice file shows its targets, trials and variants. With several profiles, an overview comes first."));
   return [o] {
-    refuse_output_onto_input(o->output, o->files);
+    std::vector<FileArg> inputs{{"the GPU fixtures (--gpus)", o->gpus, true}};
+    for (const auto& f : o->files) inputs.push_back({"profile.json", f});
+    refuse_colliding_files(inputs, {{"--output", o->output}});
     std::vector<memgate::ProfileDocument> docs;
     for (const auto& f : o->files) docs.push_back(memgate::load_profile_document(f));
     memgate::label_documents(docs);
-    memgate::write_file_atomically(o->output, memgate::render_report_html(docs, gpu_lines(o->gpus),
-                                                                          {.title = o->title, .generator = generator()}));
+    write_output("--output", o->output,
+                 memgate::render_report_html(docs, gpu_lines(o->gpus), {.title = o->title, .generator = generator()}));
     fmt::print("wrote {} ({} file{})\n", o->output, docs.size(), docs.size() == 1 ? "" : "s");
     return kOk;
   };

@@ -37,24 +37,24 @@ Run add_summary(CLI::App& app) {
       "measured, difference); appends it to $GITHUB_STEP_SUMMARY when that is set. Exits 1 when any component\n"
       "regressed, changed or ran out of memory."));
   return [o] {
-    refuse_output_onto_input(o->output, o->results);
-    refuse_output_onto_input(o->html, o->results);
-    refuse_same_output({{"--output", o->output}, {"--html", o->html}});
+    check_env_switches();
+    std::vector<FileArg> inputs;
+    for (const auto& f : o->results) inputs.push_back({"--results", f});
+    refuse_colliding_files(inputs, {{"--output", o->output}, {"--html", o->html}});
     auto summary = memgate::summarize_results(o->results);
     if (!o->html.empty()) {
-      memgate::write_file_atomically(
-          o->html, memgate::render_comparisons_html(summary.comparisons, {},
+      write_output("--html", o->html,
+                   memgate::render_comparisons_html(summary.comparisons, {},
                                                     {.title = "memgate gate: baseline against this run, per changed "
                                                               "fixture",
                                                      .generator = generator()}));
-      summary.markdown += fmt::format("\nPlots of the {} changed fixture{} (baseline against this run): `{}`\n",
-                                      summary.comparisons.size(), summary.comparisons.size() == 1 ? "" : "s", o->html);
+      summary.markdown += fmt::format("\nPlots of the {} changed fixture{} (baseline against this run): {}\n",
+                                      summary.comparisons.size(), summary.comparisons.size() == 1 ? "" : "s",
+                                      memgate::markdown_code(o->html));
     }
     fmt::print("{}", summary.markdown);
-    if (!o->output.empty()) memgate::write_file_atomically(o->output, summary.markdown);
-    if (const char* step = std::getenv("GITHUB_STEP_SUMMARY"); step != nullptr && *step != '\0') {
-      std::ofstream(step, std::ios::app) << summary.markdown;
-    }
+    if (!o->output.empty()) write_output("--output", o->output, summary.markdown);
+    append_step_summary(summary.markdown);
     return summary.failed ? kFailed : kOk;
   };
 }

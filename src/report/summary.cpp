@@ -109,16 +109,54 @@ std::string status_cell(Status s) {
   return "?";
 }
 
+// One line of valid UTF-8.
+std::string one_line(std::string_view text) {
+  auto s = valid_utf8(text);
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  return s;
+}
+
+}  // namespace
+
+std::string markdown_text(std::string_view text) {
+  std::string out;
+  for (const char c : one_line(text)) {
+    if (c == '\\' || c == '|' || c == '`') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string markdown_code(std::string_view text) {
+  const auto s = one_line(text);
+  std::size_t longest = 0;
+  for (std::size_t run = 0, i = 0; i < s.size(); ++i) {
+    run = s[i] == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  std::string body;
+  for (const char c : s) {
+    if (c == '|') body += '\\';
+    body += c;
+  }
+  const bool pad = !s.empty() && (s.front() == '`' || s.back() == '`');
+  const std::string fence(longest + 1, '`');
+  return fence + (pad ? " " : "") + body + (pad ? " " : "") + fence;
+}
+
+namespace {
+
 // The module whose bytes changed most: "+64.0 KiB in blocks.0.attn" ("-" where none was named).
 std::string module_cell(const Row& r) {
   if (r.modules.empty()) return "-";
   const auto& m = r.modules.front();
-  return fmt::format("{} in `{}`", format_bytes_delta(m.difference()), m.module);
+  return fmt::format("{} in {}", format_bytes_delta(m.difference()), markdown_code(m.module));
 }
 
 std::string table_row(const Row& r, bool with_fixture) {
-  std::string cells = with_fixture ? fmt::format("| {} / {} ", r.device, r.fixture) : "";
-  cells += fmt::format("| {} | {} | ", r.batch_size, r.component);
+  std::string cells = with_fixture ? fmt::format("| {} / {} ", markdown_text(r.device), markdown_text(r.fixture)) : "";
+  cells += fmt::format("| {} | {} | ", r.batch_size, markdown_text(r.component));
   if (r.baseline && r.measured) {
     const auto b = *r.baseline, m = *r.measured;
     const double pct = b == 0 ? 0.0 : 100.0 * static_cast<double>(m - b) / static_cast<double>(b);
@@ -260,7 +298,7 @@ Summary summarize(const Rows& rows) {
   md += fmt::format("<details><summary>All {} results</summary>\n\n", total);
   for (const auto& [fixture, cases] : rows) {
     md += fmt::format("### {}\n\n| batch | component | baseline | measured | change | status |\n"
-                      "|---:|---|---:|---:|---:|---|\n", fixture);
+                      "|---:|---|---:|---:|---:|---|\n", markdown_text(fixture));
     for (const auto& [key, r] : cases) md += table_row(r, /*with_fixture=*/false);
     md += "\n";
   }

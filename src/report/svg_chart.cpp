@@ -74,7 +74,43 @@ std::string svg_open(const char* kind, int width, int height, const std::string&
 
 }  // namespace
 
-std::string escape_html(std::string_view text) {
+std::string valid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  for (std::size_t i = 0; i < text.size();) {
+    const unsigned char c = byte(i);
+    std::size_t n = 0;  // continuation bytes
+    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range (RFC 3629: no overlongs, surrogates, > U+10FFFF)
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    if (c >= 0xC2 && c <= 0xDF) n = 1;
+    else if (c == 0xE0) n = 2, lo = 0xA0;
+    else if (c == 0xED) n = 2, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF) n = 2;
+    else if (c == 0xF0) n = 3, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) n = 3;
+    else if (c == 0xF4) n = 3, hi = 0x8F;
+    bool ok = n > 0 && i + n < text.size();  // its continuation bytes are there
+    if (ok) ok = byte(i + 1) >= lo && byte(i + 1) <= hi;
+    for (std::size_t k = 2; ok && k <= n; ++k) ok = byte(i + k) >= 0x80 && byte(i + k) <= 0xBF;
+    if (ok) {
+      out.append(text.substr(i, n + 1));
+      i += n + 1;
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD for the one byte; the next is looked at afresh
+      ++i;
+    }
+  }
+  return out;
+}
+
+std::string escape_html(std::string_view text_in) {
+  const auto valid = valid_utf8(text_in);
+  const std::string_view text = valid;
   std::string out;
   out.reserve(text.size());
   for (const char c : text) {

@@ -587,6 +587,12 @@ int suite_main(int argc, char** argv) {
     if (!inputs.empty()) memgate::write_listing_inputs(inputs);
     return memgate::load_errors().empty() ? 0 : 1;
   }
+  try {
+    memgate::check_env_switches();  // MEMGATE_STRICT=maybe: said once, as the program's error, before any test
+  } catch (const memgate::Error& e) {
+    std::cerr << "memgate: " << e.what() << "\n";
+    return 2;
+  }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -37,7 +37,7 @@ void record_result(const nlohmann::json& row) {
   const char* path = std::getenv("MEMGATE_RESULTS");
   if (path == nullptr || *path == '\0') return;
   std::ofstream out(path, std::ios::app);
-  out << row.dump() << "\n";
+  out << row.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
 class VerdictTest : public ::testing::Test {
@@ -135,6 +135,12 @@ std::optional<Case> parse(int argc, char** argv, std::string& error) {
 }  // namespace memgate
 
 int main(int argc, char** argv) {
+  try {
+    memgate::check_env_switches();  // MEMGATE_STRICT=maybe: said once, as the program's error, before any test
+  } catch (const memgate::Error& e) {
+    std::cerr << "memgate: " << e.what() << "\n";
+    return 2;
+  }
   ::testing::InitGoogleTest(&argc, argv);
   std::string error;
   const auto c = memgate::parse(argc, argv, error);

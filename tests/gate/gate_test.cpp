@@ -179,6 +179,20 @@ TEST_F(GateTest, ShrinkingPassesWithANoticeAndFailsInStrictMode) {
   EXPECT_EQ(failed, std::vector<std::string>{"Cpu/ComponentTest.StaysWithinBaseline/gate_a_bs2_params"});
 }
 
+// MEMGATE_STRICT=maybe is neither on nor off: each test program says so, naming the variable and the words it takes,
+// and exits 2 before any test runs (no crash, no test that passes on a lenient reading).
+TEST_F(GateTest, AStrictModeNeitherOnNorOffStopsEachTestProgramNamingTheVariable) {
+  std::vector<std::string> failed;
+  std::string log;
+  EXPECT_NE(suite("MEMGATE_STRICT=maybe", &failed, &log), 0) << log;
+  EXPECT_FALSE(failed.empty()) << log;
+  EXPECT_NE(log.find("memgate: MEMGATE_STRICT=maybe: expected 1, true, yes or on to turn it on, or 0, false, no or off"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("terminate called"), std::string::npos) << log;
+  EXPECT_EQ(log.find("SEGFAULT"), std::string::npos) << log;
+}
+
 TEST_F(GateTest, AChangedFixtureFailsUntilTheBaselinesAreUpdated) {
   ASSERT_EQ(record_baselines(), 0);
   const auto other_before = testing::read_file(baseline("gate_b"));

@@ -1,10 +1,12 @@
 // `memgate summary`'s Markdown: the verdict first, then what changed, the rest folded; strict reading of rows.
 #include "memgate/base/error.h"
 #include "memgate/report/summary.h"
+#include "memgate/report/svg_chart.h"
 #include "test_util.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace memgate {
 namespace {
@@ -116,6 +118,67 @@ TEST(SummaryTest, BadRowsNameTheFileLineAndField) {
   expect_error("[1, 2]\n", "bad.jsonl:1: not a JSON object");
   expect_error("", "no results");
   EXPECT_THROW((void)summarize_results(dir.path().string()), Error) << "a directory is no results file";
+}
+
+// Every cell of every table: a `|` in a name (a module called x|y) must not split its row, a backquote must not end
+// a code span early. A row's cells are counted by its unescaped `|`.
+TEST(SummaryTest, EscapesPipesAndBackquotesInEveryCell) {
+  const auto unescaped_pipes = [](const std::string& line) {
+    int n = 0;
+    for (std::size_t i = 0; i < line.size(); ++i) n += line[i] == '|' && (i == 0 || line[i - 1] != '\\');
+    return n;
+  };
+  nlohmann::json r = {{"device", "c`pu"}, {"fixture", "a|b"}, {"batch_size", 1}, {"component", "params"},
+                      {"status", "regression"}, {"baseline", 100}, {"measured", 200},
+                      {"modules", {{{"module", "blocks.0|attn`q"}, {"baseline", 10}, {"measured", 110}}}}};
+  const auto s = summarize_result_rows({r});
+  int rows = 0;
+  for (std::size_t at = 0, end; at < s.markdown.size(); at = end + 1) {
+    end = s.markdown.find('\n', at);
+    if (end == std::string::npos) end = s.markdown.size();
+    const auto line = s.markdown.substr(at, end - at);
+    if (!line.starts_with("| ")) continue;
+    ++rows;
+    // What changed: 8 cells (9 bars); each fixture's table: 6 cells (7 bars).
+    EXPECT_TRUE(unescaped_pipes(line) == 9 || unescaped_pipes(line) == 7) << line;
+    if (line.find("a\\|b") != std::string::npos) EXPECT_THAT(line, HasSubstr("``blocks.0\\|attn`q``")) << line;
+  }
+  EXPECT_EQ(rows, 4) << s.markdown;  // two headers and a row in each table
+  EXPECT_THAT(s.markdown, HasSubstr("| c\\`pu / a\\|b | 1 | params |"));
+}
+
+TEST(MarkdownTest, CodeSpansTakeAFenceLongerThanTheBackquotesTheyHold) {
+  EXPECT_EQ(markdown_code("blocks.0"), "`blocks.0`");
+  EXPECT_EQ(markdown_code("a`b|c"), "``a`b\\|c``");
+  EXPECT_EQ(markdown_code("``x"), "``` ``x ```");
+  EXPECT_EQ(markdown_code("two\nlines"), "`two lines`");
+  EXPECT_EQ(markdown_text("a|b`c\\d\ne"), "a\\|b\\`c\\\\d e");
+  EXPECT_EQ(markdown_text("ti\xffny"), "ti\xEF\xBF\xBDny");
+}
+
+TEST(Utf8Test, ReplacesEachInvalidByteAndKeepsEveryValidSequence) {
+  EXPECT_EQ(valid_utf8("plain"), "plain");
+  EXPECT_EQ(valid_utf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  const std::string r = "\xEF\xBF\xBD";  // U+FFFD
+  EXPECT_EQ(valid_utf8("ti\xffny"), "ti" + r + "ny");
+  EXPECT_EQ(valid_utf8("\xC0\xAF"), r + r) << "an overlong '/'";
+  EXPECT_EQ(valid_utf8("\xED\xA0\x80"), r + r + r) << "a surrogate";
+  EXPECT_EQ(valid_utf8("\xF4\x90\x80\x80"), r + r + r + r) << "beyond U+10FFFF";
+  EXPECT_EQ(valid_utf8("x\xE2\x82"), "x" + r + r) << "cut short";
+  EXPECT_EQ(valid_utf8("\xE2\x82" "a"), r + r + "a");
+}
+
+// JUnit of a fixture whose file name is not UTF-8, with a message holding a control character: well-formed XML (UTF-8,
+// no character XML 1.0 forbids), the name recognisable.
+TEST(JunitTest, KeepsANameThatIsNotUtf8AndDropsControlCharacters) {
+  nlohmann::json r = {{"device", "cpu"}, {"fixture", "ti\xffny"}, {"batch_size", 1}, {"component", "params"},
+                      {"status", "regression"}, {"baseline", 1}, {"measured", 2}, {"message", "grew\x01 a <lot>"}};
+  const auto xml = render_junit({r}, {{"b\xfe.yaml", "b\xfe.yaml: bad\x02"}}, false);
+  EXPECT_EQ(valid_utf8(xml), xml);
+  EXPECT_THAT(xml, HasSubstr("name=\"ti\xEF\xBF\xBDny_bs1_params\""));
+  EXPECT_THAT(xml, HasSubstr("message=\"grew a &lt;lot&gt;\""));
+  EXPECT_THAT(xml, HasSubstr("<testsuite name=\"b\xEF\xBF\xBD.yaml\""));
+  for (const char c : xml) EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t' && c != '\r');
 }
 
 }  // namespace

@@ -40,18 +40,27 @@ inline constexpr EnumNames<Status, 8> kStatusNames{{{Status::kOk, "ok"},
 /// CI, see missing_fails).
 [[nodiscard]] bool fails(Status status, bool strict);
 
-/// MEMGATE_STRICT=1: stale and missing baselines fail too.
+/// An on/off environment variable (MEMGATE_STRICT, MEMGATE_UPDATE_BASELINES): 1, true, yes or on is on; 0, false, no
+/// or off is off (any case); unset or empty is nothing (the default). Any other value throws memgate::Error naming
+/// the variable, its value and the words accepted (a typo must not silently leave the gate lenient).
+[[nodiscard]] std::optional<bool> env_switch(const char* variable);
+
+/// Reads MEMGATE_STRICT and MEMGATE_UPDATE_BASELINES as env_switch does: throws for a value that is neither on nor
+/// off. The CLI and the memory suite's programs call it first, so that such a value is said once, before any work.
+void check_env_switches();
+
+/// MEMGATE_STRICT on (env_switch): stale and missing baselines fail too.
 [[nodiscard]] bool strict_mode();
 
-/// Whether this runs under CI: CI set to true, 1 or yes (any case), as GitHub Actions, GitLab CI, Buildkite, CircleCI
-/// and Travis set it.
+/// Whether this runs under CI: CI set to 1, true, yes or on (any case), as GitHub Actions, GitLab CI, Buildkite,
+/// CircleCI and Travis set it; any other value (Woodpecker's CI=woodpecker) is not read as CI.
 [[nodiscard]] bool ci_environment();
 
 /// Whether a missing baseline fails: in strict mode, and under CI (a gate that compared nothing is not a pass there)
 /// unless MEMGATE_STRICT=0 says otherwise.
 [[nodiscard]] bool missing_fails(bool strict);
 
-/// MEMGATE_UPDATE_BASELINES=1: the memory suite records baselines instead of judging them.
+/// MEMGATE_UPDATE_BASELINES on (env_switch): the memory suite records baselines instead of judging them.
 [[nodiscard]] bool update_mode();
 
 /// One component of one probe, judged. For a budget, `component` is the GPU's name, `baseline` the bytes it has

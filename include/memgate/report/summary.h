@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace memgate {
@@ -28,6 +29,14 @@ struct Summary {
 /// The same summary of rows already in memory (`memgate check --markdown`): each an object as a results line holds
 /// (device, fixture, batch_size, component, status; baseline and measured where compared).
 [[nodiscard]] Summary summarize_result_rows(const std::vector<nlohmann::json>& rows);
+
+/// `text` as plain text in a Markdown table cell or list item: valid UTF-8 (valid_utf8), on one line, and `\`, `|`
+/// and backquotes escaped, so that a name like `x|y` stays in its cell.
+[[nodiscard]] std::string markdown_text(std::string_view text);
+/// `text` as inline code in a Markdown table cell: fenced by more backquotes than any run it holds (padded with a
+/// space where it starts or ends with one), valid UTF-8, on one line, `|` escaped (GitHub's tables split on a bare
+/// `|` even inside code; `\|` shows as `|`).
+[[nodiscard]] std::string markdown_code(std::string_view text);
 
 /// A fixture that could not be judged (it did not load, or its probe failed), for the reports of `memgate check`.
 struct NotJudged {

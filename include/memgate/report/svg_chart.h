@@ -9,7 +9,11 @@
 
 namespace memgate {
 
-/// `text` safe inside HTML or SVG text and attribute values.
+/// `text` with each byte that is not part of valid UTF-8 (a file name of another encoding) replaced by U+FFFD, the
+/// rest kept: what every report writes of a name, so that it stays recognisable and the file well-formed.
+[[nodiscard]] std::string valid_utf8(std::string_view text);
+
+/// `text` safe inside HTML or SVG text and attribute values (valid UTF-8, valid_utf8's).
 [[nodiscard]] std::string escape_html(std::string_view text);
 
 /// One line of a line chart.
