@@ -117,6 +117,13 @@ std::vector<BadInput> catalogue() {
   fixture("tolerance_negative", kFixture + "gate: {relative: -0.1}\n", {"gate.relative"});
   fixture("tolerance_overflow", kFixture + "gate: {absolute_kib: 9007199254740991}\n", {"gate.absolute_kib"});
   fixture("bad_name", "name: my fixture\n" + kFixture, {"name", "letters, digits"});
+  // Optional keys: a misspelling points to the key's name among those the map takes (a null is "not set": below).
+  fixture("max_grad_norm_misspelled", training_with("  max_grad_norms: 1.0\n"),
+          {"f.yaml:", "training.max_grad_norms: unknown key", " max_grad_norm,"});
+  fixture("ema_misspelled", training_with("  ema_decay: 0.99\n"), {"f.yaml:", "training.ema_decay: unknown key", " ema,"});
+  c.push_back({"fixture_optional_keys_null_are_not_set",
+               {{"f.yaml", training_with("  max_grad_norm: null\n  ema: null\n")}},
+               profile() + " --batch-sizes 1", 0, {"bs 1: step peak"}});
   c.push_back({"fixture_missing_file", {}, profile("nothing.yaml"), 3, {"nothing.yaml", "no such file"}});
   c.push_back({"fixture_is_a_directory", {{"d/x", ""}}, "profile --config {dir}/d --device cpu", 3, {"/d: is a directory"}});
   c.push_back({"torchscript_missing_module", {{"f.yaml", "model:\n  arch: torchscript\n  path: m.pt\n  inputs:\n"
@@ -468,6 +475,114 @@ std::vector<BadInput> catalogue() {
   return c;
 }
 
+// A Python fixture's model, batches and losses (arch: python), for the cases below.
+const std::string kPythonModel = R"(import torch
+from torch import nn
+
+
+def build(width=8, depth=1):
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)])
+
+
+def batch(batch_size, device, generator, width=8):
+    return torch.randn(batch_size, width, device=device, generator=generator)
+
+
+def wide_batch(batch_size, device, generator):
+    return batch(batch_size, device, generator, width=512)
+
+
+def masked_batch(batch_size, device, generator):
+    # Ignores `device`: its mask is made on the CPU, whatever it is asked for.
+    return {"x": torch.randn(batch_size, 8, device=device, generator=generator), "mask": torch.ones(batch_size, 8)}
+
+
+def batch_with_a_meta_tensor(batch_size, device, generator):
+    # Its second tensor on the Meta device, whatever it is asked for.
+    return torch.randn(batch_size, 8, device=device, generator=generator), torch.zeros(batch_size, 8, device="meta")
+
+
+def first_of_two_loss(model, batch):
+    return model(batch[0]).pow(2).mean()
+
+
+def masked_loss(model, batch):
+    return (model(batch["x"]) * batch["mask"]).pow(2).mean()
+
+
+def square_loss(model, batch):
+    return model(batch).pow(2).mean()
+
+
+def detached_loss(model, batch):
+    return model(batch).pow(2).mean().detach().requires_grad_()
+
+
+def detached_output_loss(out, batch):
+    return out.pow(2).mean().detach().requires_grad_()
+
+
+def loss_of_no_parameter(model, batch):
+    return model(batch).detach().pow(2).mean() * torch.ones((), requires_grad=True)
+)";
+
+std::string python_fixture(const std::string& model_lines, const std::string& batch_sizes = "[2]") {
+  return "model:\n  arch: python\n  entry: m.py:build\n" + model_lines + "training:\n  optimizer: adamw\nbatch_sizes: " +
+         batch_sizes + "\n";
+}
+
+// Python fixtures (where memgate has its Python extension): each probe runs in a Python process of its own.
+std::vector<BadInput> python_catalogue() {
+  std::vector<BadInput> c;
+  auto python = [&](std::string name, std::string yaml, std::string args, int code, std::vector<std::string> says) {
+    c.push_back({"python_" + std::move(name), {{"m.py", kPythonModel}, {"f.yaml", std::move(yaml)}},
+                 std::move(args), code, std::move(says)});
+  };
+  // profile --cpu-memory-limit-mib holds for a Python fixture's probe as for a zoo fixture's: a step of ~100 MiB
+  // under 64 MiB runs out of memory, reported as the protocol reports it (and the batch size below it is measured).
+  const auto wide = python_fixture("  args: {width: 512, depth: 3}\n  batch: m.py:wide_batch\n  compute_loss: m.py:square_loss\n");
+  python("cpu_memory_limit_holds", wide, profile() + " --batch-sizes 16384 --cpu-memory-limit-mib 64", 1,
+         {"bs 16384: out of memory", "memgate: CPU allocator limit reached",
+          "no batch size could be measured: each ran out of memory"});
+  python("cpu_memory_limit_holds_at_the_larger_batch", wide,
+         profile() + " --batch-sizes 1,16384 --cpu-memory-limit-mib 64 --output {dir}/p.json", 0,
+         {"bs 1: step peak", "bs 16384: out of memory", "memgate: CPU allocator limit reached"});
+  // A loss detached from the model: no trainable parameter would get a gradient.
+  python("compute_loss_detached", python_fixture("  batch: m.py:batch\n  compute_loss: m.py:detached_loss\n"),
+         profile(), 3, {"f.yaml", "model.compute_loss: m.py:detached_loss returned a loss detached from the model",
+                        "expected the loss computed from the model's output"});
+  python("loss_detached", python_fixture("  inputs:\n    - {shape: [B, 8]}\n  loss: m.py:detached_output_loss\n"), profile(), 3,
+         {"f.yaml", "model.loss: m.py:detached_output_loss returned a loss detached from the model"});
+  python("loss_of_no_parameter", python_fixture("  batch: m.py:batch\n  compute_loss: m.py:loss_of_no_parameter\n"),
+         profile(), 3, {"f.yaml", "model.compute_loss m.py:loss_of_no_parameter returned a loss that none of the 2 "
+                        "trainable parameters' gradients flow from", "expected a loss computed from the model's output"});
+  // A batch callable that ignores its device: named with the tensor's place in the batch and both devices.
+  python("batch_ignores_device", python_fixture("  batch: m.py:masked_batch\n  compute_loss: m.py:masked_loss\n"),
+         "estimate --config {dir}/f.yaml --for cuda", 3,
+         {"f.yaml", "model.batch: m.py:masked_batch returned batch[\"mask\"] on cpu, expected it on meta"});
+  // Measured on the CPU: a tensor on another device (here the Meta device) is named as well.
+  python("batch_off_the_cpu_when_measured",
+         python_fixture("  batch: m.py:batch_with_a_meta_tensor\n  compute_loss: m.py:first_of_two_loss\n"), profile(), 3,
+         {"f.yaml at batch 2", "model.batch: m.py:batch_with_a_meta_tensor returned batch[1] on meta, expected it on cpu"});
+  // The same fixture measured on the CPU, where its mask is where it is asked for: measured.
+  python("batch_on_the_cpu_is_measured", python_fixture("  batch: m.py:masked_batch\n  compute_loss: m.py:masked_loss\n"),
+         profile(), 0, {"bs 2: step peak"});
+  // An audio front end ([B, 65536, 1] into a Linear(1, 2), task: sum) at batch 32768: its bias gradient sums the
+  // .sum()'s expanded gradient over 2^31 rows (2^32 elements), which CUDA's reduction cannot split for 32-bit indexing
+  // (PyTorch 2.11's TensorIterator::split asserts). The estimate for CUDA says so on the Meta device, where its probe
+  // was killed by signal 11 (a recursion without end) before.
+  c.push_back({"python_estimate_reduction_past_2_to_the_32_elements",
+               {{"a.py", "from torch import nn\n\n\ndef audio_front_end():\n    return nn.Linear(1, 2)\n"},
+                {"f.yaml", "model:\n  arch: python\n  entry: a.py:audio_front_end\n"
+                           "  inputs:\n    - {shape: [B, 65536, 1]}\n  task: sum\n"
+                           "training:\n  optimizer: adamw\nbatch_sizes: [2]\n"}},
+               "estimate --config {dir}/f.yaml --for cuda --batch-sizes 32768", 3,
+               {"f.yaml at batch 32768",
+                "on CUDA this reduction fails: its input of sizes [2147483648, 2] and strides [0, 0]",
+                "has 4294967296 elements, more than 32-bit indexing covers", "cannot run on CUDA at this size"}});
+  return c;
+}
+
 class BadInputTest : public ::testing::TestWithParam<BadInput> {};
 
 TEST_P(BadInputTest, ExitsWithTheContractsCodeAndNamesTheProblem) {
@@ -500,6 +615,11 @@ TEST_P(BadInputTest, ExitsWithTheContractsCodeAndNamesTheProblem) {
 
 INSTANTIATE_TEST_SUITE_P(Catalogue, BadInputTest, ::testing::ValuesIn(catalogue()),
                          [](const ::testing::TestParamInfo<BadInput>& p) { return p.param.name; });
+
+#ifdef MEMGATE_TEST_PYTHON_FIXTURES
+INSTANTIATE_TEST_SUITE_P(PythonFixtures, BadInputTest, ::testing::ValuesIn(python_catalogue()),
+                         [](const ::testing::TestParamInfo<BadInput>& p) { return p.param.name; });
+#endif
 
 TEST(BadInputCatalogue, HasAtLeastSixtyCases) { EXPECT_GE(catalogue().size(), 60U); }
 
