@@ -383,6 +383,7 @@ std::vector<BadInput> catalogue() {
               {{"tiny.yaml", kFixture}, {"fixtures/gpus/g.yaml", kGpu}, {"b/cpu/tiny.json", kBaseline}},
               check_baseline() + " --json {dir}/fixtures/gpus/g.yaml",
               {"--json {dir}/fixtures/gpus/g.yaml: is inside an input (the GPU fixtures"});
+  c.back().env = "MEMGATE_PROJECT_DIR={dir}";  // the project whose fixtures/gpus memgate reads (ctest sets another)
   output_case("check_junit_and_json_one_file", with_baseline,
               check_baseline() + " --junit {dir}/r.out --json {dir}/r.out",
               {"--junit {dir}/r.out and --json {dir}/r.out name one file"}, {"r.out"});
