@@ -42,6 +42,9 @@ struct IsolationFolder {
                         "def anchors():\n"
                         "    from anchors_lib import AnchorHead  # imported inside the builder's body\n"
                         "    return Net(AnchorHead())\n\n\n"
+                        "def anchors_by_name():\n"
+                        "    import importlib  # an import the fork server's reading of the file does not see\n"
+                        "    return Net(importlib.import_module('anchors_lib').AnchorHead())\n\n\n"
                         "class Picks(nn.Module):\n"
                         "    def __init__(self, how):\n        super().__init__()\n        self.how = how\n"
                         "        self.lin = nn.Linear(4, 4)\n\n"
@@ -64,7 +67,7 @@ struct IsolationFolder {
     testing::write_file(path, fmt::format("model:\n  arch: python\n  entry: models.py:{}\n  args: {}\n  inputs:\n"
                                           "    - {{shape: [B, 4], dtype: float32}}\n  task: sum\n"
                                           "training: {{optimizer: adamw, trainable: all}}\nbatch_sizes: [2]\n",
-                                          entry == "anchors" ? "anchors" : "detector", args));
+                                          entry.starts_with("anchors") ? entry : "detector", args));
     return path;
   }
   [[nodiscard]] std::string memgate(const std::string& args) const {
@@ -76,12 +79,8 @@ nlohmann::json components_of(const std::string& path) {
   return nlohmann::json::parse(testing::read_file(path)).at("probes").at(0).at("components");
 }
 
-// Before, the parameter count's build on the Meta device imported anchors_lib under torch.device("meta"): its anchors
-// were a Meta tensor for the whole process and the measurement failed ("Cannot copy out of meta tensor"). Now the
-// measurement runs, and the estimate equals it on every component (the anchors a buffer of the model's in both).
-TEST(ParameterCountTest, ALibraryImportedInTheBuilderMakesItsTensorsOnTheCpuAsAProcessOfItsOwnDoes) {
-  IsolationFolder f;
-  const auto fixture = f.fixture("anchors");
+// The fixture measured (`profile`) and estimated: the measurement runs, and the estimate equals it on every component.
+void expect_measured_and_estimated_alike(const IsolationFolder& f, const std::string& fixture) {
   std::string out;
   ASSERT_EQ(testing::run(f.memgate(fmt::format("profile --config {} --device cpu --output {}", fixture,
                                                f.dir / "measured.json")),
@@ -98,6 +97,19 @@ TEST(ParameterCountTest, ALibraryImportedInTheBuilderMakesItsTensorsOnTheCpuAsAP
   for (const auto& [name, bytes] : measured.items()) {
     EXPECT_GT(bytes.get<std::int64_t>(), 0) << name;
     EXPECT_EQ(estimated.at(name), bytes) << name;
+  }
+}
+
+// Before, the parameter count's build on the Meta device imported anchors_lib under torch.device("meta"): its anchors
+// were a Meta tensor for the whole process and the measurement failed ("Cannot copy out of meta tensor"). Now the
+// measurement runs, and the estimate equals it on every component (the anchors a buffer of the model's in both).
+// Two builders: one with an import statement (the fork server, which reads it, imports the package before it forks
+// the probe) and one that imports it by name (importlib.import_module: the probe's parameter count imports it).
+TEST(ParameterCountTest, ALibraryImportedInTheBuilderMakesItsTensorsOnTheCpuAsAProcessOfItsOwnDoes) {
+  IsolationFolder f;
+  for (const auto* entry : {"anchors", "anchors_by_name"}) {
+    SCOPED_TRACE(entry);
+    expect_measured_and_estimated_alike(f, f.fixture(entry));
   }
 }
 
