@@ -416,7 +416,14 @@ std::string_view builtin_h200_fixture();  // builtin_h200.cpp, generated from fi
 }  // namespace detail
 
 std::string estimated_cudnn_device_json() {
-  if (const char* json = std::getenv("MEMGATE_ESTIMATE_GPU_CUDNN"); json != nullptr && *json != '\0') return json;
+  if (const char* json = std::getenv("MEMGATE_ESTIMATE_GPU_CUDNN"); json != nullptr && *json != '\0') {
+    // Checked before cuDNN reads it (its own error names no variable and no key), once per value.
+    static std::mutex mutex;
+    static std::string checked;
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (checked != json) checked = checked_cudnn_device_json(json, "MEMGATE_ESTIMATE_GPU_CUDNN");
+    return checked;
+  }
   static const std::string h200 = [] {
     const auto gpu = gpu_from_text(std::string(detail::builtin_h200_fixture()), "h200_141gb.yaml (built in)");
     if (gpu.cudnn_device_json.empty()) throw Error("h200_141gb.yaml (built in) has no cudnn_device");

@@ -6,9 +6,12 @@
 #include "memgate/spec/yaml_reader.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+
+#include <nlohmann/json.hpp>
 
 namespace memgate {
 
@@ -73,16 +76,19 @@ namespace {
 // cuDNN's device properties, each key of cudaDeviceProp (or cudaDeviceGetAttribute) that
 // CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION requires (cuDNN 9.19 rejects a JSON without any one of them), written
 // back as JSON in this order.
+constexpr std::array<const char*, 23> kCudnnDeviceKeys{
+    "deviceVer", "multiProcessorCount", "warpSize", "maxSharedMemoryPerBlock", "maxSharedMemoryPerBlockOptin",
+    "reservedSharedMemoryPerBlock", "maxRegistersPerSM", "maxCtasPerSM", "maxThreadsPerBlock", "maxThreadsPerSM",
+    "regsPerBlock", "totalGlobalMem", "smClockRateKHz", "l2CacheSize", "maxBlockSize", "memClockRateKHz",
+    "maxGridSize", "supportCoopLaunch", "pciDeviceId", "isTccDriver", "cudaDeviceId", "driverVer", "deviceName"};
+
+bool is_cudnn_device_list(const std::string& name) { return name == "maxBlockSize" || name == "maxGridSize"; }
+
 void read_cudnn_device(detail::MapReader r, GpuSpec& gpu) {
   nlohmann::ordered_json json;
-  for (const char* key : {"deviceVer", "multiProcessorCount", "warpSize", "maxSharedMemoryPerBlock",
-                          "maxSharedMemoryPerBlockOptin", "reservedSharedMemoryPerBlock", "maxRegistersPerSM",
-                          "maxCtasPerSM", "maxThreadsPerBlock", "maxThreadsPerSM", "regsPerBlock", "totalGlobalMem",
-                          "smClockRateKHz", "l2CacheSize", "maxBlockSize", "memClockRateKHz", "maxGridSize",
-                          "supportCoopLaunch", "pciDeviceId", "isTccDriver", "cudaDeviceId", "driverVer",
-                          "deviceName"}) {
+  for (const char* key : kCudnnDeviceKeys) {
     const std::string name = key;
-    if (name == "maxBlockSize" || name == "maxGridSize") {
+    if (is_cudnn_device_list(name)) {
       json[name] = r.get_int_list(name, std::nullopt, 1);
     } else if (name == "deviceName") {
       json[name] = r.get_string(name, std::nullopt);
@@ -96,6 +102,49 @@ void read_cudnn_device(detail::MapReader r, GpuSpec& gpu) {
 }
 
 }  // namespace
+
+std::string checked_cudnn_device_json(const std::string& text, const std::string& where) {
+  const auto expected = [&] {
+    std::string keys;
+    for (const char* key : kCudnnDeviceKeys) keys += std::string(keys.empty() ? "" : ", ") + key;
+    return where + ": expected the JSON object of cuDNN's device properties (a GPU fixture's cudnn_device as JSON, "
+                   "with its " + std::to_string(kCudnnDeviceKeys.size()) + " keys: " + keys + "), but ";
+  };
+  const auto shown = text.size() > 80 ? text.substr(0, 77) + "..." : text;
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    std::string hint;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(text, ec)) {
+      hint = "; it names a file: give its JSON text instead (" + where + "=\"$(cat " + text + ")\")";
+    }
+    std::string what = e.what();
+    if (const auto at = what.find("] "); at != std::string::npos) what = what.substr(at + 2);
+    throw Error(expected() + "its value is not JSON ('" + shown + "': " + what + ")" + hint);
+  }
+  if (!json.is_object()) {
+    throw Error(expected() + "its value is " + std::string(json.type_name()) + " ('" + shown + "'), not an object");
+  }
+  for (const char* key : kCudnnDeviceKeys) {
+    const std::string name = key;
+    const auto it = json.find(name);
+    if (it == json.end()) throw Error(expected() + "key \"" + name + "\" is missing");
+    std::string want;
+    if (is_cudnn_device_list(name)) {
+      const auto positive = [](const nlohmann::json& v) { return v.is_number_integer() && v >= 1; };
+      const bool ok = it->is_array() && it->size() == 3 && std::all_of(it->begin(), it->end(), positive);
+      if (!ok) want = "a list of 3 positive integers";
+    } else if (name == "deviceName") {
+      if (!it->is_string()) want = "a string";
+    } else if (!it->is_number_integer() || *it < 0) {
+      want = "a non-negative integer";
+    }
+    if (!want.empty()) throw Error(expected() + "key \"" + name + "\" is " + it->dump() + ", expected " + want);
+  }
+  return text;
+}
 
 namespace {
 

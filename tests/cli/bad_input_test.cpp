@@ -324,6 +324,18 @@ std::vector<BadInput> catalogue() {
   c.push_back({"rank_timeout_zero", {{"ddp.yaml", ddp}}, ddp_profile + " --rank-timeout 0"s, 2, {"--rank-timeout"}});
   c.push_back({"rank_timeout_env_not_a_number", {{"ddp.yaml", ddp}}, ddp_profile, 2,
                {"--rank-timeout", "MEMGATE_RANK_TIMEOUT"}, "MEMGATE_RANK_TIMEOUT=soon"});
+  // The cuDNN device properties an estimate for CUDA speaks for, checked before cuDNN reads them (whose own error
+  // was "CUDNN_STATUS_BAD_PARAM: !json_object.IsObject()"): a GPU's name, a fixture's path, an object short of a key.
+  const auto cudnn_case = [&](std::string name, std::string value, std::vector<std::string> says) {
+    says.insert(says.begin(), "MEMGATE_ESTIMATE_GPU_CUDNN: expected the JSON object of cuDNN's device properties");
+    c.push_back({"estimate_gpu_cudnn_" + std::move(name), {{"tiny.yaml", kFixture}},
+                 "estimate --config {dir}/tiny.yaml --for cuda --batch-sizes 1", 3, std::move(says),
+                 "MEMGATE_ESTIMATE_GPU_CUDNN=" + std::move(value)});
+  };
+  cudnn_case("not_json", "h200", {"with its 23 keys: deviceVer,", "its value is not JSON ('h200'"});
+  cudnn_case("a_path", "{dir}/tiny.yaml",
+             {"its value is not JSON", "it names a file: give its JSON text instead"});
+  cudnn_case("a_key_missing", "'{\"deviceVer\": 900}'", {"key \"multiProcessorCount\" is missing"});
   // A rank program of another memgate: this one, told that its launcher is 0.0.0.
   c.push_back({"rank_program_of_another_version",
                {{"ddp.yaml", ddp},

@@ -4,11 +4,13 @@
 #include "memgate/estimate/cudnn_workspace.h"
 
 #include "memgate/backend/meta_allocator.h"
+#include "memgate/base/error.h"
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/spec/gpus.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -100,8 +102,9 @@ TEST(CudnnWorkspaceTest, AnEstimateSpeaksForAnH200UnlessToldOtherwise) {
   std::filesystem::create_directories(empty);
   ::setenv("MEMGATE_PROJECT_DIR", empty.c_str(), 1);
   EXPECT_EQ(estimated_cudnn_device_json(), h200());
-  ::setenv("MEMGATE_ESTIMATE_GPU_CUDNN", "{\"deviceVer\": 750}", 1);
-  EXPECT_EQ(estimated_cudnn_device_json(), "{\"deviceVer\": 750}");
+  const auto h100 = load_gpu(testing::source_dir() + "/fixtures/gpus/h100_80gb.yaml").cudnn_device_json;
+  ::setenv("MEMGATE_ESTIMATE_GPU_CUDNN", h100.c_str(), 1);
+  EXPECT_EQ(estimated_cudnn_device_json(), h100);
   ::unsetenv("MEMGATE_ESTIMATE_GPU_CUDNN");
   if (project != nullptr) {
     ::setenv("MEMGATE_PROJECT_DIR", project_before.c_str(), 1);
@@ -109,6 +112,59 @@ TEST(CudnnWorkspaceTest, AnEstimateSpeaksForAnH200UnlessToldOtherwise) {
     ::unsetenv("MEMGATE_PROJECT_DIR");
   }
   std::filesystem::remove_all(empty);
+}
+
+// MEMGATE_ESTIMATE_GPU_CUDNN is checked before cuDNN reads it (cuDNN says only "CUDNN_STATUS_BAD_PARAM:
+// !json_object.IsObject()"): a value that is not JSON, a path, a JSON other than an object, an object without one of
+// the 23 keys or with one of another type is an error naming the variable, what it expects and the key.
+TEST(CudnnWorkspaceTest, ABadMemgateEstimateGpuCudnnNamesTheVariableAndTheKey) {
+  const auto h200_json = nlohmann::json::parse(h200());
+  const auto without = [&](const char* key) {
+    auto j = h200_json;
+    j.erase(key);
+    return j.dump();
+  };
+  const auto with = [&](const char* key, nlohmann::json value) {
+    auto j = h200_json;
+    j[key] = std::move(value);
+    return j.dump();
+  };
+  const auto fixture = testing::source_dir() + "/fixtures/gpus/h200_141gb.yaml";
+  struct Case {
+    std::string value;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases{
+      {"h200", {"its value is not JSON ('h200':"}},
+      {fixture, {"its value is not JSON", "it names a file: give its JSON text instead",
+                 "MEMGATE_ESTIMATE_GPU_CUDNN=\"$(cat " + fixture + ")\""}},
+      {"{\"deviceVer\": 900", {"its value is not JSON"}},
+      {"[900, 132]", {"its value is array ('[900, 132]'), not an object"}},
+      {"{}", {"key \"deviceVer\" is missing"}},
+      {without("warpSize"), {"key \"warpSize\" is missing"}},
+      {without("deviceName"), {"key \"deviceName\" is missing"}},
+      {with("multiProcessorCount", "132"), {"key \"multiProcessorCount\" is \"132\", expected a non-negative integer"}},
+      {with("l2CacheSize", -1), {"key \"l2CacheSize\" is -1, expected a non-negative integer"}},
+      {with("maxGridSize", {65535, 65535}), {"key \"maxGridSize\" is [65535,65535], expected a list of 3 positive"}},
+      {with("deviceName", 200), {"key \"deviceName\" is 200, expected a string"}},
+  };
+  for (const auto& c : cases) {
+    ::setenv("MEMGATE_ESTIMATE_GPU_CUDNN", c.value.c_str(), 1);
+    try {
+      (void)estimated_cudnn_device_json();
+      ADD_FAILURE() << c.value << ": accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind("MEMGATE_ESTIMATE_GPU_CUDNN: expected the JSON object of cuDNN's device properties", 0), 0)
+          << what;
+      EXPECT_NE(what.find("23 keys: deviceVer, multiProcessorCount,"), std::string::npos) << what;
+      for (const auto& s : c.says) EXPECT_NE(what.find(s), std::string::npos) << "'" << s << "' not in: " << what;
+    }
+  }
+  // Extra keys are cuDNN's to judge; the order of the keys is free.
+  ::setenv("MEMGATE_ESTIMATE_GPU_CUDNN", with("note", "mine").c_str(), 1);
+  EXPECT_EQ(estimated_cudnn_device_json(), with("note", "mine"));
+  ::unsetenv("MEMGATE_ESTIMATE_GPU_CUDNN");
 }
 
 // Malformed device properties are cuDNN's error, named.

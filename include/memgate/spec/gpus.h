@@ -50,6 +50,11 @@ struct GpuSpec {
 [[nodiscard]] GpuSpec load_gpu(const std::string& path);
 /// A GPU fixture's text read as load_gpu reads its file (a fixture built into memgate); `name` stands for the path.
 [[nodiscard]] GpuSpec gpu_from_text(const std::string& text, const std::string& name);
+
+/// `text` where it is the JSON object of cuDNN's device properties that CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION
+/// takes (each of the 23 keys a GPU fixture's cudnn_device holds, of its type); else throws memgate::Error naming
+/// `where` (a file and key, or an environment variable), what it expects and the key that is missing or bad.
+[[nodiscard]] std::string checked_cudnn_device_json(const std::string& text, const std::string& where);
 /// Loads every *.yaml under `dir`, sorted by memory then id.
 [[nodiscard]] std::vector<GpuSpec> load_gpus(const std::string& dir);
 /// The GPU with this id from `gpus`; throws memgate::Error naming the known ids.
