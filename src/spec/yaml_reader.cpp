@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 #include <vector>
@@ -117,6 +118,44 @@ class Bounds : public YAML::EventHandler {
   std::vector<Open> open_;
   std::unordered_map<YAML::anchor_t, Anchored> anchors_;
 };
+
+// The key of `known` that `key` misspells: one edit or two away (Levenshtein), or one of them the other's start
+// ("ema_decay" for "ema", whose decay is a key under it); empty when none is, or two are equally near.
+std::string nearest_key(const std::string& key, const std::set<std::string>& known) {
+  const auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      std::size_t diagonal = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const auto above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    return row[b.size()];
+  };
+  std::string best;
+  std::size_t best_distance = 3;
+  bool tie = false;
+  for (const auto& k : known) {
+    auto d = distance(key, k);
+    const auto& shorter = key.size() < k.size() ? key : k;
+    const auto& longer = key.size() < k.size() ? k : key;
+    if (shorter.size() >= 3 && longer.compare(0, shorter.size() + 1, shorter + "_") == 0) {
+      d = std::min<std::size_t>(d, 2);
+    }
+    if (d < best_distance) {
+      best = k;
+      best_distance = d;
+      tie = false;
+    } else if (d == best_distance) {
+      tie = true;
+    }
+  }
+  return tie ? std::string() : best;
+}
 
 // The file's text, at most kMaxYamlBytes of it: a larger file is an error before it is read whole.
 std::string read_bounded(const std::string& path) {
@@ -418,6 +457,7 @@ void MapReader::finish() const {
       msg << file_ << ":" << kv.first.Mark().line + 1 << ": " << key_path(key) << ": unknown key";
       std::string known;
       for (const auto& k : read_) known += (known.empty() ? "" : ", ") + k;
+      if (const auto near = nearest_key(key, read_); !near.empty()) msg << ": did you mean '" << near << "'?";
       if (!known.empty()) msg << " (expected one of: " << known << ")";
       throw Error(msg.str());
     }

@@ -145,12 +145,15 @@ TEST(FixtureTest, NullOptionalKeyIsNotSetAndMisspelledOnePointsToIt) {
   EXPECT_FALSE(nulls.training.distributed.enabled());
   EXPECT_EQ(nulls.hash, a.hash);
   // A misspelling is an unknown key, and the keys the map takes include the optional ones, set or not.
-  for (const auto* typo : {"  max_grad_norms: 1.0\n", "  ema_decay: 0.99\n"}) {
+  for (const auto& [typo, meant] : {std::pair{"  max_grad_norms: 1.0\n", "max_grad_norm"},
+                                     std::pair{"  ema_decay: 0.99\n", "ema"}}) {
     const auto message = load_error(tiny_vit_yaml(typo));
-    EXPECT_THAT(message, HasSubstr("unknown key")) << typo;
+    EXPECT_THAT(message, HasSubstr(std::string("unknown key: did you mean '") + meant + "'?")) << message;
     EXPECT_THAT(message, HasSubstr(" ema,")) << message;
     EXPECT_THAT(message, HasSubstr(" max_grad_norm,")) << message;
   }
+  // Nothing near: no guess, the list alone.
+  EXPECT_THAT(load_error(tiny_vit_yaml("  epochs: 3\n")), ::testing::Not(HasSubstr("did you mean")));
 }
 
 TEST(FixtureTest, UnknownKeyNamesKeyAndLine) {
