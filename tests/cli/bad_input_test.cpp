@@ -519,15 +519,6 @@ def first_of_two_loss(model, batch):
     return model(batch[0]).pow(2).mean()
 
 
-def batch_with_a_meta_tensor(batch_size, device, generator):
-    # Its second tensor on the Meta device, whatever it is asked for.
-    return torch.randn(batch_size, 8, device=device, generator=generator), torch.zeros(batch_size, 8, device="meta")
-
-
-def first_of_two_loss(model, batch):
-    return model(batch[0]).pow(2).mean()
-
-
 def masked_loss(model, batch):
     return (model(batch["x"]) * batch["mask"]).pow(2).mean()
 
@@ -582,10 +573,6 @@ std::vector<BadInput> python_catalogue() {
   python("batch_ignores_device", python_fixture("  batch: m.py:masked_batch\n  compute_loss: m.py:masked_loss\n"),
          "estimate --config {dir}/f.yaml --for cuda", 3,
          {"f.yaml", "model.batch: m.py:masked_batch returned batch[\"mask\"] on cpu, expected it on meta"});
-  // Measured on the CPU: a tensor on another device (here the Meta device) is named as well.
-  python("batch_off_the_cpu_when_measured",
-         python_fixture("  batch: m.py:batch_with_a_meta_tensor\n  compute_loss: m.py:first_of_two_loss\n"), profile(), 3,
-         {"f.yaml at batch 2", "model.batch: m.py:batch_with_a_meta_tensor returned batch[1] on meta, expected it on cpu"});
   // Measured on the CPU: a tensor on another device (here the Meta device) is named as well.
   python("batch_off_the_cpu_when_measured",
          python_fixture("  batch: m.py:batch_with_a_meta_tensor\n  compute_loss: m.py:first_of_two_loss\n"), profile(), 3,
