@@ -114,9 +114,22 @@ at::Tensor sum(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdi
   return out;
 }
 
+// mean on the CPU (2.11's TORCH_IMPL_FUNC(mean_out), its CPU branch): a bf16 or fp16 mean sums into a float copy of
+// the output (result.to(Float), freed after its copy_ back), sum_out casts an input of another dtype than the sum's
+// into a temporary first, and the sum is divided in place by the element count, a wrapped int64 (8 bytes on the CPU)
+// that div_'s iterator casts to the sum's dtype.
 at::Tensor mean(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
                 std::optional<at::ScalarType> dtype) {
   auto out = at::meta::mean(self, dims, keepdim, dtype);
+  if (for_cpu()) {
+    const bool half = out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16;
+    const auto sum_dtype = half ? at::kFloat : out.scalar_type();
+    at::Tensor temp;
+    if (half) temp = at::empty_like(out, out.options().dtype(sum_dtype));
+    if (self.scalar_type() != sum_dtype) (void)at::empty_like(self, self.options().dtype(sum_dtype));
+    const auto count = at::empty({}, at::TensorOptions().dtype(at::kLong));
+    const auto cast = at::empty({}, at::TensorOptions().dtype(sum_dtype));
+  }
   cuda_reduction_buffers(self, dims, out.scalar_type());
   return out;
 }
