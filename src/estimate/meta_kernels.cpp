@@ -1075,14 +1075,42 @@ at::Tensor flip(const at::Tensor& self, at::IntArrayRef /*dims*/) { return at::e
 // A bf16 matmul on the CPU goes to oneDNN's brgemm above 16x16x16: the output, then a scratchpad freed on return:
 // 1 KiB, B packed in blocks of 64 columns (k rounded up to 32, two bytes each), and an fp32 accumulator of one
 // block of rows (up to 256, else halved) by one of at most 64 columns.
-void cpu_bf16_matmul_scratch(const at::Tensor& a, int64_t n) {
-  if (!for_cpu_host() || a.scalar_type() != at::kBFloat16 || !cpu_mkldnn_takes(at::kBFloat16)) return;
+// Returns whether oneDNN took the product.
+bool cpu_bf16_matmul_scratch(const at::Tensor& a, int64_t n) {
+  if (!for_cpu_host() || a.scalar_type() != at::kBFloat16 || !cpu_mkldnn_takes(at::kBFloat16)) return false;
   const auto m = a.size(0), k = a.size(1);
-  if (m * k * n <= 16 * 16 * 16) return;
+  if (m * k * n <= 16 * 16 * 16) return false;
   const auto m_blocks = (m + 255) / 256;
   const auto m_block = (m + m_blocks - 1) / m_blocks;
   const auto n_block = std::min<int64_t>(n, 64);
   auto scratch = at::empty({1024 + (k + 31) / 32 * 32 * 64 * 2 + m_block * n_block * 4}, a.options().dtype(at::kByte));
+  return true;
+}
+
+// Outside oneDNN the CPU's mm and addmm (addmm_impl_cpu_, PyTorch 2.11's LinearAlgebra.cpp) hand BLAS each operand
+// as it lies where it is row- or column-major with a leading dimension large enough; any other operand is cloned
+// contiguous first (m1.clone(MemoryFormat::Contiguous)), held until the product returns. An expanded operand is
+// such: a loss that is a sum sends back ones expanded (strides 0) into the last linear layer's two products, so
+// each clones the whole output gradient. The output (contiguous, fresh) fixes which operand is which: for N > 1 it
+// is read transposed (transpose_c), m1 and m2 swapped.
+void cpu_gemm_operand_copies(const at::Tensor& out, const at::Tensor& mat1, const at::Tensor& mat2) {
+  if (!for_cpu() || out.numel() == 0 || mat1.size(1) == 0) return;
+  const auto m_all = out.size(0), n_all = out.size(1);
+  const bool transpose_c = !(out.stride(0) == 1 && (n_all == 1 || out.stride(1) >= std::max<int64_t>(1, m_all)));
+  const auto& m1 = transpose_c ? mat2 : mat1;
+  const auto& m2 = transpose_c ? mat1 : mat2;
+  const int64_t m = transpose_c ? n_all : m_all, n = transpose_c ? m_all : n_all;
+  const int64_t k = m1.size(transpose_c ? 0 : 1);
+  const int64_t lead = transpose_c ? 1 : 0, other = transpose_c ? 0 : 1;
+  // BLAS reads an operand as it is where one stride is 1 and the other at least the leading size of that way round:
+  // m1 as [m, k] (m) or transposed (k), m2 as [k, n] (k) or transposed (n).
+  const auto readable = [&](const at::Tensor& t, int64_t as_is, int64_t transposed) {
+    return (t.stride(lead) == 1 && t.stride(other) >= std::max<int64_t>(1, as_is)) ||
+           (t.stride(other) == 1 && t.stride(lead) >= std::max<int64_t>(1, transposed));
+  };
+  at::Tensor a, b;
+  if (!readable(m1, m, k)) a = at::empty(m1.sizes(), m1.options());
+  if (!readable(m2, k, n)) b = at::empty(m2.sizes(), m2.options());
 }
 
 void check_matmul(const at::Tensor& a, const at::Tensor& b) {
@@ -1096,7 +1124,7 @@ void check_matmul(const at::Tensor& a, const at::Tensor& b) {
 at::Tensor matrix_product(const at::Tensor& a, const at::Tensor& b) {
   check_matmul(a, b);
   auto out = at::empty({a.size(0), b.size(1)}, a.options());
-  cpu_bf16_matmul_scratch(a, b.size(1));
+  if (!cpu_bf16_matmul_scratch(a, b.size(1))) cpu_gemm_operand_copies(out, a, b);
   return out;
 }
 

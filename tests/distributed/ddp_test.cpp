@@ -111,6 +111,40 @@ TEST_P(DdpEstimateTest, EqualsEachRanksMeasurement) {
 INSTANTIATE_TEST_SUITE_P(Ranks, DdpEstimateTest, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& p) { return "world" + std::to_string(p.param); });
 
+// A TorchScript LM (fixtures/models/torchscript/token_lm_traced.pt: token embedding, attention, a SwiGLU MLP, a head;
+// trained on the logits' sum) under DDP with its gradients as views into the buckets, at 2 and 4 ranks and batches 1
+// and 3: every component of the estimate equals each rank's measurement. The sum's gradient is ones expanded
+// (strides 0): the CPU's mm clones it whole in both of the head's backward products (addmm_impl_cpu_), which the
+// estimate did not, and with bucket views that clone is the step's peak (2,048 B low on every rank).
+TEST(DdpEstimateTest, EqualsEachRanksMeasurementForATorchScriptLmWithBucketViews) {
+  testing::TempDir dir;
+  for (const int world : {2, 4}) {
+    const auto path = dir / fmt::format("ts_lm_ddp{}.yaml", world);
+    write_file_atomically(
+        path, fmt::format("model:\n  arch: torchscript\n  path: {}/fixtures/models/torchscript/token_lm_traced.pt\n"
+                          "  inputs:\n    - {{shape: [B, 16], dtype: int64, high: 64}}\n  task: sum\n"
+                          "training:\n  optimizer: adamw\n  trainable: all\n  distributed:\n    strategy: ddp\n"
+                          "    world_size: {}\n    gradient_as_bucket_view: true\nbatch_sizes: [1, 3]\n",
+                          testing::source_dir(), world));
+    const auto fixture = load_fixture(path);
+    for (const std::int64_t batch : {1, 3}) {
+      const auto measured = run_probe(fixture, batch, kCpu);
+      const auto estimated = estimate_probe(fixture, batch, EstimateTarget::kCpu);
+      ASSERT_FALSE(measured.oom || estimated.oom) << measured.error << estimated.error;
+      ASSERT_EQ(measured.ranks.size(), static_cast<std::size_t>(world));
+      ASSERT_EQ(estimated.ranks.size(), measured.ranks.size());
+      for (std::size_t r = 0; r < measured.ranks.size(); ++r) {
+        const auto at = fmt::format("{} ranks, rank {} at batch {}", world, r, batch);
+        for (const auto* c : {"params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak",
+                              "step_peak"}) {
+          EXPECT_EQ(estimated.ranks[r].components.get(c), measured.ranks[r].components.get(c)) << at << ": " << c;
+        }
+        EXPECT_EQ(estimated.ranks[r].comm_buffer_bytes, measured.ranks[r].comm_buffer_bytes) << at;
+      }
+    }
+  }
+}
+
 TEST(DdpTest, ARankThatFailsIsNamedWithWhatItPrinted) {
   testing::TempDir dir;
   const auto fixture = ddp_twin(dir, 2);
