@@ -66,9 +66,10 @@ def main() -> int:
     _note_imports_as_progress(_core.note_progress)
     _count_cpu_storage_copies()
     if "--estimate-for" in sys.argv:
-        from memgate._meta import prefer_libtorch_meta_kernels
+        from memgate._meta import autocast_on_meta, prefer_libtorch_meta_kernels
 
         kept = prefer_libtorch_meta_kernels()  # noqa: F841 (its registrations last while it does)
+        autocast_on_meta()
     return _core.rank_main(sys.argv)
 
 

@@ -382,3 +382,60 @@ def _with_twins(args, kwargs):
 def building_on(device: str):
     """The context a model's builder runs in on `device` (memgate's PythonModel): _BuildOnDevice."""
     return _BuildOnDevice(device)
+
+
+def autocast_on_meta():
+    """`torch.autocast(device_type="meta", ...)` in an estimate, as the target device runs the same code: a model or a
+    loss that names its tensors' device (`torch.autocast(device_type=x.device.type, enabled=False)`, an SSIM loss
+    kept in fp32) names the Meta device here, which torch's autocast refuses ("unsupported scalarType": the Meta
+    device has no autocast of its own). On the Meta device memgate's autocast is PrivateUse1's (AutocastScope and
+    meta_autocast.cpp: its kernels at AutocastPrivateUse1 cast by the target's policy), so a region for "meta" sets
+    PrivateUse1's state as torch sets a device's: enabled or not (its key excluded while not), its dtype, the cache,
+    and on entry with enabled=True its key included, as a region for "cuda" turns CUDA's autocast on. Left as they
+    were after it. Other device types are torch's own."""
+    from torch.amp import autocast_mode
+
+    autocast = autocast_mode.autocast
+    if getattr(autocast, "_memgate_meta", False):
+        return
+    backend = torch._C._get_privateuse1_backend_name()
+    original_init, original_enter, original_exit = autocast.__init__, autocast.__enter__, autocast.__exit__
+
+    def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        if device_type != "meta" or torch._jit_internal.is_scripting():
+            self._memgate_on_meta = False
+            return original_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        self._memgate_on_meta = True
+        self.device = "meta"
+        self.fast_dtype = torch.get_autocast_dtype(backend) if dtype is None else dtype
+        self._enabled = enabled
+        self._cache_enabled = torch.is_autocast_cache_enabled() if cache_enabled is None else cache_enabled
+
+    def __enter__(self):
+        if not getattr(self, "_memgate_on_meta", False):
+            return original_enter(self)
+        self.prev_cache_enabled = torch.is_autocast_cache_enabled()
+        self.prev = torch.is_autocast_enabled(backend)
+        self.prev_fastdtype = torch.get_autocast_dtype(backend)
+        # Included while the guard lives (an RAII guard: dropped on exit).
+        self._memgate_include = (
+            torch._C._IncludeDispatchKeyGuard(torch._C.DispatchKey.AutocastPrivateUse1) if self._enabled else None)
+        torch.set_autocast_enabled(backend, self._enabled)
+        torch.set_autocast_dtype(backend, self.fast_dtype)
+        torch.autocast_increment_nesting()
+        torch.set_autocast_cache_enabled(self._cache_enabled)
+        return self
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        if not getattr(self, "_memgate_on_meta", False):
+            return original_exit(self, exc_type, exc_val, exc_tb)
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled(backend, self.prev)
+        torch.set_autocast_dtype(backend, self.prev_fastdtype)
+        torch.set_autocast_cache_enabled(self.prev_cache_enabled)
+        self._memgate_include = None
+        return False
+
+    autocast.__init__, autocast.__enter__, autocast.__exit__ = __init__, __enter__, __exit__
+    autocast._memgate_meta = True

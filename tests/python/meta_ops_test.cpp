@@ -85,7 +85,10 @@ INSTANTIATE_TEST_SUITE_P(
                       MetaCase{"TimmConvNeXtDepthwise7x7", "py_meta_timm_convnext", {2, 4}},
                       MetaCase{"GroupedAndDepthwiseConvolutions", "py_meta_grouped_conv", {2, 4}},
                       MetaCase{"DilatedTransposed1dAndChannelsLastGroupedConvolutions",
-                               "py_meta_grouped_conv_variants", {2, 3}}),
+                               "py_meta_grouped_conv_variants", {2, 3}},
+                      // torch.autocast(device_type=x.device.type, ...) in a loss: "meta" in an estimate (issue 68).
+                      MetaCase{"SsimLossWithAutocastOffForItsDevice", "py_meta_ssim_autocast", {2, 8}},
+                      MetaCase{"SsimLossWithAutocastOnForItsDevice", "py_meta_ssim_autocast_on", {2, 8}}),
     case_name);
 
 // A fixture folder of its own: f.yaml (a Python fixture over models.py:build, inputs [B, 4]) and models.py.
