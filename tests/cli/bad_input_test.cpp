@@ -322,6 +322,10 @@ std::vector<BadInput> catalogue() {
                "advise --config {dir}/ddp.yaml --world-size 1000 --capacity-mib 64 --device cpu", 3,
                {"a world size of 1000", "CPU ranks per core"}});
   c.push_back({"rank_timeout_zero", {{"ddp.yaml", ddp}}, ddp_profile + " --rank-timeout 0"s, 2, {"--rank-timeout"}});
+  // profile --cpu-memory-limit-mib holds in each rank's process as in memgate's own: out of memory, as the protocol says.
+  c.push_back({"cpu_memory_limit_holds_on_each_rank", {{"ddp.yaml", ddp}},
+               "profile --config {dir}/ddp.yaml --batch-sizes 64 --device cpu --cpu-memory-limit-mib 4", 1,
+               {"memgate: CPU allocator limit reached", "no batch size could be measured: each ran out of memory"}});
   c.push_back({"rank_timeout_env_not_a_number", {{"ddp.yaml", ddp}}, ddp_profile, 2,
                {"--rank-timeout", "MEMGATE_RANK_TIMEOUT"}, "MEMGATE_RANK_TIMEOUT=soon"});
   // The cuDNN device properties an estimate for CUDA speaks for, checked before cuDNN reads them (whose own error
