@@ -148,7 +148,8 @@ void TrainingStep::run(StepObserver* observer) {
     if (observer != nullptr) observer->forward_end(i);
     if (!loss.requires_grad()) {  // trainable parameters, none of which the loss depends on
       throw Error(source_ + ": training.trainable: expected at least one trainable parameter that the loss depends "
-                  "on, got none: '" + training_.trainable.str() + "' selects parameters the forward does not use");
+                  "on, got none: '" + training_.trainable.str() + "' selects parameters the forward does not use" +
+                  (loss_.starts_with("model.") ? ", or " + loss_ + " returned a loss detached from the model" : ""));
     }
     if (scaler_) loss = scaler_->scale(loss);
     {

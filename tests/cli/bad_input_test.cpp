@@ -539,6 +539,10 @@ def detached_output_loss(out, batch):
     return out.pow(2).mean().detach().requires_grad_()
 
 
+def detached_loss_without_grad(model, batch):
+    return model(batch).pow(2).mean().detach()
+
+
 def loss_of_no_parameter(model, batch):
     return model(batch).detach().pow(2).mean() * torch.ones((), requires_grad=True)
 )";
@@ -570,6 +574,10 @@ std::vector<BadInput> python_catalogue() {
                         "expected the loss computed from the model's output"});
   python("loss_detached", python_fixture("  inputs:\n    - {shape: [B, 8]}\n  loss: m.py:detached_output_loss\n"), profile(), 3,
          {"f.yaml", "model.loss: m.py:detached_output_loss returned a loss detached from the model"});
+  python("compute_loss_detached_without_grad",
+         python_fixture("  batch: m.py:batch\n  compute_loss: m.py:detached_loss_without_grad\n"), profile(), 3,
+         {"f.yaml", "training.trainable: expected at least one trainable parameter that the loss depends on",
+          "or model.compute_loss m.py:detached_loss_without_grad returned a loss detached from the model"});
   python("loss_of_no_parameter", python_fixture("  batch: m.py:batch\n  compute_loss: m.py:loss_of_no_parameter\n"),
          profile(), 3, {"f.yaml", "model.compute_loss m.py:loss_of_no_parameter returned a loss that none of the 2 "
                         "trainable parameters' gradients flow from", "expected a loss computed from the model's output"});
