@@ -628,7 +628,8 @@ std::string search_largest_batches_here(const Workload& workload, const std::str
   for (const auto& f : fits.fits) {
     answer["fits"].push_back({{"largest", f.largest}, {"required_bytes", f.required_bytes},
                               {"next_required_bytes", f.next_required_bytes}, {"micro_batch", f.micro_batch},
-                              {"accumulation_steps", f.accumulation_steps}, {"capped", f.capped}});
+                              {"accumulation_steps", f.accumulation_steps}, {"capped", f.capped},
+                              {"next_cannot_run", f.next_cannot_run}});
   }
   return answer.dump();
 }
@@ -661,7 +662,8 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
                           .next_required_bytes = f.at("next_required_bytes").get<std::int64_t>(),
                           .micro_batch = f.at("micro_batch").get<std::int64_t>(),
                           .accumulation_steps = f.at("accumulation_steps").get<std::int64_t>(),
-                          .capped = f.at("capped").get<bool>()});
+                          .capped = f.at("capped").get<bool>(),
+                          .next_cannot_run = f.at("next_cannot_run").get<std::string>()});
     }
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return out;
@@ -677,6 +679,10 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
     return as_defaults ? Gpu{0, 0} : Gpu{t.multiprocessors, t.max_threads_per_multiprocessor};
   };
   std::map<Gpu, std::map<std::int64_t, std::int64_t>> required;  // GPU -> batch -> step_peak_reserved, each once
+  // A batch whose step CUDA cannot run at all (CannotRunOnCudaError: PyTorch's own kernel fails, whatever the memory)
+  // needs more than any GPU has, and the first line of why is kept for the answer.
+  constexpr std::int64_t kCannotRun = std::numeric_limits<std::int64_t>::max() / 4;
+  std::map<Gpu, std::map<std::int64_t, std::string>> cannot_run;
   // The batch sizes not yet estimated among `batches`, each from the state a process of its own would start it in.
   const auto estimate = [&](const Gpu& gpu, const std::set<std::int64_t>& batches) {
     auto& known = required[gpu];
@@ -686,9 +692,16 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
     }
     if (missing.empty()) return;
     const ScopedEstimateGpu for_gpu(CudaReduceDevice{gpu.first, gpu.second});
-    std::vector<ProbeResult> probes;
-    for (const auto b : missing) probes.push_back(estimate_probe(workload, b, EstimateTarget::kCuda));
-    for (std::size_t i = 0; i < missing.size(); ++i) known[missing[i]] = probes.at(i).components.step_peak_reserved;
+    for (const auto b : missing) {
+      try {
+        known[b] = estimate_probe(workload, b, EstimateTarget::kCuda).components.step_peak_reserved;
+      } catch (const std::exception& e) {
+        if (!cannot_run_on_cuda(e)) throw;
+        known[b] = kCannotRun;
+        const std::string why = e.what();
+        cannot_run[gpu][b] = why.substr(0, why.find('\n'));
+      }
+    }
     out.estimates += static_cast<std::int64_t>(missing.size());
   };
   // The step's reserved peak on `gpu` and, beside it in the allocator, the cuBLAS workspaces a target's GPU gets.
@@ -804,9 +817,16 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
     const auto& target = targets[t];
     EstimatedFit fit{.target = target};
     fit.largest = largest[t];
-    const auto needs_here = [&](std::int64_t b) { return needs_on(gpu_of(target), target, b); };
+    const auto needs_here = [&](std::int64_t b) {
+      return cannot_run[gpu_of(target)].contains(b) ? std::int64_t{0} : needs_on(gpu_of(target), target, b);
+    };
     fit.required_bytes = needs_here(std::max<std::int64_t>(fit.largest, 1));
-    if (fit.largest < max_batch) fit.next_required_bytes = needs_here(fit.largest + 1);
+    if (fit.largest < max_batch) {
+      fit.next_required_bytes = needs_here(fit.largest + 1);
+      if (const auto why = cannot_run[gpu_of(target)].find(fit.largest + 1); why != cannot_run[gpu_of(target)].end()) {
+        fit.next_cannot_run = why->second;
+      }
+    }
     fit.capped = fit.largest >= max_batch;
     if (effective_batch && fit.largest > 0) {
       for (auto d = std::min(fit.largest, *effective_batch); d >= 1; --d) {
@@ -849,14 +869,23 @@ std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::
                                         : std::to_string(f.largest);
     fmt::format_to(o, "  {:<16} {:>12} {:>8} {:>16} {:>16}", f.target.id + (f.target.measured ? "" : "*"),
                    format_usable(f.target.usable_bytes),
-                   largest, format_mib(f.required_bytes),
-                   f.next_required_bytes > 0 ? format_mib(f.next_required_bytes) : std::string("-"));
+                   largest, f.required_bytes > 0 ? format_mib(f.required_bytes) : std::string("-"),
+                   !f.next_cannot_run.empty()  ? std::string("cannot run")
+                   : f.next_required_bytes > 0 ? format_mib(f.next_required_bytes)
+                                               : std::string("-"));
     if (effective_batch) {
       fmt::format_to(o, "   {}", f.micro_batch > 0 ? fmt::format("{} x {} step{}", f.micro_batch, f.accumulation_steps,
                                                                    f.accumulation_steps == 1 ? "" : "s")
                                                     : std::string("does not fit"));
     }
     fmt::format_to(o, "\n");
+  }
+  for (const auto& f : fits.fits) {
+    if (f.next_cannot_run.empty()) continue;
+    // Said once: every GPU meets the same kernel at the same batch.
+    fmt::format_to(o, "  cannot run: batch {} cannot run on CUDA on any GPU, whatever its memory: {}\n",
+                   f.largest + 1, f.next_cannot_run);
+    break;
   }
   if (any_capped) {
     fmt::format_to(o, "  >={}: the search stops at a batch of {}, which fits; larger batches were not estimated\n",
@@ -886,6 +915,7 @@ nlohmann::json estimated_fits_to_json(const EstimatedFits& fits) {
                             {"next_step_peak_reserved", f.next_required_bytes > 0 ? f.next_required_bytes - ws : 0},
                             {"estimated", true}, {"gpu_measured", f.target.measured},
                             {"search_capped", f.capped}, {"world_size", fits.world_size}};
+    if (!f.next_cannot_run.empty()) entry["next_cannot_run"] = f.next_cannot_run;
     if (f.micro_batch > 0) {
       entry["micro_batch"] = f.micro_batch;
       entry["accumulation_steps"] = f.accumulation_steps;

@@ -111,13 +111,14 @@ void launches(const ReduceIteration& it, const ReduceOperands& operands, const C
   if (dim < 0 || it.shape[static_cast<std::size_t>(dim)] < 2) {
     // Every dim left spans 0 bytes (an input expanded from one value, the gradient of a .sum(), whose outputs are
     // already split one by one): TensorIteratorBase::split asserts shape()[dim] >= 2, and CUDA's reduction fails.
-    throw Error(fmt::format(
+    throw CannotRunOnCudaError(fmt::format(
         "on CUDA this reduction fails: its input of sizes [{}] and strides [{}] has {} elements, more than 32-bit "
         "indexing covers, and spans no bytes to split it by (expanded from one value, as the gradient of a .sum() is); "
         "PyTorch 2.11's gpu_reduce_kernel cannot split it (TensorIterator::split: INTERNAL ASSERT FAILED, "
-        "\"shape()[dim] >= 2\"), so this step cannot run on CUDA at this size",
+        "\"shape()[dim] >= 2\"), so this step {}",
         fmt::join(operands.sizes, ", "), fmt::join(operands.strides, ", "),
-        std::accumulate(operands.sizes.begin(), operands.sizes.end(), std::int64_t{1}, std::multiplies<>())));
+        std::accumulate(operands.sizes.begin(), operands.sizes.end(), std::int64_t{1}, std::multiplies<>()),
+        kCannotRunOnCuda));
   }
   auto first = it, rest = it;
   const auto copy_size = it.shape[dim] / 2;

@@ -302,6 +302,56 @@ TEST(AdviseTest, TheSearchByEstimateOfAPythonFixtureEqualsOneEstimateAProcessAtA
   }
 }
 
+// A batch whose step CUDA cannot run at all bounds the search (issue 67): an audio front end ([B, 65536, 1] into a
+// Linear(1, 2), a .sum() loss) sums its bias gradient over B x 65536 rows of an expanded gradient, which PyTorch 2.11's
+// reduction cannot split for 32-bit indexing from batch 32768 (2^32 elements). The search of a GPU that every smaller
+// batch fits answers 32767, says why the next cannot run, and claims no bytes for it; it ran to the end, where the
+// estimate's probe was killed by signal 11 before and an error stopped the whole search after.
+TEST(AdviseTest, ABatchThatCannotRunOnCudaBoundsTheSearchAndSaysWhy) {
+  if (!std::filesystem::is_regular_file(std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() /
+                                        "python" / "memgate" / "_build.py")) {
+    GTEST_SKIP() << "memgate's Python extension is not built (MEMGATE_PYTHON_EXTENSION=OFF)";
+  }
+  testing::TempDir dir;
+  testing::write_file(dir / "a.py", "from torch import nn\n\n\ndef audio_front_end():\n    return nn.Linear(1, 2)\n");
+  testing::write_file(dir / "f.yaml", "model:\n  arch: python\n  entry: a.py:audio_front_end\n"
+                                      "  inputs:\n    - {shape: [B, 65536, 1]}\n  task: sum\n"
+                                      "training:\n  optimizer: adamw\nbatch_sizes: [2]\n");
+  const auto f = load_fixture(dir / "f.yaml");
+  const auto at = [&](std::int64_t b) { return estimate_probe(f, b, EstimateTarget::kCuda).components; };
+  const auto last = at(32767);  // runs: 2^32 - 65536 elements split in two pieces for 32-bit indexing
+  try {
+    (void)at(32768);
+    FAIL() << "batch 32768's step was estimated; CUDA's reduction cannot run it";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(cannot_run_on_cuda(e)) << e.what();
+  }
+  const std::vector<AdviceTarget> targets = {
+      {.id = "huge", .name = "huge", .usable_bytes = std::int64_t{1} << 50},
+      {.id = "small", .name = "small", .usable_bytes = at(100).step_peak_reserved}};
+  const auto fits = largest_batches_by_estimate(f, targets, std::nullopt, std::int64_t{1} << 16);
+  ASSERT_EQ(fits.fits.size(), 2U);
+  const auto& huge = fits.fits[0];
+  EXPECT_EQ(huge.largest, 32767);
+  EXPECT_FALSE(huge.capped);
+  EXPECT_EQ(huge.required_bytes, last.step_peak_reserved);
+  EXPECT_EQ(huge.next_required_bytes, 0);
+  EXPECT_NE(huge.next_cannot_run.find("has 4294967296 elements, more than 32-bit indexing covers"), std::string::npos)
+      << huge.next_cannot_run;
+  // A GPU whose memory ends first is answered by its bytes, as ever.
+  const auto& small = fits.fits[1];
+  EXPECT_GE(small.largest, 100);
+  EXPECT_LT(small.largest, 32767);
+  EXPECT_TRUE(small.next_cannot_run.empty());
+  EXPECT_GT(small.next_required_bytes, targets[1].usable_bytes);
+  const auto table = format_estimated_fits(fits, std::nullopt);
+  EXPECT_NE(table.find("cannot run: batch 32768 cannot run on CUDA on any GPU, whatever its memory"), std::string::npos)
+      << table;
+  const auto json = estimated_fits_to_json(fits);
+  EXPECT_EQ(json.at(0).at("next_cannot_run").get<std::string>(), huge.next_cannot_run);
+  EXPECT_FALSE(json.at(1).contains("next_cannot_run"));
+}
+
 // Each GPU as itself (issue 59): CUDA's reduction staging depends on the GPU's SMs and threads per SM, and the
 // two-stage conv segmentation net's decoder stages its bias gradients' sums through it (channels last, few outputs, many
 // inputs each). An estimate for a T4 (40 SMs x 1,024 threads) stages less than one for an H100 (132 x 2,048), and the

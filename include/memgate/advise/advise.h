@@ -159,6 +159,9 @@ struct EstimatedFit {
   std::int64_t micro_batch = 0;          ///< with an effective batch: its largest divisor that fits ...
   std::int64_t accumulation_steps = 0;   ///< ... and the steps that accumulate to it
   bool capped = false;                   ///< `largest` is the search's cap: larger batches were not estimated
+  /// Why largest + 1 cannot run on CUDA at all (CannotRunOnCudaError's first line), whatever the GPU's memory; empty
+  /// where it needs more bytes than the GPU has. next_required_bytes is 0 then.
+  std::string next_cannot_run;
 };
 struct EstimatedFits {
   std::vector<EstimatedFit> fits;

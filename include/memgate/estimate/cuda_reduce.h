@@ -7,11 +7,30 @@
 // at batch 4 (grad_output [4, 128, 96, 96] fp32) stages 37,748,736 bytes on top of the step's peak.
 #pragma once
 
+#include "memgate/base/error.h"
+
 #include <cstdint>
+#include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace memgate {
+
+/// A step that CUDA itself cannot run at this size, whatever the GPU's memory: PyTorch's own kernel fails (a reduction
+/// of more elements than 32-bit indexing covers that TensorIterator cannot split). An estimate raises it; the search
+/// for the largest batch takes such a batch as one that does not fit, and says why.
+class CannotRunOnCudaError : public Error {
+ public:
+  using Error::Error;
+};
+/// Every CannotRunOnCudaError's message holds this, so that the kind survives a Python frame that carries only text.
+inline constexpr std::string_view kCannotRunOnCuda = "cannot run on CUDA at this size";
+/// Whether `e` is (or was, before a Python frame turned it into text) a CannotRunOnCudaError.
+[[nodiscard]] inline bool cannot_run_on_cuda(const std::exception& e) {
+  return dynamic_cast<const CannotRunOnCudaError*>(&e) != nullptr ||
+         std::string_view(e.what()).find(kCannotRunOnCuda) != std::string_view::npos;
+}
 
 /// What setReduceConfig reads of the GPU: its multiprocessors and the threads each holds. The defaults are an H100's
 /// and an H200's (132 SMs, 2048 threads each); an A100 has 108 SMs, and on a GPU with another count the staging of a
