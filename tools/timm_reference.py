@@ -10,6 +10,10 @@ total). Components mean what docs/design.md's "The numbers" says, in bytes above
 existed before the model was built: params, gradients, optimizer_state, activations, forward_peak, eval_peak
 (absolute: parameters and the batch included), step_peak (absolute).
 
+A fixture of a TorchScript module (`arch: torchscript` with one input and `task: sum`) loads it with torch.jit.load,
+which keeps the module's source-range debug records that memgate's loader skips (load_debug_files=false): params and
+every level read from before the build are that many bytes higher (20,813 B for token_lm_traced.pt).
+
 A fixture of the zoo's GPT (`--config` with `arch: gpt`) builds fixtures/models/python/models.py's gpt_twin instead
 (the zoo's GPT in plain PyTorch, equal to it to the byte), with tokens and next-token targets for a batch and the
 logits' fp32 cross-entropy for a loss; its head (`trainable: head`) is ln_f and lm_head. tools/ddp_reference.py and
@@ -83,6 +87,8 @@ def gpt_twin():
 
 
 def build_model(a: argparse.Namespace) -> nn.Module:
+    if a.arch == "torchscript":  # a TorchScript module as memgate loads it (torch::jit::load), in training mode
+        return torch.jit.load(a.ts["path"]).train()
     if a.arch == "gpt":
         args = dict(a.gpt)
         if a.lora_rank > 0:
@@ -169,7 +175,13 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=No
                 trainable = [p for p in model.parameters() if p.requires_grad]
         torch.manual_seed(1)
         with record_function("memgate::batch"):
-            if a.arch == "gpt":  # the zoo GPT's batch: tokens and next-token targets
+            if a.arch == "torchscript":  # the fixture's one input ([B, ...]: an integer's high, else randn)
+                spec = a.ts["input"]
+                shape = [batch_size if d == "B" else int(d) for d in spec["shape"]]
+                images = (torch.randint(int(spec["high"]), shape) if spec.get("dtype") == "int64"
+                          else torch.randn(shape))
+                target = None
+            elif a.arch == "gpt":  # the zoo GPT's batch: tokens and next-token targets
                 images = torch.randint(a.gpt["vocab_size"], (batch_size, a.gpt["seq_len"]))
                 target = torch.randint(a.gpt["vocab_size"], (batch_size, a.gpt["seq_len"]))
             else:
@@ -189,7 +201,9 @@ def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=No
                 # torchtitan's: their loss casts bf16 logits to fp32 while the caller holds them) and memgate's
                 # protocol keep it; it is gone before backward.
                 output = model(images)
-                if a.arch == "gpt":  # the logits cast to fp32 for the loss, as the zoo's (and gpt_twin_loss)
+                if a.arch == "torchscript":  # task: sum, as memgate's task_loss
+                    loss = output.sum()
+                elif a.arch == "gpt":  # the logits cast to fp32 for the loss, as the zoo's (and gpt_twin_loss)
                     loss = F.cross_entropy(output.float().flatten(0, 1), target.flatten())
                 else:
                     loss = F.cross_entropy(output.float(), target)
@@ -283,8 +297,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         with open(a.config) as f:
             fixture = yaml.safe_load(f)
         m, t = fixture.get("model", {}), fixture.get("training", {})
-        if m.get("arch") not in ("vit", "gpt"):
-            p.error(f"{a.config}: arch {m.get('arch')!r}, expected vit or gpt")
+        if m.get("arch") not in ("vit", "gpt", "torchscript"):
+            p.error(f"{a.config}: arch {m.get('arch')!r}, expected vit, gpt or torchscript")
+        if m["arch"] == "torchscript":
+            import os
+
+            if m.get("task") != "sum" or len(m.get("inputs", [])) != 1:
+                p.error(f"{a.config}: a torchscript model with one input and task sum is mirrored, no other")
+            path = m["path"] if os.path.isabs(m["path"]) else os.path.join(os.path.dirname(a.config), m["path"])
+            a.arch, a.ts = "torchscript", {"path": path, "input": m["inputs"][0]}
         if m["arch"] == "gpt":
             a.arch = "gpt"
             a.gpt = {k: m[k] for k in GPT_KEYS if k in m}
