@@ -631,7 +631,7 @@ std::string search_largest_batches_here(const Workload& workload, const std::str
                               {"accumulation_steps", f.accumulation_steps}, {"capped", f.capped},
                               {"next_cannot_run", f.next_cannot_run}});
   }
-  return answer.dump();
+  return answer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::vector<AdviceTarget>& targets,

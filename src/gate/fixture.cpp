@@ -2,6 +2,7 @@
 #include "memgate/gate/fixture.h"
 
 #include "memgate/models/registry.h"
+#include "memgate/report/svg_chart.h"
 #include "memgate/spec/yaml_reader.h"
 
 #include <fmt/format.h>
@@ -385,6 +386,12 @@ Entry read_entry(MapReader& r, const std::string& key, const std::string& text) 
                                 (std::filesystem::exists(resolved, ec) ? "not a regular file)" : "not there)"));
     }
     e.file = std::filesystem::absolute(resolved).lexically_normal().string();
+    // Python imports a file by a str path, which holds no byte that is not UTF-8 (its import then fails deep in the
+    // probe's process with a UnicodeDecodeError): said here, naming the file.
+    if (valid_utf8(e.file) != e.file) {
+      r.fail(key, "a file whose path is valid UTF-8 (Python imports it by that path; rename the folder or the file)",
+             "'" + valid_utf8(e.file) + "'");
+    }
   } else {
     std::size_t start = 0;
     while (start <= where.size()) {

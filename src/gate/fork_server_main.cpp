@@ -129,7 +129,8 @@ int fork_server_main(int argc, char** argv) {
         const auto& request = message.at("spawn");
         const auto argv_of = request.at("argv");
         if (argv_of.size() < 2 || argv_of.at(1) != "--memgate-rank") {
-          send_line(kSocket, {{"error", "not a rank: " + argv_of.dump()}});
+          send_line(kSocket,
+                    {{"error", "not a rank: " + argv_of.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}});
           continue;
         }
         const pid_t pid = ::fork();

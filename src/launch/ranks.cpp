@@ -373,7 +373,7 @@ std::string rank_result_text(int rank, const ProbeResult& r) {
                      {"trainable", r.param_counts->trainable},
                      {"frozen", r.param_counts->frozen}};
   }
-  return out.dump();
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // an error may quote a non-UTF-8 path
 }
 
 std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<const std::int64_t> batch_sizes,

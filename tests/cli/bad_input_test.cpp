@@ -489,6 +489,15 @@ std::vector<BadInput> catalogue() {
                "check --config '{dir}/ti\xffny.yaml' --device cpu --baselines {dir}/b --json {dir}/r.json --junit "
                "{dir}/r.xml --markdown {dir}/r.md --html {dir}/r.html", 3,
                {"ti\xffny.yaml:1: name: expected letters, digits"}});
+  // A Python fixture in a folder whose name is not UTF-8: Python cannot import its entry by that path (a
+  // UnicodeDecodeError in the probe's process, or a fork server that could not enter the folder), said as the fixture
+  // is read.
+  c.push_back({"python_entry_path_not_utf8",
+               {{"d\xff/m.py", "def build():\n    pass\n"},
+                {"d\xff/f.yaml", "model:\n  arch: python\n  entry: m.py:build\n  inputs:\n    - {shape: [B, 4]}\n"
+                                 "  task: sum\nbatch_sizes: [1]\n"}},
+               "profile --config '{dir}/d\xff/f.yaml' --device cpu", 3,
+               {"f.yaml", "model.entry: expected a file whose path is valid UTF-8", "d\xef\xbf\xbd/m.py"}});
   return c;
 }
 
