@@ -70,16 +70,16 @@ def _matches_a_fixture(root: pathlib.Path, pattern: str) -> bool:
     return any(os.path.isfile(path) and path.endswith((".yaml", ".yml")) for path in glob.iglob(where, recursive=True))
 
 
-class UnmatchedGlob(pytest.Item):
-    """Under CI, a glob of memgate_fixtures that names no file: a failing test (a gate that judged nothing)."""
+class MemgateFailure(Exception):
+    pass
 
-    def __init__(self, *, message, **kwargs):
+
+class _MemgateItem(pytest.Item):
+    """A test of memgate's: marked `memgate`, and a MemgateFailure reported as memgate's message alone."""
+
+    def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.message = message
         self.add_marker("memgate")
-
-    def runtest(self):
-        raise MemgateFailure(self.message)
 
     def repr_failure(self, excinfo):
         if isinstance(excinfo.value, MemgateFailure):
@@ -88,6 +88,17 @@ class UnmatchedGlob(pytest.Item):
 
     def reportinfo(self):
         return self.path, None, f"memgate: {self.name}"
+
+
+class UnmatchedGlob(_MemgateItem):
+    """Under CI, a glob of memgate_fixtures that names no file: a failing test (a gate that judged nothing)."""
+
+    def __init__(self, *, message, **kwargs):
+        super().__init__(**kwargs)
+        self.message = message
+
+    def runtest(self):
+        raise MemgateFailure(self.message)
 
 
 @pytest.hookimpl(trylast=True)
@@ -183,10 +194,6 @@ def _tests_of(doc: dict) -> list:
     return [(b, c) for b in sizes for c in components]
 
 
-class MemgateFailure(Exception):
-    pass
-
-
 def _cli():
     from memgate.api import _cli as find
 
@@ -223,13 +230,12 @@ def _run_check(config, path: pathlib.Path):
     return result
 
 
-class GateItem(pytest.Item):
+class GateItem(_MemgateItem):
     def __init__(self, *, batch_size, component, load_error=None, **kwargs):
         super().__init__(**kwargs)
         self.batch_size = batch_size
         self.component = component
         self.load_error = load_error
-        self.add_marker("memgate")
 
     def runtest(self):
         if self.load_error:
@@ -252,10 +258,3 @@ class GateItem(pytest.Item):
             pytest.skip(row.get("message", "no baseline"))
         self.user_properties.extend((k, row[k]) for k in ("status", "baseline", "measured") if k in row)
 
-    def repr_failure(self, excinfo):
-        if isinstance(excinfo.value, MemgateFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo)
-
-    def reportinfo(self):
-        return self.path, None, f"memgate: {self.name}"

@@ -29,6 +29,15 @@ inline std::string tiny_vit_yaml(const std::string& training = "", const std::st
          "batch_sizes: [1, 2, 4, 8]\n";
 }
 
+/// The traced TorchScript LM (fixtures/models/torchscript/token_lm_traced.pt, trained on its logits' sum) under DDP over
+/// `world_size` ranks with its gradients as views into the buckets, at batches 1 and 3.
+inline std::string torchscript_lm_ddp_yaml(int world_size) {
+  return "model:\n  arch: torchscript\n  path: " + source_dir() +
+         "/fixtures/models/torchscript/token_lm_traced.pt\n  inputs:\n    - {shape: [B, 16], dtype: int64, high: 64}\n"
+         "  task: sum\ntraining:\n  optimizer: adamw\n  trainable: all\n  distributed:\n    strategy: ddp\n"
+         "    world_size: " + std::to_string(world_size) + "\n    gradient_as_bucket_view: true\nbatch_sizes: [1, 3]\n";
+}
+
 /// How many parameter tensors train (each has one `step` scalar in AdamW's state, as torch.optim keeps it).
 inline std::int64_t trainable_tensors(const Fixture& f) {
   auto model = build_model(f.model, c10::Device(c10::DeviceType::CPU));

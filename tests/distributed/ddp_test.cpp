@@ -120,12 +120,7 @@ TEST(DdpEstimateTest, EqualsEachRanksMeasurementForATorchScriptLmWithBucketViews
   testing::TempDir dir;
   for (const int world : {2, 4}) {
     const auto path = dir / fmt::format("ts_lm_ddp{}.yaml", world);
-    write_file_atomically(
-        path, fmt::format("model:\n  arch: torchscript\n  path: {}/fixtures/models/torchscript/token_lm_traced.pt\n"
-                          "  inputs:\n    - {{shape: [B, 16], dtype: int64, high: 64}}\n  task: sum\n"
-                          "training:\n  optimizer: adamw\n  trainable: all\n  distributed:\n    strategy: ddp\n"
-                          "    world_size: {}\n    gradient_as_bucket_view: true\nbatch_sizes: [1, 3]\n",
-                          testing::source_dir(), world));
+    write_file_atomically(path, testing::torchscript_lm_ddp_yaml(world));
     const auto fixture = load_fixture(path);
     for (const std::int64_t batch : {1, 3}) {
       const auto measured = run_probe(fixture, batch, kCpu);
