@@ -1,12 +1,15 @@
-// Estimates for CUDA against a GPU's recorded baselines (baselines/<slug>/): step_peak within 3%, step_peak_reserved
-// within 5%, for every fixture of the GPU suite recorded there and each batch size it recorded. Used on the CPU
-// against the H200's (EstimateForCudaTest, tests/launch) and on a GPU against its own (CudaEstimateTest, tests/cuda).
+// Estimates against what they estimate: for CUDA, a GPU's recorded baselines (baselines/<slug>/): step_peak within 3%,
+// step_peak_reserved within 5%, for every fixture of the GPU suite recorded there and each batch size it recorded
+// (used on the CPU against the H200's, EstimateForCudaTest in tests/launch, and on a GPU against its own,
+// CudaEstimateTest in tests/cuda); for the CPU, a fixture measured on the CPU beside its estimate, batch by batch.
 #pragma once
 
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
 #include "memgate/launch/estimate.h"
+#include "memgate/launch/run.h"
+#include "fixture_util.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -18,9 +21,39 @@
 #include <filesystem>
 #include <iostream>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace memgate::testing {
+
+/// A probe measured on the CPU and its estimate for the CPU, at one batch size.
+struct MeasuredAndEstimated {
+  std::int64_t batch_size = 0;
+  ProbeResult measured, estimated;
+};
+
+/// `fixture` measured on the CPU (run_probes) and estimated for the CPU (estimate_profile) at each of `batches`, paired
+/// by batch size. A batch size that either side could not run throws, naming it and both sides' errors: the test fails.
+inline std::vector<MeasuredAndEstimated> measure_and_estimate_for_cpu(const Fixture& fixture,
+                                                                     const std::vector<std::int64_t>& batches) {
+  const auto measured = run_probes(fixture, batches, kCpu);
+  const auto estimated = estimate_profile(fixture, batches, EstimateTarget::kCpu).probes;
+  if (measured.size() != batches.size() || estimated.size() != batches.size()) {
+    throw std::runtime_error(fmt::format("{}: {} batch sizes asked, {} measured and {} estimated", fixture.name,
+                                         batches.size(), measured.size(), estimated.size()));
+  }
+  std::vector<MeasuredAndEstimated> out;
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    if (!measured[i].measured() || !estimated[i].measured()) {
+      throw std::runtime_error(fmt::format("{} at batch {}: measured: {}; estimated: {}", fixture.name, batches[i],
+                                           measured[i].measured() ? "yes" : measured[i].error,
+                                           estimated[i].measured() ? "yes" : estimated[i].error));
+    }
+    out.push_back({.batch_size = batches[i], .measured = measured[i], .estimated = estimated[i]});
+  }
+  return out;
+}
 
 /// Known gaps, each a fixture whose estimate still falls short somewhere. The ResNets (bias-free, channels-first
 /// convolutions): with cuDNN's workspaces as cuDNN sizes them for the H200 (cudnn_workspace.h) their step_peak is

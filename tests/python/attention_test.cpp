@@ -10,6 +10,7 @@
 #include "memgate/gate/fixture.h"
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
+#include "estimate_check.h"
 #include "fixture_util.h"
 #include "test_util.h"
 
@@ -35,17 +36,8 @@ class AttentionChoiceEstimateTest : public ::testing::TestWithParam<AttentionCas
 TEST_P(AttentionChoiceEstimateTest, EstimatesEveryComponentAsTheCpuMeasuresIt) {
   const auto& c = GetParam();
   const auto f = load_fixture(testing::source_dir() + "/fixtures/models/" + c.fixture + ".yaml");
-  const std::vector<std::int64_t> batches{2, 4};
-  const auto measured = run_probes(f, batches, testing::kCpu);
-  const auto estimated = estimate_profile(f, batches, EstimateTarget::kCpu).probes;
-  ASSERT_EQ(measured.size(), batches.size());
-  ASSERT_EQ(estimated.size(), batches.size());
-  for (std::size_t i = 0; i < batches.size(); ++i) {
-    const auto& m = measured[i];
-    const auto& e = estimated[i];
-    ASSERT_TRUE(m.measured()) << m.error;
-    ASSERT_TRUE(e.measured()) << e.error;
-    const auto at = fmt::format("{} at batch {}", c.fixture, batches[i]);
+  for (const auto& [batch, m, e] : testing::measure_and_estimate_for_cpu(f, {2, 4})) {
+    const auto at = fmt::format("{} at batch {}", c.fixture, batch);
     for (const auto& info : kComponentTable) {
       if (!has_component(m.components, info)) continue;
       const auto want = m.components.*info.member, got = e.components.*info.member;

@@ -8,6 +8,7 @@
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
 #include "memgate/measure/probe.h"
+#include "estimate_check.h"
 #include "fixture_util.h"
 #include "test_util.h"
 
@@ -30,29 +31,23 @@ using ::testing::Not;
 // estimate for the CPU equals the measurement: the model states exactly, every other component within 1%.
 TEST(BuildReadsValuesTest, ABuilderThatReadsWhatItComputedIsCountedMeasuredAndEstimated) {
   const auto f = load_fixture(testing::source_dir() + "/fixtures/models/py_build_reads_values.yaml");
-  const std::vector<std::int64_t> batches{2, 4};
-  const auto measured = run_probes(f, batches, testing::kCpu);
-  const auto estimated = estimate_profile(f, batches, EstimateTarget::kCpu).probes;
-  ASSERT_EQ(measured.size(), batches.size());
-  ASSERT_EQ(estimated.size(), batches.size());
-  for (std::size_t i = 0; i < batches.size(); ++i) {
-    ASSERT_TRUE(measured[i].measured() && estimated[i].measured()) << measured[i].error << estimated[i].error;
+  for (const auto& [batch, measured, estimated] : testing::measure_and_estimate_for_cpu(f, {2, 4})) {
     // Counted on the Meta device before the probe, as the model builds on the CPU.
-    ASSERT_TRUE(measured[i].param_counts.has_value());
+    ASSERT_TRUE(measured.param_counts.has_value());
     // The embedding (3 x 32 x 2 x 2 + 32), three blocks (LayerNorm 64, qkv 32 x 96 + 96, proj 32 x 32 + 32, a table
     // of 7 x 7 positions x 2 heads) and the head (32 x 3 + 3).
-    EXPECT_EQ(measured[i].param_counts->total, 416 + 3 * (64 + 3168 + 1056 + 98) + 99);
-    EXPECT_EQ(measured[i].param_counts->trainable, measured[i].param_counts->total);
-    const auto at = fmt::format("batch {}", batches[i]);
+    EXPECT_EQ(measured.param_counts->total, 416 + 3 * (64 + 3168 + 1056 + 98) + 99);
+    EXPECT_EQ(measured.param_counts->trainable, measured.param_counts->total);
+    const auto at = fmt::format("batch {}", batch);
     for (const auto& info : kComponentTable) {
-      if (!has_component(measured[i].components, info)) continue;
-      const auto want = measured[i].components.*info.member, got = estimated[i].components.*info.member;
+      if (!has_component(measured.components, info)) continue;
+      const auto want = measured.components.*info.member, got = estimated.components.*info.member;
       EXPECT_GT(want, 0) << at << ": " << info.name;
       EXPECT_LE(testing::error_pct(got, want), 1.0) << at << ": " << info.name << " estimated " << got << ", measured "
                                                     << want;
     }
     for (const auto* exact : {"params", "gradients", "optimizer_state"}) {
-      EXPECT_EQ(estimated[i].components.get(exact), measured[i].components.get(exact)) << at << ": " << exact;
+      EXPECT_EQ(estimated.components.get(exact), measured.components.get(exact)) << at << ": " << exact;
     }
   }
 }

@@ -12,6 +12,7 @@
 #include "memgate/gate/fixture.h"
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
+#include "estimate_check.h"
 #include "fixture_util.h"
 #include "test_util.h"
 
@@ -49,15 +50,8 @@ class MetaOpsEstimateTest : public ::testing::TestWithParam<MetaCase> {};
 TEST_P(MetaOpsEstimateTest, EstimatesWithinOnePercentOfTheMeasurementOnEveryComponent) {
   const auto& c = GetParam();
   const auto f = load_fixture(testing::source_dir() + "/fixtures/models/" + c.fixture + ".yaml");
-  const auto measured = run_probes(f, c.batches, kCpu);
-  const auto estimated = estimate_profile(f, c.batches, EstimateTarget::kCpu).probes;
-  ASSERT_EQ(measured.size(), c.batches.size());
-  ASSERT_EQ(estimated.size(), c.batches.size());
-  for (std::size_t i = 0; i < c.batches.size(); ++i) {
-    const auto& m = measured[i];
-    const auto& e = estimated[i];
-    ASSERT_TRUE(m.measured() && e.measured()) << m.error << e.error;
-    const auto at = fmt::format("{} at batch {}", c.fixture, c.batches[i]);
+  for (const auto& [batch, m, e] : testing::measure_and_estimate_for_cpu(f, c.batches)) {
+    const auto at = fmt::format("{} at batch {}", c.fixture, batch);
     EXPECT_EQ(e.components.keeps_ema, m.components.keeps_ema) << at;
     for (const auto& info : kComponentTable) {
       if (!has_component(m.components, info)) continue;  // `ema`: these fixtures keep none
