@@ -8,20 +8,14 @@
 #include "memgate/backend/device.h"
 #include "memgate/measure/probe.h"
 #include "memgate/base/files.h"
-#include "memgate/base/units.h"
-#include "memgate/report/summary.h"
+#include "memgate/report/check_report.h"
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <optional>
-#include <set>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,97 +24,19 @@
 namespace memgate::cli {
 namespace {
 
-// A component that is not ok, for the table check prints.
-struct Noted {
-  std::string status;
-  memgate::ComponentVerdict verdict;
-  bool fails = false;
-  std::string message;
-};
-
-// What is not ok, in one screen: a table, what fails first and the largest change first, at most kShown rows; the
-// gate's message under the first kExplained of them (how to record, what moved), the rest folded into a count.
-void print_noted(std::vector<Noted> noted) {
-  constexpr std::size_t kShown = 15, kExplained = 3;
-  if (noted.empty()) return;
-  const auto pct = [](const Noted& n) {
-    const auto& v = n.verdict;
-    if (!v.baseline || !v.measured || *v.baseline == 0) return 0.0;
-    return 100.0 * static_cast<double>(*v.measured - *v.baseline) / static_cast<double>(*v.baseline);
-  };
-  std::stable_sort(noted.begin(), noted.end(), [&](const Noted& a, const Noted& b) {
-    if (a.fails != b.fails) return a.fails;
-    return std::abs(pct(a)) > std::abs(pct(b));
-  });
-  fmt::print("{:<11} {:<40} {:>12} {:>12} {:>13} {:>9}  {}\n", "status", "test", "baseline", "now", "change", "%",
-             "module that changed most");
-  for (std::size_t i = 0; i < noted.size() && i < kShown; ++i) {
-    const auto& n = noted[i];
-    const auto& v = n.verdict;
-    const bool bytes = v.baseline && v.measured;
-    fmt::print("{:<11} {:<40} {:>12} {:>12} {:>13} {:>9}  {}\n", n.status,
-               fmt::format("{}_bs{}_{}", v.fixture, v.batch_size, v.component),
-               v.baseline ? memgate::format_bytes(*v.baseline) : "-", v.measured ? memgate::format_bytes(*v.measured) : "-",
-               bytes ? memgate::format_bytes_delta(*v.measured - *v.baseline) : "-",
-               bytes && *v.baseline > 0 ? fmt::format("{:+.2f}%", pct(n)) : "-",
-               v.modules.empty() ? std::string("-")
-                                 : fmt::format("{} {}", memgate::format_bytes_delta(v.modules.front().difference()),
-                                               v.modules.front().module));
-    if (i < kExplained) {
-      std::string indented = "  " + n.message;
-      for (std::size_t at = indented.find('\n'); at != std::string::npos; at = indented.find('\n', at + 3)) {
-        indented.insert(at + 1, "  ");
-      }
-      fmt::print("{}\n", indented);
-    }
-  }
-  if (noted.size() > kShown) {
-    fmt::print("... and {} more not ok (every one, with its message: --json FILE or --junit FILE)\n",
-               noted.size() - kShown);
-  } else if (noted.size() > kExplained) {
-    fmt::print("(the messages of the other {}: --json FILE or --junit FILE)\n", noted.size() - kExplained);
-  }
-}
-
 struct ReportFiles {
   std::string junit, markdown, json, html;
 };
 
-// --junit, --markdown and --json (and $GITHUB_STEP_SUMMARY): the verdicts of this run, headed by its verdict
-// (passed, FAILED, ERROR) as the last line printed says it.
-void write_reports(const ReportFiles& files, const char* verdict, const std::string& counts,
-                   const std::vector<nlohmann::json>& rows, const std::vector<memgate::NotJudged>& not_judged,
-                   bool strict) {
-  if (!files.json.empty()) {
-    nlohmann::json doc = {{"verdict", verdict}, {"summary", counts}, {"results", rows},
-                          {"not_judged", nlohmann::json::array()}};
-    for (const auto& e : not_judged) doc["not_judged"].push_back({{"fixture", e.fixture}, {"error", e.error}});
-    write_output("--json", files.json, doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  }
-  if (!files.junit.empty()) write_output("--junit", files.junit, memgate::render_junit(rows, not_judged, strict));
-  if (!files.html.empty()) {
-    // memgate summary's page: baseline against this run for each fixture that changed, and the modules that moved.
-    std::vector<memgate::ComparisonSection> sections;
-    if (!rows.empty()) sections = memgate::summarize_result_rows(rows).comparisons;
-    write_output(
-        "--html", files.html, memgate::render_comparisons_html(sections, {},
-                                                     {.title = "memgate check: baseline against this run, per changed "
-                                                               "fixture",
-                                                      .generator = generator()}));
-  }
+// --junit, --markdown, --json, --html and $GITHUB_STEP_SUMMARY: the check's reports (report/check_report.h), written.
+void write_reports(const ReportFiles& files, const memgate::CheckReport& report) {
+  if (!files.json.empty()) write_output("--json", files.json, memgate::render_check_json(report));
+  if (!files.junit.empty()) write_output("--junit", files.junit, memgate::render_check_junit(report));
+  if (!files.html.empty()) write_output("--html", files.html, memgate::render_check_html(report, generator()));
   const char* step_summary = std::getenv("GITHUB_STEP_SUMMARY");
   const bool to_step_summary = step_summary != nullptr && *step_summary != '\0';  // append_step_summary reads it
   if (files.markdown.empty() && !to_step_summary) return;
-  std::string md = rows.empty() ? std::string("## memgate memory gate\n\nNothing was judged.\n\n")
-                                : memgate::summarize_result_rows(rows).markdown;
-  md = fmt::format("## memgate memory gate: {}\n\n`memgate check`: {}\n{}", verdict, counts, md.substr(md.find('\n') + 1));
-  if (!not_judged.empty()) {
-    md += fmt::format("\n### Not judged ({})\n\n", not_judged.size());
-    for (const auto& e : not_judged) {
-      md += fmt::format("- {}: {}\n", memgate::markdown_code(e.fixture),
-                        memgate::markdown_text(e.error.substr(0, e.error.find('\n'))));
-    }
-  }
+  const auto md = memgate::render_check_markdown(report);
   if (!files.markdown.empty()) write_output("--markdown", files.markdown, md);
   if (to_step_summary) append_step_summary(md);
 }
@@ -252,7 +168,6 @@ Run add_check(CLI::App& app) {
                                     {"--html", o->html}});
     int errors = 0;
     std::vector<memgate::NotJudged> not_judged;
-    std::vector<nlohmann::json> rows;  // a row per judged component, for --junit, --markdown and --json
     // As any other error of the command (memgate: error: ...), once per fixture; the run goes on.
     const auto report_error = [&](const std::string& what, const std::string& why) {
       ++errors;
@@ -283,17 +198,12 @@ Run add_check(CLI::App& app) {
       }
       return kOk;
     }
-    std::map<memgate::Status, int> counts;
-    int differing = 0;
-    bool failed = false;
-    std::size_t probes = 0, compared = 0, missing = 0;
-    std::set<std::string> searched;  // the baseline folders looked in
-    std::string record_hint;
-    std::vector<Noted> noted;  // what is not ok, printed as one table once every fixture is judged
-    memgate::Progress progress;
+    memgate::CheckReport report;
     // --strict, --exact or MEMGATE_STRICT on: stale and missing baselines fail too.
-    const bool strict = o->strict || o->exact || memgate::strict_mode();
-    const bool missing_fails = memgate::missing_fails(strict);
+    report.strict = o->strict || o->exact || memgate::strict_mode();
+    report.missing_fails = memgate::missing_fails(report.strict);
+    bool failed = false;
+    memgate::Progress progress;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const auto& job = jobs[i];
       if (!job.fixture) {
@@ -313,69 +223,27 @@ Run add_check(CLI::App& app) {
         continue;
       }
       progress.done(fmt::format("{}: {} probes judged", item, judged.probes.size()));
-      probes += job.batch_sizes.size();
-      compared += memgate::compared_components(judged.components);
+      report.probes += job.batch_sizes.size();
+      report.compared += memgate::compared_components(judged.components);
       for (const auto& v : judged.components) {
-        nlohmann::json row = v;
-        row["device"] = judged.device.slug;
-        row["test"] = fmt::format("{}_bs{}_{}", v.fixture, v.batch_size, v.component);
-        rows.push_back(std::move(row));
         if (v.status == memgate::Status::kMissing) {
-          ++missing;
-          searched.insert(std::filesystem::absolute(std::filesystem::path(judged.baseline_file).parent_path())
-                              .lexically_normal()
-                              .string());
-          if (record_hint.empty()) record_hint = memgate::record_command(*job.fixture, judged.device);
+          report.searched.insert(std::filesystem::absolute(std::filesystem::path(judged.baseline_file).parent_path())
+                                     .lexically_normal()
+                                     .string());
+          if (report.record_hint.empty()) report.record_hint = memgate::record_command(*job.fixture, judged.device);
         }
         // --exact: bytes within the tolerance that are not the baseline's are a difference of their own.
         const bool differs = o->exact && (v.status == memgate::Status::kOk || v.status == memgate::Status::kStale) &&
                              v.baseline && v.measured && *v.baseline != *v.measured;
-        if (differs) {
-          rows.back()["differs"] = true;  // --exact
-          rows.back()["fails"] = true;
-          ++differing;
-          failed = true;
-          noted.push_back({"differs", v, true,
-                           fmt::format("baseline {} bytes, measured {} ({:+} bytes); --exact wants the same bytes",
-                                       *v.baseline, *v.measured, *v.measured - *v.baseline)});
-          continue;
-        }
-        ++counts[v.status];
-        const bool fails_gate = memgate::fails(v.status, strict);
-        rows.back()["fails"] = fails_gate;
-        failed = failed || fails_gate;
-        // A missing baseline is said once, below, with the command that records it.
-        if (v.status == memgate::Status::kOk || v.status == memgate::Status::kMissing) continue;
-        noted.push_back({std::string(memgate::name_of(memgate::kStatusNames, v.status)), v, fails_gate, v.message});
+        const bool fails = differs || memgate::fails(v.status, report.strict);
+        failed = failed || fails;
+        report.components.push_back({.verdict = v, .device = judged.device.slug, .fails = fails, .differs = differs});
       }
     }
-    print_noted(noted);
-    std::string line;
-    for (const auto& [status, n] : counts) {
-      line += fmt::format("{}{} {}", line.empty() ? "" : ", ", n, memgate::name_of(memgate::kStatusNames, status));
-    }
-    if (differing > 0) line += fmt::format("{}{} differs", line.empty() ? "" : ", ", differing);
-    if (errors > 0) line += fmt::format("{}{} fixture{} not judged", line.empty() ? "" : ", ", errors, errors == 1 ? "" : "s");
-    if (line.empty()) line = "nothing to judge";
-    const char* verdict = errors > 0 ? "ERROR" : failed ? "FAILED" : "passed";
-    fmt::print("memgate check: {} ({} probes on {}, {} components compared with a baseline): {}\n", verdict, probes,
-               device.str(), compared, line);
-    if (missing > 0) {
-      std::string folders;
-      for (const auto& f : searched) folders += (folders.empty() ? "" : ", ") + f;
-      fmt::print("  {} {} no baseline (looked in {}); record {} with: {}{}\n", missing,
-                 missing == 1 ? "component has" : "components have", folders, missing == 1 ? "it" : "them",
-                 record_hint,
-                 missing_fails ? (strict
-                                      ? std::string("; strict mode fails a missing baseline")
-                                      : std::string("; under CI (CI=true) a missing baseline fails: a gate that "
-                                                    "compared nothing is not a pass (MEMGATE_STRICT=0 lets it pass)"))
-                               : compared == 0 ? std::string("; NOTHING WAS COMPARED: this pass checked nothing")
-                                               : std::string());
-    }
-    write_reports({o->junit, o->markdown, o->json, o->html}, verdict, fmt::format("{} probes on {}, {} components compared with a baseline: {}", probes,
-                                           device.str(), compared, line),
-                  rows, not_judged, strict);
+    report.not_judged = not_judged;
+    report.device = device.str();
+    fmt::print("{}", memgate::render_check_screen(report));
+    write_reports({o->junit, o->markdown, o->json, o->html}, report);
     if (errors > 0) return kError;
     return failed ? kFailed : kOk;
   };
