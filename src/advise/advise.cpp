@@ -7,7 +7,7 @@
 #include "memgate/base/units.h"
 #include "memgate/gate/report.h"
 #include "memgate/launch/estimate.h"
-#include "memgate/estimate/cuda_reduce.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/launch/ranks.h"
 #include "memgate/models/vit.h"
 
@@ -691,7 +691,7 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
       if (!known.contains(b)) missing.push_back(b);
     }
     if (missing.empty()) return;
-    const ScopedEstimateGpu for_gpu(CudaReduceDevice{gpu.first, gpu.second});
+    const EstimateContextGuard for_gpu(estimate_context_for_gpu(CudaReduceDevice{gpu.first, gpu.second}));
     for (const auto b : missing) {
       try {
         known[b] = estimate_probe(workload, b, EstimateTarget::kCuda).components.step_peak_reserved;

@@ -4,7 +4,7 @@
 #include "memgate/base/error.h"
 #include "memgate/base/units.h"
 #include "memgate/advise/advise.h"
-#include "memgate/estimate/cuda_reduce.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/gate/budget.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/report.h"
@@ -36,7 +36,8 @@ ExitCode check_estimated_budgets(const std::string& suite_path, const std::strin
     const auto& gpu = memgate::find_gpu(gpus, budget.gpu);
     const auto fixture = memgate::load_fixture(budget.fixture_path);
     // Its reductions staged for this GPU's SMs (cuda_reduce.h).
-    const memgate::ScopedEstimateGpu for_gpu({gpu.multiprocessors, gpu.max_threads_per_multiprocessor});
+    const memgate::EstimateContextGuard for_gpu(
+        memgate::estimate_context_for_gpu({gpu.multiprocessors, gpu.max_threads_per_multiprocessor}));
     const auto probe = memgate::estimate_probe(fixture, budget.batch_size, memgate::EstimateTarget::kCuda);
     // The step's reserved peak and the cuBLAS workspaces this GPU gets beside it (a measured budget has its own).
     const auto check = memgate::check_budget(probe.components.step_peak_reserved + gpu.library_workspace_bytes(), gpu);

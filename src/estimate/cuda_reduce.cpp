@@ -5,6 +5,7 @@
 #include "memgate/estimate/cuda_reduce.h"
 
 #include "memgate/base/error.h"
+#include "memgate/estimate/estimate_context.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -296,39 +297,7 @@ ReduceLaunch reduce_launch(const ReduceIteration& it, const ReduceOperands& oper
   return launch;
 }
 
-CudaReduceDevice estimated_cuda_reduce_device() {
-  CudaReduceDevice device;
-  const char* value = std::getenv("MEMGATE_ESTIMATE_GPU_SMS");
-  if (value == nullptr || *value == '\0') return device;
-  char* end = nullptr;
-  const long sms = std::strtol(value, &end, 10);
-  if (end == value || *end != 'x') return device;
-  const char* threads_at = end + 1;
-  const long threads = std::strtol(threads_at, &end, 10);
-  if (end == threads_at || *end != '\0' || sms < 1 || sms > 100000 || threads < 32 || threads > 100000) return device;
-  device.multiprocessors = static_cast<int>(sms);
-  device.max_threads_per_multiprocessor = static_cast<int>(threads);
-  return device;
-}
-
-ScopedEstimateGpu::ScopedEstimateGpu(CudaReduceDevice device) {
-  if (device.multiprocessors <= 0 || device.max_threads_per_multiprocessor <= 0) return;
-  if (const char* before = std::getenv("MEMGATE_ESTIMATE_GPU_SMS"); before != nullptr) {
-    had_ = true;
-    previous_ = before;
-  }
-  const auto value = std::to_string(device.multiprocessors) + "x" + std::to_string(device.max_threads_per_multiprocessor);
-  set_ = ::setenv("MEMGATE_ESTIMATE_GPU_SMS", value.c_str(), 1) == 0;
-}
-
-ScopedEstimateGpu::~ScopedEstimateGpu() {
-  if (!set_) return;
-  if (had_) {
-    ::setenv("MEMGATE_ESTIMATE_GPU_SMS", previous_.c_str(), 1);
-  } else {
-    ::unsetenv("MEMGATE_ESTIMATE_GPU_SMS");
-  }
-}
+CudaReduceDevice estimated_cuda_reduce_device() { return estimate_context().gpu; }
 
 ReduceBuffers cuda_reduce_buffers(const ReduceOperands& operands, const CudaReduceDevice& device) {
   ReduceBuffers buffers;

@@ -5,6 +5,7 @@
 #include "memgate/estimate/cudnn_workspace.h"
 
 #include "memgate/base/error.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/spec/gpus.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -416,6 +417,8 @@ std::string_view builtin_h200_fixture();  // builtin_h200.cpp, generated from fi
 }  // namespace detail
 
 std::string estimated_cudnn_device_json() {
+  if (const auto& context = estimate_context(); !context.cudnn_device_json.empty()) return context.cudnn_device_json;
+  // A user's override for every estimate of the process (docs/design.md): another GPU's properties than the H200's.
   if (const char* json = std::getenv("MEMGATE_ESTIMATE_GPU_CUDNN"); json != nullptr && *json != '\0') {
     // Checked before cuDNN reads it (its own error names no variable and no key), once per value.
     static std::mutex mutex;

@@ -10,6 +10,7 @@
 #include "memgate/base/heartbeat.h"
 #include "memgate/base/signals.h"
 #include "memgate/distributed/process_group.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/ranks.h"
@@ -207,7 +208,16 @@ int rank_main(int argc, char** argv) {
     }
     const bool keep_going = args.contains("keep-going") && args["keep-going"] == "1";
     // An estimate for a GPU of the search's (ranks.cpp passes it): its reductions staged for that GPU's SMs.
-    if (args.contains("estimate-gpu-sms")) ::setenv("MEMGATE_ESTIMATE_GPU_SMS", args["estimate-gpu-sms"].c_str(), 1);
+    std::optional<EstimateContextGuard> for_gpu;
+    if (args.contains("estimate-gpu-sms")) {
+      const auto& text = args["estimate-gpu-sms"];
+      const auto x = text.find('x');
+      if (x == std::string::npos) {
+        throw std::invalid_argument("--estimate-gpu-sms: expected <SMs>x<threads>, got " + text);
+      }
+      for_gpu.emplace(estimate_context_for_gpu({static_cast<int>(parse_int(text.substr(0, x), "estimate-gpu-sms")),
+                                                static_cast<int>(parse_int(text.substr(x + 1), "estimate-gpu-sms"))}));
+    }
     const auto of_probe = [&](const std::string& path, std::size_t i) {
       return probe_file(path, i, batch_sizes.size());
     };

@@ -4,6 +4,7 @@
 #include "memgate/base/error.h"
 #include "memgate/backend/cpu_allocator.h"
 #include "memgate/backend/meta_allocator.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/launch/ranks.h"
 #include "memgate/launch/run.h"
@@ -57,6 +58,11 @@ ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, Es
   // ... and reserves them in segments (each probe starts from an empty cache, as a probe on a GPU does; the Meta
   // backend applies the probe's allocator settings to the model, as the CUDA backend does to the allocator).
   meta.model_caching_allocator(target == EstimateTarget::kCuda);
+  // What the estimate is for: the target and the CPU's kernels, on the GPU of the context around it.
+  auto context = estimate_context();
+  context.target = target;
+  context.cpu_kernels = workload.training.cpu_kernels;
+  const EstimateContextGuard estimating(std::move(context));
   use_meta_kernels_for(target, workload.training.cpu_kernels);
   // A Python model kept for the next probe (reuse_python_builds) is as its build left it, and nothing of the probe
   // is alive: else it is freed now, between probes, and the next probe builds anew.

@@ -11,6 +11,7 @@
 #include "memgate/backend/cpu_allocator.h"
 #include "memgate/backend/device.h"
 #include "memgate/distributed/process_group.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/models/python.h"
 #include "memgate/models/zoo.h"
 
@@ -236,9 +237,6 @@ std::vector<std::string> child_environment() {
   std::string pythonpath = package;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry(*e);
-    if (entry.starts_with("MEMGATE_ESTIMATE_GPU_SMS=")) {
-      continue;  // the GPU an estimate speaks for: the probe's argument (--estimate-gpu-sms), one fork server for all
-    }
     if (entry.starts_with("PYTHONPATH=")) {
       const auto rest = entry.substr(11);
       if (!rest.empty()) pythonpath += (pythonpath.empty() ? "" : ":") + std::string(rest);
@@ -393,10 +391,10 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   *(at + 1) = fmt::format("{}", fmt::join(batch_sizes, ","));
   command.insert(command.end(), arguments.begin(), arguments.end());
   if (estimate) command.insert(command.end(), {"--estimate-for", *estimate == EstimateTarget::kCpu ? "cpu" : "cuda"});
-  // The GPU an estimate for CUDA speaks for (estimated_cuda_reduce_device: `estimate --gpu`'s search sets it per GPU).
-  if (const char* sms = std::getenv("MEMGATE_ESTIMATE_GPU_SMS");
-      estimate == EstimateTarget::kCuda && sms != nullptr && *sms != '\0') {
-    command.insert(command.end(), {"--estimate-gpu-sms", sms});
+  // The GPU an estimate for CUDA speaks for (this thread's estimate context: `estimate --gpu` sets it per GPU).
+  if (const auto& gpu = estimate_context().gpu; estimate == EstimateTarget::kCuda && !(gpu == CudaReduceDevice{})) {
+    command.insert(command.end(), {"--estimate-gpu-sms",
+                                   fmt::format("{}x{}", gpu.multiprocessors, gpu.max_threads_per_multiprocessor)});
   }
   // A profile's: an error at one batch size is written as that batch size's result, and the process goes on.
   if (options.keep_going) command.insert(command.end(), {"--keep-going", "1"});

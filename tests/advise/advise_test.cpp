@@ -1,7 +1,7 @@
 // memgate advise on the CPU: for every CPU-suite fixture and two capacities, the advised batch runs under the
 // counting allocator's cap and the next one up does not, as an exhaustive search finds, in a few probes.
 #include "memgate/advise/advise.h"
-#include "memgate/estimate/cuda_reduce.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
 #include "memgate/launch/estimate.h"
@@ -361,10 +361,9 @@ TEST(AdviseTest, EachGpuTargetIsAnsweredWithItsOwnGpusReductionStaging) {
   const CudaReduceDevice t4{40, 1024};
   const auto h100_at = [&](std::int64_t b) { return estimate_probe(f, b, EstimateTarget::kCuda).components; };
   const auto t4_at = [&](std::int64_t b) {
-    const ScopedEstimateGpu scoped(t4);
+    const EstimateContextGuard scoped(estimate_context_for_gpu(t4));
     return estimate_probe(f, b, EstimateTarget::kCuda).components;
   };
-  ASSERT_EQ(std::getenv("MEMGATE_ESTIMATE_GPU_SMS"), nullptr);  // the scope put it back
   const auto h100 = h100_at(4), on_t4 = t4_at(4);
   EXPECT_LT(on_t4.step_peak_reserved, h100.step_peak_reserved);
   EXPECT_LT(on_t4.step_peak, h100.step_peak);
@@ -414,7 +413,7 @@ TEST_P(SearchByEstimateTest, GuessesFromTheLineAndAnswersAsTheDoublingSearch) {
     const std::pair<int, int> gpu{target.multiprocessors, target.max_threads_per_multiprocessor};
     const auto needs = [&](std::int64_t b) {
       if (!alone[gpu].contains(b)) {
-        const ScopedEstimateGpu scoped(CudaReduceDevice{gpu.first, gpu.second});
+        const EstimateContextGuard scoped(estimate_context_for_gpu(CudaReduceDevice{gpu.first, gpu.second}));
         alone[gpu][b] = estimate_probe(f, b, EstimateTarget::kCuda).components.step_peak_reserved;
       }
       return alone[gpu][b] + target.library_workspace_bytes;

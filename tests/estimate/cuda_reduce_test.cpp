@@ -4,6 +4,7 @@
 
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/base/error.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/estimate/meta_kernels.h"
 
 #include <ATen/TensorIterator.h>
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace memgate {
@@ -339,28 +341,27 @@ TEST(CudaReduceTest, TheEstimateForCudaStagesAsTheGpuDoesTheCpuNot) {
   EXPECT_EQ(above_output(bias_gradient), 0);
 }
 
-// The GPU an estimate speaks for: MEMGATE_ESTIMATE_GPU_SMS ("<SMs>x<threads per SM>"), set for a scope by the search
-// for each GPU target and put back after; a malformed value is the defaults. The same bias gradient stages less on a
-// T4 (40 x 1,024) than on an H100: the Meta kernel reads it.
+// The GPU an estimate speaks for: this thread's estimate context, set for a scope by one guard (the search sets it
+// for each GPU target) and put back after; {0, 0} keeps the GPU around it, and another thread has its own. The same
+// bias gradient stages less on a T4 (40 x 1,024) than on an H100: the Meta kernel reads it.
 TEST(CudaReduceTest, TheEstimateStagesForTheGpuItSpeaksFor) {
-  ASSERT_EQ(std::getenv("MEMGATE_ESTIMATE_GPU_SMS"), nullptr);
   EXPECT_EQ(estimated_cuda_reduce_device().multiprocessors, 132);
   {
-    const ScopedEstimateGpu t4({40, 1024});
-    EXPECT_STREQ(std::getenv("MEMGATE_ESTIMATE_GPU_SMS"), "40x1024");
+    const EstimateContextGuard t4(estimate_context_for_gpu({40, 1024}));
     EXPECT_EQ(estimated_cuda_reduce_device().multiprocessors, 40);
     EXPECT_EQ(estimated_cuda_reduce_device().max_threads_per_multiprocessor, 1024);
+    EXPECT_EQ(estimate_context().target, EstimateTarget::kCuda);
     {
-      const ScopedEstimateGpu defaults({0, 0});  // nothing set: the T4's stays
-      EXPECT_STREQ(std::getenv("MEMGATE_ESTIMATE_GPU_SMS"), "40x1024");
+      const EstimateContextGuard defaults(estimate_context_for_gpu({0, 0}));  // nothing of its own: the T4's stays
+      EXPECT_EQ(estimated_cuda_reduce_device().multiprocessors, 40);
     }
+    EXPECT_EQ(estimated_cuda_reduce_device().multiprocessors, 40);
+    int other_thread = 0;
+    std::thread([&] { other_thread = estimated_cuda_reduce_device().multiprocessors; }).join();
+    EXPECT_EQ(other_thread, 132);
   }
-  EXPECT_EQ(std::getenv("MEMGATE_ESTIMATE_GPU_SMS"), nullptr);
-  for (const auto* bad : {"40", "40x", "x1024", "40x1024x2", "0x1024", "forty"}) {
-    ::setenv("MEMGATE_ESTIMATE_GPU_SMS", bad, 1);
-    EXPECT_EQ(estimated_cuda_reduce_device().multiprocessors, 132) << bad;
-  }
-  ::unsetenv("MEMGATE_ESTIMATE_GPU_SMS");
+  EXPECT_EQ(estimated_cuda_reduce_device().multiprocessors, 132);
+  EXPECT_EQ(estimate_context(), EstimateContext{});
 
   auto& meta = CountingMetaAllocator::install();
   meta.set_granularity(0);
@@ -377,7 +378,7 @@ TEST(CudaReduceTest, TheEstimateStagesForTheGpuItSpeaksFor) {
   const auto on_h100 = staged();
   std::int64_t on_t4 = 0;
   {
-    const ScopedEstimateGpu t4({40, 1024});
+    const EstimateContextGuard t4(estimate_context_for_gpu({40, 1024}));
     on_t4 = staged();
   }
   use_meta_kernels_for(EstimateTarget::kCpu);

@@ -28,7 +28,7 @@ struct AdviceTarget {
   /// False for a GPU fixture memgate never measured (GpuSpec::measured): its answers say so.
   bool measured = true;
   /// The GPU's multiprocessors and threads per multiprocessor (GpuSpec's), which size CUDA's reduction staging in an
-  /// estimate for it (ScopedEstimateGpu); 0: the defaults (an H100's).
+  /// estimate for it (EstimateContextGuard, estimate_context_for_gpu); 0: the defaults (an H100's).
   int multiprocessors = 0;
   int max_threads_per_multiprocessor = 0;
 };

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <exception>
-#include <string>
 #include <string_view>
 #include <vector>
 
@@ -38,28 +37,13 @@ inline constexpr std::string_view kCannotRunOnCuda = "cannot run on CUDA at this
 struct CudaReduceDevice {
   int multiprocessors = 132;
   int max_threads_per_multiprocessor = 2048;
+  friend bool operator==(const CudaReduceDevice&, const CudaReduceDevice&) = default;
 };
 
-/// The GPU an estimate for CUDA speaks for, as its reductions read it: MEMGATE_ESTIMATE_GPU_SMS
-/// ("<multiprocessors>x<threads per multiprocessor>", e.g. "40x1024" for a T4), which `memgate estimate --gpu`'s
-/// search and `estimate --suite` set for each GPU fixture (ScopedEstimateGpu) and a Python probe's process inherits
-/// with its environment; else the defaults (an H100's and an H200's). Malformed: the defaults.
+/// The GPU an estimate for CUDA speaks for, as its reductions read it: this thread's estimate context's
+/// (estimate_context.h), which `memgate estimate --gpu`'s search and `estimate --suite` set for each GPU fixture and a
+/// probe's own process takes from its request; else the defaults (an H100's and an H200's).
 [[nodiscard]] CudaReduceDevice estimated_cuda_reduce_device();
-
-/// MEMGATE_ESTIMATE_GPU_SMS set to `device` (nothing set for the defaults {0, 0}) for as long as it lives, and put
-/// back as it was after.
-class ScopedEstimateGpu {
- public:
-  explicit ScopedEstimateGpu(CudaReduceDevice device);
-  ~ScopedEstimateGpu();
-  ScopedEstimateGpu(const ScopedEstimateGpu&) = delete;
-  ScopedEstimateGpu& operator=(const ScopedEstimateGpu&) = delete;
-
- private:
-  bool had_ = false;
-  std::string previous_;
-  bool set_ = false;
-};
 
 /// A reduction as gpu_reduce_kernel receives it: its input (sizes, strides in elements, the byte offset of its first
 /// element from a 512-byte-aligned allocation) reduced over the dims marked in `reduced` (empty: all) into a

@@ -42,9 +42,9 @@ struct CudnnConvolution {
 /// memgate::Error where cuDNN cannot be loaded (naming where it looked), or answers no plan.
 [[nodiscard]] std::int64_t cudnn_workspace_bytes(const CudnnConvolution& convolution, const std::string& device_json);
 
-/// The device properties an estimate for CUDA gives cuDNN: those of the GPU it speaks for (MEMGATE_ESTIMATE_GPU_CUDNN,
-/// a GPU fixture's `cudnn_device` JSON), else an H200's (fixtures/gpus/h200_141gb.yaml as memgate was built with it,
-/// built in: wherever memgate runs).
+/// The device properties an estimate for CUDA gives cuDNN: this thread's estimate context's (estimate_context.h),
+/// else MEMGATE_ESTIMATE_GPU_CUDNN (a user's override: a GPU fixture's `cudnn_device` JSON), else an H200's
+/// (fixtures/gpus/h200_141gb.yaml as memgate was built with it, built in: wherever memgate runs).
 [[nodiscard]] std::string estimated_cudnn_device_json();
 
 /// Where libcudnn_graph.so.9 was loaded from, or why it could not be (for messages and tests).
