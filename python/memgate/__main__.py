@@ -1,77 +1,9 @@
 """`python -m memgate --memgate-rank --fixture F --batch-size B ...`: one probe (or one rank) of a fixture in this
-Python process, as memgate starts it for a Python fixture; exit 0 when it measured, 2 for bad arguments, 3 otherwise."""
+Python process, as memgate starts it for a Python fixture; exit 0 when it measured, 2 for bad arguments, 3 otherwise.
+The probe itself is memgate._probe's (which a probe forked from the fork server runs too)."""
 import sys
 
-
-class _ImportsAsProgress:
-    """A finder first on sys.meta_path that finds nothing: each module the probe imports (the model's code importing
-    timm, transformers: seconds, module by module) tells memgate's supervisor that the probe moves. A call that sleeps,
-    spins or waits imports nothing, and is ended after the probe's timeout."""
-
-    def __init__(self, note):
-        self.note = note
-
-    def find_spec(self, name, path=None, target=None):
-        self.note()
-        return None
-
-
-def _note_imports_as_progress(note) -> None:
-    if not any(isinstance(finder, _ImportsAsProgress) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _ImportsAsProgress(note))
-
-
-def _count_cpu_storage_copies() -> None:
-    """A storage copied in Python (copy.deepcopy of any tensor that is not a Parameter: a module's buffers, a teacher
-    or an EMA copy made with deepcopy) is made by torch.UntypedStorage(nbytes, device), which on the CPU takes
-    LibTorch's default CPU allocator directly, not the one memgate counts with: bytes a CPU probe would not see (on CUDA
-    and on the Meta device the same call takes the allocator memgate reads). In memgate's probe, a CPU storage's copy is
-    allocated as a tensor's is, the same bytes, counted."""
-    import torch
-    from torch.storage import _StorageBase
-
-    original = _StorageBase.clone
-    if getattr(original, "_memgate_counted", False):
-        return
-
-    def clone(self):
-        if type(self) is not torch.UntypedStorage or self.device.type != "cpu":
-            return original(self)
-        return torch.empty(self.nbytes(), dtype=torch.uint8).untyped_storage().copy_(self)
-
-    clone._memgate_counted = True
-    clone.__doc__ = original.__doc__
-    _StorageBase.clone = clone
-
-
-def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] != "--memgate-rank":
-        print("usage: python -m memgate --memgate-rank --fixture F --batch-size B ... (memgate starts it; "
-              "run the gate with the memgate command)", file=sys.stderr)
-        return 2
-    try:
-        from memgate import check_torch
-
-        check_torch()
-        from memgate import _core
-    except ImportError as e:
-        print(f"memgate rank: {e}", file=sys.stderr)
-        return 3
-    # What is imported by now (torch, memgate; in a probe forked from the fork server, everything the server imported)
-    # is out of the collector's walks: the protocol collects several times per probe, and each full collection walked
-    # every object of torch and of the model's packages (2 s of a ViT-B estimate's 2.5 s).
-    from memgate._forkserver import freeze_what_is_alive
-
-    freeze_what_is_alive()
-    _note_imports_as_progress(_core.note_progress)
-    _count_cpu_storage_copies()
-    if "--estimate-for" in sys.argv:
-        from memgate._meta import autocast_on_meta, prefer_libtorch_meta_kernels
-
-        kept = prefer_libtorch_meta_kernels()  # noqa: F841 (its registrations last while it does)
-        autocast_on_meta()
-    return _core.rank_main(sys.argv)
-
+from memgate._probe import main
 
 if __name__ == "__main__":
     # As a probe forked from the fork server ends (_forkserver.py): the exit handlers run and the output flushed,

@@ -1,16 +1,15 @@
 """`python -m memgate._forkserver [--inductor] PARENT_PID`: the warm Python that a memgate process forks its Python
 probes from.
 
-memgate starts one per Python and environment, on the first Python probe it runs, with a socket as file descriptor 3.
-It imports torch and memgate's extension once; each probe is then a fork of it (os.fork) that runs what
-`python -m memgate --memgate-rank ...` would, so that a probe pays no import of torch. After a probe has ended, the
+memgate starts one per Python and environment, on the first Python probe it runs, with a socket as file descriptor 3. It
+imports torch and memgate's extension once; each probe is then a fork of it (os.fork) that runs what `python -m memgate
+--memgate-rank ...` would (memgate._probe.main), so that a probe pays no import of torch. After a probe has ended, the
 server also imports the installed packages that probe imported (timm, transformers, peft: seconds each), never the
-user's own modules: the next probe of the same models starts with them imported. Before it forks a probe, it imports
-the installed packages that the model's own code imports as it is built (its file's imports outside any function and
-those in the entry's and the loss's callable, read, not run; memgate sends them as `file:callable`), so that the first
-probe, and every rank of a distributed one, finds them imported too, instead of each importing them itself. A probe
-is still a process of its own: its memory, its allocator and its counting start fresh, as they did when it was started
-directly.
+user's own modules: the next probe of the same models starts with them imported. Before it forks a probe, it imports the
+installed packages that the model's own code imports as it is built (its file's imports outside any function and those
+in the entry's and the loss's callable, read, not run; memgate sends them as `file:callable`), so that the first probe,
+and every rank of a distributed one, finds them imported too, instead of each importing them itself. A probe is still a
+process of its own: its memory, its allocator and its counting start fresh, as they did when it was started directly.
 
 What the server has imported is frozen for Python's collector (gc.freeze, after a collection): memgate's protocol
 collects several times per probe (after each build, before each base), and each full collection walked every object of
@@ -41,24 +40,13 @@ import sys
 import sysconfig
 import time
 
+from memgate._probe import freeze_what_is_alive
+
 _PR_SET_PDEATHSIG = 1
 
 
 def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
-
-
-def freeze_what_is_alive() -> None:
-    """What this process holds now, garbage collected first, out of every later collection's walk (gc.freeze): the
-    probes forked from it collect their own objects only. An object frozen here is alive (the collection before it
-    freed what was not), and one that a probe's reference cycle holds is kept alive by the cycle's reference as
-    before; what the probe allocates is collected as it was."""
-    import gc
-
-    if os.environ.get("MEMGATE_GC_FREEZE") == "0":  # memgate's tests: the probes as they were, every object walked
-        return
-    gc.collect()
-    gc.freeze()
 
 
 def _cuda_touched() -> bool:
@@ -150,11 +138,12 @@ class Server:
             # The modules the server had imported: what the probe imports beyond them is what the server imports
             # next (reading each module's path, thousands of torch's, took 0.05 s per probe).
             before = set(sys.modules)
-            import memgate.__main__
+            from memgate import _probe
 
-            sys.argv = [memgate.__main__.__file__] + argv[3:]
+            # sys.argv[0] as `python -m memgate` has it: the package's __main__.py.
+            sys.argv = [os.path.join(os.path.dirname(_probe.__file__), "__main__.py")] + argv[3:]
             try:
-                code = memgate.__main__.main()
+                code = _probe.main()
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             with os.fdopen(packages, "w") as f:
