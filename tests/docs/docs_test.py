@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
 """The documentation's promises, checked: every link of README.md and docs/*.md stays inside the repository and
-reaches a file that is there (and a heading that is there, for #anchors), and every Python example runs.
+reaches a file that is there (and a heading that is there, for #anchors), every Python example runs, and every
+MEMGATE_* variable memgate reads is in docs/design.md's table of them.
 
     python tests/docs/docs_test.py links <source dir>
+    python tests/docs/docs_test.py variables <source dir>
     PYTHONPATH=build/cpu/python python tests/docs/docs_test.py python <source dir>
 
 `python` extracts the ```python blocks of README.md and docs/*.md and runs each as a script, those of one document
 in order in a fresh folder of their own (the repository is MEMGATE_PROJECT_DIR); a block whose first line is
 `# file: <path>` (```python or ```yaml) is written to that path of the folder instead, for the blocks after it. A
 block that raises, or whose asserts fail, fails the test, named by file and line.
+
+`variables` reads (does not run) memgate's code and installed CMake scripts for the MEMGATE_* environment variables
+they read, and fails on one that is not a row of docs/design.md's table under "## Environment variables", or on a row
+that nothing reads.
 """
 import os
 import pathlib
@@ -126,9 +132,81 @@ def run_python(source):
     return failures
 
 
+VARIABLE = re.compile(r"[\"']((?:MEMGATE)_[A-Z0-9_]+)")  # a string that starts with the name: C++ and Python
+CMAKE_VARIABLE = re.compile(r"\$ENV\{(MEMGATE_[A-Z0-9_]+)\}|(?<![\w-])(MEMGATE_[A-Z0-9_]+)=")  # read, or set for a child
+TABLE_ROW = re.compile(r"^\| `(MEMGATE_[A-Z0-9_]+)` \|")
+
+
+def variables_read(source):
+    """{name: [where]} of every MEMGATE_* environment variable that memgate's code or its installed CMake scripts
+    name: in src/, include/ and python/memgate, a string that starts with the name (getenv("MEMGATE_X"),
+    os.environ.get("MEMGATE_X"), a variable set for a child: "MEMGATE_X=..."; a compile definition such as
+    MEMGATE_VERSION is no string); in the CMake scripts that cmake/MemgateInstall.cmake installs, $ENV{MEMGATE_X}
+    and MEMGATE_X= (an environment set for a test or a command)."""
+    found = {}
+
+    def add(name, path, number):
+        found.setdefault(name, []).append(f"{path.relative_to(source)}:{number}")
+
+    code = [p for folder in ("src", "include") for p in sorted((source / folder).rglob("*"))
+            if p.suffix in (".cpp", ".h", ".in")]
+    code += sorted((source / "python" / "memgate").rglob("*.py"))
+    for path in code:
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            for m in VARIABLE.finditer(line):
+                add(m.group(1), path, number)
+    install = (source / "cmake" / "MemgateInstall.cmake").read_text()
+    scripts = sorted(set(re.findall(r"\$\{PROJECT_SOURCE_DIR\}/cmake/([\w.]+\.(?:cmake|in))", install)))
+    for name in scripts:
+        path = source / "cmake" / name
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if line.lstrip().startswith("#"):
+                continue
+            for m in CMAKE_VARIABLE.finditer(line):
+                add(m.group(1) or m.group(2), path, number)
+    return found, scripts
+
+
+def variables_documented(source):
+    """{name: line} of the rows of docs/design.md's table under "## Environment variables"."""
+    rows, inside = {}, False
+    for number, line in enumerate((source / "docs" / "design.md").read_text().splitlines(), start=1):
+        if line.startswith("## "):
+            inside = line.strip() == "## Environment variables"
+            continue
+        m = TABLE_ROW.match(line) if inside else None
+        if m:
+            rows[m.group(1)] = number
+    return rows
+
+
+def check_variables(source):
+    """Every MEMGATE_* variable that memgate reads is a row of docs/design.md's table, and every row is read."""
+    failures = []
+    found, scripts = variables_read(source)
+    rows = variables_documented(source)
+    if not rows:
+        return ["docs/design.md: no table of variables under '## Environment variables' (rows | `MEMGATE_X` | ...)"]
+    if "memgateConfig.cmake.in" not in scripts or "MemgateFindTorch.cmake" not in scripts:
+        failures.append(f"cmake/MemgateInstall.cmake: found the installed scripts {scripts}, expected "
+                        "memgateConfig.cmake.in and MemgateFindTorch.cmake among them")
+    for name, where in sorted(found.items()):
+        if name not in rows:
+            failures.append(f"{where[0]}: {name} is read (also {', '.join(where[1:]) or 'nowhere else'}) but is not a "
+                            "row of docs/design.md's table under '## Environment variables': add its row (who reads "
+                            "it, what it does, who sets it) or stop reading it")
+    for name, line in sorted(rows.items()):
+        if name not in found:
+            failures.append(f"docs/design.md:{line}: {name} is in the table of variables, but nothing in src/, "
+                            "include/, python/memgate or the installed CMake scripts reads it: remove its row")
+    print(f"{len(found)} MEMGATE_* variables read, {len(rows)} rows in docs/design.md")
+    return failures
+
+
 def main():
     mode, source = sys.argv[1], pathlib.Path(sys.argv[2])
-    failures = check_links(source) if mode == "links" else run_python(source)
+    modes = {"links": check_links, "python": run_python, "variables": check_variables}
+    failures = modes[mode](source)
     for f in failures:
         print("FAILED:", f)
     print(f"docs_test {mode}: " + (f"{len(failures)} failure(s)" if failures else "ok"))
