@@ -266,6 +266,8 @@ Summary summarize(const Rows& rows) {
     std::map<std::int64_t, std::pair<Components, int>> base_probes, run_probes;
     for (const auto& [key, r] : cases) {
       if (!r.baseline || !r.measured) continue;
+      // A budget's verdict (its component is a GPU) is a row of the tables, not a component of the probe's chart.
+      if (find_component(r.component) == nullptr && !parse_rank_component(r.component)) continue;
       auto& [bc, bn] = base_probes[r.batch_size];
       auto& [mc, mn] = run_probes[r.batch_size];
       // A distributed fixture's rank components chart as the largest over ranks, as its probe's components are.

@@ -31,6 +31,7 @@
 #include "memgate/backend/memory_backend.h"
 #include "memgate/measure/probe.h"
 #include "memgate/launch/run.h"
+#include "memgate/report/check_report.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -331,12 +332,8 @@ void judge(const MeasureCase& c, c10::Device device, ProbeOptions options, Verdi
   for (const auto& b : c.budgets) {
     file.budgets.push_back(evaluate_budget(fixture, *find_probe(judged, b.batch_size), gpu_spec(b.gpu)));
   }
-  std::map<Status, int> counts;
-  for (const auto& v : file.components) ++counts[v.status];
-  std::string line;
-  for (const auto& [status, n] : counts) line += fmt::format(", {} {}", n, name_of(kStatusNames, status));
-  std::cout << fmt::format("{}: {} probes measured on {}, {} components compared with a baseline{}\n", fixture.name,
-                           judged.probes.size(), judged.device.slug, compared_components(file.components), line);
+  std::cout << render_judged_fixture_line(fixture.name, judged.probes.size(), judged.device.slug,
+                                          compared_components(file.components), file.components);
 }
 
 // Measures each batch size of each fixture once and leaves every verdict for the component tests. A fixture that

@@ -22,23 +22,23 @@ namespace memgate {
 
 /// One judged component of a check, with what the gate decided of it.
 struct CheckedComponent {
-  ComponentVerdict verdict;
-  std::string device;    ///< the slug of the device its probe ran on (baselines/<slug>/)
+  ComponentVerdict verdict{};
+  std::string device{};  ///< the slug of the device its probe ran on (baselines/<slug>/)
   bool fails = false;    ///< it fails the gate (fails(status, strict)); a component that differs fails too
   bool differs = false;  ///< --exact: within its tolerance, but not its baseline's bytes
 };
 
 /// A check's verdicts and what its reports say around them.
 struct CheckReport {
-  std::vector<CheckedComponent> components;  ///< every judged component, in the order judged
-  std::vector<NotJudged> not_judged;         ///< the fixtures that could not be judged, in order
-  std::size_t probes = 0;                    ///< the probes asked for (batch sizes of the judged fixtures)
-  std::string device;                        ///< where they ran, as the run names it: cpu, cuda:0
-  std::size_t compared = 0;                  ///< components compared with a baseline (compared_components)
-  bool strict = false;                       ///< --strict, --exact or MEMGATE_STRICT: stale and missing fail
-  bool missing_fails = false;                ///< a missing baseline fails (missing_fails(strict): strict, or CI)
-  std::set<std::string> searched;            ///< the baseline folders a missing component was looked for in
-  std::string record_hint;                   ///< the command that records the first fixture with a missing one
+  std::vector<CheckedComponent> components{};  ///< every judged component, in the order judged
+  std::vector<NotJudged> not_judged{};         ///< the fixtures that could not be judged, in order
+  std::size_t probes = 0;                      ///< the probes asked for (batch sizes of the judged fixtures)
+  std::string device{};                        ///< where they ran, as the run names it: cpu, cuda:0
+  std::size_t compared = 0;                    ///< components compared with a baseline (compared_components)
+  bool strict = false;                         ///< --strict, --exact or MEMGATE_STRICT: stale and missing fail
+  bool missing_fails = false;                  ///< a missing baseline fails (missing_fails(strict): strict, or CI)
+  std::set<std::string> searched{};            ///< the baseline folders a missing component was looked for in
+  std::string record_hint{};                   ///< the command that records the first fixture with a missing one
 };
 
 /// The check's verdict word: "ERROR" when a fixture was not judged, else "FAILED" when a component fails, else
