@@ -710,7 +710,24 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
   }
   t.trainable = parse_trainable(r);
   t.precision = r.get_enum("precision", std::optional(Precision::kFp32), kPrecisionNames);
-  t.gradient_checkpointing = r.get_bool("gradient_checkpointing", false);
+  if (r.has("gradient_checkpointing") && r.node()["gradient_checkpointing"].IsMap()) {
+    // {blocks: [...]}: only those blocks, named as the model names them ("blocks.3"); the model checks the names.
+    auto ckpt = r.child("gradient_checkpointing");
+    t.checkpoint_blocks = ckpt.get_string_list("blocks", std::nullopt);
+    if (t.checkpoint_blocks.empty()) {
+      ckpt.fail("blocks", "at least one block name such as \"blocks.3\" (false checkpoints none)", "an empty list");
+    }
+    for (const auto& name : t.checkpoint_blocks) {
+      if (name.empty() || name.back() == '.') {
+        ckpt.fail("blocks", "block names as the model names them, without a final dot, such as \"blocks.3\"",
+                  "'" + name + "'");
+      }
+    }
+    ckpt.finish();
+    t.gradient_checkpointing = true;
+  } else {
+    t.gradient_checkpointing = r.get_bool("gradient_checkpointing", false);
+  }
   t.accumulation_steps = r.get_int("accumulation_steps", 1, 1, 4096);
   t.deterministic = r.get_bool("deterministic", false);
   if (!t.deterministic) r.leave_out_of_hash("deterministic");  // added later: off, fixtures keep their hash
@@ -759,6 +776,11 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
     };
     if (t.trainable.kind == Kind::kLastBlocks) needs_blocks("trainable", "last_blocks:N");
     if (t.gradient_checkpointing) needs_blocks("gradient_checkpointing", "gradient checkpointing");
+    if (!t.checkpoint_blocks.empty()) {
+      r.fail("gradient_checkpointing", "true or false for a Python model (memgate checkpoints every block that "
+                                       "model.blocks matches; a list of blocks is for zoo models so far)",
+             "{blocks: [...]}");
+    }
     if (t.distributed.strategy == DistributedStrategy::kFsdp && t.distributed.units == "blocks") {
       needs_blocks("distributed", "FSDP's units: blocks");
     }

@@ -48,6 +48,7 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
   }
   model_ = build_model(workload.model, device, seed);
   model_->set_gradient_checkpointing(training_.gradient_checkpointing);
+  if (!training_.checkpoint_blocks.empty()) model_->set_checkpointed_blocks(training_.checkpoint_blocks, workload.source);
   const bool sharded = group != nullptr && training_.distributed.strategy == DistributedStrategy::kFsdp;
   // A rank of FSDP keeps its shards, not the model it was built from: its parameters are read once sharded.
   if (observer != nullptr && !sharded) observer->model_built();

@@ -92,6 +92,23 @@ torch::Tensor checkpoint(BlockFn fn, const torch::Tensor& x) {
   return CheckpointFunction::apply(x, anchor, holder)[0];
 }
 
+bool CheckpointSelection::covers(const std::string& prefix) const {
+  if (all_) return true;
+  for (const auto& p : prefixes_) {
+    if (p == prefix) return true;
+  }
+  return false;
+}
+
+CheckpointSelection CheckpointSelection::within(const std::string& prefix) const {
+  if (all_ || prefixes_.empty()) return CheckpointSelection(all_);
+  std::vector<std::string> inner;
+  for (const auto& p : prefixes_) {
+    if (p.size() > prefix.size() && p.compare(0, prefix.size(), prefix) == 0) inner.push_back(p.substr(prefix.size()));
+  }
+  return CheckpointSelection(std::move(inner));
+}
+
 namespace {
 thread_local BlockHook* t_block_hook = nullptr;
 }  // namespace

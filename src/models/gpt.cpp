@@ -115,7 +115,8 @@ GptImpl::GptImpl(const GptOptions& spec_, nn::ParamOptions param) : spec(spec_) 
   }
 }
 
-torch::Tensor GptImpl::forward_embeddings(torch::Tensor embeddings, bool checkpoint_blocks) {
+torch::Tensor GptImpl::forward_embeddings(torch::Tensor embeddings,
+                                          const CheckpointSelection& checkpoint_blocks) {
   auto x = std::move(embeddings);
   // The positions are a local of the body's forward (transformers' position_ids, nanoGPT's pos): they live until it
   // returns, through the blocks (in eval, or with wpe frozen, nothing else holds them).
@@ -124,14 +125,15 @@ torch::Tensor GptImpl::forward_embeddings(torch::Tensor embeddings, bool checkpo
     positions = torch::arange(x.size(1), torch::TensorOptions().device(x.device()).dtype(torch::kLong));
     x = x + wpe->forward(positions).to(x.dtype());
   }
+  std::int64_t i = 0;
   for (const auto& module : *h) {
     auto block = std::dynamic_pointer_cast<GptBlockImpl>(module);
-    x = run_block(block, x, checkpoint_blocks);
+    x = run_block(block, x, checkpoint_blocks.covers("h." + std::to_string(i++) + "."));
   }
   return ln_f->forward(x);
 }
 
-torch::Tensor GptImpl::forward_hidden(const torch::Tensor& tokens, bool checkpoint_blocks) {
+torch::Tensor GptImpl::forward_hidden(const torch::Tensor& tokens, const CheckpointSelection& checkpoint_blocks) {
   return forward_embeddings(wte->forward(tokens), checkpoint_blocks);
 }
 
@@ -140,7 +142,7 @@ torch::Tensor GptImpl::logits(const torch::Tensor& hidden) {
   return torch::linear(hidden, wte->weight);
 }
 
-torch::Tensor GptImpl::forward(const torch::Tensor& tokens, bool checkpoint_blocks) {
+torch::Tensor GptImpl::forward(const torch::Tensor& tokens, const CheckpointSelection& checkpoint_blocks) {
   return logits(forward_hidden(tokens, checkpoint_blocks));
 }
 
@@ -159,7 +161,7 @@ class GptModel final : public Model {
     auto targets = torch::randint(s.vocab_size, {batch_size, s.seq_len}, opts);
     return {{tokens}, targets};
   }
-  torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], checkpointing_); }
+  torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], selection_); }
   torch::Tensor loss(const Batch& batch) override { return loss_of_output(batch, forward(batch)); }
   bool splits_loss() const override { return true; }
   torch::Tensor loss_of_output(const Batch& batch, const torch::Tensor& output) override {

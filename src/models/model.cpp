@@ -8,6 +8,8 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
+
 #include <unordered_set>
 
 namespace memgate {
@@ -38,6 +40,27 @@ std::string some_parameter_names(torch::nn::Module& module) {
 
 torch::Tensor Model::loss_of_output(const Batch& /*batch*/, const torch::Tensor& /*output*/) {
   throw Error("loss_of_output: this model's loss is not a function of its forward's one output (splits_loss())");
+}
+
+void Model::set_checkpointed_blocks(const std::vector<std::string>& names, const std::string& source) {
+  const auto valid = checkpoint_prefixes();
+  std::vector<std::string> prefixes;
+  for (const auto& name : names) {
+    const auto prefix = name + ".";
+    if (std::find(valid.begin(), valid.end(), prefix) == valid.end()) {
+      std::string some;
+      for (std::size_t i = 0; i < valid.size() && i < 6; ++i) {
+        some += (i ? ", " : "") + valid[i].substr(0, valid[i].size() - 1);
+      }
+      if (valid.size() > 6) some += ", ... (" + std::to_string(valid.size()) + " in all)";
+      throw Error((source.empty() ? std::string() : source + ": ") + "training.gradient_checkpointing.blocks: '" +
+                  name + "' is no block of the model that checkpointing can recompute; expected one of " +
+                  (valid.empty() ? std::string("none (this model runs no block by block)") : some));
+    }
+    if (std::find(prefixes.begin(), prefixes.end(), prefix) == prefixes.end()) prefixes.push_back(prefix);
+  }
+  checkpointing_ = !prefixes.empty();
+  selection_ = CheckpointSelection(std::move(prefixes));
 }
 
 std::string TrainableSpec::str() const {

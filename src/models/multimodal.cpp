@@ -108,21 +108,21 @@ MultimodalImpl::MultimodalImpl(const MultimodalOptions& spec_, nn::ParamOptions 
 }
 
 torch::Tensor MultimodalImpl::forward(const torch::Tensor& images, const torch::Tensor& tokens,
-                                      bool checkpoint_blocks) {
+                                      const CheckpointSelection& checkpoint_blocks) {
   const auto grid = spec.vision.img_size / spec.vision.patch_size;
   torch::Tensor image_tokens, prompt;
   {
     // Frozen parts keep nothing for backward; with trainable parameters (last_blocks:N) they run with autograd.
     std::optional<torch::NoGradGuard> no_grad;
     if (!any_requires_grad(*vision)) no_grad.emplace();
-    auto features = vision->forward_features(images.to(frozen_dtype), checkpoint_blocks);
+    auto features = vision->forward_features(images.to(frozen_dtype), checkpoint_blocks.within("vision."));
     image_tokens = features.narrow(1, 1, grid * grid).to(torch::kFloat32);  // drop the class token
   }
   {
     std::optional<torch::NoGradGuard> no_grad;
     if (!any_requires_grad(*llm)) no_grad.emplace();
     // The last token's final hidden state stands for the [SEG] token.
-    prompt = llm->forward_hidden(tokens, checkpoint_blocks).select(1, -1).to(torch::kFloat32);
+    prompt = llm->forward_hidden(tokens, checkpoint_blocks.within("llm.")).select(1, -1).to(torch::kFloat32);
   }
   return mask_decoder->forward(image_tokens, prompt, grid);
 }
@@ -146,7 +146,7 @@ class MultimodalModel final : public Model {
     return {{images, tokens}, mask};
   }
   torch::Tensor forward(const Batch& batch) override {
-    return net_->forward(batch.inputs[0], batch.inputs[1], checkpointing_);
+    return net_->forward(batch.inputs[0], batch.inputs[1], selection_);
   }
   torch::Tensor loss(const Batch& batch) override { return loss_of_output(batch, forward(batch)); }
   bool splits_loss() const override { return true; }
@@ -159,6 +159,16 @@ class MultimodalModel final : public Model {
     return out;
   }
   std::vector<std::string> head_prefixes() const override { return {"mask_decoder."}; }
+  // Both towers run their blocks through run_block: the vision encoder's and the LLM's.
+  std::vector<std::string> checkpoint_prefixes() const override {
+    std::vector<std::string> out;
+    for (std::int64_t i = 0; i < net_->spec.vision.depth; ++i) {
+      out.push_back("vision.blocks." + std::to_string(i) + ".");
+    }
+    auto llm = block_prefixes();
+    out.insert(out.end(), llm.begin(), llm.end());
+    return out;
+  }
 
  private:
   Multimodal net_;

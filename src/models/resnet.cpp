@@ -113,21 +113,24 @@ ResNetImpl::ResNetImpl(const ResNetOptions& spec_, bool with_fc, nn::ParamOption
   }
 }
 
-torch::Tensor ResNetImpl::forward_features(const torch::Tensor& images, bool checkpoint_blocks) {
+torch::Tensor ResNetImpl::forward_features(const torch::Tensor& images,
+                                           const CheckpointSelection& checkpoint_blocks) {
   auto x = conv1->forward(images);
   x = bn1->forward(x);
   x.relu_();
   x = torch::max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
-  for (const auto& layer : layers) {
-    for (const auto& module : *layer) {
+  for (std::size_t stage = 0; stage < layers.size(); ++stage) {
+    std::int64_t i = 0;
+    for (const auto& module : *layers[stage]) {
       auto block = std::dynamic_pointer_cast<ResNetBlockImpl>(module);
-      x = run_block(block, x, checkpoint_blocks);
+      const auto name = "layer" + std::to_string(stage + 1) + "." + std::to_string(i++) + ".";
+      x = run_block(block, x, checkpoint_blocks.covers(name));
     }
   }
   return torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
 }
 
-torch::Tensor ResNetImpl::forward(const torch::Tensor& images, bool checkpoint_blocks) {
+torch::Tensor ResNetImpl::forward(const torch::Tensor& images, const CheckpointSelection& checkpoint_blocks) {
   auto features = forward_features(images, checkpoint_blocks);
   return fc ? fc->forward(features) : features;
 }
@@ -170,10 +173,10 @@ class ResNetModel final : public Model {
 
   torch::Tensor forward(const Batch& batch) override {
     const auto& images = batch.inputs[0];
-    if (!protonet()) return net_->forward(images, checkpointing_);
+    if (!protonet()) return net_->forward(images, selection_);
     const auto& s = net_->spec;
     const auto episodes = images.size(0), per_episode = images.size(1);
-    auto features = net_->forward(images.flatten(0, 1), checkpointing_).reshape({episodes, per_episode, -1});
+    auto features = net_->forward(images.flatten(0, 1), selection_).reshape({episodes, per_episode, -1});
     const auto dim = features.size(-1);
     auto support = features.narrow(1, 0, s.ways * s.shots).reshape({episodes, s.ways, s.shots, dim});
     auto queries = features.narrow(1, s.ways * s.shots, s.ways * s.queries);

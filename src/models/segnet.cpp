@@ -139,21 +139,26 @@ SegNetImpl::SegNetImpl(const SegNetOptions& spec_, nn::ParamOptions param) : spe
   decoder = register_module("decoder", SegNetDecoder(spec, param));
 }
 
-std::vector<torch::Tensor> SegNetImpl::forward_features(const torch::Tensor& images, bool checkpoint_blocks) {
+std::vector<torch::Tensor> SegNetImpl::forward_features(const torch::Tensor& images,
+                                                        const CheckpointSelection& checkpoint_blocks) {
   auto x = stem_norm->forward(stem_conv->forward(images));
   std::vector<torch::Tensor> features;
-  for (auto& stage : stages) {
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    auto& stage = stages[s];
     if (stage->down_conv) x = stage->down_conv->forward(stage->down_norm->forward(x));
+    std::int64_t i = 0;
     for (const auto& module : *stage->blocks) {
       auto block = std::dynamic_pointer_cast<ConvNeXtBlockImpl>(module);
-      x = run_block(block, x, checkpoint_blocks);
+      const auto name = "stages." + std::to_string(s) + ".blocks." + std::to_string(i++) + ".";
+      x = run_block(block, x, checkpoint_blocks.covers(name));
     }
     features.push_back(x);
   }
   return features;
 }
 
-std::vector<torch::Tensor> SegNetImpl::forward(const torch::Tensor& images, bool checkpoint_blocks) {
+std::vector<torch::Tensor> SegNetImpl::forward(const torch::Tensor& images,
+                                               const CheckpointSelection& checkpoint_blocks) {
   return decoder->forward(forward_features(images, checkpoint_blocks), spec.img_size);
 }
 
@@ -180,10 +185,10 @@ class SegNetModel final : public Model {
     const auto& s = net_->spec;
     return dense_mask_batch(batch_size, s.in_chans, s.num_classes, s.img_size, param_.device);
   }
-  torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], checkpointing_)[0]; }
+  torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], selection_)[0]; }
   torch::Tensor loss(const Batch& batch) override {
     torch::Tensor total;
-    for (const auto& logits : net_->forward(batch.inputs[0], checkpointing_)) {
+    for (const auto& logits : net_->forward(batch.inputs[0], selection_)) {
       auto term = torch::binary_cross_entropy_with_logits(logits.to(torch::kFloat32), batch.target);
       total = total.defined() ? total + term : term;
     }

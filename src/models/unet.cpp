@@ -78,19 +78,23 @@ UNetImpl::UNetImpl(const UNetOptions& spec_, nn::ParamOptions param) : spec(spec
   outc = outc_module->register_module("conv", nn::Conv2d(out_options));
 }
 
-torch::Tensor UNetImpl::forward(const torch::Tensor& images, bool checkpoint_blocks) {
+torch::Tensor UNetImpl::forward(const torch::Tensor& images, const CheckpointSelection& checkpoint_blocks) {
   // Checkpointing wraps each DoubleConv (one input): the max-pools, transposed convs and concatenations outside
   // them keep their (small or anyway saved) outputs.
   std::vector<torch::Tensor> skips;
-  auto x = run_block(inc, images, checkpoint_blocks);
+  auto x = run_block(inc, images, checkpoint_blocks.covers("inc."));
+  std::int64_t level = 1;
   for (auto& down : downs) {
     skips.push_back(x);
-    x = run_block(down->conv, torch::max_pool2d(x, {2, 2}), checkpoint_blocks);
+    const auto name = "down" + std::to_string(level++) + ".maxpool_conv.1.";
+    x = run_block(down->conv, torch::max_pool2d(x, {2, 2}), checkpoint_blocks.covers(name));
   }
+  level = 1;
   for (auto& up : ups) {
     auto skip = skips.back();
     skips.pop_back();
-    x = run_block(up->conv, up->upsample_concat(x, skip), checkpoint_blocks);
+    const auto name = "up" + std::to_string(level++) + ".conv.";
+    x = run_block(up->conv, up->upsample_concat(x, skip), checkpoint_blocks.covers(name));
   }
   return outc->forward(x);
 }
@@ -106,7 +110,7 @@ class UNetModel final : public Model {
     const auto& s = net_->spec;
     return dense_mask_batch(batch_size, s.in_chans, s.num_classes, s.img_size, param_.device);
   }
-  torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], checkpointing_); }
+  torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], selection_); }
   torch::Tensor loss(const Batch& batch) override { return loss_of_output(batch, forward(batch)); }
   bool splits_loss() const override { return true; }
   torch::Tensor loss_of_output(const Batch& batch, const torch::Tensor& output) override {

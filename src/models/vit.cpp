@@ -104,7 +104,8 @@ VisionTransformerImpl::VisionTransformerImpl(const VitOptions& spec_, nn::ParamO
   }
 }
 
-torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& images, bool checkpoint_blocks) {
+torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& images,
+                                                     const CheckpointSelection& checkpoint_blocks) {
   auto x = patch_embed->forward(images).flatten(2).transpose(1, 2);
   // As timm's _pos_embed, `torch.cat([cls_token.expand(...), x], dim=1) + pos_embed`: under autocast the patches
   // (the convolution's lower precision) are promoted to the fp32 class token's dtype by cat, and the token stream
@@ -115,15 +116,17 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& image
   // embedded tokens stay alive (forward_features' x) until the last block has returned, then are freed before
   // the final norm. (In a no-grad forward, or with a frozen backbone, nothing else holds them.)
   auto tokens = x;
+  std::int64_t i = 0;
   for (const auto& module : *blocks) {
     auto block = std::dynamic_pointer_cast<VitBlockImpl>(module);
-    x = run_block(block, x, checkpoint_blocks);
+    x = run_block(block, x, checkpoint_blocks.covers("blocks." + std::to_string(i++) + "."));
   }
   tokens.reset();
   return norm->forward(x);
 }
 
-torch::Tensor VisionTransformerImpl::forward(const torch::Tensor& images, bool checkpoint_blocks) {
+torch::Tensor VisionTransformerImpl::forward(const torch::Tensor& images,
+                                            const CheckpointSelection& checkpoint_blocks) {
   auto features = forward_features(images, checkpoint_blocks);
   return head->forward(features.select(1, 0));
 }
@@ -141,7 +144,7 @@ class VitModel final : public Model {
     return {{torch::randn({batch_size, s.in_chans, s.img_size, s.img_size}, opts)},
             torch::randint(s.num_classes, {batch_size}, opts.dtype(torch::kLong))};
   }
-  torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], checkpointing_); }
+  torch::Tensor forward(const Batch& batch) override { return net_->forward(batch.inputs[0], selection_); }
   torch::Tensor loss(const Batch& batch) override { return loss_of_output(batch, forward(batch)); }
   bool splits_loss() const override { return true; }
   torch::Tensor loss_of_output(const Batch& batch, const torch::Tensor& output) override {

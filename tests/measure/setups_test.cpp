@@ -1,10 +1,12 @@
 // Each training setup's effect, measured on the CPU: autocast, checkpointing, accumulation, frozen stages.
+#include "memgate/base/error.h"
 #include "memgate/models/model.h"
 #include "memgate/measure/probe.h"
 #include "memgate/measure/training.h"
 #include "memgate/launch/run.h"
 #include "fixture_util.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -48,6 +50,35 @@ TEST(SetupsTest, CheckpointingKeepsLittleMoreThanBlockInputs) {
   const std::int64_t block_inputs = 4 /*blocks*/ * 4 /*batch*/ * 65 /*tokens*/ * 96 * 4;
   EXPECT_GE(ckpt.activations, block_inputs);
   EXPECT_EQ(ckpt.gradients, plain.gradients);
+}
+
+// `gradient_checkpointing: {blocks: [...]}` with the first k of the 4 blocks: activations fall strictly with each
+// block added, from none's (k = 0, the same bytes as false) to all's (k = 4, the same bytes as true).
+TEST(SetupsTest, CheckpointingChosenBlocksKeepsActivationsStrictlyBetweenNoneAndAllMonotoneInTheirNumber) {
+  const auto plain = measure(vit(""));
+  const auto ckpt = measure(vit("  gradient_checkpointing: true\n"));
+  std::vector<std::int64_t> by_k{plain.activations};
+  std::string blocks;
+  for (int k = 1; k <= 4; ++k) {
+    blocks += std::string(k > 1 ? ", " : "") + "blocks." + std::to_string(k - 1);
+    by_k.push_back(measure(vit("  gradient_checkpointing: {blocks: [" + blocks + "]}\n")).activations);
+    EXPECT_LT(by_k[k], by_k[k - 1]) << k << " blocks checkpointed";
+  }
+  EXPECT_EQ(by_k[4], ckpt.activations) << "the list of every block is true";
+  EXPECT_GT(by_k[1], ckpt.activations);
+}
+
+TEST(SetupsTest, CheckpointingABlockTheModelLacksNamesTheFixtureTheKeyAndSomeBlocks) {
+  const auto f = fixture_from(vit("  gradient_checkpointing: {blocks: [blocks.1, block.2]}\n"), "ckpt_typo");
+  try {
+    (void)run_probe(f, 2, kCpu);
+    FAIL() << "block.2 is no block of the ViT";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_THAT(what, ::testing::HasSubstr("ckpt_typo.yaml: training.gradient_checkpointing.blocks: 'block.2' is no "
+                                           "block of the model"));
+    EXPECT_THAT(what, ::testing::HasSubstr("blocks.0, blocks.1, blocks.2, blocks.3"));
+  }
 }
 
 TEST(SetupsTest, CheckpointingGivesIdenticalGradients) {

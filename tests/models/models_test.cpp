@@ -3,10 +3,12 @@
 #include "memgate/base/error.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
+#include "memgate/launch/run.h"
 #include "test_util.h"
 #include "memgate/models/model.h"
 #include "memgate/models/vit.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -228,6 +230,83 @@ TEST_P(CheckpointingTest, GradientsAreBitwiseEqual) {
     compared += ga.defined() ? 1 : 0;
   }
   EXPECT_GT(compared, a.size() / 2);
+}
+
+// Every other block checkpointed (a list, `training.gradient_checkpointing: {blocks: [...]}`): the same gradients
+// bit for bit as none.
+TEST_P(CheckpointingTest, GradientsAreBitwiseEqualWithEveryOtherBlockCheckpointed) {
+  const auto fixture = load_fixture(fixture_path(GetParam()));
+  auto plain = build_model(fixture.model, torch::Device(torch::kCPU), 7);
+  auto checkpointed = build_model(fixture.model, torch::Device(torch::kCPU), 7);
+  std::vector<std::string> names;
+  const auto prefixes = checkpointed->checkpoint_prefixes();
+  for (std::size_t i = 0; i < prefixes.size(); i += 2) names.push_back(prefixes[i].substr(0, prefixes[i].size() - 1));
+  ASSERT_FALSE(names.empty());
+  checkpointed->set_checkpointed_blocks(names, "f.yaml");
+  ASSERT_TRUE(checkpointed->gradient_checkpointing());
+  torch::manual_seed(8);
+  const auto batch = plain->make_batch(2);
+  plain->loss(batch).backward();
+  checkpointed->loss(batch).backward();
+  const auto a = plain->module().named_parameters(/*recurse=*/true);
+  const auto b = checkpointed->module().named_parameters(/*recurse=*/true);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto& ga = a[i].value().grad();
+    const auto& gb = b[i].value().grad();
+    ASSERT_EQ(ga.defined(), gb.defined()) << a[i].key();
+    if (ga.defined()) {
+      EXPECT_TRUE(torch::equal(ga, gb)) << a[i].key();
+    }
+  }
+}
+
+// One block checkpointed keeps fewer activations than none and more than all, measured on the CPU at batch 2: the
+// chosen block alone is recomputed. The multimodal model trains everything here, or its frozen towers would keep
+// nothing to recompute.
+TEST_P(CheckpointingTest, OneChosenBlockKeepsActivationsBetweenNoneAndAll) {
+  auto fixture = load_fixture(fixture_path(GetParam()));
+  fixture.training.trainable = TrainableSpec{};
+  const auto activations = [&](bool all, std::vector<std::string> blocks) {
+    auto f = fixture;
+    f.training.gradient_checkpointing = all || !blocks.empty();
+    f.training.checkpoint_blocks = std::move(blocks);
+    const auto r = run_probe(f, 2, torch::Device(torch::kCPU));
+    EXPECT_FALSE(r.oom) << r.error;
+    return r.components.activations;
+  };
+  auto model = build_model(fixture.model, torch::Device(torch::kMeta));
+  const auto prefixes = model->checkpoint_prefixes();
+  ASSERT_GE(prefixes.size(), 2U);
+  const auto none = activations(false, {}), all = activations(true, {});
+  const auto middle = prefixes[prefixes.size() / 2];
+  const auto one = activations(false, {middle.substr(0, middle.size() - 1)});
+  EXPECT_LT(one, none) << middle;
+  EXPECT_GT(one, all) << middle;
+}
+
+TEST(CheckpointSelectionTest, ABlockTheModelLacksIsAnErrorNamingTheFixtureTheKeyAndValidBlocks) {
+  const auto fixture = load_fixture(fixture_path("gpt_tiny"));
+  auto model = build_model(fixture.model, torch::Device(torch::kMeta));
+  try {
+    model->set_checkpointed_blocks({"h.0", "blocks.3"}, "gpt_tiny.yaml");
+    FAIL() << "blocks.3 is no block of gpt_tiny";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_THAT(what, ::testing::HasSubstr("gpt_tiny.yaml: training.gradient_checkpointing.blocks: 'blocks.3'"));
+    EXPECT_THAT(what, ::testing::HasSubstr("expected one of h.0, h.1"));
+  }
+}
+
+// A multimodal model's selection reaches both towers, each under its own name.
+TEST(CheckpointSelectionTest, WithinAPrefixKeepsOnlyThatSubmodulesBlocks) {
+  const CheckpointSelection s(std::vector<std::string>{"vision.blocks.1.", "llm.h.0."});
+  EXPECT_TRUE(s.within("vision.").covers("blocks.1."));
+  EXPECT_FALSE(s.within("vision.").covers("blocks.0."));
+  EXPECT_FALSE(s.within("vision.").covers("h.0."));
+  EXPECT_TRUE(s.within("llm.").covers("h.0."));
+  EXPECT_FALSE(s.within("mask_decoder.").any());
+  EXPECT_TRUE(CheckpointSelection(true).within("llm.").covers("h.7."));
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, CheckpointingTest,

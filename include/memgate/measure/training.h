@@ -55,7 +55,11 @@ struct TrainingSpec {
   double momentum = 0.0;            ///< SGD momentum; > 0 keeps one buffer per parameter
   TrainableSpec trainable;          ///< all | lora | head | last_blocks:N
   Precision precision = Precision::kFp32;  ///< autocast dtype
-  bool gradient_checkpointing = false;     ///< recompute each block in backward
+  bool gradient_checkpointing = false;     ///< recompute blocks in backward: all, or those of checkpoint_blocks
+  /// `training.gradient_checkpointing: {blocks: [...]}`: only these blocks are recomputed, named as the model names
+  /// them without the final dot ("blocks.3"; Model::checkpoint_prefixes); empty: every block, where
+  /// gradient_checkpointing.
+  std::vector<std::string> checkpoint_blocks;
   std::int64_t accumulation_steps = 1;     ///< micro-batches per optimizer step
   bool deterministic = false;              ///< deterministic algorithms (torch.use_deterministic_algorithms)
   std::string allocator;            ///< CUDA allocator settings, e.g. expandable_segments:True

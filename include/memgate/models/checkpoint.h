@@ -7,6 +7,9 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace memgate {
 
@@ -18,6 +21,27 @@ using BlockFn = std::function<torch::Tensor(const torch::Tensor&)>;
 ///
 ///   x = memgate::checkpoint([&](const torch::Tensor& t) { return block->forward(t); }, x);
 [[nodiscard]] torch::Tensor checkpoint(BlockFn fn, const torch::Tensor& x);
+
+/// Which of a model's blocks run checkpointed: all, none, or those whose prefixes ("blocks.3.") are listed. A bool
+/// converts to all or none, as models took it before a list could be given (`training.gradient_checkpointing:
+/// {blocks: [...]}`).
+class CheckpointSelection {
+ public:
+  CheckpointSelection(bool all = false) : all_(all) {}  // NOLINT(google-explicit-constructor): true is all blocks
+  /// Exactly the blocks with these prefixes, each ending in a dot ("blocks.3.").
+  explicit CheckpointSelection(std::vector<std::string> prefixes) : prefixes_(std::move(prefixes)) {}
+  /// Whether the block `prefix` ("blocks.3.") runs checkpointed.
+  [[nodiscard]] bool covers(const std::string& prefix) const;
+  /// The selection inside the submodule `prefix` ("vision."), its blocks named as the submodule names them.
+  [[nodiscard]] CheckpointSelection within(const std::string& prefix) const;
+  [[nodiscard]] bool any() const { return all_ || !prefixes_.empty(); }
+  [[nodiscard]] bool all() const { return all_; }
+  [[nodiscard]] const std::vector<std::string>& prefixes() const { return prefixes_; }
+
+ private:
+  bool all_ = false;
+  std::vector<std::string> prefixes_;
+};
 
 /// What runs each repeated block of a model (through run_block) on this thread while installed: a wrapper such as
 /// FSDP's units (distributed/fully_shard.h), which acts before and after a block's forward. `forward` runs the block

@@ -1,6 +1,8 @@
 // A GPT-style decoder language model: GPT-2's geometry and names, or LLaMA-like (SwiGLU, RMSNorm, no bias).
 #pragma once
 
+#include "memgate/models/checkpoint.h"
+
 #include "memgate/base/enum_names.h"
 #include "memgate/models/nn.h"
 
@@ -97,14 +99,14 @@ class GptImpl : public torch::nn::Module {
  public:
   GptImpl(const GptOptions& spec, nn::ParamOptions param);
   /// Final hidden states [B, T, n_embd] (after ln_f) of tokens [B, T].
-  torch::Tensor forward_hidden(const torch::Tensor& tokens, bool checkpoint_blocks = false);
+  torch::Tensor forward_hidden(const torch::Tensor& tokens, const CheckpointSelection& checkpoint_blocks = {});
   /// Final hidden states of input embeddings [B, T, n_embd] (learned positions are added here).
   /// (By value: the embeddings are let go once the positions are added, as `x = x + wpe(...)` lets them go.)
-  torch::Tensor forward_embeddings(torch::Tensor embeddings, bool checkpoint_blocks = false);
+  torch::Tensor forward_embeddings(torch::Tensor embeddings, const CheckpointSelection& checkpoint_blocks = {});
   /// Vocabulary logits [B, T, vocab] of final hidden states, in their dtype.
   torch::Tensor logits(const torch::Tensor& hidden);
   /// Vocabulary logits of tokens [B, T].
-  torch::Tensor forward(const torch::Tensor& tokens, bool checkpoint_blocks = false);
+  torch::Tensor forward(const torch::Tensor& tokens, const CheckpointSelection& checkpoint_blocks = {});
 
   GptOptions spec;
   nn::Embedding wte{nullptr}, wpe{nullptr};

@@ -2,6 +2,7 @@
 // its blocks and its head (for trainable: lora | head | last_blocks:N).
 #pragma once
 
+#include "memgate/models/checkpoint.h"
 #include "memgate/models/nn.h"
 
 #include <torch/nn/module.h>
@@ -110,12 +111,25 @@ class Model {
   /// module() (a tensor that several names share cloned once), as copy.deepcopy copies them; a Python model deep-copies
   /// its module, as timm does.
   [[nodiscard]] virtual std::unique_ptr<ModelEma> make_ema(double decay);
-  /// Recompute each block in backward instead of keeping its activations.
-  void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
+  /// The blocks that run through run_block, which checkpointing can recompute (`training.gradient_checkpointing:
+  /// {blocks: [...]}` names them without the final dot): the FSDP units, by default.
+  [[nodiscard]] virtual std::vector<std::string> checkpoint_prefixes() const { return unit_prefixes(); }
+  /// Recompute each block in backward instead of keeping its activations (true), or none (false).
+  void set_gradient_checkpointing(bool on) {
+    checkpointing_ = on;
+    selection_ = CheckpointSelection(on);
+  }
+  /// Recompute only the named blocks ("blocks.3", a prefix of checkpoint_prefixes() without its final dot). A name
+  /// that is none of them throws memgate::Error naming `source` (the fixture), the key, the name and valid ones.
+  void set_checkpointed_blocks(const std::vector<std::string>& names, const std::string& source = {});
   [[nodiscard]] bool gradient_checkpointing() const { return checkpointing_; }
+  /// Which blocks run checkpointed.
+  [[nodiscard]] const CheckpointSelection& checkpoint_selection() const { return selection_; }
 
  protected:
+  /// Whether any block runs checkpointed (all of them unless selection_ lists some).
   bool checkpointing_ = false;
+  CheckpointSelection selection_;
 };
 
 /// Freezes everything but what `trainable` selects; returns the parameters that train, in module order.

@@ -2,6 +2,8 @@
 // precision dtype) feeding a trainable SAM-like fp32 mask decoder.
 #pragma once
 
+#include "memgate/models/checkpoint.h"
+
 #include "memgate/models/autocast.h"
 #include "memgate/models/gpt.h"
 #include "memgate/models/nn.h"
@@ -75,7 +77,8 @@ class MultimodalImpl : public torch::nn::Module {
   MultimodalImpl(const MultimodalOptions& spec, nn::ParamOptions frozen, nn::ParamOptions trainable);
   /// Mask logits [B, 1, 4 grid, 4 grid] of images [B, C, H, W] (any float dtype) and tokens [B, text_len].
   /// The LLM and the encoder run without autograd when none of their parameters requires grad.
-  torch::Tensor forward(const torch::Tensor& images, const torch::Tensor& tokens, bool checkpoint_blocks = false);
+  torch::Tensor forward(const torch::Tensor& images, const torch::Tensor& tokens,
+                        const CheckpointSelection& checkpoint_blocks = {});
 
   MultimodalOptions spec;
   torch::Dtype frozen_dtype;

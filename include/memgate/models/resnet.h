@@ -1,6 +1,8 @@
 // torchvision's ResNet (BasicBlock 18/34, Bottleneck 50/101/152), parameter for parameter, with its tasks.
 #pragma once
 
+#include "memgate/models/checkpoint.h"
+
 #include "memgate/base/enum_names.h"
 #include "memgate/models/nn.h"
 
@@ -55,9 +57,9 @@ class ResNetImpl : public torch::nn::Module {
  public:
   ResNetImpl(const ResNetOptions& spec, bool with_fc, nn::ParamOptions param);
   /// Pooled features [B, 512 x expansion].
-  torch::Tensor forward_features(const torch::Tensor& images, bool checkpoint_blocks = false);
+  torch::Tensor forward_features(const torch::Tensor& images, const CheckpointSelection& checkpoint_blocks = {});
   /// Class logits [B, num_classes], or the pooled features without a head.
-  torch::Tensor forward(const torch::Tensor& images, bool checkpoint_blocks = false);
+  torch::Tensor forward(const torch::Tensor& images, const CheckpointSelection& checkpoint_blocks = {});
   /// Name prefixes of the residual blocks, input to output ("layer1.0.", "layer1.1.", ...).
   [[nodiscard]] std::vector<std::string> block_prefixes() const;
 

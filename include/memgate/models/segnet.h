@@ -2,6 +2,8 @@
 // with optional deep supervision and a dense mixture of expert heads.
 #pragma once
 
+#include "memgate/models/checkpoint.h"
+
 #include "memgate/models/nn.h"
 
 #include <torch/nn/module.h>
@@ -83,9 +85,11 @@ class SegNetImpl : public torch::nn::Module {
  public:
   SegNetImpl(const SegNetOptions& spec, nn::ParamOptions param);
   /// The output of each stage (strides 4, 8, 16, ...).
-  std::vector<torch::Tensor> forward_features(const torch::Tensor& images, bool checkpoint_blocks = false);
+  std::vector<torch::Tensor> forward_features(const torch::Tensor& images,
+                                              const CheckpointSelection& checkpoint_blocks = {});
   /// Mask logits (see SegNetDecoderImpl::forward).
-  std::vector<torch::Tensor> forward(const torch::Tensor& images, bool checkpoint_blocks = false);
+  std::vector<torch::Tensor> forward(const torch::Tensor& images,
+                                     const CheckpointSelection& checkpoint_blocks = {});
   /// Backbone prefixes, input to output: "stem.", then per stage its "stages.i.downsample." (i > 0, a block of
   /// its own, so last_blocks:N may unfreeze it) and "stages.i.blocks.j.".
   [[nodiscard]] std::vector<std::string> block_prefixes() const;

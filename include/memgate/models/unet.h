@@ -1,6 +1,8 @@
 // A classic UNet (milesial/Pytorch-UNet): DoubleConv blocks, max-pool down, transposed-conv or bilinear up.
 #pragma once
 
+#include "memgate/models/checkpoint.h"
+
 #include "memgate/models/nn.h"
 
 #include <torch/nn/module.h>
@@ -61,8 +63,9 @@ TORCH_MODULE(UNetUp);
 class UNetImpl : public torch::nn::Module {
  public:
   UNetImpl(const UNetOptions& spec, nn::ParamOptions param);
-  /// Mask logits [B, num_classes, H, W]. With `checkpoint_blocks`, each DoubleConv is recomputed in backward.
-  torch::Tensor forward(const torch::Tensor& images, bool checkpoint_blocks = false);
+  /// Mask logits [B, num_classes, H, W]. Each DoubleConv `checkpoint_blocks` covers ("inc.",
+  /// "down1.maxpool_conv.1.", "up1.conv.") is recomputed in backward.
+  torch::Tensor forward(const torch::Tensor& images, const CheckpointSelection& checkpoint_blocks = {});
 
   UNetOptions spec;
   DoubleConv inc{nullptr};

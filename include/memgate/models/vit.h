@@ -1,6 +1,8 @@
 // A Vision Transformer with a class token, parameter for parameter timm's VisionTransformer, with optional LoRA.
 #pragma once
 
+#include "memgate/models/checkpoint.h"
+
 #include "memgate/base/enum_names.h"
 #include "memgate/models/nn.h"
 
@@ -72,9 +74,9 @@ class VisionTransformerImpl : public torch::nn::Module {
  public:
   VisionTransformerImpl(const VitOptions& spec, nn::ParamOptions param);
   /// Token features after the final norm, [B, 1 + patches, D].
-  torch::Tensor forward_features(const torch::Tensor& images, bool checkpoint_blocks = false);
+  torch::Tensor forward_features(const torch::Tensor& images, const CheckpointSelection& checkpoint_blocks = {});
   /// Class logits [B, num_classes].
-  torch::Tensor forward(const torch::Tensor& images, bool checkpoint_blocks = false);
+  torch::Tensor forward(const torch::Tensor& images, const CheckpointSelection& checkpoint_blocks = {});
 
   VitOptions spec;
   nn::Conv2d patch_embed{nullptr};
