@@ -1,6 +1,7 @@
 // `memgate check`'s reports from verdicts built in memory (report/check_report.h): the screen it prints, JSON, JUnit
 // XML, Markdown, HTML and the step summary, without a probe or a process.
 #include "memgate/report/check_report.h"
+#include "memgate/report/svg_chart.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -193,6 +194,7 @@ TEST(CheckReportTest, AGrownComponentFailsWithTheGatesMessageInEveryFormat) {
 
   const auto html = render_check_html(report, "memgate 9.9.9");
   EXPECT_THAT(html, HasSubstr("<section class=\"comparison\" id=\"comparison-0\"><h1>cpu / reported</h1>"));
+  EXPECT_THAT(html, HasSubstr("<h2>By module</h2>"));
   EXPECT_THAT(html, HasSubstr("blocks.0.attn"));
   EXPECT_THAT(html, Not(HasSubstr("Nothing to compare.")));
 }
@@ -321,6 +323,16 @@ TEST(CheckReportTest, OddNamesAreEscapedInXmlHtmlAndMarkdown) {
   const auto json = render_check_json(report);
   EXPECT_TRUE(nlohmann::json::accept(json)) << "bytes that are not UTF-8 replaced";
   EXPECT_THAT(json, HasSubstr("d`e\\u0001\xEF\xBF\xBD"));
+
+  // A fixture file whose name is not UTF-8, not judged: the byte is U+FFFD in each format, and each stays UTF-8.
+  report.not_judged.push_back({"/p/ti\xffny.yaml", "/p/ti\xffny.yaml:1: name: expected letters, digits"});
+  const std::string kept = "/p/ti\xEF\xBF\xBDny.yaml";
+  EXPECT_EQ(nlohmann::json::parse(render_check_json(report)).at("not_judged")[1].at("fixture"), kept);
+  EXPECT_THAT(render_check_junit(report), HasSubstr("<error type=\"not judged\" message=\"" + kept + ":1: name:"));
+  EXPECT_THAT(render_check_markdown(report), HasSubstr("- `" + kept + "`: " + kept + ":1: name:"));
+  for (const auto& text : {render_check_junit(report), render_check_markdown(report), render_check_html(report, "m")}) {
+    EXPECT_EQ(valid_utf8(text), text);
+  }
 }
 
 // A change that grows every component at every batch size reads in one screen: a table of what is not ok, the largest
