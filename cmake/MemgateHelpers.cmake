@@ -62,7 +62,8 @@ function(memgate_add_library layer)
   target_link_libraries(memgate_${layer} PUBLIC ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE} memgate::warnings)
 endfunction()
 
-# memgate_add_test(<name> SOURCES <files...> LINK <targets...> LABEL <label> [GPU] [PER_SUITE] [PROCESSORS <n>])
+# memgate_add_test(<name> SOURCES <files...> LINK <targets...> LABEL <label> [GPU] [PER_SUITE] [PROCESSORS <n>]
+#                  [DEV ALL | DEV <suites...>])
 # A unit-test executable linked to the layer it tests and GoogleTest, its tests registered with CTest under one
 # label (cpu, or gpu for the CUDA tests: gtest_discover_tests keeps one label per property value). It reuses the
 # precompiled LibTorch headers only when it links LibTorch. GPU: each test claims one GPU (CTest resource groups).
@@ -70,8 +71,9 @@ endfunction()
 # PER_SUITE: one CTest test per GoogleTest suite instead of one per test (a parameterized suite in up to 4 shards of
 # 4 tests or more), for programs that load LibTorch (0.4 s per process before any work: paid once per suite or shard,
 # not once per test); a failing test is named in its suite's output (cmake/MemgateTestSuites.cmake).
+# DEV: the tests (ALL) or the GoogleTest suites (with PER_SUITE) that are labelled dev as well: `ctest --preset dev`.
 function(memgate_add_test name)
-  cmake_parse_arguments(ARG "GPU;PER_SUITE" "LABEL;PROCESSORS" "SOURCES;LINK" ${ARGN})
+  cmake_parse_arguments(ARG "GPU;PER_SUITE" "LABEL;PROCESSORS" "SOURCES;LINK;DEV" ${ARGN})
   add_executable(${name} ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/tests/common/test_main.cpp)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
   target_compile_definitions(${name} PRIVATE MEMGATE_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
@@ -90,10 +92,12 @@ function(memgate_add_test name)
   if(ARG_PER_SUITE)
     set(properties ${gpu_resources} ${processors})
     list(JOIN properties "|" properties)
+    list(JOIN ARG_DEV "|" dev)
     set(suites "${CMAKE_CURRENT_BINARY_DIR}/${name}_suites.cmake")
     # Listed again whenever the program or the script changes.
     add_custom_command(OUTPUT "${suites}"
       COMMAND "${CMAKE_COMMAND}" "-DPROGRAM=$<TARGET_FILE:${name}>" "-DOUTPUT=${suites}" "-DLABELS=${ARG_LABEL}"
+              "-DDEV=${dev}"
               "-DENVIRONMENT=MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}" "-DPROPERTIES=${properties}"
               -P "${PROJECT_SOURCE_DIR}/cmake/MemgateTestSuites.cmake"
       DEPENDS ${name} "${PROJECT_SOURCE_DIR}/cmake/MemgateTestSuites.cmake"
@@ -113,6 +117,14 @@ function(memgate_add_test name)
     DISCOVERY_MODE PRE_TEST
     PROPERTIES LABELS "${ARG_LABEL}" ENVIRONMENT "MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}" ${gpu_resources}
                ${processors})
+  if(ARG_DEV STREQUAL "ALL")
+    # The tests are known only as CTest runs (PRE_TEST), in ${name}_TESTS: labelled dev after they are added (a list
+    # of labels does not survive gtest_discover_tests's PROPERTIES).
+    set(dev "${CMAKE_CURRENT_BINARY_DIR}/${name}_dev.cmake")
+    file(WRITE "${dev}" "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS "
+                        "[==[${ARG_LABEL};dev]==])\nendif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${dev}")
+  endif()
 endfunction()
 
 # memgate_add_bench(<name> SOURCES <files...>)

@@ -4,8 +4,9 @@
 # seconds each) is split into up to 4 shards of 4 tests or more (GoogleTest's GTEST_TOTAL_SHARDS and
 # GTEST_SHARD_INDEX), Suite.shard<k>of<n>, so that ctest -j spreads it over the cores; more shards would pay the 0.4 s
 # more often (the 134 bad inputs of 0.3 s each were 34 shards, 45 s). A failing test is named in its test's output.
+# The suites that DEV names (Suite|Prefix/Suite|..., or ALL) are labelled dev as well: the `dev` test preset.
 #   cmake -D PROGRAM=<test program> -D OUTPUT=<file.cmake> -D LABELS=<labels> -D ENVIRONMENT=<VAR=value|...>
-#         -D PROPERTIES=<more set_tests_properties arguments, |-joined> -P MemgateTestSuites.cmake
+#         -D PROPERTIES=<more set_tests_properties arguments, |-joined> [-D DEV=<suites>] -P MemgateTestSuites.cmake
 execute_process(COMMAND "${PROGRAM}" --gtest_list_tests OUTPUT_VARIABLE listing ERROR_VARIABLE errors
                 RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
@@ -33,6 +34,10 @@ foreach(p IN LISTS properties)
 endforeach()
 set(script "")
 foreach(suite IN LISTS suites)
+  set(labels "${LABELS}")
+  if(DEV STREQUAL "ALL" OR (DEV AND suite MATCHES "^(${DEV})$"))
+    set(labels "${LABELS};dev")
+  endif()
   set(shards 1)
   if(suite MATCHES "/")
     math(EXPR shards "(${count_${suite}} + 3) / 4")
@@ -43,7 +48,7 @@ foreach(suite IN LISTS suites)
   if(shards LESS_EQUAL 1)
     set(env "${environment}")
     string(APPEND script "add_test([==[${suite}]==] [==[${PROGRAM}]==] [==[--gtest_filter=${suite}.*]==])\n"
-                         "set_tests_properties([==[${suite}]==] PROPERTIES LABELS [==[${LABELS}]==] "
+                         "set_tests_properties([==[${suite}]==] PROPERTIES LABELS [==[${labels}]==] "
                          "ENVIRONMENT [==[${env}]==]${more})\n")
     continue()
   endif()
@@ -53,7 +58,7 @@ foreach(suite IN LISTS suites)
     set(name "${suite}.shard${k}of${shards}")
     set(env "${environment};GTEST_TOTAL_SHARDS=${shards};GTEST_SHARD_INDEX=${index}")
     string(APPEND script "add_test([==[${name}]==] [==[${PROGRAM}]==] [==[--gtest_filter=${suite}.*]==])\n"
-                         "set_tests_properties([==[${name}]==] PROPERTIES LABELS [==[${LABELS}]==] "
+                         "set_tests_properties([==[${name}]==] PROPERTIES LABELS [==[${labels}]==] "
                          "ENVIRONMENT [==[${env}]==]${more})\n")
   endforeach()
 endforeach()
