@@ -377,6 +377,39 @@ TEST(EmaTest, TheZoosEmaAllocatesWhatTimmsModelEmaV3Does) {
 // copy.deepcopy of a module on the CPU: a buffer's copy is made by torch.UntypedStorage, which takes LibTorch's default
 // CPU allocator, not the counting one; memgate's probe counts it (a deep-copied BatchNorm holds what a second one
 // built afresh holds: 136 B of running statistics and counter beside its 64 B of parameters).
+// The zoo's checkpointing of chosen blocks is torch's, to the byte: vit_tiny_lora with
+// `gradient_checkpointing: {blocks: [blocks.1, blocks.2]}` equals its timm twin in the plain-PyTorch loop with those
+// two blocks' forwards wrapped in torch.utils.checkpoint.checkpoint (tools/checkpoint_reference.py: use_reentrant=True,
+// preserve_rng_state=False; PyTorch's default also keeps the CPU generator's state, 5,056 bytes a block, which
+// memgate's checkpoint does not), on every component at batches 1 and 4.
+TEST(CheckpointReferenceTest, TheZoosChosenBlocksAllocateWhatTorchUtilsCheckpointDoes) {
+  testing::TempDir dir;
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  auto text = read_text_file(models + "vit_tiny_lora.yaml", "a fixture");
+  text.replace(text.find("  precision: fp32\n"), 18,
+               "  precision: fp32\n  gradient_checkpointing: {blocks: [blocks.1, blocks.2]}\n");
+  write_file_atomically(dir / "vit_tiny_lora_ck12.yaml", text);
+  const auto zoo = load_fixture(dir / "vit_tiny_lora_ck12.yaml");
+  std::string out;
+  const int rc = testing::run(
+      fmt::format("({} {}/tools/checkpoint_reference.py --config {}py_vit_tiny_lora_timm.yaml "
+                  "--blocks blocks.1,blocks.2 --batch-sizes 1,4 2>{}) > {}",
+                  MEMGATE_TORCH_PYTHON, testing::source_dir(), models, dir / "err.txt", dir / "ref.json"),
+      &out);
+  ASSERT_EQ(rc, 0) << out << testing::read_file(dir / "err.txt");
+  const auto ref = nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON")).at("probes");
+  const std::vector<std::int64_t> batches{1, 4};
+  ASSERT_EQ(ref.size(), batches.size());
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    const auto z = run_probe(zoo, batches[i], kCpu);
+    ASSERT_FALSE(z.oom) << z.error;
+    for (const auto* c : kCompared) {
+      if (!ref[i].contains(c)) continue;  // `ema`: none kept
+      EXPECT_EQ(z.components.get(c), ref[i].at(c).get<std::int64_t>()) << "batch " << batches[i] << ": " << c;
+    }
+  }
+}
+
 TEST(CpuStorageCopyTest, ADeepCopiedModulesBuffersAreCounted) {
   testing::TempDir dir;
   testing::write_file(dir / "copies.py",
