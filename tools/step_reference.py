@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Plain-PyTorch reference for a Python fixture's own training step (issue 57): the fixture's callables run in the
-loop a user writes, measured as tools/timm_reference.py measures (torch.profiler's CPU allocation events, each with
-the allocator's running total), by memgate's protocol (docs/fixtures.md, "Your own training step"):
+"""Plain-PyTorch reference for a Python fixture's own training step (issue 57): the fixture's callables run in the loop
+a user writes, measured as tools/timm_reference.py measures (tools/reference_loop.py: torch.profiler's CPU allocation
+events, each with the allocator's running total), by memgate's protocol (docs/fixtures.md, "Your own training step"):
 
   build (seeded 0, under torch.device("cpu")); freeze what `trainable` does not select; the batch, seeded 1 (the
   fixture's `batch:` callable with a torch.Generator seeded 1, or its `inputs` and `target` drawn as memgate draws
@@ -31,10 +31,11 @@ import types
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timm_reference import allocation_events, exit_fast, phase_window, protocol_components  # noqa: E402
+import reference_loop  # noqa: E402
+from reference_loop import exit_fast, phase_window, protocol_components  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
           "int32": torch.int32, "bool": torch.bool}
@@ -78,7 +79,10 @@ def make_input(spec: dict, batch_size: int) -> torch.Tensor:
     return torch.randint(int(spec.get("high", 2)), shape, dtype=dtype)
 
 
-class Fixture:
+class Fixture(reference_loop.Loop):
+    """A Python fixture's model and training, its own callables (entry, batch, compute_loss, loss, optimizer) run
+    as the loop a user writes runs them."""
+
     def __init__(self, path: str):
         import yaml
 
@@ -93,7 +97,7 @@ class Fixture:
                 or "distributed" in self.training or self.training.get("gradient_checkpointing")):
             raise SystemExit(f"{path}: the reference runs fp32, one micro-batch, one process, no checkpointing")
         m = self.model
-        self.build = load_callable(self.dir, m["entry"])
+        self.build_fn = load_callable(self.dir, m["entry"])
         self.args = m.get("args", {}) or {}
         self.batch_fn = load_callable(self.dir, m["batch"]) if "batch" in m else None
         self.compute_loss = load_callable(self.dir, m["compute_loss"]) if "compute_loss" in m else None
@@ -102,7 +106,14 @@ class Fixture:
         self.max_grad_norm = self.training.get("max_grad_norm")
         self.ema_decay = (self.training.get("ema") or {}).get("decay")
 
-    def select_trainable(self, model: torch.nn.Module) -> list:
+    def build(self) -> torch.nn.Module:
+        with torch.device("cpu"):
+            model = self.build_fn(**self.args)
+        model = model.to("cpu")
+        gc.collect()
+        return model
+
+    def trainable(self, model: torch.nn.Module) -> list:
         trainable = self.training.get("trainable", "all")
         out = []
         for name, p in model.named_parameters():
@@ -117,11 +128,10 @@ class Fixture:
                 out.append(p)
         return out
 
-    def make_batch(self, batch_size: int):
-        """The batch and, for forward, its positional and keyword arguments; the namespace a loss callable gets."""
+    def batch(self, batch_size: int):
+        """The `batch:` callable's value, else the namespace a loss callable gets (inputs, kwargs, target)."""
         if self.batch_fn is not None:
-            value = self.batch_fn(batch_size, torch.device("cpu"), torch.Generator(device="cpu").manual_seed(1))
-            return value, value
+            return self.batch_fn(batch_size, torch.device("cpu"), torch.Generator(device="cpu").manual_seed(1))
         inputs = self.model["inputs"]
         args, kwargs = [], {}
         for spec in inputs:
@@ -135,8 +145,7 @@ class Fixture:
             target = torch.randint(int(self.model["num_classes"]), (batch_size,))
         if "target" in self.model:
             target = make_input(self.model["target"], batch_size)
-        ns = types.SimpleNamespace(inputs=args, kwargs=kwargs, target=target)
-        return ns, ns
+        return types.SimpleNamespace(inputs=args, kwargs=kwargs, target=target)
 
     def forward(self, model, batch):
         if self.batch_fn is not None:
@@ -172,7 +181,7 @@ class Fixture:
         else:
             self.forward(model, batch)
 
-    def make_optimizer(self, model, trainable):
+    def optimizer(self, model, trainable):
         o = self.training.get("optimizer", "adamw")
         if isinstance(o, dict):
             module, name = o["class"].rsplit(".", 1)
@@ -189,54 +198,24 @@ class Fixture:
                                    weight_decay=self.training.get("weight_decay", 0.0), foreach=False)
         raise SystemExit(f"optimizer {o!r}")
 
+    def make_ema(self, model):
+        if not self.ema_decay:
+            return None
+        # timm's own EMA, made after the optimizer as timm's train.py makes it
+        from timm.utils import ModelEmaV3
+        with record_function("memgate::ema"):
+            return ModelEmaV3(model, decay=self.ema_decay)
+
+    def step(self, optimizer, model, ema) -> None:
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+        optimizer.step()
+        if ema is not None:
+            ema.update(model)
+
 
 def run_probe(fx: Fixture, batch_size: int, warmup_steps: int = 1, timeline_out=None) -> dict:
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
-        marker = torch.empty(1)
-        del marker
-        with record_function("memgate::build"):
-            torch.manual_seed(0)
-            with torch.device("cpu"):
-                model = fx.build(**fx.args)
-            model = model.to("cpu")
-            gc.collect()
-        trainable = fx.select_trainable(model)
-        torch.manual_seed(1)
-        with record_function("memgate::batch"):
-            batch, _ = fx.make_batch(batch_size)
-        model.train()
-        optimizer = fx.make_optimizer(model, trainable)
-        ema = None
-        if fx.ema_decay:
-            # timm's own EMA, made after the optimizer as timm's train.py makes it
-            from timm.utils import ModelEmaV3
-            with record_function("memgate::ema"):
-                ema = ModelEmaV3(model, decay=fx.ema_decay)
-        model.eval()
-        for p in range(2):
-            with torch.no_grad(), record_function(f"memgate::eval{p}"):
-                fx.eval_pass(model, batch)
-        model.train()
-        for step in range(warmup_steps + 1):
-            tag = "measured" if step == warmup_steps else f"warmup{step}"
-            with record_function(f"memgate::{tag}:forward"):
-                loss = fx.loss(model, batch)
-            with record_function(f"memgate::{tag}:backward"):
-                loss.backward()
-                del loss
-            with record_function(f"memgate::{tag}:optimizer"):
-                if fx.max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), fx.max_grad_norm)
-                optimizer.step()
-                if ema is not None:
-                    ema.update(model)
-            with record_function(f"memgate::{tag}:zero_grad"):
-                optimizer.zero_grad(set_to_none=True)
-
-    events = allocation_events(prof)
-    if timeline_out is not None:
-        for t, size, total, op, phase in events:
-            print(f"{phase}\t{size}\t{total}\t{op}", file=timeline_out)
+    _, events = reference_loop.run_protocol(fx, batch_size, warmup_steps, timeline_out=timeline_out)
     out = {"batch_size": batch_size, **protocol_components(events)}
     if fx.ema_decay:
         before_ema, after_ema, _ = phase_window(events, "ema")

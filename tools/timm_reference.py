@@ -6,7 +6,7 @@ protocol of src/measure/train_step.cpp and probe.cpp on the CPU (one thread, one
 LibTorch's own kernels): build, batch, two eval no-grad forwards, warm-up step(s), one measured step (forward,
 backward, torch.optim.AdamW with foreach=False, i.e. memgate's CPU `optimizer_impl: auto`, zero_grad), and reads
 every CPU allocation and free from torch.profiler's allocation events (each carries the allocator's running
-total). Components mean what docs/design.md's "The numbers" says, in bytes above the allocations that
+total): the loop of tools/reference_loop.py, which tools/step_reference.py runs too. Components mean what docs/design.md's "The numbers" says, in bytes above the allocations that
 existed before the model was built: params, gradients, optimizer_state, activations, forward_peak, eval_peak
 (absolute: parameters and the batch included), step_peak (absolute).
 
@@ -34,12 +34,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference_loop  # noqa: E402
+from reference_loop import allocation_events, exit_fast, phase_window, protocol_components  # noqa: E402,F401
+
 
 class LoraLinear(nn.Linear):
     """nn.Linear plus memgate's LoRA adapter (parameters weight, bias, lora_a, lora_b, as memgate names them)."""
@@ -118,151 +123,62 @@ def select_trainable(model: nn.Module, trainable: str) -> list[nn.Parameter]:
     return out
 
 
-def allocation_events(prof) -> list[tuple[int, int, int, str, str]]:
-    """(time_ns, size, running total, op, phase) of every CPU allocation (+) and free (-), in order."""
-    from torch._C._profiler import _EventType
+class _Loop(reference_loop.Loop):
+    """The model and training of the command line (parse_args): timm's ViT, the zoo's GPT twin or a TorchScript
+    module, AdamW (foreach=False), the task's loss."""
 
-    events = []
-    order = 0
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
 
-    def visit(node, op: str, phase: str):
-        nonlocal order
-        kind = node.typed[0]
-        if kind == _EventType.Allocation:
-            f = node.typed[1]
-            if f.device.type == "cpu" and f.alloc_size != 0:
-                events.append((node.start_time_ns, order, f.alloc_size, f.total_allocated, op, phase))
-                order += 1
-            return
-        if kind == _EventType.TorchOp:
-            if node.name.startswith("memgate::"):
-                phase = node.name[len("memgate::"):]
-            else:
-                op = node.name  # the innermost op names the allocation
-        for child in node.children:
-            visit(child, op, phase)
+    def build(self) -> nn.Module:
+        return build_model(self.a)
 
-    for root in prof.profiler.kineto_results.experimental_event_tree():
-        visit(root, "", "")
-    events.sort(key=lambda e: (e[0], e[1]))
-    # The running totals must chain: then the order is the allocator's.
-    for prev, cur in zip(events, events[1:]):
-        if cur[3] != prev[3] + cur[2]:
-            raise RuntimeError(f"allocation events out of order near t={cur[0]}: {prev} then {cur}")
-    return [(t, size, total, op, phase) for t, _, size, total, op, phase in events]
+    def trainable(self, model: nn.Module) -> list:
+        return select_trainable(model, self.a.trainable)
+
+    def batch(self, batch_size: int):
+        a = self.a
+        if a.arch == "torchscript":  # the fixture's one input ([B, ...]: an integer's high, else randn)
+            spec = a.ts["input"]
+            shape = [batch_size if d == "B" else int(d) for d in spec["shape"]]
+            images = torch.randint(int(spec["high"]), shape) if spec.get("dtype") == "int64" else torch.randn(shape)
+            return images, None
+        if a.arch == "gpt":  # the zoo GPT's batch: tokens and next-token targets
+            images = torch.randint(a.gpt["vocab_size"], (batch_size, a.gpt["seq_len"]))
+            return images, torch.randint(a.gpt["vocab_size"], (batch_size, a.gpt["seq_len"]))
+        images = torch.randn(batch_size, 3, a.img_size, a.img_size)
+        return images, torch.randint(a.num_classes, (batch_size,))
+
+    def optimizer(self, model: nn.Module, trainable: list):
+        return torch.optim.AdamW(trainable, lr=self.a.lr, weight_decay=self.a.weight_decay, foreach=False)
+
+    def eval_pass(self, model: nn.Module, batch) -> None:
+        model(batch[0])
+
+    def loss(self, model: nn.Module, batch) -> torch.Tensor:
+        images, target = batch
+        # The output lives through the loss, as a training loop's `logits = model(x)` (Hugging Face's and
+        # torchtitan's: their loss casts bf16 logits to fp32 while the caller holds them) and memgate's protocol keep
+        # it; it is gone before backward.
+        output = model(images)
+        if self.a.arch == "torchscript":  # task: sum, as memgate's task_loss
+            return output.sum()
+        if self.a.arch == "gpt":  # the logits cast to fp32 for the loss, as the zoo's (and gpt_twin_loss)
+            return F.cross_entropy(output.float().flatten(0, 1), target.flatten())
+        return F.cross_entropy(output.float(), target)
 
 
 def run_probe(a: argparse.Namespace, batch_size: int, timeline_out=None, wrap=None, extra=None,
               params_after_wrap: bool = False) -> dict:
-    """The probe; `wrap(model)` (e.g. DistributedDataParallel, fully_shard) is applied after the trainable parameters
-    are chosen, outside the build's window, as memgate's TrainingStep does, and the optimizer takes the wrapped
-    model's trainable parameters (fully_shard replaces them with sharded DTensors); `extra(model)` adds entries to
-    the result after the measurement. With `params_after_wrap`, params is the level after the wrap (FSDP's shards,
-    the full parameters freed) instead of after the build."""
-    torch.manual_seed(0)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                 with_stack=False) as prof:
-        # A marker allocation first, so that the running total before the build is known.
-        marker = torch.empty(1)
-        del marker
-        with record_function("memgate::build"):
-            model = build_model(a)
-        trainable = select_trainable(model, a.trainable)
-        if wrap is not None:
-            with record_function("memgate::wrap"):
-                model = wrap(model)
-                # The same parameters under DDP; fully_shard's shards, the full ones freed here as this list drops them
-                trainable = [p for p in model.parameters() if p.requires_grad]
-        torch.manual_seed(1)
-        with record_function("memgate::batch"):
-            if a.arch == "torchscript":  # the fixture's one input ([B, ...]: an integer's high, else randn)
-                spec = a.ts["input"]
-                shape = [batch_size if d == "B" else int(d) for d in spec["shape"]]
-                images = (torch.randint(int(spec["high"]), shape) if spec.get("dtype") == "int64"
-                          else torch.randn(shape))
-                target = None
-            elif a.arch == "gpt":  # the zoo GPT's batch: tokens and next-token targets
-                images = torch.randint(a.gpt["vocab_size"], (batch_size, a.gpt["seq_len"]))
-                target = torch.randint(a.gpt["vocab_size"], (batch_size, a.gpt["seq_len"]))
-            else:
-                images = torch.randn(batch_size, 3, a.img_size, a.img_size)
-                target = torch.randint(a.num_classes, (batch_size,))
-        model.train()
-        optimizer = torch.optim.AdamW(trainable, lr=a.lr, weight_decay=a.weight_decay, foreach=False)
-        model.eval()
-        for p in range(2):
-            with torch.no_grad(), record_function(f"memgate::eval{p}"):
-                model(images)
-        model.train()
-        for step in range(a.warmup_steps + 1):
-            tag = "measured" if step == a.warmup_steps else f"warmup{step}"
-            with record_function(f"memgate::{tag}:forward"):
-                # The output lives through the loss, as a training loop's `logits = model(x)` (Hugging Face's and
-                # torchtitan's: their loss casts bf16 logits to fp32 while the caller holds them) and memgate's
-                # protocol keep it; it is gone before backward.
-                output = model(images)
-                if a.arch == "torchscript":  # task: sum, as memgate's task_loss
-                    loss = output.sum()
-                elif a.arch == "gpt":  # the logits cast to fp32 for the loss, as the zoo's (and gpt_twin_loss)
-                    loss = F.cross_entropy(output.float().flatten(0, 1), target.flatten())
-                else:
-                    loss = F.cross_entropy(output.float(), target)
-                del output
-            with record_function(f"memgate::{tag}:backward"):
-                loss.backward()
-                del loss  # memgate's loss dies with its loop iteration, before the optimizer
-            with record_function(f"memgate::{tag}:optimizer"):
-                optimizer.step()
-            with record_function(f"memgate::{tag}:zero_grad"):
-                optimizer.zero_grad()
-
-    events = allocation_events(prof)
-    if timeline_out is not None:
-        for t, size, total, op, phase in events:
-            print(f"{phase}\t{size}\t{total}\t{op}", file=timeline_out)
+    """The probe (reference_loop.run_protocol); `wrap(model)` (e.g. DistributedDataParallel, fully_shard) is applied
+    after the trainable parameters are chosen, outside the build's window, as memgate's TrainingStep does;
+    `extra(model)` adds entries to the result after the measurement. With `params_after_wrap`, params is the level
+    after the wrap (FSDP's shards, the full parameters freed) instead of after the build."""
+    model, events = reference_loop.run_protocol(_Loop(a), batch_size, a.warmup_steps, wrap=wrap, record_shapes=True,
+                                                timeline_out=timeline_out)
     result = extra(model) if extra is not None else {}
     return {**result, "batch_size": batch_size,
             **protocol_components(events, "wrap" if params_after_wrap else "build")}
-
-
-def phase_window(events, prefix: str):
-    """(level before, level after, peak) over the phases whose name starts with prefix."""
-    idx = [i for i, e in enumerate(events) if e[4].startswith(prefix)]
-    if not idx:
-        raise RuntimeError(f"no allocation in phase {prefix}")
-    first, last = idx[0], idx[-1]
-    before = events[first][2] - events[first][1]
-    peak = max([before] + [events[i][2] for i in range(first, last + 1)])
-    return before, events[last][2], peak
-
-
-def protocol_components(events, build_phase: str = "build") -> dict:
-    """memgate's components from a probe's allocation events, read where its protocol reads them: params after
-    `build_phase`, eval_peak over the second eval pass, optimizer_state over the first warm-up optimizer step,
-    activations, forward_peak and gradients in the measured step, step_peak over it (absolute ones above the base)."""
-    def window(prefix: str):
-        return phase_window(events, prefix)
-
-    base = events[0][2] - events[0][1]
-    _, built, _ = window(build_phase)
-    _, _, eval_peak = window("eval1")
-    _, before_opt0, _ = window("warmup0:backward")
-    _, after_opt0, _ = window("warmup0:optimizer")
-    before_step, after_fwd, fwd_peak = window("measured:forward")
-    _, after_bwd, _ = window("measured:backward")
-    # (zero_grad frees nothing where the gradients are views into DDP's buckets)
-    phases = [p for p in ("forward", "backward", "optimizer", "zero_grad")
-              if any(e[4] == f"measured:{p}" for e in events)]
-    step_peak = max(window(f"measured:{p}")[2] for p in phases)
-    return {
-        "params": built - base,
-        "gradients": after_bwd - before_step,
-        "optimizer_state": after_opt0 - before_opt0,
-        "activations": after_fwd - before_step,
-        "forward_peak": fwd_peak - before_step,
-        "eval_peak": eval_peak - base,
-        "step_peak": step_peak - base,
-    }
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -375,16 +291,6 @@ def run_ranks(rank_main, world: int, config: str, warmup_steps: int, batch_sizes
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
     return ranks
-
-
-def exit_fast(code: int):
-    """Ends this script with `code`, what it printed flushed, without Python's teardown: with torch imported that is
-    0.4 s of a reference's run here, paid once per fixture a corpus sweep checks. Nothing of the script's own is open."""
-    import os
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def main(argv=None) -> int:
