@@ -2,7 +2,7 @@
 // memgate that is killed or cancelled mid-probe. Each must end in bounded time with exit 3 (or the signal's status),
 // a message naming the rank and the cause, and no process or file left behind. The faults are real (a rank stops
 // itself with SIGSTOP, crashes with SIGSEGV, ...), injected at a phase by MEMGATE_TEST_RANK_FAULT.
-#include "test_util.h"
+#include "spawn_util.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -32,39 +32,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::exit_code;
+using testing::Memgate;
+using testing::Outcome;
+using testing::processes_where;
 
 std::string fixture(const std::string& name) { return testing::source_dir() + "/fixtures/models/" + name + ".yaml"; }
-
-// The processes for which `pick(its /proc folder, its command line)` holds.
-template <typename Pick>
-std::vector<pid_t> processes_where(Pick pick) {
-  std::vector<pid_t> out;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const auto name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (pick(entry.path(), cmdline)) out.push_back(std::stoi(name));
-  }
-  return out;
-}
 
 // The processes whose command line contains `text`.
 std::vector<pid_t> processes_with(const std::string& text) {
   return processes_where(
       [&](const auto&, const std::string& cmdline) { return cmdline.find(text) != std::string::npos; });
-}
-
-// A probe's rank processes: those whose command line names `dir` (a rank's store and result files are in the
-// probe's folder there), or whose output is a log there (a rank forked from a fork server has the server's command
-// line).
-std::vector<pid_t> processes_naming(const std::string& dir) {
-  return processes_where([&](const std::filesystem::path& proc, const std::string& cmdline) {
-    std::error_code ec;
-    const auto output = std::filesystem::read_symlink(proc / "fd" / "1", ec).string();
-    return (cmdline.find(dir) != std::string::npos && cmdline.find("--memgate-rank") != std::string::npos) ||
-           (!ec && output.starts_with(dir + "/"));
-  });
 }
 
 // py_resnet_tiny_torchvision over 2 DDP ranks, in `dir`: Python ranks, forked from memgate's fork server. (Torch
@@ -85,87 +63,14 @@ std::string inductor_cache_in(const testing::TempDir& dir) { return "TORCHINDUCT
 // What is left of a probe after it ended: its rank processes (given a moment to go) and the files in its TMPDIR.
 void expect_nothing_left(const testing::TempDir& tmp) {
   const auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (!processes_naming(tmp.path().string()).empty() && Clock::now() < deadline) {
+  while (!testing::probe_processes(tmp.path().string()).empty() && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_THAT(processes_naming(tmp.path().string()), ::testing::IsEmpty()) << "rank processes left running";
+  EXPECT_THAT(testing::probe_processes(tmp.path().string()), ::testing::IsEmpty()) << "rank processes left running";
   std::vector<std::string> left;
   for (const auto& e : std::filesystem::recursive_directory_iterator(tmp.path())) left.push_back(e.path().string());
   EXPECT_THAT(left, ::testing::IsEmpty()) << "files left in TMPDIR";
 }
-
-struct Outcome {
-  int status = 0;  // waitpid's
-  std::string output;
-  double seconds = 0;
-};
-
-// memgate started as CI starts it: a process group of its own, default signal dispositions, its output in a file.
-class Memgate {
- public:
-  Memgate(const std::string& args, const std::vector<std::string>& env, const testing::TempDir& out)
-      : log_(out / "memgate.log") {
-    std::vector<std::string> argv{"/bin/sh", "-c", std::string("exec ") + MEMGATE_CLI + " " + args + " > " + log_ +
-                                                       " 2>&1"};
-    std::vector<std::string> envs;
-    for (char** e = environ; *e != nullptr; ++e) envs.emplace_back(*e);
-    envs.insert(envs.end(), env.begin(), env.end());
-    std::vector<char*> a, e;
-    for (auto& s : argv) a.push_back(s.data());
-    a.push_back(nullptr);
-    for (auto& s : envs) e.push_back(s.data());
-    e.push_back(nullptr);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t all, none;
-    sigfillset(&all);
-    sigemptyset(&none);
-    posix_spawnattr_setsigdefault(&attr, &all);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
-    start_ = Clock::now();
-    EXPECT_EQ(posix_spawn(&pid_, a[0], nullptr, &attr, a.data(), e.data()), 0);
-    posix_spawnattr_destroy(&attr);
-  }
-  ~Memgate() {
-    if (pid_ > 0) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  Memgate(const Memgate&) = delete;
-  Memgate& operator=(const Memgate&) = delete;
-  [[nodiscard]] pid_t pid() const { return pid_; }
-  // Waits at most `limit` (then kills it: a hang, which the test reports).
-  Outcome wait(std::chrono::seconds limit) {
-    for (;;) {
-      if (auto o = poll(limit)) return *o;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  // Its outcome once it has ended (or, past `limit`, once it is killed as hung), else nothing yet.
-  std::optional<Outcome> poll(std::chrono::seconds limit) {
-    Outcome o;
-    if (::waitpid(pid_, &o.status, WNOHANG) == 0) {
-      if (Clock::now() - start_ <= limit) return std::nullopt;
-      ADD_FAILURE() << "memgate still running after " << limit.count() << " s: it hangs";
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, &o.status, 0);
-    }
-    pid_ = -1;
-    o.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    o.output = testing::read_file(log_);
-    return o;
-  }
-
- private:
-  std::string log_;
-  pid_t pid_ = -1;
-  Clock::time_point start_;
-};
-
-int exit_code(const Outcome& o) { return WIFEXITED(o.status) ? WEXITSTATUS(o.status) : -1; }
 
 // The probes' --rank-timeout: short, yet long enough for two ranks to start and meet on a loaded CI machine.
 constexpr int kTimeout = 5;
@@ -247,7 +152,7 @@ void kill_mid_probe(int signal, bool group, bool python = false) {
   };
   while (!in_step() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_TRUE(in_step()) << "the ranks never reached their measured step";
-  EXPECT_EQ(processes_naming(tmp.path().string()).size(), 2U);
+  EXPECT_EQ(testing::probe_processes(tmp.path().string()).size(), 2U);
   // The server its ranks were forked from (they have its command line): Python's, or the rank program's own.
   const auto server = fmt::format("{0}{1}{2}{1}", python ? "memgate._forkserver" : "--memgate-fork-server", '\0',
                                   m.pid());

@@ -6,7 +6,7 @@
 // its peer waits in a collective, a stopped rank, and a probe that exits with 0 (os._exit in forward, and a local
 // memgate.py shadowing memgate's package). Each must end within the timeout plus its start, exit 3, name the probe,
 // its phase, how long and the timeout, and leave no process (the model's child processes included) and no file.
-#include "test_util.h"
+#include "spawn_util.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -37,34 +37,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::exit_code;
+using testing::Memgate;
+using testing::Outcome;
+using testing::processes_where;
 
 // The probes' timeout here: short, so that each test ends in seconds.
 constexpr int kTimeout = 3;
-
-// The processes for which `pick(its /proc folder, its command line)` holds.
-template <typename Pick>
-std::vector<pid_t> processes_where(Pick pick) {
-  std::vector<pid_t> out;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const auto name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (pick(entry.path(), cmdline)) out.push_back(std::stoi(name));
-  }
-  return out;
-}
-
-// A probe's processes: those whose command line names `dir` (their result files are in the probe's folder there),
-// or whose output is a log there (a process forked from a fork server has the server's command line).
-std::vector<pid_t> processes_naming(const std::string& dir) {
-  return processes_where([&](const std::filesystem::path& proc, const std::string& cmdline) {
-    std::error_code ec;
-    const auto output = std::filesystem::read_symlink(proc / "fd" / "1", ec).string();
-    return (cmdline.find(dir) != std::string::npos && cmdline.find("--memgate-rank") != std::string::npos) ||
-           (!ec && output.starts_with(dir + "/"));
-  });
-}
 
 // Whether `pid` is a live process (a zombie that nobody reaps in a container counts as gone).
 bool alive(pid_t pid) {
@@ -75,80 +54,6 @@ bool alive(pid_t pid) {
   const auto paren = line.rfind(')');
   return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
 }
-
-struct Outcome {
-  int status = 0;  // waitpid's
-  std::string output;
-  double seconds = 0;
-};
-
-int exit_code(const Outcome& o) { return WIFEXITED(o.status) ? WEXITSTATUS(o.status) : -1; }
-
-// memgate started as CI starts it (in `cwd`): a process group of its own, default signal dispositions, its output in
-// a file; killed with its group if the test ends first.
-class Memgate {
- public:
-  Memgate(const std::string& args, const std::vector<std::string>& env, const testing::TempDir& out,
-          const std::string& cwd = ".")
-      : log_(out / "memgate.log") {
-    std::vector<std::string> argv{"/bin/sh", "-c",
-                                  fmt::format("cd '{}' && exec {} {} > '{}' 2>&1", cwd, MEMGATE_CLI, args, log_)};
-    std::vector<std::string> envs;
-    for (char** e = environ; *e != nullptr; ++e) envs.emplace_back(*e);
-    envs.insert(envs.end(), env.begin(), env.end());
-    std::vector<char*> a, e;
-    for (auto& s : argv) a.push_back(s.data());
-    a.push_back(nullptr);
-    for (auto& s : envs) e.push_back(s.data());
-    e.push_back(nullptr);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t all, none;
-    sigfillset(&all);
-    sigemptyset(&none);
-    posix_spawnattr_setsigdefault(&attr, &all);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
-    start_ = Clock::now();
-    EXPECT_EQ(posix_spawn(&pid_, a[0], nullptr, &attr, a.data(), e.data()), 0);
-    posix_spawnattr_destroy(&attr);
-  }
-  ~Memgate() {
-    if (pid_ > 0) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  Memgate(const Memgate&) = delete;
-  Memgate& operator=(const Memgate&) = delete;
-  [[nodiscard]] pid_t pid() const { return pid_; }
-  // Its outcome once it has ended (or, past `limit`, once it is killed as hung), else nothing yet.
-  std::optional<Outcome> poll(std::chrono::seconds limit) {
-    Outcome o;
-    if (::waitpid(pid_, &o.status, WNOHANG) == 0) {
-      if (Clock::now() - start_ <= limit) return std::nullopt;
-      ADD_FAILURE() << "memgate still running after " << limit.count() << " s: it hangs";
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, &o.status, 0);
-    }
-    pid_ = -1;
-    o.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    o.output = testing::read_file(log_);
-    return o;
-  }
-  Outcome wait(std::chrono::seconds limit) {
-    for (;;) {
-      if (auto o = poll(limit)) return *o;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-
- private:
-  std::string log_;
-  pid_t pid_ = -1;
-  Clock::time_point start_;
-};
 
 // One case: its folders (a private TMPDIR, the fixture's and memgate's output), and memgate once started.
 struct Probe {
@@ -166,7 +71,7 @@ void expect_nothing_left(const Probe& p, const std::string& pids = {}) {
                                          fmt::format("--memgate-fork-server{}{}{}", '\0', p.memgate_pid, '\0')};
   const auto left = [&] {
     std::vector<std::string> what;
-    for (const auto pid : processes_naming(p.tmp.path().string())) what.push_back(fmt::format("probe {}", pid));
+    for (const auto pid : testing::probe_processes(p.tmp.path().string())) what.push_back(fmt::format("probe {}", pid));
     const auto is_server = [&](const auto&, const std::string& cmdline) {
       return std::any_of(servers.begin(), servers.end(),
                          [&](const auto& s) { return cmdline.find(s) != std::string::npos; });
