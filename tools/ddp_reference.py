@@ -11,6 +11,8 @@ size, with DDP's bucket bytes and count.
 Run (timm installed beside the venv's torch, as tools/make_torchscript_models.sh installs it):
   PYTHONPATH=~/.cache/memgate/torchscript-tools ~/.cache/memgate/venv/bin/python tools/ddp_reference.py \\
       --config fixtures/models/vit_tiny_ddp.yaml --world-size 2 --batch-sizes 1,2
+(--config more than once and --world-size 2,4 run each fixture at each world size in one launch, as
+tools/fsdp_reference.py's do: {"runs": [...]}.)
 """
 from __future__ import annotations
 
@@ -48,6 +50,35 @@ def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, ddp
         done.set_result(buffer)
         return done
 
+    def fenced_broadcast_coalesced(tensors, buffer_size, authoritative_rank=0):
+        """c10d's broadcast_coalesced (comm.cpp), which DDP syncs its buffers with before each forward, as it
+        allocates and frees: the tensors in buckets of buffer_size (compute_bucket_assignment_by_size), each bucket
+        flattened (flatten_dense_tensors: a cat, a view for one tensor) and broadcast, at most two in flight, the
+        oldest copied back and let go before the next is flattened; each broadcast run to the end here with the
+        fence. PyTorch's own lets Gloo's worker thread free the flat buffer when it drops the broadcast last, a free
+        torch.profiler does not see: the rank kept its bytes (1 KiB for the TorchScript LM's buffers, on one or two
+        ranks of four in some runs) in eval_peak and step_peak."""
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        buckets, _ = dist._compute_bucket_assignment_by_size(list(tensors), [buffer_size])
+        in_flight = []
+
+        def finish(flat, bucket):
+            for t, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                if synced.numel() != 0:
+                    t.copy_(synced)
+
+        for indices in buckets:
+            if len(in_flight) >= 2:
+                finish(*in_flight.pop(0))
+            bucket = [tensors[i] for i in indices]
+            flat = _flatten_dense_tensors(bucket)
+            fsdp_reference.fenced(lambda: dist.broadcast(flat, authoritative_rank, async_op=True), None)
+            in_flight.append((flat, bucket))
+            del flat
+        while in_flight:
+            finish(*in_flight.pop(0))
+
     def wrap(model):
         # DDP's own initial sync broadcasts the module's state coalesced, into flat buffers that Gloo's worker thread
         # frees when it lets go of the broadcast; torch.profiler does not see a free on that thread, so one rank in a
@@ -58,6 +89,7 @@ def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, ddp
             dist.broadcast(t.data, 0)
         wrapped = torch.nn.parallel.DistributedDataParallel(model, init_sync=False, **ddp)
         wrapped.register_comm_hook(None, fenced_allreduce_hook)
+        wrapped._distributed_broadcast_coalesced = fenced_broadcast_coalesced
         return wrapped
 
     def extra(model):
@@ -72,22 +104,25 @@ def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, ddp
 
 
 def main(argv=None) -> int:
+    import fsdp_reference
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="a memgate ViT fixture with training.distributed (strategy ddp)")
-    p.add_argument("--world-size", type=int, help="ranks (default: the fixture's world_size)")
+    p.add_argument("--config", required=True, action="append",
+                   help="a memgate fixture with training.distributed (strategy ddp); several: each is run")
+    p.add_argument("--world-size", type=fsdp_reference.world_sizes_arg,
+                   help="ranks, or a list of them (0,2,4) each run (default: the fixture's world_size; 0: the "
+                   "same model and training without ranks)")
     p.add_argument("--batch-sizes", default="1,2")
     p.add_argument("--warmup-steps", type=int, default=2)
     a = p.parse_args(argv)
-    d = timm_reference.distributed_block(a.config, "ddp", p.error)
-    world = a.world_size or d["world_size"]
-    ddp = {"gradient_as_bucket_view": bool(d.get("gradient_as_bucket_view", False))}
-    if "bucket_cap_mb" in d:
-        ddp["bucket_cap_mb"] = d["bucket_cap_mb"]
-    ranks = timm_reference.run_ranks(rank_main, world, a.config, a.warmup_steps, a.batch_sizes, ddp)
-    json.dump({"reference": "torch DistributedDataParallel (Gloo), timm eager", "world_size": world, "ddp": ddp,
-               "ranks": ranks}, sys.stdout, indent=1)
-    print()
-    return 0
+
+    def options_for(_config: str, d: dict) -> dict:
+        ddp = {"gradient_as_bucket_view": bool(d.get("gradient_as_bucket_view", False))}
+        if "bucket_cap_mb" in d:
+            ddp["bucket_cap_mb"] = d["bucket_cap_mb"]
+        return {"reference": "torch DistributedDataParallel (Gloo), timm eager", **ddp}
+
+    return fsdp_reference.run_many(p, a, "ddp", rank_main, options_for)
 
 
 if __name__ == "__main__":

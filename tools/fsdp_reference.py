@@ -27,6 +27,13 @@ and reduce-scatter (fenced()): the Work dies on the rank's own thread, and the n
 the next unit) with K > 1 sets each block to prefetch the K blocks before it in backward order, and the root the
 last K blocks (set_modules_to_backward_prefetch).
 
+Several runs in one launch: --config given more than once and --world-size a list (2,4) run every fixture at every
+world size, each run's ranks forked afresh from this process once torch, timm and FSDP2 are imported (the import is
+most of a launch's time here); the output is then {"runs": [one run's object, ...]}, fixture by fixture, world size by
+world size. One fixture at one world size prints that run's object alone, as before. World size 0 runs the fixture's
+model and training without ranks (no process group, no fully_shard: tools/timm_reference.py's probe, in a forked
+process of its own), to tell what of a gap is the model's own.
+
 Run (timm installed beside the venv's torch, as tools/make_torchscript_models.sh installs it):
   PYTHONPATH=~/.cache/memgate/torchscript-tools ~/.cache/memgate/venv/bin/python tools/fsdp_reference.py \\
       --config fixtures/models/vit_tiny_fsdp.yaml --world-size 2 --batch-sizes 1,2
@@ -135,10 +142,59 @@ def reshard_arg(value) -> bool | int:
     return int(value)
 
 
+def world_sizes_arg(value: str) -> list[int]:
+    """A world size, or several (2,4); 0: without ranks."""
+    sizes = [int(s) for s in value.split(",")]
+    if any(n < 0 for n in sizes):
+        raise ValueError(value)
+    return sizes
+
+
+def without_ranks_main(rank: int, world: int, store_path: str, a: argparse.Namespace, options: dict,
+                       out_dir: str) -> None:
+    """The same model and training in one process without a process group or a wrap (tools/timm_reference.py's probe,
+    forked as a rank is): world size 0."""
+    torch.set_num_threads(1)
+    torch.backends.mkldnn.enabled = False
+    timm_reference.import_timm()
+    results = [{"rank": 0, **timm_reference.run_probe(a, bs)} for bs in a.batch_size_list]
+    with open(os.path.join(out_dir, "rank0.json"), "w") as f:
+        json.dump(results, f)
+
+
+def run_many(p: argparse.ArgumentParser, a: argparse.Namespace, strategy: str, rank_main, options_for) -> int:
+    """Runs every --config at every --world-size (default: each fixture's world_size; 0: the same model and training
+    without ranks, one process, no wrap), each run's ranks forked by timm_reference.run_ranks; prints the one run's
+    object, or {"runs": [...]} for several. `options_for(config, d)`: the run's options from the fixture's
+    training.distributed block `d` (p.error on a bad one), with "reference" (what the run is) among them, taken out
+    for the output."""
+    runs = []
+    for config in a.config:
+        d = timm_reference.distributed_block(config, strategy, p.error)
+        options = options_for(config, d)
+        reference = options.pop("reference")
+        for world in a.world_size or [d["world_size"]]:
+            if world == 0:
+                if timm_reference.training_block(config).get("precision", "fp32") != "fp32":
+                    p.error(f"{config}: world size 0 runs without autocast: an fp32 fixture only")
+                ranks = timm_reference.run_ranks(without_ranks_main, 1, config, a.warmup_steps, a.batch_sizes, {})
+                runs.append({"reference": "timm eager, no ranks", "config": config, "world_size": 0, "ranks": ranks})
+                continue
+            ranks = timm_reference.run_ranks(rank_main, world, config, a.warmup_steps, a.batch_sizes, options)
+            runs.append({"reference": reference, "config": config, "world_size": world, strategy: options,
+                         "ranks": ranks})
+    json.dump(runs[0] if len(runs) == 1 else {"runs": runs}, sys.stdout, indent=1)
+    print()
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="a memgate ViT fixture with training.distributed (strategy fsdp)")
-    p.add_argument("--world-size", type=int, help="ranks (default: the fixture's world_size)")
+    p.add_argument("--config", required=True, action="append",
+                   help="a memgate ViT or GPT fixture with training.distributed (strategy fsdp); several: each is run")
+    p.add_argument("--world-size", type=world_sizes_arg,
+                   help="ranks, or a list of them (0,2,4) each run (default: the fixture's world_size; 0: the "
+                   "same model and training without ranks)")
     p.add_argument("--batch-sizes", default="1,2")
     p.add_argument("--warmup-steps", type=int, default=1)
     p.add_argument("--reshard-after-forward", type=reshard_arg,
@@ -150,27 +206,25 @@ def main(argv=None) -> int:
     p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
                    help="MixedPrecisionPolicy.reduce_dtype (default: the fixture's reduce_dtype, else None)")
     a = p.parse_args(argv)
-    d = timm_reference.distributed_block(a.config, "fsdp", p.error)
-    if d.get("units", "blocks") not in ("blocks", "root"):
-        p.error(f"{a.config}: training.distributed.units: {d['units']!r}, expected blocks or root")
-    world = a.world_size or d["world_size"]
-    fsdp = {"units": d.get("units", "blocks"),
-            "reshard_after_forward": (a.reshard_after_forward if a.reshard_after_forward is not None
-                                      else reshard_arg(d["reshard_after_forward"]) if "reshard_after_forward" in d
-                                      else None),
-            "backward_prefetch": a.backward_prefetch if a.backward_prefetch is not None
-            else int(d.get("backward_prefetch", 1)),
-            "param_dtype": a.precision or timm_reference.training_block(a.config).get("precision", "fp32"),
-            "reduce_dtype": a.reduce_dtype or d.get("reduce_dtype")}
-    if fsdp["param_dtype"] == "fp16":
-        p.error("fp16 trains with a gradient scaler, which this reference does not mirror: use bf16")
-    if fsdp["backward_prefetch"] < 1:
-        p.error("--backward-prefetch: at least 1")
-    ranks = timm_reference.run_ranks(rank_main, world, a.config, a.warmup_steps, a.batch_sizes, fsdp)
-    json.dump({"reference": "torch fully_shard (FSDP2, Gloo), timm eager", "world_size": world, "fsdp": fsdp,
-               "ranks": ranks}, sys.stdout, indent=1)
-    print()
-    return 0
+
+    def options_for(config: str, d: dict) -> dict:
+        if d.get("units", "blocks") not in ("blocks", "root"):
+            p.error(f"{config}: training.distributed.units: {d['units']!r}, expected blocks or root")
+        fsdp = {"units": d.get("units", "blocks"),
+                "reshard_after_forward": (a.reshard_after_forward if a.reshard_after_forward is not None
+                                          else reshard_arg(d["reshard_after_forward"]) if "reshard_after_forward" in d
+                                          else None),
+                "backward_prefetch": a.backward_prefetch if a.backward_prefetch is not None
+                else int(d.get("backward_prefetch", 1)),
+                "param_dtype": a.precision or timm_reference.training_block(config).get("precision", "fp32"),
+                "reduce_dtype": a.reduce_dtype or d.get("reduce_dtype")}
+        if fsdp["param_dtype"] == "fp16":
+            p.error("fp16 trains with a gradient scaler, which this reference does not mirror: use bf16")
+        if fsdp["backward_prefetch"] < 1:
+            p.error("--backward-prefetch: at least 1")
+        return {"reference": "torch fully_shard (FSDP2, Gloo), timm eager", **fsdp}
+
+    return run_many(p, a, "fsdp", rank_main, options_for)
 
 
 if __name__ == "__main__":

@@ -72,14 +72,41 @@ TEST(PythonFixtureTest, PlainPyTorchGptTwinInBf16WithLoraEqualsTheZooToTheByte) 
   expect_twins("py_gpt_tiny_twin_bf16_lora", "gpt_tiny_bf16_lora", {1, 3});
 }
 
-// FSDP2 itself (tools/fsdp_reference.py: torch's fully_shard over Gloo ranks, timm's ViT, measured as memgate
-// measures) against memgate's FSDP with bf16 parameters, an fp32 reduce and 4 ranks resharding to 2: there the
-// unit's last gradient, which foreach_reduce's loop variable keeps until it returns, is part of the step's peak
-// (memgate freed it and was 140 bytes low on every rank). 12 bytes of step_peak stay unexplained.
-// vit_tiny_fsdp over 4 ranks in bf16, resharding to groups of 2 after forward with an fp32 reduce, `trainable` as
-// given, against FSDP2's own run: every component of every rank equal (step_peak within 16 bytes).
-void expect_fsdp_reference(const std::string& trainable) {
+// One launch of a reference tool (tools/fsdp_reference.py or ddp_reference.py) for several runs, `args` after the
+// script: its runs (one run's object alone, as a list of one). Importing torch, timm and FSDP2 is most of a launch (5
+// to 9 s here), so every run a test needs is asked of one launch, which forks each run's ranks afresh.
+std::vector<nlohmann::json> reference_runs(const std::string& script, const std::string& args) {
   testing::TempDir dir;
+  std::string log;
+  const auto out = dir / "reference.json";
+  if (testing::run(fmt::format("({} {}/tools/{} {} 2>/dev/null) > {}", MEMGATE_TORCH_PYTHON, testing::source_dir(),
+                               script, args, out),
+                   &log) != 0) {
+    ADD_FAILURE() << script << " " << args << " failed: " << log;
+    return {};
+  }
+  auto doc = nlohmann::json::parse(read_text_file(out, "the reference's JSON"));
+  if (!doc.contains("runs")) return {std::move(doc)};
+  return doc.at("runs").get<std::vector<nlohmann::json>>();
+}
+
+// One reference probe of a run: the rank's at the batch size.
+const nlohmann::json* reference_probe(const nlohmann::json& run, std::size_t rank, std::int64_t batch) {
+  for (const auto& e : run.at("ranks").at(rank)) {
+    if (e.at("batch_size").get<std::int64_t>() == batch) return &e;
+  }
+  return nullptr;
+}
+
+// On Gloo, FSDP2's reduce-scatter (ReduceOp.AVG: fp32 and bf16 reduces) all-reduces a clone of its input and divides
+// the sum on Gloo's worker thread: div_ by the world size makes a 0-dim int64 tensor of the size (8 B) and its fp32
+// copy (4 B), both alive with the clone. memgate all-reduces with SUM (the bytes of the values do not matter), so
+// where that clone is the step's peak (a unit's reduce-scatter in backward) PyTorch's step_peak is these 12 B higher.
+constexpr std::int64_t kGlooAverageScalars = 12;
+
+// vit_tiny_fsdp over 4 ranks in bf16, resharding to groups of 2 after forward with an fp32 reduce, `trainable` as
+// given: its YAML.
+std::string vit_fsdp_bf16_yaml(const std::string& trainable) {
   auto yaml = read_text_file(testing::source_dir() + "/fixtures/models/vit_tiny_fsdp.yaml", "a fixture");
   const auto replace = [&yaml](const std::string& from, const std::string& to) {
     yaml.replace(yaml.find(from), from.size(), to);
@@ -87,15 +114,33 @@ void expect_fsdp_reference(const std::string& trainable) {
   replace("world_size: 2", "world_size: 4");
   replace("    units: blocks\n", "    units: blocks\n    reshard_after_forward: 2\n    reduce_dtype: fp32\n");
   replace("  trainable: all\n", "  trainable: " + trainable + "\n  precision: bf16\n");
+  return yaml;
+}
+
+// FSDP2's own runs of vit_fsdp_bf16_yaml("all") and ("head"), at batch 1: one launch for both tests.
+const std::vector<nlohmann::json>& vit_fsdp_reference_runs() {
+  static const auto runs = [] {
+    testing::TempDir dir;
+    write_file_atomically(dir / "vit_all.yaml", vit_fsdp_bf16_yaml("all"));
+    write_file_atomically(dir / "vit_head.yaml", vit_fsdp_bf16_yaml("head"));
+    return reference_runs("fsdp_reference.py", fmt::format("--config {} --config {} --batch-sizes 1",
+                                                           dir / "vit_all.yaml", dir / "vit_head.yaml"));
+  }();
+  return runs;
+}
+
+// FSDP2 itself (tools/fsdp_reference.py: torch's fully_shard over Gloo ranks, timm's ViT, measured as memgate
+// measures) against memgate's FSDP with bf16 parameters, an fp32 reduce and 4 ranks resharding to 2: there the
+// unit's last gradient, which foreach_reduce's loop variable keeps until it returns, is part of the step's peak
+// (memgate freed it and was 140 bytes low on every rank). vit_fsdp_bf16_yaml(trainable) against FSDP2's own run:
+// every component of every rank equal, step_peak equal or kGlooAverageScalars higher in PyTorch's.
+void expect_fsdp_reference(const std::string& trainable) {
+  const auto& runs = vit_fsdp_reference_runs();
+  ASSERT_EQ(runs.size(), 2U);
+  const auto& reference = runs[trainable == "all" ? 0 : 1];
+  testing::TempDir dir;
   const auto path = dir / "vit_fsdp_bf16.yaml";
-  write_file_atomically(path, yaml);
-  std::string out;
-  ASSERT_EQ(testing::run(fmt::format("({} {}/tools/fsdp_reference.py --config {} --batch-sizes 1 2>/dev/null) > {}",
-                                     MEMGATE_TORCH_PYTHON, testing::source_dir(), path, dir / "ref.json"),
-                         &out),
-            0)
-      << out;
-  const auto reference = nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON"));
+  write_file_atomically(path, vit_fsdp_bf16_yaml(trainable));
   const auto measured = run_probe(load_fixture(path), 1, kCpu);
   ASSERT_FALSE(measured.oom) << measured.error;
   ASSERT_EQ(measured.ranks.size(), 4U);
@@ -106,7 +151,8 @@ void expect_fsdp_reference(const std::string& trainable) {
       for (const auto* c : {"params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak"}) {
         EXPECT_EQ(m.get(c), e.at(c).get<std::int64_t>()) << "rank " << r << ": " << c;
       }
-      EXPECT_LE(std::abs(m.step_peak - e.at("step_peak").get<std::int64_t>()), 16) << "rank " << r;
+      EXPECT_THAT(e.at("step_peak").get<std::int64_t>() - m.step_peak, ::testing::AnyOf(0, kGlooAverageScalars))
+          << "rank " << r;
     }
   }
 }
@@ -121,36 +167,98 @@ TEST(FsdpReferenceTest, ForeachReduceKeepsTheLastGradientAsFsdp2Does) { expect_f
 // bf16 parameters too high (+6.8% and +4.4% on a generated ViT in the corpus's first sweep).
 TEST(FsdpReferenceTest, FrozenUnitsReshardedToAGroupAllGatherTheirShardsAsFsdp2Does) { expect_fsdp_reference("head"); }
 
+// Issue 72's two GPT patterns, each against PyTorch's own run: a GPT with tied embeddings and a vocabulary that is not
+// a multiple of 8 (301: nor of 2 or 4, so the embedding's shards are padded), and an untied one (LLaMA's pieces:
+// SwiGLU, RMSNorm, no learned positions or biases; vocabulary 250, padded over 4 ranks), each block an FSDP unit,
+// reshard_after_forward unset (FSDP2's default). Over 2 and 4 ranks (FSDP2's fully_shard on Gloo) and without ranks
+// (the plain model: what of a gap would be the model's own eval pass), at batches 1 and 4, every component of every
+// rank equals PyTorch's to the byte; step_peak may be kGlooAverageScalars higher in PyTorch's where the reduce-scatter
+// is the peak. The issue's eval_peak (memgate 835,944 B against FSDP2's 861,024 B at 2 ranks and batch 4; 6,864 B low
+// without ranks) shows on neither pattern, nor did it on the fixtures of earlier sweeps; nothing in memgate's FSDP,
+// its GPT or its eval pass, nor in the reference, changed since the commit it was measured on.
+std::string issue72_gpt_yaml(bool tied, int world) {
+  const std::string model = tied ? "  vocab_size: 301\n  seq_len: 16\n  n_layer: 2\n  n_embd: 32\n  n_head: 4\n"
+                                   "  mlp: gelu\n  norm: layernorm\n  position: learned\n  bias: true\n"
+                                   "  tied_embeddings: true\n"
+                                 : "  vocab_size: 250\n  seq_len: 16\n  n_layer: 2\n  n_embd: 48\n  n_head: 4\n"
+                                   "  mlp: swiglu\n  norm: rmsnorm\n  position: none\n  bias: false\n"
+                                   "  tied_embeddings: false\n";
+  const auto distributed = world == 0 ? std::string()
+                                      : fmt::format("  distributed:\n    strategy: fsdp\n    world_size: {}\n"
+                                                    "    units: blocks\n", world);
+  return "model:\n  arch: gpt\n" + model + "training:\n  optimizer: adamw\n  trainable: all\n" + distributed +
+         "batch_sizes: [1, 4]\n";
+}
+
+TEST(FsdpReferenceTest, TiedGptWithAnOddVocabularyAndUntiedGptMeasureAsPyTorchWithAndWithoutRanks) {
+  testing::TempDir dir;
+  const auto tied = dir / "gpt_tied_301.yaml";
+  const auto untied = dir / "gpt_untied_250.yaml";
+  write_file_atomically(tied, issue72_gpt_yaml(true, 2));
+  write_file_atomically(untied, issue72_gpt_yaml(false, 2));
+  const auto runs = reference_runs("fsdp_reference.py", fmt::format("--config {} --config {} --world-size 0,2,4 "
+                                                                    "--batch-sizes 1,4", tied, untied));
+  ASSERT_EQ(runs.size(), 6U);
+  std::size_t run_index = 0;
+  for (const bool is_tied : {true, false}) {
+    for (const int world : {0, 2, 4}) {
+      const auto& run = runs[run_index++];
+      ASSERT_EQ(run.at("world_size").get<int>(), world);
+      const auto path = dir / fmt::format("gpt_{}.yaml", world);
+      write_file_atomically(path, issue72_gpt_yaml(is_tied, world));
+      const auto fixture = load_fixture(path);
+      for (const std::int64_t batch : {1, 4}) {
+        const auto measured = run_probe(fixture, batch, kCpu);
+        ASSERT_FALSE(measured.oom) << measured.error;
+        const auto ranks = static_cast<std::size_t>(std::max(world, 1));
+        ASSERT_EQ(measured.ranks.size(), world == 0 ? 0U : ranks);
+        for (std::size_t r = 0; r < ranks; ++r) {
+          const auto at = fmt::format("{} GPT, {} ranks, rank {} at batch {}", is_tied ? "tied" : "untied", world, r,
+                                      batch);
+          const auto* e = reference_probe(run, r, batch);
+          ASSERT_NE(e, nullptr) << at;
+          const auto& m = world == 0 ? measured.components : measured.ranks.at(r).components;
+          for (const auto* c : {"params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak"}) {
+            EXPECT_EQ(m.get(c), e->at(c).get<std::int64_t>()) << at << ": " << c;
+          }
+          EXPECT_THAT(e->at("step_peak").get<std::int64_t>() - m.step_peak,
+                      ::testing::AnyOf(0, world == 0 ? 0 : kGlooAverageScalars))
+              << at;
+        }
+      }
+    }
+  }
+}
+
 // PyTorch's own DistributedDataParallel (tools/ddp_reference.py) over the TorchScript token LM (task sum) with its
-// gradients as bucket views, at 2 and 4 ranks and batches 1 and 3, against memgate's measurement: activations,
-// gradients, optimizer_state, forward_peak and DDP's bucket bytes equal on every rank; params, eval_peak and step_peak
-// (read from before the build) each the reference's less one and the same number of bytes, the source-range debug
-// records that Python's torch.jit.load keeps and memgate's loader does not read (load_debug_files=false; 20,813 B for
-// this module): eval_peak exactly that on some rank, step_peak within 16 bytes of it, as for FSDP above. PyTorch's own
-// run reads 1,024 or 2,048 B more in eval_peak and step_peak on one or two ranks of four in some runs, which rank and
-// batch at random from run to run (params not: after the build, before DDP wraps the model; not explained further:
-// memgate's ranks read the same bytes each run), so no rank may be more than 4 KiB above it.
+// gradients as bucket views, at 2 and 4 ranks and batches 1 and 3 (one launch of the reference), against memgate's
+// measurement: activations, gradients, optimizer_state, forward_peak and DDP's bucket bytes equal on every rank;
+// params, eval_peak and step_peak (read from before the build) each the reference's less one and the same number of
+// bytes, the source-range debug records that Python's torch.jit.load keeps and memgate's loader does not read
+// (load_debug_files=false; 20,813 B for this module): eval_peak exactly that on every rank. step_peak too, or a few
+// bytes more in PyTorch's on a rank at random: the Reducer's bucket rebuild (the second iteration's forward) broadcasts
+// the bucket sizes (an int32 per bucket) and the rebuilt indices (an int32 per parameter, and one) from C++, and
+// Gloo's worker thread sometimes drops such a broadcast last, freeing its tensor where torch.profiler does not see the
+// free (memgate lets Gloo go before it goes on). The reference's buffer sync before each forward did the same with
+// its flat buffer (DDP's broadcast_coalesced: 1,024 B for this LM's buffers, on one or two ranks of four in most runs);
+// the reference now runs that broadcast fenced on the rank's thread.
 TEST(DdpReferenceTest, ATorchScriptLmWithBucketViewsMeasuresAsPyTorchsDdp) {
   testing::TempDir dir;
+  write_file_atomically(dir / "ts_lm_ddp.yaml", testing::torchscript_lm_ddp_yaml(2));
+  const auto runs = reference_runs("ddp_reference.py", fmt::format("--config {} --world-size 2,4 --batch-sizes 1,3",
+                                                                   dir / "ts_lm_ddp.yaml"));
+  ASSERT_EQ(runs.size(), 2U);
   for (const int world : {2, 4}) {
     const auto path = dir / fmt::format("ts_lm_ddp{}.yaml", world);
     write_file_atomically(path, testing::torchscript_lm_ddp_yaml(world));
-    const auto out = dir / fmt::format("ref{}.json", world);
-    std::string log;
-    ASSERT_EQ(testing::run(fmt::format("({} {}/tools/ddp_reference.py --config {} --batch-sizes 1,3 2>/dev/null) > {}",
-                                       MEMGATE_TORCH_PYTHON, testing::source_dir(), path, out),
-                           &log),
-              0)
-        << log;
-    const auto reference = nlohmann::json::parse(read_text_file(out, "the reference's JSON"));
+    const auto& reference = runs[world == 2 ? 0 : 1];
+    ASSERT_EQ(reference.at("world_size").get<int>(), world);
     const auto fixture = load_fixture(path);
     for (const std::int64_t batch : {1, 3}) {
       const auto measured = run_probe(fixture, batch, kCpu);
       ASSERT_FALSE(measured.oom) << measured.error;
       ASSERT_EQ(measured.ranks.size(), static_cast<std::size_t>(world));
       std::int64_t checked = 0;
-      std::int64_t least_excess = std::numeric_limits<std::int64_t>::max();
-      std::int64_t least_eval_excess = std::numeric_limits<std::int64_t>::max();
       for (const auto& rank : reference.at("ranks")) {
         for (const auto& e : rank) {
           if (e.at("batch_size").get<std::int64_t>() != batch) continue;
@@ -164,20 +272,17 @@ TEST(DdpReferenceTest, ATorchScriptLmWithBucketViewsMeasuresAsPyTorchsDdp) {
           const auto debug_records = e.at("params").get<std::int64_t>() - m.components.params;
           EXPECT_GT(debug_records, 0) << at;
           EXPECT_LT(debug_records, 64 * 1024) << at << ": more than the debug records of a 77 KB file";
-          const auto eval_excess = e.at("eval_peak").get<std::int64_t>() - m.components.eval_peak - debug_records;
-          EXPECT_GE(eval_excess, 0) << at;
-          EXPECT_LE(eval_excess, 4096) << at;
-          least_eval_excess = std::min(least_eval_excess, eval_excess);
-          const auto excess = e.at("step_peak").get<std::int64_t>() - m.components.step_peak - debug_records;
-          EXPECT_GE(excess, -16) << at;
-          EXPECT_LE(excess, 4096 + 16) << at;
-          least_excess = std::min(least_excess, excess);
+          EXPECT_EQ(e.at("eval_peak").get<std::int64_t>() - m.components.eval_peak, debug_records) << at;
+          // What a bucket rebuild's broadcast may leave in PyTorch's count: its bucket sizes, its indices, or both.
+          const auto sizes = 4 * e.at("comm_buffers").get<std::int64_t>();
+          const auto indices = 4 * (testing::trainable_tensors(fixture) + 1);
+          EXPECT_THAT(e.at("step_peak").get<std::int64_t>() - m.components.step_peak - debug_records,
+                      ::testing::AnyOf(0, sizes, indices, sizes + indices))
+              << at;
           ++checked;
         }
       }
       EXPECT_EQ(checked, world) << "batch " << batch;
-      EXPECT_LE(std::abs(least_excess), 16) << world << " ranks at batch " << batch;
-      EXPECT_EQ(least_eval_excess, 0) << world << " ranks at batch " << batch;
     }
   }
 }
