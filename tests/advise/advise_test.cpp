@@ -241,8 +241,8 @@ TEST(AdviseTest, PowerOfTwoThenBinarySearchCountsItsTrials) {
 // from one built module (issue 59: a ViT-B with LoRA took 66 processes, 0.6 s each after its imports): the model's
 // builder runs twice (the parameter count's build, and the first estimate's, which the others replay). Every target's
 // largest batch, what it needs and what the next batch needs equal the one-at-a-time search over estimates made each
-// in a process of its own, as memgate made them before (MEMGATE_GC_FREEZE=0: Python's collector walking every
-// object).
+// in a process of its own. (That an estimate's bytes do not depend on the fork server's gc.freeze, which the processes
+// of its own here share: PythonEstimateSpeedTest, against processes with MEMGATE_GC_FREEZE=0.)
 TEST(AdviseTest, TheSearchByEstimateOfAPythonFixtureEqualsOneEstimateAProcessAtATime) {
   if (!std::filesystem::is_regular_file(std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() /
                                         "python" / "memgate" / "_build.py")) {
@@ -266,7 +266,6 @@ TEST(AdviseTest, TheSearchByEstimateOfAPythonFixtureEqualsOneEstimateAProcessAtA
   const auto f = load_fixture(dir / "f.yaml");
   constexpr std::int64_t kMaxBatch = 16;
   std::map<std::int64_t, std::int64_t> alone;
-  ::setenv("MEMGATE_GC_FREEZE", "0", 1);
   const auto required = [&](std::int64_t b) {
     if (!alone.contains(b)) alone[b] = estimate_probe(f, b, EstimateTarget::kCuda).components.step_peak_reserved;
     return alone[b];
@@ -283,7 +282,6 @@ TEST(AdviseTest, TheSearchByEstimateOfAPythonFixtureEqualsOneEstimateAProcessAtA
     (void)required(std::max<std::int64_t>(found, 1));
     if (found < kMaxBatch) (void)required(found + 1);
   }
-  ::unsetenv("MEMGATE_GC_FREEZE");
   ASSERT_GE(expected[0], 5);
   ASSERT_GE(expected[1], 12);
   ASSERT_EQ(expected[2], kMaxBatch);
