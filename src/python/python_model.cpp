@@ -257,19 +257,16 @@ std::string build_key(const PythonOptions& spec, torch::Device device, std::uint
 // A build kept between the probes of an estimate process (PythonModel::park).
 struct PythonModel::Parked {
   std::string key;
-  std::shared_ptr<CountingMetaAllocator::BuildRecord> record;
-  std::shared_ptr<torch::nn::Module> root;
-  py::object module, forward, loss, batch_fn, compute_loss_fn, optimizer_fn, flags, hooks;
-  std::vector<Block> blocks;
-  std::shared_ptr<const bool*> checkpointing_of;
-  Parked() = default;
+  Built built;
+  Parked(std::string for_key, Built&& kept) : key(std::move(for_key)), built(std::move(kept)) {}
   Parked(const Parked&) = delete;
   Parked& operator=(const Parked&) = delete;
   ~Parked() {
     py::gil_scoped_acquire gil;
-    module = forward = loss = batch_fn = compute_loss_fn = optimizer_fn = flags = hooks = py::object();
-    blocks.clear();
-    root.reset();
+    auto& b = built;
+    b.module = b.forward = b.loss = b.batch_fn = b.compute_loss_fn = b.optimizer_fn = b.flags = b.hooks = py::object();
+    b.blocks.clear();
+    b.root.reset();
   }
 };
 
@@ -290,39 +287,42 @@ void PythonModel::reuse_builds(bool on) {
 void PythonModel::drop_reused_build() { parked_build().reset(); }
 
 PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::uint64_t seed)
-    : spec_(spec), device_(device), seed_(seed), checkpointing_of_(std::make_shared<const bool*>(&checkpointing_)) {
+    : spec_(spec), device_(device), seed_(seed) {
+  built_.checkpointing_of = std::make_shared<const bool*>(&checkpointing_);
   py::gil_scoped_acquire gil;
   // The user's modules' globals as the process's first build left them, before this build and after it (a step
   // counter of a loss's module, rebound by the probe before: memgate._reuse.settle).
   const auto reuse = py::module_::import("memgate._reuse");
   reuse.attr("settle")();
   if (take_parked()) {
-    reuse.attr("settle")(module_);
+    reuse.attr("settle")(built_.module);
     return;
   }
   // Kept for the next probe: a build on the Meta device of a model whose probe is memgate's step or torch.optim's
   // (a callable optimizer may register hooks on the parameters; a compiled module keeps its graphs).
   auto& meta = CountingMetaAllocator::install();
-  if (g_reuse_builds && device.is_meta() && !spec.compile && spec.optimizer.empty()) record_ = meta.start_recording();
+  if (g_reuse_builds && device.is_meta() && !spec.compile && spec.optimizer.empty()) {
+    built_.record = meta.start_recording();
+  }
   try {
     build();
   } catch (...) {
-    if (record_) {
+    if (built_.record) {
       meta.stop_recording();
-      record_.reset();
+      built_.record.reset();
     }
     throw;
   }
-  if (record_) {
+  if (built_.record) {
     meta.stop_recording();
     try {
-      flags_ = reuse.attr("flags_of")(module_);
-      hooks_ = reuse.attr("hooks_of")(module_);
+      built_.flags = reuse.attr("flags_of")(built_.module);
+      built_.hooks = reuse.attr("hooks_of")(built_.module);
     } catch (const py::error_already_set&) {
-      record_.reset();  // not kept
+      built_.record.reset();  // not kept
     }
   }
-  reuse.attr("settle")(module_);
+  reuse.attr("settle")(built_.module);
 }
 
 bool PythonModel::take_parked() {
@@ -332,50 +332,25 @@ bool PythonModel::take_parked() {
     parked.reset();
     return false;
   }
-  CountingMetaAllocator::install().replay(*parked->record);
-  record_ = std::move(parked->record);
-  root_ = std::move(parked->root);
-  module_ = std::move(parked->module);
-  forward_ = std::move(parked->forward);
-  loss_ = std::move(parked->loss);
-  batch_fn_ = std::move(parked->batch_fn);
-  compute_loss_fn_ = std::move(parked->compute_loss_fn);
-  optimizer_fn_ = std::move(parked->optimizer_fn);
-  flags_ = std::move(parked->flags);
-  hooks_ = std::move(parked->hooks);
-  blocks_ = std::move(parked->blocks);
-  checkpointing_of_ = std::move(parked->checkpointing_of);
-  *checkpointing_of_ = &checkpointing_;
+  CountingMetaAllocator::install().replay(*parked->built.record);
+  built_ = std::move(parked->built);
+  *built_.checkpointing_of = &checkpointing_;
   parked.reset();
-  py::module_::import("memgate._reuse").attr("restore_flags")(flags_);
+  py::module_::import("memgate._reuse").attr("restore_flags")(built_.flags);
   return true;
 }
 
 bool PythonModel::park() {
   try {
     const auto reuse = py::module_::import("memgate._reuse");
-    if (!reuse.attr("hooks_of")(module_).equal(hooks_)) return false;
+    if (!reuse.attr("hooks_of")(built_.module).equal(built_.hooks)) return false;
     // A forward that set an attribute (a call counter, a cached tensor): the next batch size builds anew.
-    if (!reuse.attr("attributes_unchanged")(module_).cast<bool>()) return false;
+    if (!reuse.attr("attributes_unchanged")(built_.module).cast<bool>()) return false;
   } catch (const py::error_already_set&) {
     return false;
   }
-  if (!CountingMetaAllocator::install().park(*record_)) return false;
-  auto parked = std::make_unique<Parked>();
-  parked->key = build_key(spec_, device_, seed_);
-  parked->record = std::move(record_);
-  parked->root = std::move(root_);
-  parked->module = std::move(module_);
-  parked->forward = std::move(forward_);
-  parked->loss = std::move(loss_);
-  parked->batch_fn = std::move(batch_fn_);
-  parked->compute_loss_fn = std::move(compute_loss_fn_);
-  parked->optimizer_fn = std::move(optimizer_fn_);
-  parked->flags = std::move(flags_);
-  parked->hooks = std::move(hooks_);
-  parked->blocks = std::move(blocks_);
-  parked->checkpointing_of = std::move(checkpointing_of_);
-  parked_build() = std::move(parked);
+  if (!CountingMetaAllocator::install().park(*built_.record)) return false;
+  parked_build() = std::make_unique<Parked>(build_key(spec_, device_, seed_), std::move(built_));
   return true;
 }
 
@@ -387,11 +362,11 @@ void PythonModel::build() {
   const auto torch_module = py::module_::import("torch");
   auto build = import_callable(spec.entry_file, spec.entry_module, spec.entry_callable, "model.entry", spec.entry);
   if (!spec.loss.empty()) {
-    loss_ = import_callable(spec.loss_file, spec.loss_module, spec.loss_callable, "model.loss", spec.loss);
+    built_.loss = import_callable(spec.loss_file, spec.loss_module, spec.loss_callable, "model.loss", spec.loss);
   }
-  if (!spec.batch.empty()) batch_fn_ = import_callable(spec.batch, "model.batch");
-  if (!spec.compute_loss.empty()) compute_loss_fn_ = import_callable(spec.compute_loss, "model.compute_loss");
-  if (!spec.optimizer.empty()) optimizer_fn_ = import_callable(spec.optimizer, "training.optimizer");
+  if (!spec.batch.empty()) built_.batch_fn = import_callable(spec.batch, "model.batch");
+  if (!spec.compute_loss.empty()) built_.compute_loss_fn = import_callable(spec.compute_loss, "model.compute_loss");
+  if (!spec.optimizer.empty()) built_.optimizer_fn = import_callable(spec.optimizer, "training.optimizer");
   if (!spec.optimizer_class.empty()) {
     const auto dot = spec.optimizer_class.rfind('.');
     const auto module = spec.optimizer_class.substr(0, dot), name = spec.optimizer_class.substr(dot + 1);
@@ -400,7 +375,7 @@ void PythonModel::build() {
       if (!py::hasattr(owner, name.c_str())) {
         throw Error(fmt::format("training.optimizer.class: '{}' has no attribute '{}'", module, name));
       }
-      optimizer_fn_ = owner.attr(name.c_str());
+      built_.optimizer_fn = owner.attr(name.c_str());
     } catch (py::error_already_set& e) {
       throw Error(fmt::format("training.optimizer.class {}: {}", spec.optimizer_class, describe_python_error(e)));
     }
@@ -435,15 +410,17 @@ void PythonModel::build() {
     // What the build left in reference cycles goes now, not whenever Python's collector next runs.
     py::module_::import("gc").attr("collect")();
     std::unordered_set<const c10::TensorImpl*> seen;
-    root_ = std::make_shared<RootMirror>(module, seen);
-    module_ = module;
+    built_.root = std::make_shared<RootMirror>(module, seen);
+    built_.module = module;
     find_blocks();
     // A compiled module's blocks stay as they are: memgate's wrapper, a C++ function, would break the graph at each.
     if (!spec.compile) wrap_blocks();
-    forward_ = spec.compile ? torch_module.attr("compile")(module_) : module_;
+    built_.forward = spec.compile ? torch_module.attr("compile")(built_.module) : built_.module;
     // Which module allocates what, for the per-module breakdown a failing component names (on the CPU, whose
     // allocator memgate counts; not under torch.compile, whose graph would break at each hook).
-    if (device.is_cpu() && !spec.compile) module_tracking_ = py::module_::import("memgate._modules").attr("track")(module_);
+    if (device.is_cpu() && !spec.compile) {
+      module_tracking_ = py::module_::import("memgate._modules").attr("track")(built_.module);
+    }
   } catch (py::error_already_set& e) {
     throw Error(fmt::format("model.entry {}: {}", spec.entry, describe_python_error(e)));
   }
@@ -451,7 +428,7 @@ void PythonModel::build() {
 
 PythonModel::~PythonModel() {
   py::gil_scoped_acquire gil;
-  if (record_ && g_reuse_builds && !module_tracking_ && park()) return;
+  if (built_.record && g_reuse_builds && !module_tracking_ && park()) return;
   if (module_tracking_) {
     try {
       module_tracking_.attr("remove")();
@@ -460,15 +437,15 @@ PythonModel::~PythonModel() {
     }
     module_tracking_ = py::object();
   }
-  forward_ = py::object();
-  flags_ = py::object();
-  hooks_ = py::object();
-  loss_ = py::object();
-  batch_fn_ = py::object();
-  compute_loss_fn_ = py::object();
-  optimizer_fn_ = py::object();
-  blocks_.clear();
-  module_ = py::object();
+  built_.forward = py::object();
+  built_.flags = py::object();
+  built_.hooks = py::object();
+  built_.loss = py::object();
+  built_.batch_fn = py::object();
+  built_.compute_loss_fn = py::object();
+  built_.optimizer_fn = py::object();
+  built_.blocks.clear();
+  built_.module = py::object();
   // What the model held in reference cycles goes now, with the probe, not inside the next probe's measurement: the
   // fixture's own modules too (imported anew by each build as memgate_fixture_<stem>, whose globals would otherwise
   // be freed when the next build replaces them, inside that probe's numbers).
@@ -490,24 +467,24 @@ PythonModel::~PythonModel() {
 void PythonModel::find_blocks() {
   if (spec_.blocks.empty()) return;
   std::vector<std::string> some;
-  for (const auto item : module_.attr("named_modules")()) {
+  for (const auto item : built_.module.attr("named_modules")()) {
     const auto pair = item.cast<py::tuple>();
     const auto name = pair[0].cast<std::string>();
     if (some.size() < 8 && !name.empty()) some.push_back(name);
     if (name.empty() || !matches(spec_.blocks, name)) continue;
     // The outermost modules that match: "blocks.*" names blocks.0, not blocks.0.attn too.
-    const bool inside = std::any_of(blocks_.begin(), blocks_.end(),
+    const bool inside = std::any_of(built_.blocks.begin(), built_.blocks.end(),
                                     [&](const Block& b) { return name.starts_with(b.name + "."); });
-    if (!inside) blocks_.push_back({name, py::reinterpret_borrow<py::object>(pair[1]), nullptr});
+    if (!inside) built_.blocks.push_back({name, py::reinterpret_borrow<py::object>(pair[1]), nullptr});
   }
-  if (blocks_.empty()) {
+  if (built_.blocks.empty()) {
     std::string names;
     for (const auto& n : some) names += (names.empty() ? "" : ", ") + n;
     throw Error(fmt::format("model.blocks: the pattern '{}' matches no module of the model (its modules: {}{})",
                             spec_.blocks, names, some.size() == 8 ? ", ..." : ""));
   }
-  const auto mirrors = root_->named_modules();
-  for (auto& b : blocks_) {
+  const auto mirrors = built_.root->named_modules();
+  for (auto& b : built_.blocks) {
     const auto* found = mirrors.find(b.name);
     if (found == nullptr) throw Error("model.blocks: module '" + b.name + "' has no parameters or buffers of its own");
     b.mirror = found->get();
@@ -517,10 +494,10 @@ void PythonModel::find_blocks() {
 // Each block's forward, replaced by one that runs it as a zoo model runs its blocks (run_block): checkpointed where
 // the training asks, and through the thread's BlockHook (FSDP's units) when one is installed.
 void PythonModel::wrap_blocks() {
-  for (auto& b : blocks_) {
+  for (auto& b : built_.blocks) {
     const py::object original = b.module.attr("forward");
     torch::nn::Module* mirror = b.mirror;
-    const std::shared_ptr<const bool*> checkpointing = checkpointing_of_;
+    const std::shared_ptr<const bool*> checkpointing = built_.checkpointing_of;
     b.module.attr("forward") = py::cpp_function([original, mirror, checkpointing](py::args args, py::kwargs kwargs) {
       if (args.empty() || !THPVariable_Check(args[0].ptr())) {
         throw Error("a block's forward takes its input tensor as its first positional argument");
@@ -548,7 +525,7 @@ void PythonModel::wrap_blocks() {
 }
 
 Batch PythonModel::make_batch(std::int64_t batch_size) {
-  if (!batch_fn_) {
+  if (!built_.batch_fn) {
     auto batch = make_task_batch(spec_.inputs, spec_.task, spec_.num_classes, device_, batch_size,
                                  [this](const Batch& b) { return forward(b); });
     // The loss callable's target, made after the inputs (as the task's is).
@@ -564,7 +541,7 @@ Batch PythonModel::make_batch(std::int64_t batch_size) {
     const auto generator =
         torch_module.attr("Generator")(py::arg("device") = device_.is_cuda() ? device_.str() : std::string("cpu"));
     generator.attr("manual_seed")(seed_ + 1);
-    value = batch_fn_(batch_size, torch_module.attr("device")(device_.str()), generator);
+    value = built_.batch_fn(batch_size, torch_module.attr("device")(device_.str()), generator);
   } catch (py::error_already_set& e) {
     throw Error(fmt::format("model.batch {}: {}", spec_.batch.text, describe_python_error(e)));
   }
@@ -596,9 +573,9 @@ py::object PythonModel::call(const Batch& batch) {
   if (batch.own) {
     // The batch callable's value: a tensor as model(t), a tuple or list as model(*b), a dict as model(**b).
     const auto& value = *static_cast<const py::object*>(batch.own.get());
-    if (py::isinstance<py::dict>(value)) return forward_(**value);
-    if (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value)) return forward_(*value);
-    return forward_(value);
+    if (py::isinstance<py::dict>(value)) return built_.forward(**value);
+    if (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value)) return built_.forward(*value);
+    return built_.forward(value);
   }
   py::list args;
   py::dict kwargs;
@@ -606,7 +583,7 @@ py::object PythonModel::call(const Batch& batch) {
     if (i < batch.names.size() && !batch.names[i].empty()) kwargs[py::str(batch.names[i])] = py::cast(batch.inputs[i]);
     else args.append(py::cast(batch.inputs[i]));
   }
-  return forward_(*args, **kwargs);
+  return built_.forward(*args, **kwargs);
 }
 
 py::object PythonModel::python_batch(const Batch& batch) const {
@@ -640,7 +617,7 @@ void require_from_model(const torch::Tensor& loss, const std::string& key, const
 torch::Tensor PythonModel::run_compute_loss(const Batch& batch) {
   // A callable that runs backward itself leaves gradients where there were none: not a step memgate measures.
   const auto any_grad = [this] {
-    for (const auto& p : root_->parameters()) {
+    for (const auto& p : built_.root->parameters()) {
       if (p.grad().defined()) return true;
     }
     return false;
@@ -649,7 +626,7 @@ torch::Tensor PythonModel::run_compute_loss(const Batch& batch) {
   py::object value;
   try {
     const ProgressSection section("in the model's Python compute_loss (" + spec_.compute_loss.text + ")");
-    value = compute_loss_fn_(forward_, python_batch(batch));
+    value = built_.compute_loss_fn(built_.forward, python_batch(batch));
   } catch (py::error_already_set& e) {
     // In the eval passes (no_grad) a callable that calls backward itself fails in torch: say what it is.
     const auto message = describe_python_error(e);
@@ -685,13 +662,13 @@ torch::Tensor PythonModel::run_compute_loss(const Batch& batch) {
 torch::Tensor PythonModel::loss(const Batch& batch) {
   py::gil_scoped_acquire gil;
   try {
-    if (compute_loss_fn_) return run_compute_loss(batch);
+    if (built_.compute_loss_fn) return run_compute_loss(batch);
     py::object out = call(batch);
-    if (loss_) {
+    if (built_.loss) {
       py::object value;
       {
         const ProgressSection section("in the model's Python loss (" + spec_.loss + ")");
-        value = loss_(out, python_batch(batch));
+        value = built_.loss(out, python_batch(batch));
       }
       out = py::object();
       if (!THPVariable_Check(value.ptr())) {
@@ -711,7 +688,7 @@ torch::Tensor PythonModel::loss(const Batch& batch) {
 }
 
 bool PythonModel::splits_loss() const {
-  return !loss_ && !compute_loss_fn_ && spec_.task != TorchScriptOptions::Task::kSum;
+  return !built_.loss && !built_.compute_loss_fn && spec_.task != TorchScriptOptions::Task::kSum;
 }
 
 torch::Tensor PythonModel::loss_of_output(const Batch& batch, const torch::Tensor& output) {
@@ -722,7 +699,7 @@ torch::Tensor PythonModel::forward(const Batch& batch) {
   py::gil_scoped_acquire gil;
   try {
     // With compute_loss, the eval passes run it: the loop's forward(s) and loss, under no_grad.
-    if (compute_loss_fn_) return run_compute_loss(batch);
+    if (built_.compute_loss_fn) return run_compute_loss(batch);
     std::vector<torch::Tensor> tensors;
     collect_tensors(call(batch), tensors);
     if (tensors.empty()) throw Error(spec_.entry + ": forward() returned no tensor");
@@ -743,7 +720,7 @@ void PythonModel::rethrow(py::error_already_set& e) const {
     if (data_dependent || op_without_meta_kernel(message)) {
       std::string module;
       try {
-        module = meta.attr("module_of_error")(module_, e.trace()).cast<std::string>();
+        module = meta.attr("module_of_error")(built_.module, e.trace()).cast<std::string>();
       } catch (const std::exception&) {
         // Without the module: the op still names what failed.
       }
@@ -755,7 +732,7 @@ void PythonModel::rethrow(py::error_already_set& e) const {
 }
 
 std::unique_ptr<OwnOptimizer> PythonModel::make_own_optimizer(const std::vector<torch::Tensor>& trainable) {
-  if (!optimizer_fn_) return nullptr;
+  if (!built_.optimizer_fn) return nullptr;
   py::gil_scoped_acquire gil;
   const auto what = spec_.optimizer_class.empty() ? spec_.optimizer.text : spec_.optimizer_class;
   py::object optimizer;
@@ -765,9 +742,9 @@ std::unique_ptr<OwnOptimizer> PythonModel::make_own_optimizer(const std::vector<
       py::list params;
       for (const auto& p : trainable) params.append(py::cast(p));
       const auto kwargs = py::module_::import("json").attr("loads")(spec_.optimizer_kwargs.dump()).cast<py::dict>();
-      optimizer = optimizer_fn_(params, **kwargs);
+      optimizer = built_.optimizer_fn(params, **kwargs);
     } else {
-      optimizer = optimizer_fn_(module_);
+      optimizer = built_.optimizer_fn(built_.module);
     }
   } catch (py::error_already_set& e) {
     throw Error(fmt::format("training.optimizer {}: {}", what, describe_python_error(e)));
@@ -801,11 +778,11 @@ std::unique_ptr<ModelEma> PythonModel::make_ema(double decay) {
   py::gil_scoped_acquire gil;
   try {
     // (Its buffers' storages are copied through torch.UntypedStorage, which memgate's probe counts on the CPU too:
-    // python/memgate/__main__.py, _count_cpu_storage_copies.)
-    auto copy = py::module_::import("copy").attr("deepcopy")(module_);
+    // python/memgate/_probe.py, _count_cpu_storage_copies.)
+    auto copy = py::module_::import("copy").attr("deepcopy")(built_.module);
     copy.attr("eval")();
     std::vector<torch::Tensor> model, ema;
-    for (const auto& v : module_.attr("state_dict")().attr("values")()) model.push_back(v.cast<torch::Tensor>());
+    for (const auto& v : built_.module.attr("state_dict")().attr("values")()) model.push_back(v.cast<torch::Tensor>());
     for (const auto& v : copy.attr("state_dict")().attr("values")()) ema.push_back(v.cast<torch::Tensor>());
     // The copy lives as long as the EMA; it goes with the GIL held.
     auto* held = new py::object(std::move(copy));
@@ -822,7 +799,7 @@ std::unique_ptr<ModelEma> PythonModel::make_ema(double decay) {
 
 std::vector<std::string> PythonModel::block_prefixes() const {
   std::vector<std::string> out;
-  for (const auto& b : blocks_) out.push_back(b.name + ".");
+  for (const auto& b : built_.blocks) out.push_back(b.name + ".");
   return out;
 }
 

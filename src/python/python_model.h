@@ -24,7 +24,7 @@ class PythonModel final : public Model {
   PythonModel(const PythonModel&) = delete;
   PythonModel& operator=(const PythonModel&) = delete;
 
-  torch::nn::Module& module() override { return *root_; }
+  torch::nn::Module& module() override { return *built_.root; }
   Batch make_batch(std::int64_t batch_size) override;
   torch::Tensor loss(const Batch& batch) override;
   torch::Tensor forward(const Batch& batch) override;
@@ -42,7 +42,7 @@ class PythonModel final : public Model {
   /// PythonBuildReuse's (models/python.h): a build on the Meta device is kept for the next probe while reuse is on.
   static void reuse_builds(bool on);
   static void drop_reused_build();
-  /// A build kept between probes (park).
+  /// A build kept between probes (park): its Built, as a whole.
   struct Parked;
 
  private:
@@ -70,27 +70,32 @@ class PythonModel final : public Model {
   /// module whose forward called it (the innermost on the error's traceback: memgate._meta.module_of_error).
   [[noreturn]] void rethrow(pybind11::error_already_set& e) const;
 
+  /// What a build made, all of which a kept build keeps: moved as one into Parked (park) and back (take_parked).
+  struct Built {
+    std::shared_ptr<torch::nn::Module> root;
+    pybind11::object module;
+    pybind11::object forward;  ///< the module, or torch.compile of it
+    pybind11::object loss;
+    pybind11::object batch_fn;         ///< model.batch, or None
+    pybind11::object compute_loss_fn;  ///< model.compute_loss, or None
+    pybind11::object optimizer_fn;     ///< training.optimizer's class or callable, or None
+    std::vector<Block> blocks;
+    /// The model's checkpointing flag, as its wrapped blocks read it (a kept build's blocks then read the next
+    /// model's).
+    std::shared_ptr<const bool*> checkpointing_of;
+    /// With reuse on: the build's record, and its flags and hooks as it left them (memgate._reuse).
+    std::shared_ptr<CountingMetaAllocator::BuildRecord> record;
+    pybind11::object flags;
+    pybind11::object hooks;
+  };
+
   PythonOptions spec_;
   torch::Device device_;
-  std::shared_ptr<torch::nn::Module> root_;
-  pybind11::object module_;
-  pybind11::object forward_;  ///< the module, or torch.compile of it
-  pybind11::object loss_;
-  pybind11::object batch_fn_;         ///< model.batch, or None
-  pybind11::object compute_loss_fn_;  ///< model.compute_loss, or None
-  pybind11::object optimizer_fn_;     ///< training.optimizer's class or callable, or None
-  /// memgate._modules.Tracking over module_ (CPU, not compiled): names the module that runs for the per-module
-  /// breakdown; removed with the model.
+  Built built_;
+  /// memgate._modules.Tracking over built_.module (CPU, not compiled): names the module that runs for the
+  /// per-module breakdown; removed with the model.
   pybind11::object module_tracking_;
   std::uint64_t seed_ = 0;
-  std::vector<Block> blocks_;
-  /// The model's checkpointing flag, as its wrapped blocks read it (a kept build's blocks then read the next
-  /// model's).
-  std::shared_ptr<const bool*> checkpointing_of_;
-  /// With reuse on: the build's record, and its flags and hooks as it left them (memgate._reuse).
-  std::shared_ptr<CountingMetaAllocator::BuildRecord> record_;
-  pybind11::object flags_;
-  pybind11::object hooks_;
 };
 
 }  // namespace memgate::python
