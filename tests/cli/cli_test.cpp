@@ -508,13 +508,10 @@ TEST(CheckCliTest, VerdictsAndExitCodesFollowTheGate) {
   EXPECT_THAT(out, HasSubstr("memgate check --update-baselines --config " + fixture)) << "the command of its world";
   EXPECT_THAT(out, Not(HasSubstr("ctest --preset"))) << "a pip user has no CTest preset";
   EXPECT_EQ(testing::run("env -u CI -u MEMGATE_STRICT " + check + " --strict", &out), 1) << out;
-  for (const auto* ci : {"true", "1", "TRUE", "yes"}) {
-    EXPECT_EQ(testing::run(fmt::format("env -u MEMGATE_STRICT CI={} {}", ci, check), &out), 1) << ci << "\n" << out;
-    EXPECT_THAT(out, HasSubstr("memgate check: FAILED (1 probes on cpu, 0 components compared with a baseline)"));
-    EXPECT_THAT(out, HasSubstr("under CI (CI=true) a missing baseline fails"));
-  }
-  EXPECT_EQ(testing::run("env -u MEMGATE_STRICT CI=false " + check, &out), 0) << out;
-  EXPECT_EQ(testing::run("env CI=true MEMGATE_STRICT=0 " + check, &out), 0) << "MEMGATE_STRICT=0 lets it pass: " << out;
+  // Under CI (which words turn CI on, and MEMGATE_STRICT=0 letting it pass there: StatusTest, tests/base).
+  EXPECT_EQ(testing::run("env -u MEMGATE_STRICT CI=TRUE " + check, &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("memgate check: FAILED (1 probes on cpu, 0 components compared with a baseline)"));
+  EXPECT_THAT(out, HasSubstr("under CI (CI=true) a missing baseline fails"));
 
   // Record the baseline through the memory suite's update path is not available here: write it with the same
   // library call the update preset uses, from a real profile.
