@@ -435,17 +435,23 @@ void FullyShard::post_backward(Unit& unit) {
   // The output, its division and its cast back: on the reduce-scatter stream (the sharded gradients live there).
   const OnSideStream reduce_scatter_stream(reduce_scatter_stream_, side_streams_, kReduceScatterStream);
   auto output = torch::empty({numel / world}, input.options());
+  // FSDP2's op: fp16 is summed (divided around it above), fp32 and bf16 averaged by the collective.
+  const auto op = reduce_dtype == torch::kHalf || world == 1 ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
   if (gloo_) {
-    // ProcessGroupGloo::_reduce_scatter_base as it is: the input cloned, the clone all-reduced (summed: Gloo drops
-    // the op) and this rank's chunk copied out. Gloo frees the clone with its work, on its worker thread when that
-    // lets go last; done here, the clone is freed after the copy, every time.
+    // ProcessGroupGloo::_reduce_scatter_base as it is: the input cloned, the clone all-reduced with the op and this
+    // rank's chunk copied out. Gloo averages by dividing the sum by N on its worker thread, while the clone lives:
+    // div_ makes a 0-dim int64 of N and its copy in the clone's dtype (12 B for fp32: PyTorch's step_peak where a
+    // reduce-scatter is the peak). Gloo frees the clone with its work, on its worker thread when that lets go last;
+    // done here, the clone is freed after the copy, every time.
     auto buffer = input.clone();
     std::vector<torch::Tensor> tensors{buffer};
-    wait_and_release(group_.group->allreduce(tensors), "in a collective: all-reduce (reduce-scatter)");
+    c10d::AllreduceOptions all_reduce;
+    all_reduce.reduceOp = op;
+    wait_and_release(group_.group->allreduce(tensors, all_reduce), "in a collective: all-reduce (reduce-scatter)");
     output.copy_(buffer.chunk(world)[group_.rank]);
   } else {
     c10d::ReduceScatterOptions options;
-    options.reduceOp = reduce_dtype == torch::kHalf || world == 1 ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
+    options.reduceOp = op;
     wait_and_release(group_.group->_reduce_scatter_base(output, input, options),
                      "in a collective: reduce-scatter");
   }

@@ -98,10 +98,18 @@ class DoneWork final : public c10d::Work {
 using CollectiveResult = std::tuple<std::vector<at::Tensor>, c10::intrusive_ptr<c10d::Work>>;
 using CollectiveResult1 = std::tuple<at::Tensor, c10::intrusive_ptr<c10d::Work>>;
 
+// For the CPU, Gloo's average as it runs: the sum divided by N in place (tensor.div_(size)), whose int64 0-dim N and
+// its copy in the tensor's dtype live together for the division.
 CollectiveResult meta_allreduce(at::TensorList tensors, const c10::intrusive_ptr<c10d::ProcessGroup>& /*group*/,
-                                const c10::intrusive_ptr<c10d::ReduceOp>& /*op*/,
+                                const c10::intrusive_ptr<c10d::ReduceOp>& op,
                                 const std::optional<at::Tensor>& /*sparse_indices*/, bool /*async_op*/,
                                 std::int64_t /*timeout*/) {
+  if (meta_kernels_target() == EstimateTarget::kCpu && op->op_ == c10d::ReduceOp::AVG) {
+    for (const auto& t : tensors) {
+      const auto size = at::empty({}, t.options().dtype(at::kLong));
+      const auto cast = at::empty({}, t.options());
+    }
+  }
   std::vector<at::Tensor> out(tensors.begin(), tensors.end());
   return {out, c10::make_intrusive<DoneWork>(out)};
 }

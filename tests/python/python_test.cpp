@@ -98,12 +98,6 @@ const nlohmann::json* reference_probe(const nlohmann::json& run, std::size_t ran
   return nullptr;
 }
 
-// On Gloo, FSDP2's reduce-scatter (ReduceOp.AVG: fp32 and bf16 reduces) all-reduces a clone of its input and divides
-// the sum on Gloo's worker thread: div_ by the world size makes a 0-dim int64 tensor of the size (8 B) and its fp32
-// copy (4 B), both alive with the clone. memgate all-reduces with SUM (the bytes of the values do not matter), so
-// where that clone is the step's peak (a unit's reduce-scatter in backward) PyTorch's step_peak is these 12 B higher.
-constexpr std::int64_t kGlooAverageScalars = 12;
-
 // vit_tiny_fsdp over 4 ranks in bf16, resharding to groups of 2 after forward with an fp32 reduce, `trainable` as
 // given: its YAML.
 std::string vit_fsdp_bf16_yaml(const std::string& trainable) {
@@ -132,8 +126,11 @@ const std::vector<nlohmann::json>& vit_fsdp_reference_runs() {
 // FSDP2 itself (tools/fsdp_reference.py: torch's fully_shard over Gloo ranks, timm's ViT, measured as memgate
 // measures) against memgate's FSDP with bf16 parameters, an fp32 reduce and 4 ranks resharding to 2: there the
 // unit's last gradient, which foreach_reduce's loop variable keeps until it returns, is part of the step's peak
-// (memgate freed it and was 140 bytes low on every rank). vit_fsdp_bf16_yaml(trainable) against FSDP2's own run:
-// every component of every rank equal, step_peak equal or kGlooAverageScalars higher in PyTorch's.
+// (memgate freed it and was 140 bytes low on every rank). There too Gloo averages the reduce-scatter's sum: it
+// all-reduces a clone of the input and divides it by N on its worker thread, div_ making a 0-dim int64 of N (8 B) and
+// its fp32 copy (4 B) while the clone lives, on top of the step's peak (memgate all-reduced with SUM and was 12 bytes
+// low on every rank; torch.profiler's events of the reference show both on Gloo's thread). vit_fsdp_bf16_yaml(trainable)
+// against FSDP2's own run: every component of every rank equal.
 void expect_fsdp_reference(const std::string& trainable) {
   const auto& runs = vit_fsdp_reference_runs();
   ASSERT_EQ(runs.size(), 2U);
@@ -148,11 +145,10 @@ void expect_fsdp_reference(const std::string& trainable) {
     for (const auto& e : rank) {
       const auto r = e.at("rank").get<std::size_t>();
       const auto& m = measured.ranks.at(r).components;
-      for (const auto* c : {"params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak"}) {
+      for (const auto* c : {"params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak",
+                            "step_peak"}) {
         EXPECT_EQ(m.get(c), e.at(c).get<std::int64_t>()) << "rank " << r << ": " << c;
       }
-      EXPECT_THAT(e.at("step_peak").get<std::int64_t>() - m.step_peak, ::testing::AnyOf(0, kGlooAverageScalars))
-          << "rank " << r;
     }
   }
 }
@@ -172,8 +168,8 @@ TEST(FsdpReferenceTest, FrozenUnitsReshardedToAGroupAllGatherTheirShardsAsFsdp2D
 // SwiGLU, RMSNorm, no learned positions or biases; vocabulary 250, padded over 4 ranks), each block an FSDP unit,
 // reshard_after_forward unset (FSDP2's default). Over 2 and 4 ranks (FSDP2's fully_shard on Gloo) and without ranks
 // (the plain model: what of a gap would be the model's own eval pass), at batches 1 and 4, every component of every
-// rank equals PyTorch's to the byte; step_peak may be kGlooAverageScalars higher in PyTorch's where the reduce-scatter
-// is the peak. The issue's eval_peak (memgate 835,944 B against FSDP2's 861,024 B at 2 ranks and batch 4; 6,864 B low
+// rank equals PyTorch's to the byte (the untied GPT's step_peak at 2 ranks and batch 1 is a reduce-scatter's, with
+// Gloo's average on top: see above). The issue's eval_peak (memgate 835,944 B against FSDP2's 861,024 B at 2 ranks and batch 4; 6,864 B low
 // without ranks) shows on neither pattern, nor did it on the fixtures of earlier sweeps; nothing in memgate's FSDP,
 // its GPT or its eval pass, nor in the reference, changed since the commit it was measured on.
 std::string issue72_gpt_yaml(bool tied, int world) {
@@ -218,12 +214,10 @@ TEST(FsdpReferenceTest, TiedGptWithAnOddVocabularyAndUntiedGptMeasureAsPyTorchWi
           const auto* e = reference_probe(run, r, batch);
           ASSERT_NE(e, nullptr) << at;
           const auto& m = world == 0 ? measured.components : measured.ranks.at(r).components;
-          for (const auto* c : {"params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak"}) {
+          for (const auto* c : {"params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak",
+                                "step_peak"}) {
             EXPECT_EQ(m.get(c), e->at(c).get<std::int64_t>()) << at << ": " << c;
           }
-          EXPECT_THAT(e->at("step_peak").get<std::int64_t>() - m.step_peak,
-                      ::testing::AnyOf(0, world == 0 ? 0 : kGlooAverageScalars))
-              << at;
         }
       }
     }
