@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,24 +23,18 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
-
 namespace memgate {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing::exit_code;
-using testing::Memgate;
-using testing::Outcome;
-using testing::processes_where;
 
 std::string fixture(const std::string& name) { return testing::source_dir() + "/fixtures/models/" + name + ".yaml"; }
 
 // The processes whose command line contains `text`.
 std::vector<pid_t> processes_with(const std::string& text) {
-  return processes_where(
+  return testing::processes_where(
       [&](const auto&, const std::string& cmdline) { return cmdline.find(text) != std::string::npos; });
 }
 
@@ -76,26 +69,27 @@ void expect_nothing_left(const testing::TempDir& tmp) {
 constexpr int kTimeout = 5;
 
 // `memgate profile` of `fixture_name` (one of fixtures/models, or a fixture's path) at batch 1, started.
-std::unique_ptr<Memgate> start_profile(const testing::TempDir& tmp, const testing::TempDir& out,
-                                       const std::string& fixture_name, const std::vector<std::string>& env,
-                                       int timeout_s = kTimeout) {
+std::unique_ptr<testing::Memgate> start_profile(const testing::TempDir& tmp, const testing::TempDir& out,
+                                                const std::string& fixture_name, const std::vector<std::string>& env,
+                                                int timeout_s = kTimeout) {
   auto all = env;
   all.push_back("TMPDIR=" + tmp.path().string());
   const auto path = fixture_name.ends_with(".yaml") ? fixture_name : fixture(fixture_name);
-  return std::make_unique<Memgate>(
+  return std::make_unique<testing::Memgate>(
       fmt::format("profile --config {} --batch-sizes 1 --device cpu --rank-timeout {}", path, timeout_s), all, out);
 }
 
 // ... and waited for.
-Outcome profile_with(const testing::TempDir& tmp, const testing::TempDir& out, const std::string& fixture_name,
-                     const std::vector<std::string>& env, int timeout_s = kTimeout) {
+testing::Outcome profile_with(const testing::TempDir& tmp, const testing::TempDir& out,
+                              const std::string& fixture_name, const std::vector<std::string>& env,
+                              int timeout_s = kTimeout) {
   return start_profile(tmp, out, fixture_name, env, timeout_s)->wait(std::chrono::seconds(timeout_s + 60));
 }
 
 TEST(RankFaultTest, AStoppedRankEndsTheProbeWithinTheTimeoutNamingItAndItsPhase) {
   testing::TempDir tmp, out;
   const auto o = profile_with(tmp, out, "vit_tiny_ddp", {"MEMGATE_TEST_RANK_FAULT=1:stop:measured step: forward"});
-  EXPECT_EQ(exit_code(o), 3) << o.output;
+  EXPECT_EQ(testing::exit_code(o), 3) << o.output;
   EXPECT_THAT(o.output, HasSubstr("rank 1 of 2"));
   EXPECT_THAT(o.output, HasSubstr("stopped answering"));
   EXPECT_THAT(o.output, HasSubstr("measured step: forward"));
@@ -114,7 +108,7 @@ TEST(RankFaultTest, ARankThatFailsIsNamedWithItsCauseNotItsStack) {
     SCOPED_TRACE(fault);
     testing::TempDir tmp, out;
     const auto o = profile_with(tmp, out, "vit_tiny_fsdp", {"MEMGATE_TEST_RANK_FAULT=" + fault});
-    EXPECT_EQ(exit_code(o), 3) << o.output;
+    EXPECT_EQ(testing::exit_code(o), 3) << o.output;
     EXPECT_THAT(o.output, HasSubstr(says));
     EXPECT_THAT(o.output, HasSubstr("vit_tiny_fsdp.yaml at batch 1"));
     EXPECT_THAT(o.output, Not(HasSubstr("frame #")));
@@ -127,7 +121,7 @@ TEST(RankFaultTest, ARankThatCannotStartEndsTheOnesStartedBefore) {
   // Rank 0 starts and would train a minute; rank 1 cannot start.
   const auto o = profile_with(tmp, out, "vit_tiny_ddp",
                               {"MEMGATE_TEST_FAIL_START=1", "MEMGATE_TEST_RANK_FAULT=0:slow:joining"});
-  EXPECT_EQ(exit_code(o), 3) << o.output;
+  EXPECT_EQ(testing::exit_code(o), 3) << o.output;
   EXPECT_THAT(o.output, HasSubstr("cannot start rank 1 of 2"));
   EXPECT_LT(o.seconds, 20) << "rank 0 must not be waited for";
   expect_nothing_left(tmp);
@@ -138,9 +132,10 @@ TEST(RankFaultTest, ARankThatCannotStartEndsTheOnesStartedBefore) {
 void kill_mid_probe(int signal, bool group, bool python = false) {
   testing::TempDir tmp, out;
   const auto path = python ? python_ddp_fixture(out) : fixture("vit_tiny_ddp");
-  Memgate m(fmt::format("profile --config {} --batch-sizes 1 --device cpu", path),
-            {"TMPDIR=" + tmp.path().string(), "MEMGATE_TEST_RANK_FAULT=1:slow:measured step", inductor_cache_in(out)},
-            out);
+  testing::Memgate m(fmt::format("profile --config {} --batch-sizes 1 --device cpu", path),
+                     {"TMPDIR=" + tmp.path().string(), "MEMGATE_TEST_RANK_FAULT=1:slow:measured step",
+                      inductor_cache_in(out)},
+                     out);
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   auto in_step = [&] {
     for (const auto& e : std::filesystem::recursive_directory_iterator(tmp.path())) {
@@ -189,7 +184,7 @@ TEST(RankFaultTest, AForkedPythonRankThatFailsIsNamedWithItsCause) {
       {"0:exit:joining", "rank 0 of 2 exited with status 7"},
       {"1:stop:measured step: forward", "rank 1 of 2 stopped answering"}};
   std::vector<testing::TempDir> tmp(cases.size()), out(cases.size());
-  std::vector<std::unique_ptr<Memgate>> probes;
+  std::vector<std::unique_ptr<testing::Memgate>> probes;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     probes.push_back(start_profile(tmp[i], out[i], path,
                                    {"MEMGATE_TEST_RANK_FAULT=" + cases[i].first, inductor_cache_in(fixture_dir)}));
@@ -197,7 +192,7 @@ TEST(RankFaultTest, AForkedPythonRankThatFailsIsNamedWithItsCause) {
   for (std::size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].first);
     const auto o = probes[i]->wait(std::chrono::seconds(kTimeout + 60));
-    EXPECT_EQ(exit_code(o), 3) << o.output;
+    EXPECT_EQ(testing::exit_code(o), 3) << o.output;
     EXPECT_THAT(o.output, HasSubstr(cases[i].second));
     EXPECT_THAT(o.output, HasSubstr("py_ddp.yaml at batch 1"));
     expect_nothing_left(tmp[i]);
@@ -211,10 +206,10 @@ TEST(RankFaultTest, TwoProbesInOneTemporaryDirectoryMeetNeitherEachOtherNorItsFi
   testing::write_file(theirs, "another probe's store");
   std::vector<std::string> env{"TMPDIR=" + tmp.path().string()};
   const auto args = fmt::format("profile --config {} --batch-sizes 1 --device cpu", fixture("vit_tiny_ddp"));
-  Memgate a(args, env, out1), b(args, env, out2);
+  testing::Memgate a(args, env, out1), b(args, env, out2);
   const auto oa = a.wait(std::chrono::seconds(120)), ob = b.wait(std::chrono::seconds(120));
-  EXPECT_EQ(exit_code(oa), 0) << oa.output;
-  EXPECT_EQ(exit_code(ob), 0) << ob.output;
+  EXPECT_EQ(testing::exit_code(oa), 0) << oa.output;
+  EXPECT_EQ(testing::exit_code(ob), 0) << ob.output;
   EXPECT_EQ(testing::read_file(theirs), "another probe's store");
   memgate::remove_tree(tmp / "memgate-ranks-1-0");
   expect_nothing_left(tmp);
@@ -250,7 +245,7 @@ TEST(RankFaultTest, RandomFaultsInManyProbesNeverHangOrLeaveAnything) {
   struct Running {
     std::size_t index;
     std::unique_ptr<testing::TempDir> tmp, out;
-    std::unique_ptr<Memgate> memgate;
+    std::unique_ptr<testing::Memgate> memgate;
   };
   std::vector<Running> running;
   std::size_t next = 0;
@@ -272,7 +267,7 @@ TEST(RankFaultTest, RandomFaultsInManyProbesNeverHangOrLeaveAnything) {
       }
       const auto& p = drawn[it->index];
       SCOPED_TRACE(fmt::format("probe {}: {} rank {} {} at '{}'", it->index, p.fixture, p.rank, p.fault, p.phase));
-      const int rc = exit_code(*o);
+      const int rc = testing::exit_code(*o);
       EXPECT_TRUE(rc == 0 || (rc == 3 && p.fault != "none")) << o->output;
       if (rc == 3) {
         EXPECT_THAT(o->output, HasSubstr(fmt::format("rank {} of 2", p.rank))) << o->output;
