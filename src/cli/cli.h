@@ -94,6 +94,7 @@ inline constexpr Subcommand kSubcommands[] = {
     {"estimate", "Every component without a GPU: the protocol run on the Meta device", true},
     {"advise", "The largest batch that fits each GPU (or a capacity), predicted and confirmed", true},
     {"check", "Run the gate for fixtures or a suite outside CTest; exit 1 when it fails", true},
+    {"plan", "The cheapest ways to fit a batch on a GPU, each estimated, and the fixture keys that apply them", true},
     {"summary", "Markdown tables of the memory suite's results; exit 1 on a regression", false},
     {"report", "An HTML report with plots from profile or advice JSON files", false},
     {"compare", "Profiles side by side: every component, the differences, batch per GPU", false},

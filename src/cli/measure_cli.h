@@ -71,5 +71,6 @@ Run add_profile(CLI::App& app);
 Run add_estimate(CLI::App& app);
 Run add_advise(CLI::App& app);
 Run add_check(CLI::App& app);
+Run add_plan(CLI::App& app);
 
 }  // namespace memgate::cli

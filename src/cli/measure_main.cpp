@@ -14,6 +14,7 @@ memgate::cli::AddSubcommand measures(std::string_view name) {
   if (name == "estimate") return memgate::cli::add_estimate;
   if (name == "advise") return memgate::cli::add_advise;
   if (name == "check") return memgate::cli::add_check;
+  if (name == "plan") return memgate::cli::add_plan;
   return nullptr;
 }
 

@@ -1,0 +1,81 @@
+// `memgate plan`: the ways to fit a batch on a GPU that keep the training the same (which blocks to checkpoint,
+// gradient accumulation, the allocator's expandable segments), each plan's step peak by the same estimate as
+// `memgate estimate --gpu`, its cost counted, and the fixture keys that apply it (docs/plan.md).
+#pragma once
+
+#include "memgate/advise/advise.h"
+#include "memgate/gate/fixture.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace memgate {
+
+struct PlanOptions {
+  /// The batch of each step (micro-batch; accumulation is not searched); unset with effective_batch.
+  std::optional<std::int64_t> batch;
+  /// The batch of each optimizer step: micro-batch x accumulation steps, both searched (each divisor).
+  std::optional<std::int64_t> effective_batch;
+  /// Also the levers that change the training (bf16 autocast, a frozen backbone, SGD instead of AdamW).
+  bool allow_changes = false;
+  enum class Search { kAuto, kExhaustive, kGreedy };
+  /// kAuto: exhaustive when the space has at most exhaustive_limit plans, else greedy.
+  Search search = Search::kAuto;
+  std::int64_t exhaustive_limit = 64;
+};
+
+/// One way to run the step, estimated for the target.
+struct Plan {
+  bool fits = false;
+  std::int64_t micro_batch = 0;
+  std::int64_t accumulation_steps = 1;
+  std::int64_t world_size = 1;
+  std::vector<std::string> checkpointed;  ///< blocks recomputed, as the fixture names them ("blocks.3")
+  std::int64_t blocks = 0;                ///< blocks the model can checkpoint
+  std::string allocator;                  ///< training.allocator
+  std::int64_t step_peak = 0;             ///< estimate for CUDA on the target's GPU: allocated
+  std::int64_t step_peak_reserved = 0;    ///< ... and reserved
+  std::int64_t required_bytes = 0;        ///< reserved + the GPU's library workspaces (as estimate --gpu)
+  std::int64_t headroom_bytes = 0;        ///< usable - required (negative: does not fit)
+  std::int64_t host_bytes = 0;            ///< moved to the host (no offload lever yet: 0)
+  std::int64_t recompute_flops = 0;       ///< per micro-batch: the checkpointed blocks' forward
+  std::int64_t step_flops = 0;            ///< per micro-batch: forward and backward without recomputation
+  double recompute_flops_fraction = 0.0;  ///< recompute_flops / step_flops
+  bool changes_training = false;
+  nlohmann::json change = nlohmann::json::object();  ///< the fixture's keys that apply it
+  std::vector<std::string> levers;                   ///< in words
+  Workload workload;                                 ///< the fixture with the change applied (not in the JSON)
+};
+
+struct PlanResult {
+  std::string model;
+  AdviceTarget target;
+  std::int64_t batch = 0;          ///< the batch per optimizer step the plans reach
+  std::string search;              ///< exhaustive | greedy
+  std::int64_t space = 0;          ///< plans in the space searched
+  std::int64_t estimates = 0;      ///< estimates run (FLOP counts included)
+  double seconds = 0.0;
+  std::optional<Plan> as_is;       ///< the fixture at the batch, unchanged
+  std::vector<Plan> plans;         ///< the plans that fit, cheapest first
+};
+
+/// Searches the plans that fit `target` for `fixture` at the batch `options` asks (the fixture's largest batch size
+/// by default). Per micro-batch and accumulation (and allocator setting where it changes the reserved bytes): the
+/// checkpointed blocks with the fewest recomputed FLOPs that fit, exhaustively over every subset of the blocks when
+/// the space is small, else greedily, adding the block that saves the most reserved bytes per recomputed FLOP, each
+/// step estimated. Cheapest first: recomputed FLOPs, then accumulation steps, then fewer levers, then more headroom.
+/// A batch that no plan fits is an error naming the fixture, the batch, the GPU and the least the search needed.
+[[nodiscard]] PlanResult plan(const Fixture& fixture, const AdviceTarget& target, const PlanOptions& options);
+
+/// The plans as JSON (DESIGN.md, `memgate plan`), and as a table for a terminal.
+[[nodiscard]] nlohmann::json plan_to_json(const PlanResult& result);
+[[nodiscard]] std::string format_plan(const PlanResult& result);
+
+/// `fixture_yaml` (a fixture's text) with `change` (a plan's) merged into it: the fixture that runs the plan.
+[[nodiscard]] std::string apply_change(const std::string& fixture_yaml, const nlohmann::json& change);
+
+}  // namespace memgate

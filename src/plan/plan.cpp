@@ -1,0 +1,480 @@
+// memgate plan: every plan estimated for the target's GPU, the cheapest that fit first (plan/plan.h).
+#include "memgate/plan/plan.h"
+
+#include "memgate/base/error.h"
+#include "memgate/base/units.h"
+#include "memgate/estimate/cuda_reduce.h"
+#include "memgate/estimate/estimate_context.h"
+#include "memgate/launch/estimate.h"
+#include "memgate/launch/ranks.h"
+#include "memgate/models/zoo.h"
+#include "memgate/plan/flops.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <tuple>
+#include <utility>
+
+namespace memgate {
+namespace {
+
+constexpr std::int64_t kCannotRun = std::numeric_limits<std::int64_t>::max() / 4;
+constexpr const char* kExpandable = "expandable_segments:True";
+
+// One point of the space: a micro-batch and its accumulation, the allocator's settings, the checkpointed blocks (a
+// bit each) and a lever that changes the training (-1: none).
+struct Point {
+  std::int64_t micro = 0;
+  std::int64_t steps = 1;
+  std::string allocator;
+  std::uint64_t mask = 0;
+  int variant = -1;
+  [[nodiscard]] std::string key() const { return fmt::format("{}x{}|{}|{}|{}", micro, steps, allocator, mask, variant); }
+};
+
+// A lever that changes the training, as --allow-changes lists them.
+struct Variant {
+  std::string lever;
+  nlohmann::json change;
+  std::function<void(Workload&)> apply;
+};
+
+std::vector<Variant> training_changes(const Workload& w) {
+  std::vector<Variant> out;
+  const auto& t = w.training;
+  if (t.precision == Precision::kFp32) {
+    out.push_back({"bf16 autocast (changes the numerics)", {{"training", {{"precision", "bf16"}}}},
+                   [](Workload& v) { v.training.precision = Precision::kBf16; }});
+  }
+  if (t.trainable.kind != TrainableSpec::Kind::kHead && w.model.arch != Arch::kPython &&
+      w.model.arch != Arch::kTorchScript) {
+    out.push_back({"frozen backbone, the head trains (changes what trains)", {{"training", {{"trainable", "head"}}}},
+                   [](Workload& v) {
+                     v.training.trainable = TrainableSpec{};
+                     v.training.trainable.kind = TrainableSpec::Kind::kHead;
+                   }});
+  }
+  if (t.optimizer == Optimizer::kAdamW && !t.own_optimizer) {
+    out.push_back({"SGD with momentum 0.9 instead of AdamW (changes the optimizer)",
+                   {{"training", {{"optimizer", "sgd"}, {"momentum", 0.9}, {"weight_decay", 0.0}}}},
+                   [](Workload& v) {
+                     v.training.optimizer = Optimizer::kSgd;
+                     v.training.momentum = 0.9;
+                     v.training.weight_decay = 0.0;
+                   }});
+  }
+  return out;
+}
+
+class Planner {
+ public:
+  Planner(const Fixture& fixture, const AdviceTarget& target, const PlanOptions& options)
+      : fixture_(fixture), target_(target), options_(options) {
+    if (!runs_in_python(fixture) && fixture.model.arch != Arch::kTorchScript) {
+      blocks_ = build_model(fixture.model, c10::Device(c10::DeviceType::Meta))->checkpoint_prefixes();
+      for (auto& b : blocks_) b.pop_back();  // "blocks.3." -> "blocks.3", as the fixture names it
+    }
+    if (blocks_.size() > 62) blocks_.clear();  // a mask of 64 bits; no zoo model has so many
+    variants_ = options.allow_changes ? training_changes(fixture) : std::vector<Variant>{};
+  }
+
+  PlanResult run() {
+    const auto start = std::chrono::steady_clock::now();
+    PlanResult out;
+    out.model = fixture_.name;
+    out.target = target_;
+    // The micro-batches and their accumulation steps.
+    std::vector<std::pair<std::int64_t, std::int64_t>> micro;
+    if (options_.effective_batch) {
+      const auto n = *options_.effective_batch;
+      out.batch = n;
+      for (std::int64_t m = n; m >= 1; --m) {
+        if (n % m == 0) micro.emplace_back(m, n / m);
+      }
+    } else {
+      const auto b = options_.batch ? *options_.batch : fixture_.batch_sizes.back();
+      out.batch = b * fixture_.training.accumulation_steps;
+      micro.emplace_back(b, fixture_.training.accumulation_steps);
+    }
+    std::vector<std::string> allocators{fixture_.training.allocator};
+    if (fixture_.training.allocator.find("expandable_segments") == std::string::npos) {
+      allocators.push_back(fixture_.training.allocator.empty() ? kExpandable
+                                                               : fixture_.training.allocator + "," + kExpandable);
+    }
+    // The FLOPs each micro-batch's step and blocks cost; a fixture whose blocks were not counted here has no
+    // checkpointing lever (a Python or TorchScript model's, a distributed one's).
+    for (const auto& [m, steps] : micro) {
+      flops_[m] = count_step_flops(fixture_, m, EstimateTarget::kCuda);
+      ++estimates_;
+      if (flops_[m].per_block.size() != blocks_.size()) blocks_.clear();
+    }
+    const auto n = blocks_.size();
+    const std::int64_t subsets = std::int64_t{1} << n;
+    out.space = static_cast<std::int64_t>(micro.size() * allocators.size()) * subsets +
+                static_cast<std::int64_t>(variants_.size());
+    const bool exhaustive = options_.search == PlanOptions::Search::kExhaustive ||
+                            (options_.search == PlanOptions::Search::kAuto && out.space <= options_.exhaustive_limit);
+    out.search = exhaustive ? "exhaustive" : "greedy";
+    // The fixture as it is, the whole batch in the first micro-batch setting.
+    Point as_is{micro.front().first, micro.front().second, fixture_.training.allocator, current_mask(), -1};
+    out.as_is = estimate(as_is);
+    std::vector<Plan> found;
+    for (const auto& [m, steps] : micro) {
+      std::optional<Plan> default_allocator;
+      for (const auto& allocator : allocators) {
+        Point base{m, steps, allocator, 0, -1};
+        auto best = exhaustive ? cheapest_subset(base) : greedy(base);
+        if (!best) continue;
+        // Expandable segments only where they save reserved bytes or recomputation over the default's plan.
+        if (default_allocator && allocator != allocators.front() &&
+            !(best->recompute_flops < default_allocator->recompute_flops ||
+              best->required_bytes < default_allocator->required_bytes)) {
+          continue;
+        }
+        if (allocator == allocators.front()) default_allocator = best;
+        found.push_back(std::move(*best));
+      }
+    }
+    for (std::size_t v = 0; v < variants_.size(); ++v) {
+      auto p = estimate({micro.front().first, micro.front().second, fixture_.training.allocator, current_mask(),
+                         static_cast<int>(v)});
+      if (p.fits) found.push_back(std::move(p));
+    }
+    out.plans = pareto_sorted(std::move(found));
+    out.estimates = estimates_;
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (out.plans.empty()) throw Error(nothing_fits(out));
+    return out;
+  }
+
+ private:
+  [[nodiscard]] std::uint64_t current_mask() const {
+    const auto& t = fixture_.training;
+    if (!t.gradient_checkpointing) return 0;
+    if (t.checkpoint_blocks.empty()) return blocks_.empty() ? 0 : (std::uint64_t{1} << blocks_.size()) - 1;
+    std::uint64_t mask = 0;
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      if (std::find(t.checkpoint_blocks.begin(), t.checkpoint_blocks.end(), blocks_[i]) != t.checkpoint_blocks.end()) {
+        mask |= std::uint64_t{1} << i;
+      }
+    }
+    return mask;
+  }
+
+  [[nodiscard]] std::int64_t recompute(std::int64_t micro, std::uint64_t mask) const {
+    std::int64_t sum = 0;
+    const auto& per_block = flops_.at(micro).per_block;
+    for (std::size_t i = 0; i < blocks_.size() && i < per_block.size(); ++i) {
+      if (mask & (std::uint64_t{1} << i)) sum += per_block[i];
+    }
+    return sum;
+  }
+
+  // The plan at `p`, estimated once (a cache: the searches revisit points).
+  Plan estimate(const Point& p) {
+    const auto key = p.key();
+    if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
+    Plan plan;
+    plan.micro_batch = p.micro;
+    plan.accumulation_steps = p.steps;
+    plan.allocator = p.allocator;
+    plan.blocks = static_cast<std::int64_t>(blocks_.size());
+    plan.world_size = fixture_.training.distributed.enabled() ? fixture_.training.distributed.world_size : 1;
+    auto w = static_cast<const Workload&>(fixture_);
+    auto& t = w.training;
+    t.accumulation_steps = p.steps;
+    t.allocator = p.allocator;
+    const auto all = blocks_.empty() ? 0 : (std::uint64_t{1} << blocks_.size()) - 1;
+    if (!blocks_.empty()) {
+      t.gradient_checkpointing = p.mask != 0;
+      t.checkpoint_blocks.clear();
+      if (p.mask != 0 && p.mask != all) {
+        for (std::size_t i = 0; i < blocks_.size(); ++i) {
+          if (p.mask & (std::uint64_t{1} << i)) t.checkpoint_blocks.push_back(blocks_[i]);
+        }
+      }
+      plan.checkpointed = p.mask == all ? blocks_ : t.checkpoint_blocks;
+    }
+    if (p.variant >= 0) {
+      variants_[static_cast<std::size_t>(p.variant)].apply(w);
+      plan.changes_training = true;
+    }
+    // The change, as the fixture's keys, against the fixture as it is.
+    auto& change = plan.change;
+    if (!blocks_.empty() && p.mask != current_mask()) {
+      change["training"]["gradient_checkpointing"] =
+          p.mask == 0 ? nlohmann::json(false)
+          : p.mask == all ? nlohmann::json(true)
+                          : nlohmann::json{{"blocks", t.checkpoint_blocks}};
+    }
+    if (p.steps != fixture_.training.accumulation_steps) change["training"]["accumulation_steps"] = p.steps;
+    if (p.allocator != fixture_.training.allocator) change["training"]["allocator"] = p.allocator;
+    if (p.variant >= 0) change.merge_patch(variants_[static_cast<std::size_t>(p.variant)].change);
+    if (fixture_.batch_sizes != std::vector<std::int64_t>{p.micro}) change["batch_sizes"] = {p.micro};
+    // In words.
+    if (!plan.checkpointed.empty()) {
+      plan.levers.push_back(fmt::format("checkpoint {} of {} blocks", plan.checkpointed.size(), blocks_.size()));
+    }
+    if (p.steps > 1) plan.levers.push_back(fmt::format("accumulate {} micro-batches of {}", p.steps, p.micro));
+    if (p.allocator != fixture_.training.allocator) plan.levers.push_back("expandable segments");
+    if (p.variant >= 0) plan.levers.push_back(variants_[static_cast<std::size_t>(p.variant)].lever);
+    // The same estimate as `memgate estimate --gpu`: for CUDA, staged for this GPU's SMs.
+    {
+      const EstimateContextGuard for_gpu(
+          estimate_context_for_gpu({target_.multiprocessors, target_.max_threads_per_multiprocessor}));
+      try {
+        const auto r = estimate_probe(w, p.micro, EstimateTarget::kCuda);
+        plan.step_peak = r.components.step_peak;
+        plan.step_peak_reserved = r.components.step_peak_reserved;
+        plan.required_bytes = plan.step_peak_reserved + target_.library_workspace_bytes;
+      } catch (const std::exception& e) {
+        if (!cannot_run_on_cuda(e)) throw;
+        plan.required_bytes = kCannotRun;
+      }
+    }
+    ++estimates_;
+    plan.headroom_bytes = target_.usable_bytes - plan.required_bytes;
+    plan.fits = plan.required_bytes <= target_.usable_bytes;
+    const auto& f = flops_.at(p.micro);
+    plan.step_flops = f.step;
+    plan.recompute_flops = recompute(p.micro, blocks_.empty() ? 0 : p.mask);
+    plan.recompute_flops_fraction =
+        f.step > 0 ? static_cast<double>(plan.recompute_flops) / static_cast<double>(f.step) : 0.0;
+    plan.workload = std::move(w);
+    if (least_ == nullptr || plan.required_bytes < least_->required_bytes) least_ = std::make_unique<Plan>(plan);
+    cache_.emplace(key, plan);
+    return plan;
+  }
+
+  // Of two plans that fit, the cheaper: fewer recomputed FLOPs, then more headroom.
+  static bool cheaper(const Plan& a, const Plan& b) {
+    return std::tie(a.recompute_flops, b.headroom_bytes) < std::tie(b.recompute_flops, a.headroom_bytes);
+  }
+
+  // Every subset of the blocks at `base`: the cheapest that fits.
+  std::optional<Plan> cheapest_subset(Point base) {
+    std::optional<Plan> best;
+    for (std::uint64_t mask = 0; mask < (std::uint64_t{1} << blocks_.size()); ++mask) {
+      base.mask = mask;
+      auto p = estimate(base);
+      if (p.fits && (!best || cheaper(p, *best))) best = std::move(p);
+    }
+    return best;
+  }
+
+  // From no block checkpointed, adds blocks one at a time in the order of the reserved bytes each saved per recomputed
+  // FLOP when it alone was added (estimated once, at the first micro-batch and allocator that needs checkpointing),
+  // each step estimated, until the step fits. Then drops each chosen block, most FLOPs first, that the plan fits
+  // without (a block added early may be spared by those added after it).
+  std::optional<Plan> greedy(Point base) {
+    auto current = estimate(base);
+    if (current.fits || blocks_.empty()) return current.fits ? std::optional<Plan>(current) : std::nullopt;
+    const auto& per_block = flops_.at(base.micro).per_block;
+    if (order_.empty()) {
+      std::vector<std::pair<double, std::size_t>> ranked;
+      for (std::size_t i = 0; i < blocks_.size(); ++i) {
+        auto one = base;
+        one.mask = std::uint64_t{1} << i;
+        const auto p = estimate(one);
+        const double saved = static_cast<double>(current.required_bytes - p.required_bytes);
+        ranked.emplace_back(-saved / static_cast<double>(std::max<std::int64_t>(per_block[i], 1)), i);
+      }
+      std::stable_sort(ranked.begin(), ranked.end());
+      for (const auto& r : ranked) order_.push_back(r.second);
+    }
+    std::uint64_t mask = 0;
+    std::optional<Plan> fitting;
+    for (const auto i : order_) {
+      auto next = base;
+      next.mask = mask |= std::uint64_t{1} << i;
+      auto p = estimate(next);
+      if (p.fits) {
+        fitting = std::move(p);
+        break;
+      }
+    }
+    if (!fitting) return std::nullopt;
+    // Drop what the plan fits without, most FLOPs first.
+    std::vector<std::size_t> chosen;
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      if (mask & (std::uint64_t{1} << i)) chosen.push_back(i);
+    }
+    std::stable_sort(chosen.begin(), chosen.end(), [&](auto a, auto b) { return per_block[a] > per_block[b]; });
+    for (const auto i : chosen) {
+      auto fewer = base;
+      fewer.mask = mask & ~(std::uint64_t{1} << i);
+      auto p = estimate(fewer);
+      if (p.fits) {
+        mask = fewer.mask;
+        fitting = std::move(p);
+      }
+    }
+    return fitting;
+  }
+
+  // Cheapest first; a plan that another beats or equals on every cost (recomputed FLOPs, accumulation steps,
+  // levers, changing the training) is left out.
+  static std::vector<Plan> pareto_sorted(std::vector<Plan> plans) {
+    const auto cost = [](const Plan& p) {
+      return std::make_tuple(p.changes_training, p.recompute_flops_fraction, p.accumulation_steps, p.levers.size(),
+                             -p.headroom_bytes);
+    };
+    std::stable_sort(plans.begin(), plans.end(), [&](const Plan& a, const Plan& b) { return cost(a) < cost(b); });
+    std::vector<Plan> out;
+    for (auto& p : plans) {
+      const bool dominated = std::any_of(out.begin(), out.end(), [&](const Plan& q) {
+        return q.changes_training == p.changes_training && q.recompute_flops <= p.recompute_flops &&
+               q.accumulation_steps <= p.accumulation_steps && q.levers.size() <= p.levers.size();
+      });
+      if (!dominated) out.push_back(std::move(p));
+    }
+    return out;
+  }
+
+  [[nodiscard]] std::string nothing_fits(const PlanResult& r) const {
+    std::string least = "nothing could be estimated";
+    if (least_ != nullptr) {
+      least = least_->required_bytes >= kCannotRun
+                  ? std::string("every plan's step cannot run on CUDA")
+                  : fmt::format("the least any plan needs is {} ({}{})", format_bytes(least_->required_bytes),
+                                fmt::format("micro-batch {}", least_->micro_batch),
+                                least_->levers.empty() ? "" : ", " + fmt::format("{}", fmt::join(least_->levers, ", ")));
+    }
+    return fmt::format("{}: no plan fits batch {} on {} ({} usable): {}, after {} estimates; a smaller batch, "
+                       "--effective-batch to accumulate it{}, or a larger GPU",
+                       fixture_.source, r.batch, target_.id, format_bytes(target_.usable_bytes), least, estimates_,
+                       options_.allow_changes ? "" : ", --allow-changes for the levers that change the training");
+  }
+
+  const Fixture& fixture_;
+  const AdviceTarget& target_;
+  const PlanOptions& options_;
+  std::vector<std::string> blocks_;
+  std::vector<Variant> variants_;
+  std::map<std::int64_t, StepFlops> flops_;
+  std::map<std::string, Plan> cache_;
+  std::vector<std::size_t> order_;
+  std::unique_ptr<Plan> least_;
+  std::int64_t estimates_ = 0;
+};
+
+YAML::Node to_yaml(const nlohmann::json& j) {
+  if (j.is_object()) {
+    YAML::Node n(YAML::NodeType::Map);
+    for (const auto& [k, v] : j.items()) n[k] = to_yaml(v);
+    return n;
+  }
+  if (j.is_array()) {
+    YAML::Node n(YAML::NodeType::Sequence);
+    n.SetStyle(YAML::EmitterStyle::Flow);
+    for (const auto& v : j) n.push_back(to_yaml(v));
+    return n;
+  }
+  if (j.is_boolean()) return YAML::Node(j.get<bool>());
+  if (j.is_number_integer()) return YAML::Node(j.get<std::int64_t>());
+  if (j.is_number()) return YAML::Node(j.get<double>());
+  return YAML::Node(j.get<std::string>());
+}
+
+void merge(YAML::Node node, const nlohmann::json& change) {
+  for (const auto& [k, v] : change.items()) {
+    if (v.is_object() && node[k] && node[k].IsMap()) {
+      merge(node[k], v);
+    } else {
+      node[k] = to_yaml(v);
+    }
+  }
+}
+
+nlohmann::json plan_json(const Plan& p) {
+  return {{"fits", p.fits},
+          {"step_peak", p.step_peak},
+          {"step_peak_reserved", p.step_peak_reserved},
+          {"required_bytes", p.required_bytes},
+          {"headroom_bytes", p.headroom_bytes},
+          {"host_bytes", p.host_bytes},
+          {"recompute_flops", p.recompute_flops},
+          {"step_flops", p.step_flops},
+          {"recompute_flops_fraction", p.recompute_flops_fraction},
+          {"micro_batch", p.micro_batch},
+          {"accumulation_steps", p.accumulation_steps},
+          {"world_size", p.world_size},
+          {"changes_training", p.changes_training},
+          {"checkpointed_blocks", p.checkpointed},
+          {"change", p.change},
+          {"levers", p.levers}};
+}
+
+}  // namespace
+
+PlanResult plan(const Fixture& fixture, const AdviceTarget& target, const PlanOptions& options) {
+  if (options.batch && *options.batch < 1) throw Error(fixture.source + ": --batch: expected an integer >= 1");
+  if (options.effective_batch && *options.effective_batch < 1) {
+    throw Error(fixture.source + ": --effective-batch: expected an integer >= 1");
+  }
+  if (options.batch && options.effective_batch) {
+    throw Error(fixture.source + ": --batch and --effective-batch: expected one of them, not both");
+  }
+  if (target.usable_bytes <= 0) throw Error(fmt::format("target {}: no usable bytes ({})", target.id, target.usable_bytes));
+  Planner planner(fixture, target, options);
+  return planner.run();
+}
+
+nlohmann::json plan_to_json(const PlanResult& r) {
+  nlohmann::json out = {{"model", {{"name", r.model}}},
+                        {"target", {{"id", r.target.id}, {"name", r.target.name},
+                                    {"usable_bytes", r.target.usable_bytes},
+                                    {"library_workspace_bytes", r.target.library_workspace_bytes},
+                                    {"measured", r.target.measured}}},
+                        {"estimated_for", "cuda"},
+                        {"batch", r.batch},
+                        {"search", r.search},
+                        {"space", r.space},
+                        {"estimates", r.estimates},
+                        {"seconds", r.seconds},
+                        {"plans", nlohmann::json::array()}};
+  if (r.as_is) out["as_is"] = plan_json(*r.as_is);
+  for (const auto& p : r.plans) out["plans"].push_back(plan_json(p));
+  return out;
+}
+
+std::string format_plan(const PlanResult& r) {
+  std::string out = fmt::format(
+      "memgate plan: {} at batch {} on {} ({} usable), BY ESTIMATE for CUDA, not measured\n", r.model, r.batch,
+      r.target.name, format_bytes(r.target.usable_bytes));
+  if (r.as_is) {
+    out += fmt::format("  as it is: needs {} ({})\n", format_bytes(r.as_is->required_bytes),
+                       r.as_is->fits ? "fits" : "DOES NOT FIT");
+  }
+  out += fmt::format("  {:<3} {:>12} {:>12} {:>12} {:>10} {:>6}  {}\n", "#", "peak alloc", "peak reserved", "headroom",
+                     "recompute", "accum", "levers");
+  for (std::size_t i = 0; i < r.plans.size(); ++i) {
+    const auto& p = r.plans[i];
+    out += fmt::format("  {:<3} {:>12} {:>12} {:>12} {:>9.1f}% {:>6}  {}\n", i + 1, format_bytes(p.step_peak),
+                       format_bytes(p.step_peak_reserved), format_bytes(p.headroom_bytes),
+                       100.0 * p.recompute_flops_fraction, p.accumulation_steps,
+                       p.levers.empty() ? std::string("none: fits as it is") : fmt::format("{}", fmt::join(p.levers, ", ")));
+    out += fmt::format("      change: {}\n", p.change.dump());
+  }
+  out += fmt::format("{} search over {} plans: {} estimates in {:.1f} s\n", r.search, r.space, r.estimates, r.seconds);
+  return out;
+}
+
+std::string apply_change(const std::string& fixture_yaml, const nlohmann::json& change) {
+  auto node = YAML::Load(fixture_yaml);
+  merge(node, change);
+  YAML::Emitter emitter;
+  emitter << node;
+  return std::string(emitter.c_str()) + "\n";
+}
+
+}  // namespace memgate

@@ -1,0 +1,134 @@
+// memgate plan (plan/plan.h): the plans fit, cheapest first; a plan's change applied to its fixture estimates to its
+// bytes again; the greedy search finds what the exhaustive one finds; the FLOP counter counts a ViT block's matmuls.
+#include "memgate/base/error.h"
+#include "memgate/base/files.h"
+#include "memgate/estimate/estimate_context.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/launch/estimate.h"
+#include "memgate/plan/flops.h"
+#include "memgate/plan/plan.h"
+#include "test_util.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+std::string fixture_path(const std::string& name) { return testing::source_dir() + "/fixtures/models/" + name + ".yaml"; }
+
+AdviceTarget capacity_mib(std::int64_t mib) { return {"capacity", std::to_string(mib) + " MiB", mib << 20}; }
+
+PlanResult plan_of(const std::string& name, std::int64_t mib, PlanOptions options) {
+  return plan(load_fixture(fixture_path(name)), capacity_mib(mib), options);
+}
+
+PlanOptions batch(std::int64_t b, PlanOptions::Search search = PlanOptions::Search::kAuto) {
+  PlanOptions o;
+  o.batch = b;
+  o.search = search;
+  return o;
+}
+
+// vit_tiny_full at batch 64 needs 56 MiB reserved by estimate for CUDA as it is; at 30 MiB it takes checkpointing.
+TEST(PlanTest, EveryPlanFitsAndTheyComeCheapestFirst) {
+  for (const auto& [mib, options] : {std::pair{30, batch(64)}, std::pair{24, [] {
+                                       PlanOptions o;
+                                       o.effective_batch = 64;
+                                       o.allow_changes = true;
+                                       return o;
+                                     }()}}) {
+    const auto r = plan_of("vit_tiny_full", mib, options);
+    ASSERT_TRUE(r.as_is);
+    EXPECT_FALSE(r.as_is->fits) << "the fixture as it is does not fit " << mib << " MiB";
+    ASSERT_FALSE(r.plans.empty());
+    for (std::size_t i = 0; i < r.plans.size(); ++i) {
+      const auto& p = r.plans[i];
+      EXPECT_TRUE(p.fits);
+      EXPECT_LE(p.required_bytes, std::int64_t{mib} << 20);
+      EXPECT_EQ(p.headroom_bytes, (std::int64_t{mib} << 20) - p.required_bytes);
+      EXPECT_EQ(p.micro_batch * p.accumulation_steps, 64);
+      EXPECT_EQ(p.changes_training, !options.allow_changes ? false : p.changes_training);
+      if (i > 0) {
+        const auto& q = r.plans[i - 1];
+        EXPECT_LE(std::tuple(q.changes_training, q.recompute_flops_fraction, q.accumulation_steps),
+                  std::tuple(p.changes_training, p.recompute_flops_fraction, p.accumulation_steps))
+            << "plan " << i + 1 << " comes after a costlier one";
+      }
+    }
+    EXPECT_GT(r.estimates, 0);
+  }
+}
+
+// Each plan's `change` merged into the fixture's YAML, loaded and estimated for CUDA at its batch: the plan's step peak
+// and reserved bytes again, to the byte.
+TEST(PlanTest, APlansChangeAppliedToTheFixtureEstimatesToItsBytesAgain) {
+  PlanOptions options;
+  options.effective_batch = 64;
+  const auto r = plan_of("vit_tiny_full", 30, options);
+  ASSERT_GE(r.plans.size(), 2U) << "a checkpointing plan and an accumulation plan";
+  const auto text = read_text_file(fixture_path("vit_tiny_full"), "a fixture");
+  testing::TempDir dir;
+  for (std::size_t i = 0; i < r.plans.size(); ++i) {
+    const auto& p = r.plans[i];
+    SCOPED_TRACE(p.change.dump());
+    write_file_atomically(dir / ("plan" + std::to_string(i) + ".yaml"), apply_change(text, p.change));
+    const auto applied = load_fixture(dir / ("plan" + std::to_string(i) + ".yaml"));
+    ASSERT_EQ(applied.batch_sizes, std::vector<std::int64_t>{p.micro_batch});
+    EXPECT_EQ(applied.training.accumulation_steps, p.accumulation_steps);
+    const EstimateContextGuard for_gpu(estimate_context_for_gpu({}));
+    const auto e = estimate_probe(applied, p.micro_batch, EstimateTarget::kCuda);
+    EXPECT_EQ(e.components.step_peak, p.step_peak);
+    EXPECT_EQ(e.components.step_peak_reserved, p.step_peak_reserved);
+  }
+}
+
+// On a space small enough to search whole (4 blocks, one micro-batch, two allocator settings: 32 plans), the greedy
+// search's plans cost what the exhaustive search's cost, at capacities that need 1 to 3 checkpointed blocks.
+TEST(PlanTest, TheGreedySearchFindsWhatTheExhaustiveSearchFinds) {
+  for (const std::int64_t mib : {30, 34, 40, 48}) {
+    SCOPED_TRACE(mib);
+    const auto all = plan_of("vit_tiny_full", mib, batch(64, PlanOptions::Search::kExhaustive));
+    const auto greedy = plan_of("vit_tiny_full", mib, batch(64, PlanOptions::Search::kGreedy));
+    EXPECT_EQ(all.search, "exhaustive");
+    EXPECT_EQ(greedy.search, "greedy");
+    EXPECT_LT(greedy.estimates, all.estimates);
+    ASSERT_EQ(greedy.plans.size(), all.plans.size());
+    for (std::size_t i = 0; i < all.plans.size(); ++i) {
+      EXPECT_EQ(greedy.plans[i].recompute_flops, all.plans[i].recompute_flops) << "plan " << i + 1;
+      EXPECT_EQ(greedy.plans[i].checkpointed.size(), all.plans[i].checkpointed.size()) << "plan " << i + 1;
+      EXPECT_EQ(greedy.plans[i].accumulation_steps, all.plans[i].accumulation_steps) << "plan " << i + 1;
+    }
+  }
+}
+
+// vit_tiny_full (embed 64, MLP 256, 26 tokens, 4 heads) at batch 8: each block's forward is its four Linear layers
+// (qkv 3 D^2, proj D^2, fc1 and fc2 D x 4D: 12 D^2 MACs a token) and SDPA's two matmuls (2 T^2 D a sample); the step
+// counts each twice more in backward, as torch.utils.flop_counter does.
+TEST(StepFlopsTest, EachBlockIsItsLinearLayersAndItsAttention) {
+  const auto f = count_step_flops(load_fixture(fixture_path("vit_tiny_full")), 8, EstimateTarget::kCuda);
+  const std::int64_t b = 8, t = 26, d = 64;
+  const std::int64_t block = 2 * b * t * 12 * d * d + 2 * 2 * b * t * t * d;
+  ASSERT_EQ(f.per_block.size(), 4U);
+  for (const auto flops : f.per_block) EXPECT_EQ(flops, block);
+  EXPECT_GT(f.forward, 4 * block) << "the patch embedding and the head besides";
+  EXPECT_GT(f.step, 2 * f.forward);
+  EXPECT_LT(f.step, 4 * f.forward);
+}
+
+TEST(PlanTest, ABatchNoPlanFitsNamesTheFixtureTheBatchTheGpuAndTheLeastNeeded) {
+  try {
+    (void)plan_of("vit_tiny_full", 1, batch(64));
+    FAIL() << "nothing fits 1 MiB";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("vit_tiny_full.yaml: no plan fits batch 64 on capacity (1.0 MiB usable)"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the least any plan needs is"));
+  }
+}
+
+}  // namespace
+}  // namespace memgate
