@@ -14,6 +14,7 @@
 #include "memgate/gate/fixture.h"
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/ranks.h"
+#include "memgate/launch/request.h"
 #include "memgate/launch/run.h"
 #include "memgate/measure/probe.h"
 
@@ -25,9 +26,7 @@
 #include <filesystem>
 #include <exception>
 #include <iostream>
-#include <map>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -50,12 +49,6 @@ std::int64_t parse_int(const std::string& text, const std::string& key) {
   const auto value = std::stoll(text, &used);
   if (used != text.size()) throw std::invalid_argument("--" + key + ": expected an integer, got " + text);
   return value;
-}
-
-std::int64_t to_int(const std::map<std::string, std::string>& args, const std::string& key) {
-  const auto it = args.find(key);
-  if (it == args.end()) throw std::invalid_argument("--" + key + " is required");
-  return parse_int(it->second, key);
 }
 
 // memgate's tests of the launcher: MEMGATE_TEST_RANK_FAULT=<rank>:<fault>:<phase> makes rank <rank> fail when a
@@ -102,14 +95,29 @@ bool is_rank_command(int argc, char** argv) {
 
 int rank_main(int argc, char** argv) {
   if (is_fork_server_command(argc, argv)) return fork_server_main(argc, argv);
-  std::map<std::string, std::string> args;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  // `--memgate-rank --request FILE`, and `--parent-pid P` from whoever started it (its launcher or the fork server).
+  std::string request_path;
+  std::optional<pid_t> parent;
+  for (int i = 2; i < argc; i += 2) {
     const std::string key = argv[i];
-    if (!key.starts_with("--")) {
-      std::cerr << "memgate rank: expected --key value pairs, got '" << key << "'\n";
+    if ((key != "--request" && key != "--parent-pid") || i + 1 >= argc) {
+      std::cerr << "memgate rank: expected --request FILE [--parent-pid PID], got '" << key << "'\n";
       return 2;
     }
-    args[key.substr(2)] = argv[i + 1];
+    if (key == "--request") {
+      request_path = argv[i + 1];
+      continue;
+    }
+    try {
+      parent = static_cast<pid_t>(parse_int(argv[i + 1], "parent-pid"));
+    } catch (const std::exception&) {
+      std::cerr << "memgate rank: --parent-pid: expected a process id, got '" << argv[i + 1] << "'\n";
+      return 2;
+    }
+  }
+  if (request_path.empty()) {
+    std::cerr << "memgate rank: --request FILE is required (memgate writes it: launch/request.h)\n";
+    return 2;
   }
   // A rank whose peer has gone gets an error from its collective, which it prints, rather than dying of SIGPIPE with
   // an empty log (a write to the peer's socket): the launcher then names the rank that failed first, by its log, and
@@ -121,59 +129,49 @@ int rank_main(int argc, char** argv) {
   std::optional<RankGroup> group;
   std::optional<Heartbeat> heartbeat;
   try {
-    for (const auto* key : {"fixture", "output"}) {
-      if (!args.contains(key)) throw std::invalid_argument(std::string("--") + key + " is required");
-    }
-    rank = static_cast<int>(to_int(args, "rank"));
+    // The whole request, the workload as the launcher parsed it among it: the fixture's file is not read again.
+    auto request = read_probe_request(request_path);
+    rank = request.rank;
     // Gone with the launcher however it ends, its files with it; a launcher already gone ends this at once.
-    if (args.contains("parent-pid")) {
-      const auto folder = std::filesystem::path(args["output"]).parent_path().string();
-      if (!end_with_parent(static_cast<pid_t>(to_int(args, "parent-pid")), folder)) {
+    if (parent) {
+      const auto folder = std::filesystem::path(request.output).parent_path().string();
+      if (!end_with_parent(*parent, folder)) {
         std::cerr << "memgate rank " << rank << ": the memgate that started it has ended\n";
         return 3;
       }
     }
-    if (args.contains("heartbeat")) heartbeat.emplace(args["heartbeat"], kHeartbeatInterval);
-    if (args.contains("memgate-version") && args["memgate-version"] != MEMGATE_VERSION) {
-      throw Error(fmt::format("this rank program is memgate {}, and the memgate that started it is {}: the probe's "
-                              "processes must run the same memgate", MEMGATE_VERSION, args["memgate-version"]));
-    }
-    const auto timeout = args.contains("timeout-s") ? std::chrono::seconds(to_int(args, "timeout-s"))
-                                                    : kDefaultRankTimeout;
-    const auto world = static_cast<int>(to_int(args, "world-size"));
+    if (!request.heartbeat.empty()) heartbeat.emplace(request.heartbeat, kHeartbeatInterval);
+    const auto timeout = request.timeout;
+    const auto world = static_cast<int>(request.world_size);
     // One batch size, or (the whole probe of a Python fixture) several, probed in turn in this process: result i
     // then goes to <output>.<i> (and its snapshot to <snapshot>.<i>), each written as soon as it is known.
-    std::vector<std::int64_t> batch_sizes;
-    std::stringstream list(args.contains("batch-size") ? args["batch-size"] : std::string());
-    for (std::string item; std::getline(list, item, ',');) batch_sizes.push_back(parse_int(item, "batch-size"));
-    if (batch_sizes.empty()) throw std::invalid_argument("--batch-size is required");
-    auto fixture = load_fixture(args["fixture"]);
-    override_cpu_kernels(fixture, args["cpu-kernels"], "--cpu-kernels");
+    const auto& batch_sizes = request.batch_sizes;
+    if (batch_sizes.empty()) throw Error(request_path + ": request.batch_sizes: expected at least one batch size");
+    const auto& fixture = request.workload;
     // With a store this process is one rank of a distributed probe; without, it runs the whole probe (a Python
     // fixture's, in a Python process): on a device, capped or not, or as an estimate on the Meta device.
-    const bool is_rank = args.contains("store");
+    const bool is_rank = !request.store.empty();
     if (is_rank && !fixture.training.distributed.enabled()) {
       throw Error(fmt::format("{}: trains on one device (no training.distributed block), yet a rank of {} was started",
                               fixture.source, world));
     }
-    // The probe's world size: the fixture's, or what `--world-size` set for the run (estimate, advise).
-    if (fixture.training.distributed.enabled()) fixture.training.distributed.world_size = world;
+    // What an estimate is for (the GPU a search's target speaks for among it), for the whole process.
+    std::optional<EstimateContextGuard> estimating;
+    if (request.estimate) estimating.emplace(*request.estimate);
     ProbeOptions options;
     options.rank_timeout = timeout;
     options.on_phase = [rank](std::string_view phase) {
       set_phase(phase);
       inject_fault(rank, phase);
     };
-    if (args.contains("warmup-steps")) options.warmup_steps = static_cast<int>(to_int(args, "warmup-steps"));
-    if (args.contains("cpu-threads")) options.cpu_threads = static_cast<int>(to_int(args, "cpu-threads"));
-    if (args.contains("seed")) options.seed = static_cast<std::uint64_t>(to_int(args, "seed"));
-    if (args.contains("snapshot")) options.snapshot = SnapshotOptions{};
-    const auto cap = args.contains("cap-bytes") ? to_int(args, "cap-bytes") : 0;
+    options.warmup_steps = request.warmup_steps;
+    options.cpu_threads = request.cpu_threads;
+    options.seed = request.seed;
+    if (!request.snapshot.empty()) options.snapshot = SnapshotOptions{};
+    const auto cap = request.cap_bytes;
     // The launcher's CPU limit (profile --cpu-memory-limit-mib): this process's CPU tensors are held to it, as the
     // launcher's own probes are (a Python fixture's model and batch, a rank's).
-    if (args.contains("cpu-limit-bytes")) {
-      CountingCpuAllocator::install().set_limit(to_int(args, "cpu-limit-bytes"));
-    }
+    if (request.cpu_limit_bytes > 0) CountingCpuAllocator::install().set_limit(request.cpu_limit_bytes);
     // The whole probe reports the model's parameter counts. They are counted first, on the Meta device: a Python
     // model's imports (modules whose import allocates tensors, PEFT's among them) then happen before the probe, as in
     // a training script, and are not counted as the model's (its ranks count them for that alone).
@@ -186,38 +184,29 @@ int rank_main(int argc, char** argv) {
         // A Python builder that cannot run on the Meta device (it reads a value drawn at random there): a measurement
         // counts them on its own device, where the probe builds the model anyway (each probe then starts from an
         // empty cache); an estimate, which runs on Meta alone, has the builder's error.
-        if (fixture.model.arch != Arch::kPython || args.contains("estimate-for")) throw;
+        if (fixture.model.arch != Arch::kPython || request.estimate) throw;
         options.on_phase("counting the model's parameters (building it on the probe's device: not on the Meta device)");
-        const c10::Device device(args.contains("device") ? args["device"] : std::string("cpu"));
-        auto model = build_model(fixture.model, device);
+        auto model = build_model(fixture.model, c10::Device(request.device));
         (void)select_trainable(*model, fixture.training.trainable, fixture.source);
         counts = count_parameters(model->module());
       }
     }
-    if (is_rank && batch_sizes.size() > 1) throw std::invalid_argument("--batch-size: a rank probes one batch size");
+    if (is_rank && batch_sizes.size() > 1) {
+      throw Error(request_path + ": request.batch_sizes: a rank probes one batch size");
+    }
     // An estimate of a Python model on one device: one build serves every batch size (models/python.h), the first
     // probe's (the parameter count's build is not kept: the imports it paid are not the model's). Not under ranks
     // (their hooks stay on the module), nor a cap (a build replayed past it would stop halfway).
-    const bool reuse = args.contains("estimate-for") && !fixture.training.distributed.enabled() && cap == 0;
+    const bool reuse = request.estimate && !fixture.training.distributed.enabled() && cap == 0;
     if (reuse) reuse_python_builds(true);
-    if (args.contains("search")) {
-      if (!rank_search()) throw Error("--search: this program cannot search (memgate's Python extension can)");
-      const auto answer = rank_search()(fixture, read_text_file(args["search"], "a search's request"));
-      write_file_atomically(args["output"], answer);
+    if (request.search) {
+      if (!rank_search()) {
+        throw Error(request_path + ": request.search: this program cannot search (memgate's Python extension can)");
+      }
+      write_file_atomically(request.output, rank_search()(fixture, *request.search));
       return 0;
     }
-    const bool keep_going = args.contains("keep-going") && args["keep-going"] == "1";
-    // An estimate for a GPU of the search's (ranks.cpp passes it): its reductions staged for that GPU's SMs.
-    std::optional<EstimateContextGuard> for_gpu;
-    if (args.contains("estimate-gpu-sms")) {
-      const auto& text = args["estimate-gpu-sms"];
-      const auto x = text.find('x');
-      if (x == std::string::npos) {
-        throw std::invalid_argument("--estimate-gpu-sms: expected <SMs>x<threads>, got " + text);
-      }
-      for_gpu.emplace(estimate_context_for_gpu({static_cast<int>(parse_int(text.substr(0, x), "estimate-gpu-sms")),
-                                                static_cast<int>(parse_int(text.substr(x + 1), "estimate-gpu-sms"))}));
-    }
+    const bool keep_going = request.keep_going;
     const auto of_probe = [&](const std::string& path, std::size_t i) {
       return probe_file(path, i, batch_sizes.size());
     };
@@ -225,22 +214,19 @@ int rank_main(int argc, char** argv) {
       const auto batch_size = batch_sizes[i];
       ProbeResult result;
       try {
-        if (args.contains("estimate-for")) {
-          const auto& target = args["estimate-for"];
-          if (target != "cpu" && target != "cuda") throw std::invalid_argument("--estimate-for: expected cpu or cuda");
-          result = estimate_probe(fixture, batch_size, target == "cpu" ? EstimateTarget::kCpu : EstimateTarget::kCuda,
-                                  options);
+        if (request.estimate) {
+          result = estimate_probe(fixture, batch_size, request.estimate->target, options);
         } else {
           // The CPU (Gloo), or the GPU of this rank's own (NCCL): cuda:N, which the probe gave it.
-          const c10::Device device(args.contains("device") ? args["device"] : std::string("cpu"));
+          const c10::Device device(request.device);
           if (!device.is_cpu() && !(device.is_cuda() && device.has_index())) {
-            throw std::invalid_argument("--device: expected cpu or cuda:N, got " + args["device"]);
+            throw Error(request_path + ": request.device: expected cpu or cuda:N, got " + request.device);
           }
           if (is_rank) {
             options.on_phase("joining the process group");
             const auto waits = timeout + kAfterTheSupervisor;
-            group = device.is_cuda() ? join_nccl_group(args["store"], rank, world, device, waits)
-                                     : join_gloo_group(args["store"], rank, world, waits);
+            group = device.is_cuda() ? join_nccl_group(request.store, rank, world, device, waits)
+                                     : join_gloo_group(request.store, rank, world, waits);
             options.rank_group = &*group;
           }
           result = cap > 0 ? run_probe_capped(fixture, batch_size, device, cap, options)
@@ -265,14 +251,14 @@ int rank_main(int argc, char** argv) {
         result.error = message.starts_with(where) ? message : where + message;
       }
       if (!is_rank) result.param_counts = counts;
-      if (args.contains("snapshot")) {
-        const auto snapshot = of_probe(args["snapshot"], i);
+      if (!request.snapshot.empty()) {
+        const auto snapshot = of_probe(request.snapshot, i);
         if (!result.snapshot.empty()) write_file_atomically(snapshot, result.snapshot);
         for (std::size_t r = 0; r < result.rank_snapshots.size(); ++r) {
           write_file_atomically(fmt::format("{}.rank{}", snapshot, r), result.rank_snapshots[r]);
         }
       }
-      write_file_atomically(of_probe(args["output"], i), rank_result_text(rank, result));
+      write_file_atomically(of_probe(request.output, i), rank_result_text(rank, result));
     }
     return 0;
   } catch (const c10::Error& e) {

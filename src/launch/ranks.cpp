@@ -12,6 +12,7 @@
 #include "memgate/backend/device.h"
 #include "memgate/distributed/process_group.h"
 #include "memgate/estimate/estimate_context.h"
+#include "memgate/launch/request.h"
 #include "memgate/models/python.h"
 #include "memgate/models/zoo.h"
 
@@ -196,12 +197,8 @@ std::string shadowing_note(const std::vector<std::string>& command) {
 }
 
 // What starts one of a probe's processes: for a Python fixture its Python, running memgate's package (`-m memgate`,
-// which calls rank_main); else the rank executable. Each process reads the fixture from its file.
+// which calls rank_main); else the rank executable. Each process reads its request (command_for), not the fixture.
 std::vector<std::string> child_command(const Workload& workload) {
-  if (workload.source.empty() || !std::filesystem::is_regular_file(workload.source)) {
-    throw Error(fmt::format("{}: a probe in processes of its own (a distributed or a Python fixture's) starts each from "
-                            "the fixture's file, and '{}' is not one", workload.name, workload.source));
-  }
   if (const auto* py = std::get_if<PythonOptions>(&workload.model.options)) {
     try {
       return {python_executable(*py), "-m", "memgate"};
@@ -258,28 +255,48 @@ bool runs_in_python(const Workload& workload) {
 
 namespace {
 
-// What every probe process is told (rank_main's arguments, after the command that starts it), but a rank's store.
-// The CPU counting allocator's limit of this process (profile --cpu-memory-limit-mib) goes to each: a probe in a
-// process of its own (a Python fixture's, a rank) runs out of memory at it as one in this process does.
-std::vector<std::string> probe_arguments(const Workload& workload, std::int64_t batch_size, int rank,
-                                         std::int64_t world, const std::filesystem::path& output,
-                                         const ProbeOptions& options, std::int64_t cap_bytes,
-                                         const std::string& device) {
-  std::vector<std::string> cpu_limit;
+// What every probe process is asked (launch/request.h), but a rank's store and snapshot. The CPU counting allocator's
+// limit of this process (profile --cpu-memory-limit-mib) goes to each: a probe in a process of its own (a Python
+// fixture's, a rank) runs out of memory at it as one in this process does.
+ProbeRequest probe_request(const Workload& workload, std::span<const std::int64_t> batch_sizes, int rank,
+                           std::int64_t world, const std::filesystem::path& output, const ProbeOptions& options,
+                           std::int64_t cap_bytes, const std::string& device) {
+  ProbeRequest request;
+  request.workload = workload;
+  request.batch_sizes.assign(batch_sizes.begin(), batch_sizes.end());
+  request.device = device;
+  request.cap_bytes = cap_bytes;
   if (const auto* cpu = CountingCpuAllocator::instance(); cpu != nullptr && cpu->limit() > 0) {
-    cpu_limit = {"--cpu-limit-bytes", std::to_string(cpu->limit())};
+    request.cpu_limit_bytes = cpu->limit();
   }
-  std::vector<std::string> arguments{
-          "--memgate-rank", "--fixture", workload.source, "--batch-size", std::to_string(batch_size),
-          "--rank", std::to_string(rank), "--world-size", std::to_string(world), "--output", output.string(),
-          "--cpu-kernels", std::string(name_of(kCpuKernelsNames, workload.training.cpu_kernels)),
-          "--warmup-steps", std::to_string(options.warmup_steps), "--cpu-threads", std::to_string(options.cpu_threads),
-          "--seed", std::to_string(options.seed), "--cap-bytes", std::to_string(cap_bytes), "--device", device,
-          "--timeout-s", std::to_string(options.rank_timeout.count()),
-          "--heartbeat", fmt::format("{}/rank{}.beat", output.parent_path().string(), rank),
-          "--memgate-version", MEMGATE_VERSION};
-  arguments.insert(arguments.end(), cpu_limit.begin(), cpu_limit.end());
-  return arguments;
+  request.warmup_steps = options.warmup_steps;
+  request.cpu_threads = options.cpu_threads;
+  request.seed = options.seed;
+  request.timeout = options.rank_timeout;
+  request.keep_going = options.keep_going;
+  request.rank = rank;
+  request.world_size = world;
+  request.output = output.string();
+  request.heartbeat = fmt::format("{}/rank{}.beat", output.parent_path().string(), rank);
+  return request;
+}
+
+// What an estimate for `target` is for, in a process of its own: this thread's context (the GPU `estimate --gpu`
+// sets), for `target` and the workload's CPU kernels.
+EstimateContext estimate_for(const Workload& workload, EstimateTarget target) {
+  auto context = estimate_context();
+  context.target = target;
+  context.cpu_kernels = workload.training.cpu_kernels;
+  return context;
+}
+
+// The command that starts a probe's process on `request`, written beside its result: the child reads it whole.
+std::vector<std::string> command_for(std::vector<std::string> command, const ProbeRequest& request) {
+  const auto path = std::filesystem::path(request.output).parent_path() / fmt::format("rank{}.request.json",
+                                                                                      request.rank);
+  write_probe_request(path.string(), request);
+  command.insert(command.end(), {"--memgate-rank", "--request", path.string()});
+  return command;
 }
 
 // The result file's memgate version must be this one's: a rank program of another memgate may write other figures.
@@ -384,22 +401,13 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   RunDir run;
   const auto& dir = run.path();
   const auto& spec = workload.training.distributed;
-  auto arguments = probe_arguments(workload, batch_sizes.front(), 0, spec.enabled() ? spec.world_size : 1,
-                                   dir / "rank0.json", options, cap_bytes, device.str());
   // Every batch size in the one process, in order: its imports (torch, the user's libraries) are paid once.
-  const auto at = std::find(arguments.begin(), arguments.end(), "--batch-size");
-  *(at + 1) = fmt::format("{}", fmt::join(batch_sizes, ","));
-  command.insert(command.end(), arguments.begin(), arguments.end());
-  if (estimate) command.insert(command.end(), {"--estimate-for", *estimate == EstimateTarget::kCpu ? "cpu" : "cuda"});
-  // The GPU an estimate for CUDA speaks for (this thread's estimate context: `estimate --gpu` sets it per GPU).
-  if (const auto& gpu = estimate_context().gpu; estimate == EstimateTarget::kCuda && !(gpu == CudaReduceDevice{})) {
-    command.insert(command.end(), {"--estimate-gpu-sms",
-                                   fmt::format("{}x{}", gpu.multiprocessors, gpu.max_threads_per_multiprocessor)});
-  }
-  // A profile's: an error at one batch size is written as that batch size's result, and the process goes on.
-  if (options.keep_going) command.insert(command.end(), {"--keep-going", "1"});
+  auto request = probe_request(workload, batch_sizes, 0, spec.enabled() ? spec.world_size : 1, dir / "rank0.json",
+                               options, cap_bytes, device.str());
+  if (estimate) request.estimate = estimate_for(workload, *estimate);
   const auto snapshot = dir / "probe.pickle";
-  if (options.snapshot) command.insert(command.end(), {"--snapshot", snapshot.string()});
+  if (options.snapshot) request.snapshot = snapshot.string();
+  command = command_for(std::move(command), request);
   // What the process writes for its i-th batch size (rank_main: a file per batch size when it probes several).
   const auto of_probe = [&](const std::filesystem::path& path, std::size_t i) {
     return std::filesystem::path(probe_file(path.string(), i, batch_sizes.size()));
@@ -489,13 +497,13 @@ std::string run_python_search(const Workload& workload, const std::string& reque
   const auto env = child_environment();
   RunDir run;
   const auto& dir = run.path();
-  const auto request_file = (dir / "search.json").string();
-  write_file_atomically(request_file, request);
   const auto& spec = workload.training.distributed;
-  auto arguments = probe_arguments(workload, 1, 0, spec.enabled() ? spec.world_size : 1, dir / "rank0.json", options,
-                                   0, "meta");
-  command.insert(command.end(), arguments.begin(), arguments.end());
-  command.insert(command.end(), {"--estimate-for", "cuda", "--search", request_file});
+  const std::int64_t one[] = {1};
+  auto probe = probe_request(workload, one, 0, spec.enabled() ? spec.world_size : 1, dir / "rank0.json", options, 0,
+                             "meta");
+  probe.estimate = estimate_for(workload, EstimateTarget::kCuda);
+  probe.search = request;
+  command = command_for(std::move(command), probe);
   Children children(run, options.rank_timeout);
   children.start({.name = "its Python search", .argv = command, .env = env, .log = (dir / "rank0.log").string(),
                   .heartbeat = (dir / "rank0.beat").string(),
@@ -671,14 +679,12 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
   const auto start = std::chrono::steady_clock::now();
   Children children(run, options.rank_timeout);
   for (int r = 0; r < world; ++r) {
-    auto argv = command;
-    const auto arguments = probe_arguments(workload, batch_size, r, world, dir / fmt::format("rank{}.json", r), options,
-                                           options.rank_cap_bytes, rank_devices[static_cast<std::size_t>(r)]);
-    argv.insert(argv.end(), arguments.begin(), arguments.end());
-    argv.insert(argv.end(), {"--store", (dir / "store").string()});
-    if (options.snapshot) {
-      argv.insert(argv.end(), {"--snapshot", (dir / fmt::format("rank{}.pickle", r)).string()});
-    }
+    const std::int64_t one[] = {batch_size};
+    auto request = probe_request(workload, one, r, world, dir / fmt::format("rank{}.json", r), options,
+                                 options.rank_cap_bytes, rank_devices[static_cast<std::size_t>(r)]);
+    request.store = (dir / "store").string();
+    if (options.snapshot) request.snapshot = (dir / fmt::format("rank{}.pickle", r)).string();
+    auto argv = command_for(command, request);
     try {
       children.start({.name = fmt::format("rank {} of {}", r, world), .argv = std::move(argv), .env = env,
                       .log = (dir / fmt::format("rank{}.log", r)).string(),

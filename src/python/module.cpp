@@ -8,11 +8,13 @@
 #include "memgate/backend/cpu_allocator.h"
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/backend/module_attribution.h"
+#include "memgate/base/files.h"
 #include "memgate/base/heartbeat.h"
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/gate/rank.h"
 #include "memgate/measure/probe.h"
 
+#include <nlohmann/json.hpp>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
@@ -25,6 +27,22 @@
 namespace py = pybind11;
 
 namespace {
+
+// Whether the probe `argv` asks for (`--memgate-rank --request FILE`: launch/request.h) is an estimate on the Meta
+// device: memgate._meta then sets this Python up for it before rank_main runs it. A request that cannot be read is
+// rank_main's to name.
+bool requests_an_estimate(const std::vector<std::string>& argv) {
+  for (std::size_t i = 2; i + 1 < argv.size(); i += 2) {
+    if (argv[i] != "--request") continue;
+    try {
+      const auto j = nlohmann::json::parse(memgate::read_text_file(argv[i + 1], "a probe's request"));
+      return j.is_object() && j.contains("estimate") && !j.at("estimate").is_null();
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  return false;
+}
 
 // Every allocation and free of the CPU's counting allocator and of the Meta device's while it records, in their order
 // (tools/conformance.py compares an op's bytes on the CPU with its estimate's). One recorder at a time: it takes both
@@ -171,10 +189,19 @@ PYBIND11_MODULE(_core, m) {
         std::vector<char*> pointers;
         for (auto& a : args) pointers.push_back(a.data());
         pointers.push_back(nullptr);
+        // An estimate: torch's Python Meta kernels that memgate._meta keeps (its registrations last while `kept`
+        // does) and autocast on the Meta device.
+        py::object kept;
+        if (requests_an_estimate(args)) {
+          const auto meta = py::module_::import("memgate._meta");
+          kept = meta.attr("prefer_libtorch_meta_kernels")();
+          meta.attr("autocast_on_meta")();
+        }
         // The probe runs without the GIL; the model's Python code takes it for each call (autograd's threads too).
         py::gil_scoped_release release;
         return memgate::rank_main(static_cast<int>(args.size()), pointers.data());
       },
       py::arg("argv"),
-      "Runs `<program> --memgate-rank --fixture F --batch-size B ...` in this process; returns its exit code.");
+      "Runs `<program> --memgate-rank --request FILE` (launch/request.h) in this process; returns its exit code. For "
+      "an estimate it sets memgate._meta up first.");
 }

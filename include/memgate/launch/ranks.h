@@ -17,7 +17,7 @@
 namespace memgate {
 
 /// A distributed workload's probe: starts one process per rank (MEMGATE_RANK_EXECUTABLE, else this program, run as
-/// `<program> --memgate-rank --fixture <workload.source> ...`, which must call rank_main(): the memgate CLI and the
+/// `<program> --memgate-rank --request FILE` (launch/request.h), which must call rank_main(): the memgate CLI and the
 /// memory suites do), which meet through a c10d::FileStore in a folder of the probe's own and each measure their own
 /// components with the probe's protocol; gathers them into `ranks`, and the largest of each into `components`. A
 /// rank that fails stops the others and is an error naming it, with what it printed. run_probe() calls it.
@@ -29,11 +29,11 @@ namespace memgate {
 [[nodiscard]] bool runs_in_python(const Workload& workload);
 
 /// A Python fixture's whole probe in a Python process of its own: the fixture's `python:`, else MEMGATE_PYTHON, else
-/// python3, running `-m memgate --memgate-rank ...` with memgate's package first on PYTHONPATH (MEMGATE_PYTHONPATH,
-/// else this build's). It measures on `device` (its allocator capped at `cap_bytes` when > 0) or, with `estimate`,
-/// estimates for that target on the Meta device; a distributed fixture's ranks are estimated in it, or started from
-/// it. The result carries the model's parameter counts. A process that fails is an error naming the fixture, the
-/// Python and the cause it printed (the Python error's last line for the user's code).
+/// python3, running `-m memgate --memgate-rank --request FILE` with memgate's package first on PYTHONPATH
+/// (MEMGATE_PYTHONPATH, else this build's). It measures on `device` (its allocator capped at `cap_bytes` when > 0)
+/// or, with `estimate`, estimates for that target on the Meta device; a distributed fixture's ranks are estimated in
+/// it, or started from it. The result carries the model's parameter counts. A process that fails is an error naming
+/// the fixture, the Python and the cause it printed (the Python error's last line for the user's code).
 [[nodiscard]] ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                                            const ProbeOptions& options, std::optional<EstimateTarget> estimate,
                                            std::int64_t cap_bytes = 0);
@@ -48,7 +48,7 @@ namespace memgate {
                                                          std::int64_t cap_bytes = 0);
 
 /// A Python fixture's whole search of the largest batches by estimate for CUDA, in one Python process
-/// (rank_main's --search: set_rank_search), `request` its input and the answer's text returned: every estimate of
+/// (its request's `search`: set_rank_search), `request` its input and the answer's text returned: every estimate of
 /// the search from one built module (reuse_python_builds). A process that fails is an error naming the fixture.
 [[nodiscard]] std::string run_python_search(const Workload& workload, const std::string& request,
                                             const ProbeOptions& options = {});
