@@ -63,7 +63,7 @@ function(memgate_add_library layer)
 endfunction()
 
 # memgate_add_test(<name> SOURCES <files...> LINK <targets...> LABEL <label> [GPU] [PER_SUITE] [PROCESSORS <n>]
-#                  [DEV ALL | DEV <suites...>])
+#                  [DEV ALL | DEV <suites...>] [GROUPS <Suite,Suite,...[@shards]>...])
 # A unit-test executable linked to the layer it tests and GoogleTest, its tests registered with CTest under one
 # label (cpu, or gpu for the CUDA tests: gtest_discover_tests keeps one label per property value). It reuses the
 # precompiled LibTorch headers only when it links LibTorch. GPU: each test claims one GPU (CTest resource groups).
@@ -72,8 +72,9 @@ endfunction()
 # 4 tests or more), for programs that load LibTorch (0.4 s per process before any work: paid once per suite or shard,
 # not once per test); a failing test is named in its suite's output (cmake/MemgateTestSuites.cmake).
 # DEV: the tests (ALL) or the GoogleTest suites (with PER_SUITE) that are labelled dev as well: `ctest --preset dev`.
+# GROUPS (with PER_SUITE): suites that run as one CTest test, in one process (cmake/MemgateTestSuites.cmake).
 function(memgate_add_test name)
-  cmake_parse_arguments(ARG "GPU;PER_SUITE" "LABEL;PROCESSORS" "SOURCES;LINK;DEV" ${ARGN})
+  cmake_parse_arguments(ARG "GPU;PER_SUITE" "LABEL;PROCESSORS" "SOURCES;LINK;DEV;GROUPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/tests/common/test_main.cpp)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
   target_compile_definitions(${name} PRIVATE MEMGATE_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
@@ -93,11 +94,12 @@ function(memgate_add_test name)
     set(properties ${gpu_resources} ${processors})
     list(JOIN properties "|" properties)
     list(JOIN ARG_DEV "|" dev)
+    list(JOIN ARG_GROUPS "|" groups)
     set(suites "${CMAKE_CURRENT_BINARY_DIR}/${name}_suites.cmake")
     # Listed again whenever the program or the script changes.
     add_custom_command(OUTPUT "${suites}"
       COMMAND "${CMAKE_COMMAND}" "-DPROGRAM=$<TARGET_FILE:${name}>" "-DOUTPUT=${suites}" "-DLABELS=${ARG_LABEL}"
-              "-DDEV=${dev}"
+              "-DDEV=${dev}" "-DGROUPS=${groups}"
               "-DENVIRONMENT=MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}" "-DPROPERTIES=${properties}"
               -P "${PROJECT_SOURCE_DIR}/cmake/MemgateTestSuites.cmake"
       DEPENDS ${name} "${PROJECT_SOURCE_DIR}/cmake/MemgateTestSuites.cmake"
