@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -180,6 +181,31 @@ std::string read_bounded(const std::string& path) {
   return read_text_file(path, "a YAML file");  // its error: not there, a folder, not readable
 }
 
+// A YAML scalar's whole text as a number, read by `parse` (std::stoll, std::stod); nothing where the node is not a
+// scalar, its text is no such number, or more follows the number.
+template <typename Parse>
+auto whole_number(const YAML::Node& n, Parse parse) -> std::optional<decltype(parse(std::string(), nullptr))> {
+  if (!n.IsScalar()) return std::nullopt;
+  try {
+    std::size_t used = 0;
+    const auto v = parse(n.Scalar(), &used);
+    if (used == n.Scalar().size()) return v;
+  } catch (const std::exception&) {
+    // not a number, or out of the type's range: nothing
+  }
+  return std::nullopt;
+}
+
+std::optional<std::int64_t> whole_integer(const YAML::Node& n) {
+  return whole_number(n, [](const std::string& text, std::size_t* used) -> std::int64_t {
+    return std::stoll(text, used);
+  });
+}
+
+std::optional<double> whole_double(const YAML::Node& n) {
+  return whole_number(n, [](const std::string& text, std::size_t* used) { return std::stod(text, used); });
+}
+
 }  // namespace
 
 YAML::Node load_yaml_file(const std::string& path) {
@@ -288,15 +314,9 @@ std::int64_t MapReader::get_int(const std::string& key, std::optional<std::int64
     v = *fallback;
   } else {
     auto n = value(key);
-    if (!n.IsScalar()) fail(key, range.str(), describe(n));
-    try {
-      std::size_t used = 0;
-      v = std::stoll(n.Scalar(), &used);
-      if (used != n.Scalar().size()) throw std::invalid_argument("trailing");
-    } catch (const std::exception&) {
-      fail(key, range.str(), describe(n));
-    }
-    if (v < min || v > max) fail(key, range.str(), describe(n));
+    const auto parsed = whole_integer(n);
+    if (!parsed || *parsed < min || *parsed > max) fail(key, range.str(), describe(n));
+    v = *parsed;
   }
   record(key, v);
   return v;
@@ -311,15 +331,9 @@ double MapReader::get_double(const std::string& key, std::optional<double> fallb
     v = *fallback;
   } else {
     auto n = value(key);
-    if (!n.IsScalar()) fail(key, range.str(), describe(n));
-    try {
-      std::size_t used = 0;
-      v = std::stod(n.Scalar(), &used);
-      if (used != n.Scalar().size()) throw std::invalid_argument("trailing");
-    } catch (const std::exception&) {
-      fail(key, range.str(), describe(n));
-    }
-    if (!std::isfinite(v) || v < min || v > max) fail(key, range.str(), describe(n));
+    const auto parsed = whole_double(n);
+    if (!parsed || !std::isfinite(*parsed) || *parsed < min || *parsed > max) fail(key, range.str(), describe(n));
+    v = *parsed;
   }
   record(key, v);
   return v;
@@ -382,17 +396,9 @@ std::vector<std::int64_t> MapReader::get_int_list(const std::string& key,
     auto n = value(key);
     if (!n.IsSequence() || n.size() == 0) fail(key, "a non-empty " + what.str().substr(2), describe(n));
     for (const auto& item : n) {
-      std::int64_t v = 0;
-      try {
-        std::size_t used = 0;
-        if (!item.IsScalar()) throw std::invalid_argument("not scalar");
-        v = std::stoll(item.Scalar(), &used);
-        if (used != item.Scalar().size()) throw std::invalid_argument("trailing");
-      } catch (const std::exception&) {
-        fail(key, what.str(), describe(item));
-      }
-      if (v < min || v > max) fail(key, what.str(), describe(item));
-      out.push_back(v);
+      const auto v = whole_integer(item);
+      if (!v || *v < min || *v > max) fail(key, what.str(), describe(item));
+      out.push_back(*v);
     }
   }
   record(key, out);
