@@ -61,14 +61,14 @@ def main(argv=None) -> int:
     names = [n for n in a.blocks.split(",") if n]
     with contextlib.redirect_stdout(sys.stderr):
         fx = step_reference.Fixture(a.config)
-    build = fx.build
+    build = fx.build_fn
 
     def build_checkpointed(**kwargs):
         model = build(**kwargs)
         checkpoint_blocks(model, names, bool(a.use_reentrant), bool(a.preserve_rng_state))
         return model
 
-    fx.build = build_checkpointed
+    fx.build_fn = build_checkpointed
     probes = []
     for bs in (int(s) for s in a.batch_sizes.split(",")):
         with contextlib.redirect_stdout(sys.stderr):
