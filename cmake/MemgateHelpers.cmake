@@ -71,7 +71,7 @@ endfunction()
 # PER_SUITE: one CTest test per GoogleTest suite instead of one per test (a parameterized suite in up to 4 shards of
 # 4 tests or more), for programs that load LibTorch (0.4 s per process before any work: paid once per suite or shard,
 # not once per test); a failing test is named in its suite's output (cmake/MemgateTestSuites.cmake).
-# DEV: the tests (ALL) or the GoogleTest suites (with PER_SUITE) that are labelled dev as well: `ctest --preset dev`.
+# DEV: the tests (ALL) or the GoogleTest suites that are labelled dev as well: `ctest --preset dev`.
 # GROUPS (with PER_SUITE): suites that run as one CTest test, in one process (cmake/MemgateTestSuites.cmake).
 function(memgate_add_test name)
   cmake_parse_arguments(ARG "GPU;PER_SUITE" "LABEL;PROCESSORS" "SOURCES;LINK;DEV;GROUPS" ${ARGN})
@@ -119,12 +119,15 @@ function(memgate_add_test name)
     DISCOVERY_MODE PRE_TEST
     PROPERTIES LABELS "${ARG_LABEL}" ENVIRONMENT "MEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}" ${gpu_resources}
                ${processors})
-  if(ARG_DEV STREQUAL "ALL")
+  if(ARG_DEV)
     # The tests are known only as CTest runs (PRE_TEST), in ${name}_TESTS: labelled dev after they are added (a list
-    # of labels does not survive gtest_discover_tests's PROPERTIES).
+    # of labels does not survive gtest_discover_tests's PROPERTIES), all of them or those of the suites DEV names.
+    list(JOIN ARG_DEV "|" suites)
     set(dev "${CMAKE_CURRENT_BINARY_DIR}/${name}_dev.cmake")
-    file(WRITE "${dev}" "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS "
-                        "[==[${ARG_LABEL};dev]==])\nendif()\n")
+    file(WRITE "${dev}" "foreach(test IN LISTS ${name}_TESTS)\n"
+                        "  if([==[${suites}]==] STREQUAL \"ALL\" OR test MATCHES [==[^(${suites})\\.]==])\n"
+                        "    set_tests_properties(\${test} PROPERTIES LABELS [==[${ARG_LABEL};dev]==])\n"
+                        "  endif()\nendforeach()\n")
     set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${dev}")
   endif()
 endfunction()
