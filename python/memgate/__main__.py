@@ -1,4 +1,4 @@
-"""`python -m memgate --memgate-rank --fixture F --batch-size B ...`: one probe (or one rank) of a fixture in this
+"""`python -m memgate --memgate-rank --request FILE [--parent-pid PID]`: one probe (or one rank) of a fixture in this
 Python process, as memgate starts it for a Python fixture; exit 0 when it measured, 2 for bad arguments, 3 otherwise.
 The probe itself is memgate._probe's (which a probe forked from the fork server runs too)."""
 import sys

@@ -60,10 +60,11 @@ def freeze_what_is_alive() -> None:
 
 
 def main() -> int:
-    """The probe that sys.argv asks for (`--memgate-rank --fixture F --batch-size B ...`): exit 0 when it measured, 2
-    for bad arguments, 3 otherwise."""
+    """The probe that sys.argv asks for (`--memgate-rank --request FILE [--parent-pid PID]`: the request that memgate
+    wrote, launch/request.h): exit 0 when it measured, 2 for bad arguments, 3 otherwise. An estimate's request has
+    memgate._core.rank_main set memgate._meta up first."""
     if len(sys.argv) < 2 or sys.argv[1] != "--memgate-rank":
-        print("usage: python -m memgate --memgate-rank --fixture F --batch-size B ... (memgate starts it; "
+        print("usage: python -m memgate --memgate-rank --request FILE [--parent-pid PID] (memgate starts it; "
               "run the gate with the memgate command)", file=sys.stderr)
         return 2
     try:
@@ -80,9 +81,4 @@ def main() -> int:
     freeze_what_is_alive()
     _note_imports_as_progress(_core.note_progress)
     _count_cpu_storage_copies()
-    if "--estimate-for" in sys.argv:
-        from memgate._meta import autocast_on_meta, prefer_libtorch_meta_kernels
-
-        kept = prefer_libtorch_meta_kernels()  # noqa: F841 (its registrations last while it does)
-        autocast_on_meta()
     return _core.rank_main(sys.argv)
