@@ -87,6 +87,14 @@ std::vector<BadInput> catalogue() {
   fixture("empty_file", "", {"f.yaml", "model: expected a map (the key is required)"});
   fixture("top_level_list", "- 1\n- 2\n", {"f.yaml", "expected a map"});
   fixture("unknown_arch", fixture_with("arch: vit", "arch: vgg"), {"model.arch: expected one of vit", "'vgg'"});
+  // A checkpointed block the model lacks: the fixture, the key, the name and the blocks there are (when the step is
+  // built: the model knows its blocks).
+  fixture("checkpoint_unknown_block",
+          fixture_with("  optimizer: adamw\n", "  optimizer: adamw\n  gradient_checkpointing: {blocks: [blocks.9]}\n"),
+          {"f.yaml: training.gradient_checkpointing.blocks: 'blocks.9' is no block", "expected one of blocks.0"});
+  fixture("checkpoint_empty_block_list",
+          fixture_with("  optimizer: adamw\n", "  optimizer: adamw\n  gradient_checkpointing: {blocks: []}\n"),
+          {"f.yaml:", "training.gradient_checkpointing.blocks", "at least one block name"});
   fixture("missing_arch", fixture_with("  arch: vit\n", ""), {"model.arch", "required"});
   fixture("batch_size_zero", fixture_with("batch_sizes: [1, 2, 4, 8]", "batch_sizes: [0]"), {"batch_sizes", ">= 1"});
   fixture("batch_size_negative", fixture_with("batch_sizes: [1, 2, 4, 8]", "batch_sizes: [-4]"), {"batch_sizes"});
@@ -196,6 +204,14 @@ std::vector<BadInput> catalogue() {
   flags("config_and_suite", "check --config {dir}/tiny.yaml --suite {dir}/tiny.yaml", {"--suite", "--config"});
   c.push_back({"flag_missing_gpu", {{"tiny.yaml", kFixture}}, "advise --config {dir}/tiny.yaml --capacity-mib 100 --device cuda:7", 3,
                {"cuda"}});
+  // memgate plan: a GPU or a capacity, a known GPU, a batch of 1 or more; a batch no plan fits says the least needed.
+  flags("plan_without_gpu", "plan --config {dir}/tiny.yaml", {"--gpu or --capacity-mib"});
+  flags("plan_batch_zero", "plan --config {dir}/tiny.yaml --capacity-mib 64 --batch 0", {"--batch"});
+  c.push_back({"plan_unknown_gpu", {{"tiny.yaml", kFixture}, {"gpus/g.yaml", kGpu}},
+               "plan --config {dir}/tiny.yaml --gpus {dir}/gpus --gpu h100", 2,
+               {"--gpu h100", "expected one of the known ids: g"}});
+  c.push_back({"plan_nothing_fits", {{"tiny.yaml", kFixture}}, "plan --config {dir}/tiny.yaml --capacity-mib 1 --batch 8",
+               3, {"tiny.yaml: no plan fits batch 8 on capacity (1.0 MiB usable)", "the least any plan needs is"}});
   // --- bench JSON and results files -------------------------------------------------------------------------
   auto bench = [&](std::string name, std::string json, std::vector<std::string> says) {
     c.push_back({"bench_" + name, {{"a.json", kBench}, {"b.json", std::move(json)}}, "bench-compare {dir}/a.json {dir}/b.json",
