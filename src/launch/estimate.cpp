@@ -49,8 +49,9 @@ class CpuBesideMeta final : public CountingCpuAllocator::Observer {
 
 ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
                            const ProbeOptions& options) {
-  if (runs_in_python(workload)) {
-    return run_python_probe(workload, batch_size, c10::Device(c10::DeviceType::Meta), options, target);
+  const c10::Device meta_device(c10::DeviceType::Meta);
+  if (place_of(workload, meta_device, options) == Place::kPython) {
+    return run_python_probe(workload, batch_size, meta_device, options, target);
   }
   // The CUDA caching allocator hands out blocks in multiples of 512 bytes, and counts those.
   auto& meta = CountingMetaAllocator::install();
@@ -103,7 +104,7 @@ Profile estimate_profile(const Workload& workload, const std::vector<std::int64_
   }
   profile.device.torch_version = TORCH_VERSION;
   profile.fixture = workload.name;
-  const bool python = runs_in_python(workload);
+  const bool python = place_of(workload, c10::Device(c10::DeviceType::Meta), options) == Place::kPython;
   if (!python) profile.params = workload_param_counts(workload);
   // A Python fixture's estimates in one Python process (its imports paid once).
   return collect_profile(

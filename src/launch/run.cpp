@@ -18,24 +18,26 @@
 
 namespace memgate {
 
-namespace {
-
-// Whether a probe runs whole in a Python process of its own: a Python fixture's, from its launcher (a distributed
-// one's ranks each run in one, started by run_distributed_probe; on the Meta device the process estimates them).
-bool whole_probe_in_python(const Workload& workload, c10::Device device, const ProbeOptions& options) {
-  return options.rank_group == nullptr && runs_in_python(workload) &&
-         (device.is_meta() || !workload.training.distributed.enabled());
+Place place_of(const Workload& workload, c10::Device device, const ProbeOptions& options) {
+  if (options.rank_group != nullptr) return Place::kHere;
+  const bool distributed = workload.training.distributed.enabled();
+  // A Python fixture's whole probe in a Python process of its own (a distributed one's ranks each run in one, started
+  // by run_distributed_probe; on the Meta device the process estimates them).
+  if (runs_in_python(workload) && (device.is_meta() || !distributed)) return Place::kPython;
+  if (distributed) return device.is_meta() ? Place::kMetaRanks : Place::kRanks;
+  return Place::kHere;
 }
-
-}  // namespace
 
 ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                       const ProbeOptions& options) {
-  if (whole_probe_in_python(workload, device, options)) {
-    return run_python_probe(workload, batch_size, device, options, std::nullopt);
-  }
-  if (options.rank_group == nullptr && workload.training.distributed.enabled()) {
-    return run_distributed_probe(workload, batch_size, device, options);
+  switch (place_of(workload, device, options)) {
+    case Place::kPython:
+      return run_python_probe(workload, batch_size, device, options, std::nullopt);
+    case Place::kRanks:
+    case Place::kMetaRanks:
+      return run_distributed_probe(workload, batch_size, device, options);
+    case Place::kHere:
+      break;
   }
   return measure_probe(workload, batch_size, device, options);
 }
@@ -43,15 +45,14 @@ ProbeResult run_probe(const Workload& workload, std::int64_t batch_size, c10::De
 ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, c10::Device device,
                              std::int64_t cap_bytes, const ProbeOptions& options) {
   if (cap_bytes <= 0) throw Error(workload.source + ": an allocator cap must be a positive number of bytes");
-  if (!device.is_meta() && workload.training.distributed.enabled() && options.rank_group == nullptr) {
+  const auto place = place_of(workload, device, options);
+  if (place == Place::kRanks) {
     // Each rank is a process of its own: the cap goes to each of them.
     auto capped = options;
     capped.rank_cap_bytes = cap_bytes;
     return run_distributed_probe(workload, batch_size, device, capped);
   }
-  if (runs_in_python(workload) && options.rank_group == nullptr) {
-    return run_python_probe(workload, batch_size, device, options, std::nullopt, cap_bytes);
-  }
+  if (place == Place::kPython) return run_python_probe(workload, batch_size, device, options, std::nullopt, cap_bytes);
   if (device.is_cpu()) {
     auto& counter = CountingCpuAllocator::install();
     struct Restore {
@@ -72,7 +73,7 @@ ProbeResult run_probe_capped(const Workload& workload, std::int64_t batch_size, 
 
 std::vector<ProbeResult> run_probes(const Workload& workload, std::span<const std::int64_t> batch_sizes,
                                     c10::Device device, const ProbeOptions& options) {
-  if (whole_probe_in_python(workload, device, options)) {
+  if (place_of(workload, device, options) == Place::kPython) {
     return run_python_probes(workload, batch_sizes, device, options, std::nullopt);
   }
   std::vector<ProbeResult> results;
@@ -121,7 +122,7 @@ Profile run_profile(const Workload& workload, const std::vector<std::int64_t>& b
   // A Python fixture's model is built in its probes' Python process, which counts its parameters.
   if (!runs_in_python(workload)) profile.params = workload_param_counts(workload);
   return collect_profile(
-      batch_sizes, whole_probe_in_python(workload, device, options),
+      batch_sizes, place_of(workload, device, options) == Place::kPython,
       [&](std::span<const std::int64_t> sizes) { return run_probes(workload, sizes, device, options); }, on_probe,
       std::move(profile), options.keep_going);
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "memgate/estimate/meta_kernels.h"
+#include "memgate/launch/result.h"
 #include "memgate/measure/probe.h"
 
 #include <c10/core/Device.h>
@@ -57,14 +58,6 @@ namespace memgate {
 /// own index when none before it does), which the estimate reuses. DDP's ranks are all rank 0's; FSDP's are alike when
 /// they own the same number of rows of every parameter's dim-0 chunk.
 [[nodiscard]] std::vector<int> rank_kinds(const Workload& workload, int world);
-
-/// What a probe's process leaves for its parent: its result as one JSON object (its ranks' and the model's
-/// parameter counts too where it has them).
-[[nodiscard]] std::string rank_result_text(int rank, const ProbeResult& result);
-
-/// Where a probe's process writes what it has of the `index`-th of `count` batch sizes (its result, its snapshot):
-/// `path` itself for one batch size, else `<path>.<index>`. The process and its launcher both name files by it.
-[[nodiscard]] std::string probe_file(const std::string& path, std::size_t index, std::size_t count);
 
 /// Says that this program's main() runs a rank when started with --memgate-rank (gate/rank.h's is_rank_command
 /// calls it): distributed probes then start their ranks from this program, with its registered architectures.

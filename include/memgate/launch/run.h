@@ -14,6 +14,17 @@
 
 namespace memgate {
 
+/// Where a probe runs, decided once for it (place_of), each place with one runner: in this process (measure_probe),
+/// in a Python process of its own (a Python fixture's whole probe: run_python_probes), as one process per rank (a
+/// distributed workload: run_distributed_probe), or on the Meta device in this process, its ranks in turn (a
+/// distributed workload's estimate: run_distributed_probe on the Meta device).
+enum class Place { kHere, kPython, kRanks, kMetaRanks };
+
+/// Where the probe of `workload` on `device` runs: in this process for a rank of a group (`options.rank_group`);
+/// in a Python process for a Python fixture this process cannot build, unless its ranks are measured (each rank is
+/// then a Python process); else its ranks for a distributed workload; else here.
+[[nodiscard]] Place place_of(const Workload& workload, c10::Device device, const ProbeOptions& options = {});
+
 /// Measures one workload at one batch size: in this process (measure_probe), or for a distributed workload
 /// (without `options.rank_group`) by starting its ranks (run_distributed_probe). An out-of-memory is returned as
 /// `oom`, not thrown; bad input throws memgate::Error. Everything the probe allocated is freed (and the cache
