@@ -1,6 +1,7 @@
 // Fixtures for tests: a fixture from YAML text, and a tiny ViT.
 #pragma once
 
+#include "memgate/backend/device.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/gate/suite.h"
 #include "memgate/models/model.h"
@@ -13,6 +14,17 @@ namespace memgate::testing {
 
 /// The device CPU probes run on.
 inline const c10::Device kCpu(c10::DeviceType::CPU);
+
+/// The CPU that baselines recorded by the tests name: "Test CPU", slug cpu, torch 2.11.0, portable kernels, 1 thread.
+inline DeviceInfo cpu_info() {
+  DeviceInfo d;
+  d.name = "Test CPU";
+  d.slug = "cpu";
+  d.torch_version = "2.11.0";
+  d.cpu_kernels = "portable";
+  d.cpu_threads = 1;
+  return d;
+}
 
 /// A fixture from YAML text, loaded through a temporary file named `<name>.yaml`.
 inline Fixture fixture_from(const std::string& yaml, const std::string& name = "probe_fixture") {

@@ -25,16 +25,7 @@ namespace {
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
-
-DeviceInfo cpu_info() {
-  DeviceInfo d;
-  d.name = "Test CPU";
-  d.slug = "cpu";
-  d.torch_version = "2.11.0";
-  d.cpu_kernels = "portable";
-  d.cpu_threads = 1;
-  return d;
-}
+using testing::cpu_info;
 
 ProbeResult probe(std::int64_t bs) {
   ProbeResult r;

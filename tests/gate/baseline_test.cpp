@@ -14,6 +14,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::cpu_info;
 using testing::TempDir;
 
 ProbeResult result(std::int64_t bs, std::int64_t scale) {
@@ -22,16 +23,6 @@ ProbeResult result(std::int64_t bs, std::int64_t scale) {
   std::int64_t v = scale;
   for (const auto& info : kComponentTable) r.components.*info.member = (v += 1000);
   return r;
-}
-
-DeviceInfo cpu_info() {
-  DeviceInfo d;
-  d.name = "Test CPU";
-  d.slug = "cpu";
-  d.torch_version = "2.11.0";
-  d.cpu_kernels = "portable";
-  d.cpu_threads = 1;
-  return d;
 }
 
 // What describe_device says of an x86-64 CPU, with the kernels a probe ran.
