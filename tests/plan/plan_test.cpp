@@ -120,6 +120,29 @@ TEST(StepFlopsTest, EachBlockIsItsLinearLayersAndItsAttention) {
   EXPECT_LT(f.step, 4 * f.forward);
 }
 
+// The JSON has the contract's keys (DESIGN.md, memgate plan), each plan's as the plan holds it.
+TEST(PlanTest, TheJsonHasTheContractsKeys) {
+  const auto r = plan_of("vit_tiny_full", 30, batch(64));
+  const auto j = plan_to_json(r);
+  EXPECT_EQ(j.at("model").at("name"), "vit_tiny_full");
+  EXPECT_EQ(j.at("target").at("id"), "capacity");
+  EXPECT_EQ(j.at("target").at("usable_bytes"), std::int64_t{30} << 20);
+  EXPECT_EQ(j.at("batch"), 64);
+  EXPECT_EQ(j.at("estimates"), r.estimates);
+  EXPECT_GE(j.at("seconds").get<double>(), 0.0);
+  ASSERT_EQ(j.at("plans").size(), r.plans.size());
+  for (std::size_t i = 0; i < r.plans.size(); ++i) {
+    const auto& p = j.at("plans")[i];
+    for (const auto* key : {"fits", "step_peak", "step_peak_reserved", "host_bytes", "recompute_flops_fraction",
+                            "accumulation_steps", "world_size", "changes_training", "change", "levers"}) {
+      EXPECT_TRUE(p.contains(key)) << key;
+    }
+    EXPECT_EQ(p.at("step_peak"), r.plans[i].step_peak);
+    EXPECT_EQ(p.at("change"), r.plans[i].change);
+    EXPECT_EQ(p.at("change").at("training").at("gradient_checkpointing").at("blocks"), r.plans[i].checkpointed);
+  }
+}
+
 TEST(PlanTest, ABatchNoPlanFitsNamesTheFixtureTheBatchTheGpuAndTheLeastNeeded) {
   try {
     (void)plan_of("vit_tiny_full", 1, batch(64));
