@@ -64,7 +64,36 @@ def prefer_libtorch_meta_kernels():
         if entry is not None:
             kept.impl(entry[0], entry[1])
     kept.impl("_local_scalar_dense", _read_on_meta)
+    fast_paths_on_meta()
     return kept  # registrations last as long as their library object
+
+
+class _AlsoMeta(str):
+    """The PrivateUse1 backend's name (equal to it, printed as it) that the Meta device's type equals too."""
+
+    def __eq__(self, other):
+        return other == "meta" or str.__eq__(self, other)
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
+def fast_paths_on_meta():
+    """nn.MultiheadAttention's and nn.TransformerEncoderLayer's fast path for Meta tensors as for the target's: in
+    inference (eval, no gradient needed, batch first, self-attention, an even head count, ... : torch decides, in
+    torch/nn/modules/activation.py and transformer.py) the CPU and CUDA run the fused _native_multi_head_attention and
+    _transformer_encoder_layer_fwd, which allocate other tensors than the modules' own path; torch takes that path
+    only for tensors whose device type is one of "cpu", "cuda" or the PrivateUse1 backend's name
+    (torch.utils.backend_registration._privateuse1_backend_name, read as each forward checks), so an estimate took
+    the other path. That name, wrapped to equal "meta" too, lets every other condition decide as on the target;
+    memgate's Meta kernels run the fused ops (meta_attention.cpp). Only an estimate's process calls it."""
+    from torch.utils import backend_registration
+
+    name = backend_registration._privateuse1_backend_name
+    if not isinstance(name, _AlsoMeta):
+        backend_registration._privateuse1_backend_name = _AlsoMeta(name)
 
 
 def _outputs_only(decomposition, uncounted):
@@ -126,7 +155,10 @@ def _read_on_meta(tensor):
 # Ops whose output's size depends on their input's values: torch's Python Meta kernels refuse them, or have none.
 _DATA_DEPENDENT_OPS = {"aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim",
                        "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount",
-                       "aten::repeat_interleave", "aten::_local_scalar_dense"}
+                       "aten::repeat_interleave", "aten::_local_scalar_dense",
+                       # nn.TransformerEncoder's fast path in eval with a key padding mask: whether the mask is left
+                       # aligned, and the nested tensor of the unpadded tokens
+                       "aten::_nested_tensor_from_mask_left_aligned", "aten::_nested_tensor_from_mask"}
 
 
 def data_dependent_op(message: str) -> str:

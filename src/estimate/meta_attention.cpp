@@ -1,10 +1,13 @@
 // Meta kernels for scaled-dot-product attention: the kernel the target picks (PyTorch 2.11's sdp_utils), and what
-// the CPU's flash attention and CUDA's flash and memory-efficient attention allocate, forward and backward.
+// the CPU's flash attention and CUDA's flash and memory-efficient attention allocate, forward and backward; and the
+// fused ops of nn.MultiheadAttention's and nn.TransformerEncoderLayer's fast path (their inference).
 #include "meta_kernels_internal.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_native_multi_head_attention_native.h>
+#include <ATen/ops/_transformer_encoder_layer_fwd_native.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -213,6 +216,114 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_c
   at::Tensor gb;
   if (mask[3] && bias.defined()) gb = at::empty_like(bias);
   return {gq, gk, gv, gb};
+}
+
+// --- nn.MultiheadAttention's and nn.TransformerEncoderLayer's fast path ---------------------------------------------
+// In inference (eval, no gradient needed, batch first, ... : torch/nn/modules/activation.py and transformer.py decide,
+// and memgate._meta lets them decide so for Meta tensors as for the target's), nn.TransformerEncoderLayer calls
+// _transformer_encoder_layer_fwd and nn.MultiheadAttention _native_multi_head_attention. Both are ATen's own
+// composites of other ops (transformer.cpp's transformer_encoder_layer_forward, attention.cpp's
+// native_multi_head_attention_cpu), registered here for the Meta device as they are: their parts run on Meta and
+// allocate what the CPU's do, down to the two kernels that compute from data, whose Meta kernels follow.
+
+// _transform_bias_rescale_qkv (attention.cpp's transform_bias_rescale_qkv_cpu): q, k and v as one [3, B, heads, T,
+// head dim] tensor, split; the projection and the bias read contiguous (expect_contiguous: a copy where they are not,
+// freed on return).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> transform_bias_rescale_qkv(const at::Tensor& qkv,
+                                                                          const at::Tensor& qkv_bias,
+                                                                          int64_t num_head) {
+  TORCH_CHECK(!qkv.is_nested(), "memgate's Meta kernel of _transform_bias_rescale_qkv takes no nested tensor");
+  const auto b = qkv.size(0), t = qkv.size(1), three_d = qkv.size(2);
+  const auto d = three_d / 3;
+  TORCH_CHECK(d % num_head == 0);
+  TORCH_CHECK(three_d % 3 == 0);
+  const auto dim_per_head = d / num_head;
+  auto q_k_v = at::empty({3, b, num_head, t, dim_per_head}, qkv.options());
+  {
+    const auto qkv_contiguous = qkv.expect_contiguous();
+    const auto bias_contiguous = qkv_bias.expect_contiguous();
+  }
+  auto s = q_k_v.view({3 * b, num_head, t, dim_per_head}).split(b, 0);
+  return {s[0], s[1], s[2]};
+}
+
+// _masked_softmax (SoftMax.cpp's masked_softmax_cpu): the mask made contiguous (a copy where it is not), expanded to
+// the scores' shape and made contiguous where a padding (1) or an attention (0) mask is not applied along the last
+// dimension, then the output (empty_like) and the input made contiguous, freed on return.
+at::Tensor masked_softmax(const at::Tensor& input, const at::Tensor& mask_in, std::optional<int64_t> dim,
+                          std::optional<int64_t> mask_type_in) {
+  auto mask = mask_in.contiguous();
+  auto mask_type = mask_type_in;
+  TORCH_CHECK(mask_in.scalar_type() == at::ScalarType::Bool, "Mask should be a boolean tensor");
+  if (mask.dim() != 2 || input.dim() != 4) mask_type = 2;
+  if (mask_type == 2) {
+    TORCH_CHECK(input.sizes() == mask.sizes(), "For mask_type == 2 mask shape should match input shape");
+  } else if (mask_type == 1) {
+    TORCH_CHECK(input.size(0) == mask.size(0) && input.size(2) == mask.size(1),
+                "For mask_type == 1 mask shape should be (B, L)");
+    if (dim != input.dim() - 1) {
+      mask = mask_in.view({input.size(0), 1, 1, input.size(2)}).expand(input.sizes()).contiguous();
+    }
+  } else if (mask_type == 0) {
+    TORCH_CHECK(mask.dim() == 2 && input.size(2) == mask.size(0) && input.size(2) == mask.size(1),
+                "For mask_type == 0 mask shape should be (L, L)");
+    if (dim != input.dim() - 1) mask = mask.view({1, 1, input.size(2), input.size(2)}).expand(input.sizes()).contiguous();
+  }
+  auto output = at::empty_like(input, input.options());
+  const auto contiguous = input.contiguous();
+  return output;
+}
+
+// _native_multi_head_attention. For the CPU, attention.cpp's native_multi_head_attention_cpu itself: the projection
+// (qkv_projection), _transform_bias_rescale_qkv, q k^T by bmm, the masked softmax (a mask of another type made boolean
+// first), its product with v into q's storage, and the output projection after the heads are made contiguous. For
+// CUDA (native_multi_head_attention_cuda), self-attention without weights, without a mask and with a head dim a
+// multiple of 8 that CUDA's choice sends to flash or memory-efficient attention projects with linear, attends by
+// scaled_dot_product_attention over views of the three chunks, and projects the heads reshaped back; any other call
+// runs as the CPU's does.
+std::tuple<at::Tensor, at::Tensor> native_multi_head_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed_dim, int64_t num_head,
+    const at::Tensor& qkv_weight, const at::Tensor& qkv_bias, const at::Tensor& proj_weight,
+    const at::Tensor& proj_bias, const std::optional<at::Tensor>& mask, bool need_weights, bool average_attn_weights,
+    std::optional<int64_t> mask_type) {
+  const auto dim_per_head = num_head > 0 ? embed_dim / num_head : 0;
+  const bool masked = mask.has_value() && mask->defined();
+  if (!for_cpu() && !query.is_nested() && query.dim() == 3 && query.is_same(key) && key.is_same(value) &&
+      dim_per_head % 8 == 0 && !need_weights && !masked) {
+    const auto b = query.size(0);
+    const auto q = query.view({b, -1, num_head, dim_per_head}).transpose(1, 2);
+    const auto choice = sdp_choice(q);
+    if (choice == Sdp::kFlash || choice == Sdp::kEfficient) {
+      auto x = at::linear(query, qkv_weight, qkv_bias);
+      auto chunks = x.chunk(3, -1);
+      for (auto& chunk : chunks) chunk = chunk.view({b, -1, num_head, dim_per_head}).transpose(1, 2);
+      // x, its chunks and y live until the function returns, past the output projection.
+      const auto y = meta_attention(chunks[0], chunks[1], chunks[2], std::nullopt, 0.0, false, std::nullopt, false);
+      const auto heads = y.transpose(1, 2).reshape({b, -1, embed_dim});
+      return {at::linear(heads, proj_weight, proj_bias), at::Tensor()};
+    }
+  }
+  return at::native::native_multi_head_attention_cpu(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias,
+                                                     proj_weight, proj_bias, mask, need_weights, average_attn_weights,
+                                                     mask_type);
+}
+
+// _transformer_encoder_layer_fwd: transformer.cpp's transformer_encoder_layer_forward, for either target (its
+// attention is _native_multi_head_attention's, above; layer norms and the feed-forward's addmm and _addmm_activation
+// are LibTorch's Meta kernels).
+at::Tensor transformer_encoder_layer(const at::Tensor& src, int64_t embed_dim, int64_t num_heads,
+                                     const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
+                                     const at::Tensor& proj_weight, const at::Tensor& proj_bias, bool use_gelu,
+                                     bool norm_first, double eps, const at::Tensor& norm_weight_1,
+                                     const at::Tensor& norm_bias_1, const at::Tensor& norm_weight_2,
+                                     const at::Tensor& norm_bias_2, const at::Tensor& ffn_weight_1,
+                                     const at::Tensor& ffn_bias_1, const at::Tensor& ffn_weight_2,
+                                     const at::Tensor& ffn_bias_2, const std::optional<at::Tensor>& mask,
+                                     std::optional<int64_t> mask_type) {
+  return at::native::transformer_encoder_layer_forward(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
+                                                       proj_bias, use_gelu, norm_first, eps, norm_weight_1,
+                                                       norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1,
+                                                       ffn_bias_1, ffn_weight_2, ffn_bias_2, mask, mask_type);
 }
 
 }  // namespace memgate::meta_kernels

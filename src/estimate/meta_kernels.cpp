@@ -107,6 +107,10 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("_scaled_dot_product_flash_attention_backward", TORCH_FN(flash_attention_cuda_backward));
     lib.impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient_attention_cuda));
     lib.impl("_scaled_dot_product_efficient_attention_backward", TORCH_FN(efficient_attention_cuda_backward));
+    lib.impl("_transform_bias_rescale_qkv", TORCH_FN(transform_bias_rescale_qkv));
+    lib.impl("_masked_softmax", TORCH_FN(masked_softmax));
+    lib.impl("_native_multi_head_attention", TORCH_FN(native_multi_head_attention));
+    lib.impl("_transformer_encoder_layer_fwd", TORCH_FN(transformer_encoder_layer));
     lib.impl("relu", TORCH_FN(relu));
     lib.impl("flip", TORCH_FN(flip));
     lib.impl("var.correction", TORCH_FN(var_correction));

@@ -193,6 +193,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_c
     const at::Tensor& philox_offset, double dropout_p, std::array<bool, 4> grad_input_mask, bool causal,
     std::optional<double> scale);
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> transform_bias_rescale_qkv(const at::Tensor& qkv,
+                                                                          const at::Tensor& qkv_bias,
+                                                                          int64_t num_head);
+at::Tensor masked_softmax(const at::Tensor& input, const at::Tensor& mask, std::optional<int64_t> dim,
+                          std::optional<int64_t> mask_type);
+std::tuple<at::Tensor, at::Tensor> native_multi_head_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed_dim, int64_t num_head,
+    const at::Tensor& qkv_weight, const at::Tensor& qkv_bias, const at::Tensor& proj_weight,
+    const at::Tensor& proj_bias, const std::optional<at::Tensor>& mask, bool need_weights, bool average_attn_weights,
+    std::optional<int64_t> mask_type);
+at::Tensor transformer_encoder_layer(const at::Tensor& src, int64_t embed_dim, int64_t num_heads,
+                                     const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
+                                     const at::Tensor& proj_weight, const at::Tensor& proj_bias, bool use_gelu,
+                                     bool norm_first, double eps, const at::Tensor& norm_weight_1,
+                                     const at::Tensor& norm_bias_1, const at::Tensor& norm_weight_2,
+                                     const at::Tensor& norm_bias_2, const at::Tensor& ffn_weight_1,
+                                     const at::Tensor& ffn_bias_1, const at::Tensor& ffn_weight_2,
+                                     const at::Tensor& ffn_bias_2, const std::optional<at::Tensor>& mask,
+                                     std::optional<int64_t> mask_type);
+
 // --- autograd's bookkeeping (meta_autograd.cpp) ---------------------------------------------------------------
 /// Follows the backward functions the engine runs (a RecordFunction callback), once per process.
 void track_backward_functions();
