@@ -4,13 +4,19 @@
 // is refused by an estimate with memgate's message, naming the op and the module whose forward called it; and state the
 // user's code keeps between the batch sizes of a sweep does not change their bytes.
 #include "memgate/base/components.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/launch/estimate.h"
+#include "memgate/launch/run.h"
+#include "fixture_util.h"
 #include "test_util.h"
+#include "twins.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -143,6 +149,9 @@ TEST(DataDependentOpTest, AnEstimateRefusesItNamingTheOpAndTheModuleAndSaysToMea
 // after two steps, one probe's). Before, a sweep's later batch sizes ran with both switched on (the estimate's one
 // built module kept its counter; the package's counter went on in the measurement's process): gradients 17,920 B
 // against 1,280 B at batch 2. Each batch size of a sweep now equals a process of its own, estimate and measurement.
+// Through the library, as `memgate estimate` and `memgate profile` sweep (estimate_profile, run_probes: each sweep in
+// one Python process) and probe one batch size (estimate_probe, run_probe: a Python process each), so that the eight
+// probes' processes fork from one server that imported torch (eight CLI runs each imported it: 2.5 core-s each).
 TEST(SweepStateTest, EachBatchSizeOfASweepEqualsAProcessOfItsOwn) {
   testing::TempDir dir;
   testing::write_file(dir / "lib/stepstate/__init__.py",
@@ -162,25 +171,30 @@ TEST(SweepStateTest, EachBatchSizeOfASweepEqualsAProcessOfItsOwn) {
   testing::write_file(dir / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n  loss: stepstate:loss\n"
                                       "  inputs:\n    - {shape: [B, 4], dtype: float32}\n"
                                       "training: {optimizer: adamw, trainable: all}\nbatch_sizes: [1, 2, 4]\n");
-  const auto memgate = [&](const std::string& args, const std::string& output) {
-    std::string out;
-    EXPECT_EQ(testing::run(fmt::format("env -u CI -u MEMGATE_STRICT PYTHONPATH={} {} {} --config {} --output {}",
-                                       dir / "lib", MEMGATE_CLI, args, dir / "f.yaml", output),
-                           &out),
-              0)
-        << out;
-    return nlohmann::json::parse(testing::read_file(output)).at("probes");
-  };
-  for (const auto* command : {"estimate --for cpu", "profile --device cpu"}) {
-    const auto sweep = memgate(fmt::format("{} --batch-sizes 1,2,4", command), dir / "sweep.json");
+  // The package's folder on PYTHONPATH for the probes' Pythons (and their fork server, started by the first probe).
+  const char* old_path = std::getenv("PYTHONPATH");
+  const std::string saved = old_path == nullptr ? "" : old_path;
+  ::setenv("PYTHONPATH", (dir / "lib").c_str(), 1);
+  const auto f = load_fixture(dir / "f.yaml");
+  const std::vector<std::int64_t> batches{1, 2, 4};
+  const auto expect_alike = [&](const std::vector<ProbeResult>& sweep, const auto& alone_at, const char* command) {
     ASSERT_EQ(sweep.size(), 3U) << command;
     for (std::size_t i = 0; i < 3; ++i) {
-      const auto batch = std::vector<int>{1, 2, 4}[i];
-      const auto alone = memgate(fmt::format("{} --batch-sizes {}", command, batch), dir / "alone.json").at(0);
-      for (const auto& [name, bytes] : alone.at("components").items()) {
-        EXPECT_EQ(sweep.at(i).at("components").at(name), bytes) << command << " at batch " << batch << ": " << name;
-      }
+      const auto alone = alone_at(batches[i]);
+      ASSERT_FALSE(sweep[i].oom || !sweep[i].error.empty()) << command << ": " << sweep[i].error;
+      ASSERT_FALSE(alone.oom || !alone.error.empty()) << command << ": " << alone.error;
+      testing::expect_equal_components(sweep[i].components, alone.components,
+                                       fmt::format("{} at batch {}", command, batches[i]));
     }
+  };
+  expect_alike(estimate_profile(f, batches, EstimateTarget::kCpu).probes,
+               [&](std::int64_t b) { return estimate_probe(f, b, EstimateTarget::kCpu); }, "estimate --for cpu");
+  expect_alike(run_probes(f, batches, testing::kCpu), [&](std::int64_t b) { return run_probe(f, b, testing::kCpu); },
+               "profile --device cpu");
+  if (old_path == nullptr) {
+    ::unsetenv("PYTHONPATH");
+  } else {
+    ::setenv("PYTHONPATH", saved.c_str(), 1);
   }
 }
 
