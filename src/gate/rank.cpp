@@ -178,18 +178,14 @@ int rank_main(int argc, char** argv) {
     std::optional<ParamCounts> counts;
     if (!is_rank || fixture.model.arch == Arch::kPython) {
       options.on_phase("counting the model's parameters (building it on the Meta device)");
-      try {
-        counts = workload_param_counts(fixture);
-      } catch (const std::exception&) {
-        // A Python builder that cannot run on the Meta device (it reads a value drawn at random there): a measurement
-        // counts them on its own device, where the probe builds the model anyway (each probe then starts from an
-        // empty cache); an estimate, which runs on Meta alone, has the builder's error.
-        if (fixture.model.arch != Arch::kPython || request.estimate) throw;
+      // A Python builder that cannot run on the Meta device (it reads a value drawn at random there): a measurement
+      // counts them on its own device, where the probe builds the model anyway (each probe then starts from an empty
+      // cache); an estimate, which runs on Meta alone, has the builder's error.
+      std::optional<c10::Device> fallback;
+      if (fixture.model.arch == Arch::kPython && !request.estimate) fallback = c10::Device(request.device);
+      counts = workload_param_counts(fixture, fallback, [&] {
         options.on_phase("counting the model's parameters (building it on the probe's device: not on the Meta device)");
-        auto model = build_model(fixture.model, c10::Device(request.device));
-        (void)select_trainable(*model, fixture.training.trainable, fixture.source);
-        counts = count_parameters(model->module());
-      }
+      });
     }
     if (is_rank && batch_sizes.size() > 1) {
       throw Error(request_path + ": request.batch_sizes: a rank probes one batch size");

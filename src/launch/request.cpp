@@ -68,71 +68,53 @@ MEMGATE_REQUEST_FIELDS(ProbeRequest, 1648);
 #undef MEMGATE_REQUEST_FIELDS
 #endif
 
-// Each struct's fields, once: `v(key, member)` for each.
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, LoraOptions>
-void fields(V& v, T& o) {
+// Each struct's fields, once: `v(key, member)` for each, on the struct or a const one (the writer's).
+#define MEMGATE_FIELDS_OF(Struct)                             \
+  template <class V, class T>                                 \
+    requires std::same_as<std::remove_const_t<T>, Struct>     \
+  void fields(V& v, T& o)
+MEMGATE_FIELDS_OF(LoraOptions) {
   v("rank", o.rank), v("alpha", o.alpha), v("targets", o.targets);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, VitOptions>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(VitOptions) {
   v("img_size", o.img_size), v("patch_size", o.patch_size), v("in_chans", o.in_chans), v("embed_dim", o.embed_dim);
   v("depth", o.depth), v("num_heads", o.num_heads), v("mlp_ratio", o.mlp_ratio), v("num_classes", o.num_classes);
   v("qkv_bias", o.qkv_bias), v("attention", o.attention), v("proj_drop", o.proj_drop), v("lora", o.lora);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, ResNetOptions>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(ResNetOptions) {
   v("depth", o.depth), v("img_size", o.img_size), v("in_chans", o.in_chans), v("width", o.width);
   v("num_classes", o.num_classes), v("task", o.task), v("ways", o.ways), v("shots", o.shots);
   v("queries", o.queries);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, UNetOptions>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(UNetOptions) {
   v("img_size", o.img_size), v("in_chans", o.in_chans), v("num_classes", o.num_classes);
   v("base_channels", o.base_channels), v("levels", o.levels), v("bilinear", o.bilinear);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, GptOptions>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(GptOptions) {
   v("vocab_size", o.vocab_size), v("seq_len", o.seq_len), v("n_layer", o.n_layer), v("n_embd", o.n_embd);
   v("n_head", o.n_head), v("mlp_hidden", o.mlp_hidden), v("mlp", o.mlp), v("norm", o.norm);
   v("position", o.position), v("bias", o.bias), v("tied_embeddings", o.tied_embeddings), v("lora", o.lora);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, SegNetOptions>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(SegNetOptions) {
   v("img_size", o.img_size), v("in_chans", o.in_chans), v("num_classes", o.num_classes), v("dims", o.dims);
   v("depths", o.depths), v("decoder_dim", o.decoder_dim), v("deep_supervision", o.deep_supervision);
   v("num_experts", o.num_experts);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, MultimodalOptions>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(MultimodalOptions) {
   v("llm", o.llm), v("vision", o.vision), v("text_len", o.text_len), v("decoder_dim", o.decoder_dim);
   v("decoder_depth", o.decoder_depth), v("decoder_heads", o.decoder_heads), v("frozen_dtype", o.frozen_dtype);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, TorchScriptInput>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(TorchScriptInput) {
   v("shape", o.shape), v("dtype", o.dtype), v("high", o.high), v("fill", o.fill), v("low_value", o.low_value);
   v("high_value", o.high_value), v("kwarg", o.kwarg);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, TorchScriptOptions>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(TorchScriptOptions) {
   v("path", o.path), v("inputs", o.inputs), v("task", o.task), v("num_classes", o.num_classes);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, PythonCallable>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(PythonCallable) {
   v("text", o.text), v("file", o.file), v("module", o.module), v("callable", o.callable);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, PythonOptions>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(PythonOptions) {
   v("entry", o.entry), v("entry_file", o.entry_file), v("entry_module", o.entry_module);
   v("entry_callable", o.entry_callable), v("args", o.args), v("inputs", o.inputs), v("task", o.task);
   v("num_classes", o.num_classes), v("loss", o.loss), v("loss_file", o.loss_file), v("loss_module", o.loss_module);
@@ -141,32 +123,22 @@ void fields(V& v, T& o) {
   v("blocks", o.blocks), v("python", o.python), v("python_written", o.python_written), v("python_key", o.python_key);
   v("compile", o.compile);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, RegisteredOptions>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(RegisteredOptions) {
   v("name", o.name), v("options", o.options);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, ModelSpec>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(ModelSpec) {
   v("arch", o.arch), v("options", o.options);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, TrainableSpec>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(TrainableSpec) {
   v("kind", o.kind), v("last_blocks", o.last_blocks), v("patterns", o.patterns);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, DistributedSpec>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(DistributedSpec) {
   v("strategy", o.strategy), v("world_size", o.world_size), v("bucket_cap_mb", o.bucket_cap_mb);
   v("gradient_as_bucket_view", o.gradient_as_bucket_view), v("units", o.units);
   v("reshard_after_forward", o.reshard_after_forward), v("reshard_after_forward_group", o.reshard_after_forward_group);
   v("backward_prefetch", o.backward_prefetch), v("reduce_dtype", o.reduce_dtype);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, TrainingSpec>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(TrainingSpec) {
   v("optimizer", o.optimizer), v("optimizer_impl", o.optimizer_impl), v("lr", o.lr), v("weight_decay", o.weight_decay);
   v("momentum", o.momentum), v("trainable", o.trainable), v("precision", o.precision);
   v("gradient_checkpointing", o.gradient_checkpointing), v("checkpoint_blocks", o.checkpoint_blocks);
@@ -175,24 +147,16 @@ void fields(V& v, T& o) {
   v("distributed", o.distributed), v("compile", o.compile), v("max_grad_norm", o.max_grad_norm);
   v("own_optimizer", o.own_optimizer), v("ema_decay", o.ema_decay);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, Workload>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(Workload) {
   v("name", o.name), v("source", o.source), v("model", o.model), v("training", o.training);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, CudaReduceDevice>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(CudaReduceDevice) {
   v("multiprocessors", o.multiprocessors), v("max_threads_per_multiprocessor", o.max_threads_per_multiprocessor);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, EstimateContext>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(EstimateContext) {
   v("target", o.target), v("cpu_kernels", o.cpu_kernels), v("gpu", o.gpu), v("cudnn_device_json", o.cudnn_device_json);
 }
-template <class V, class T>
-  requires std::same_as<std::remove_const_t<T>, ProbeRequest>
-void fields(V& v, T& o) {
+MEMGATE_FIELDS_OF(ProbeRequest) {
   v("memgate_version", o.memgate_version), v("workload", o.workload), v("batch_sizes", o.batch_sizes);
   v("device", o.device), v("estimate", o.estimate), v("cap_bytes", o.cap_bytes);
   v("cpu_limit_bytes", o.cpu_limit_bytes), v("warmup_steps", o.warmup_steps), v("cpu_threads", o.cpu_threads);
@@ -200,6 +164,8 @@ void fields(V& v, T& o) {
   v("world_size", o.world_size), v("store", o.store), v("output", o.output), v("heartbeat", o.heartbeat);
   v("snapshot", o.snapshot), v("search", o.search);
 }
+
+#undef MEMGATE_FIELDS_OF
 
 template <class T>
 struct IsVector : std::false_type {};

@@ -400,16 +400,29 @@ DeviceInfo describe_probe_device(c10::Device device, const Workload& workload, c
   return info;
 }
 
-ParamCounts workload_param_counts(const Workload& workload) {
+ParamCounts workload_param_counts(const Workload& workload, std::optional<c10::Device> fallback,
+                                  const std::function<void()>& on_fallback) {
   // On the meta device parameters have shapes but no storage: a 7B model is counted without allocating it.
   std::unique_ptr<Model> model;
+  const auto on_its_fallback = [&] {
+    if (on_fallback) on_fallback();
+    return build_model(workload.model, *fallback);
+  };
   try {
     model = build_model(workload.model, c10::Device(c10::DeviceType::Meta));
   } catch (const c10::Error&) {
     // A registered model whose factory builds on the CPU and then moves (Module::to) cannot go to the meta device:
     // count it on the CPU.
-    if (workload.model.arch != Arch::kRegistered) throw;
-    model = build_model(workload.model, c10::Device(c10::DeviceType::CPU));
+    if (workload.model.arch == Arch::kRegistered) {
+      model = build_model(workload.model, c10::Device(c10::DeviceType::CPU));
+    } else if (fallback) {
+      model = on_its_fallback();
+    } else {
+      throw;
+    }
+  } catch (const std::exception&) {
+    if (!fallback) throw;
+    model = on_its_fallback();
   }
   (void)select_trainable(*model, workload.training.trainable, workload.source);
   return count_parameters(model->module());

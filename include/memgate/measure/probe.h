@@ -140,8 +140,13 @@ struct ProbeOptions {
 [[nodiscard]] DeviceInfo describe_probe_device(c10::Device device, const Workload& workload,
                                                const ProbeOptions& options = {});
 
-/// Counts the workload's parameters (total / trainable / frozen) on the meta device: nothing is allocated.
-[[nodiscard]] ParamCounts workload_param_counts(const Workload& workload);
+/// Counts the workload's parameters (total / trainable / frozen) on the meta device: nothing is allocated. A
+/// registered model whose factory cannot build there (it builds on the CPU and moves) is counted on the CPU; any other
+/// model that cannot be built there is counted on `fallback` where one is given (a Python builder that reads a value
+/// drawn at random: a measurement's own device), `on_fallback` told first; else its error is thrown.
+[[nodiscard]] ParamCounts workload_param_counts(const Workload& workload,
+                                                std::optional<c10::Device> fallback = std::nullopt,
+                                                const std::function<void()>& on_fallback = {});
 
 /// A workload at a batch size built and warmed up on a device exactly as a probe does it, ready to run
 /// steady-state steps: what the benchmarks time. The peak of its steps above `base()` is the probe's step_peak.
