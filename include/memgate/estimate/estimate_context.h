@@ -17,7 +17,7 @@ namespace memgate {
 struct EstimateContext {
   EstimateTarget target = EstimateTarget::kCpu;    ///< the device an estimate is for
   CpuKernels cpu_kernels = CpuKernels::kPortable;  ///< for the CPU: LibTorch's own kernels, or the host's
-  CudaReduceDevice gpu;                            ///< for CUDA: the GPU's SMs and threads per SM (the defaults: an H100's)
+  CudaReduceDevice gpu;                            ///< for CUDA: the GPU's SMs and threads per SM (default: an H100's)
   /// For CUDA: cuDNN's device properties (a GPU fixture's `cudnn_device` JSON); empty: MEMGATE_ESTIMATE_GPU_CUDNN,
   /// else an H200's (estimated_cudnn_device_json).
   std::string cudnn_device_json;
