@@ -120,7 +120,8 @@ TEST(ParameterCountTest, ALibraryImportedInTheBuilderMakesItsTensorsOnTheCpuAsAP
 }
 
 // nonzero (boolean indexing), a read of values (tolist, item) and torchvision's NMS in a module's forward: the estimate
-// fails with memgate's message (the op, the module, measure it instead), not PyTorch's text; the measurement runs.
+// fails with memgate's message (the op, the module, measure it instead), not PyTorch's text, through the CLI; the
+// measurement runs (run_probe, what `memgate profile` runs: the four probes fork from one Python server here).
 TEST(DataDependentOpTest, AnEstimateRefusesItNamingTheOpAndTheModuleAndSaysToMeasure) {
   IsolationFolder f;
   const std::vector<std::pair<std::string, std::string>> cases{
@@ -139,8 +140,9 @@ TEST(DataDependentOpTest, AnEstimateRefusesItNamingTheOpAndTheModuleAndSaysToMea
                              "as opposed to FakeTensors"}) {
       EXPECT_THAT(out, Not(HasSubstr(bare))) << how << ": " << out;
     }
-    EXPECT_EQ(testing::run(f.memgate(fmt::format("profile --config {} --device cpu", fixture)), &out), 0)
-        << how << ": " << out;
+    const auto measured = run_probe(load_fixture(fixture), 2, testing::kCpu);
+    EXPECT_TRUE(!measured.oom && measured.error.empty()) << how << ": " << measured.error;
+    EXPECT_GT(measured.components.activations, 0) << how;
   }
 }
 
