@@ -29,6 +29,8 @@ namespace {
 
 constexpr std::int64_t kCannotRun = std::numeric_limits<std::int64_t>::max() / 4;
 constexpr const char* kExpandable = "expandable_segments:True";
+// The most plans an exhaustive search estimates when asked for (a few seconds of a small model's estimates).
+constexpr std::int64_t kMaxExhaustive = 4096;
 
 // One point of the space: a micro-batch and its accumulation, the allocator's settings, the checkpointed blocks (a
 // bit each) and a lever that changes the training (-1: none).
@@ -124,6 +126,10 @@ class Planner {
     const bool exhaustive = options_.search == PlanOptions::Search::kExhaustive ||
                             (options_.search == PlanOptions::Search::kAuto && out.space <= options_.exhaustive_limit);
     out.search = exhaustive ? "exhaustive" : "greedy";
+    if (exhaustive && out.space > kMaxExhaustive) {
+      throw Error(fmt::format("{}: --search exhaustive: {} plans ({} blocks), expected at most {} to estimate each; "
+                              "greedy (or auto) searches it", fixture_.source, out.space, n, kMaxExhaustive));
+    }
     // The fixture as it is, the whole batch in the first micro-batch setting.
     Point as_is{micro.front().first, micro.front().second, fixture_.training.allocator, current_mask(), -1};
     out.as_is = estimate(as_is);

@@ -143,6 +143,16 @@ TEST(PlanTest, TheJsonHasTheContractsKeys) {
   }
 }
 
+TEST(PlanTest, AnExhaustiveSearchOfTooManyPlansIsRefusedBeforeItsEstimates) {
+  try {
+    (void)plan_of("retfound_large_full", 1 << 14, batch(8, PlanOptions::Search::kExhaustive));
+    FAIL() << "24 blocks are 2^24 subsets";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("retfound_large_full.yaml: --search exhaustive: 33554432 plans (24 "
+                                               "blocks), expected at most 4096"));
+  }
+}
+
 TEST(PlanTest, ABatchNoPlanFitsNamesTheFixtureTheBatchTheGpuAndTheLeastNeeded) {
   try {
     (void)plan_of("vit_tiny_full", 1, batch(64));

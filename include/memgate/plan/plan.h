@@ -23,7 +23,8 @@ struct PlanOptions {
   /// Also the levers that change the training (bf16 autocast, a frozen backbone, SGD instead of AdamW).
   bool allow_changes = false;
   enum class Search { kAuto, kExhaustive, kGreedy };
-  /// kAuto: exhaustive when the space has at most exhaustive_limit plans, else greedy.
+  /// kAuto: exhaustive when the space has at most exhaustive_limit plans, else greedy. kExhaustive over more than
+  /// 4,096 plans is an error (24 blocks are 2^24 subsets).
   Search search = Search::kAuto;
   std::int64_t exhaustive_limit = 64;
 };
