@@ -152,6 +152,10 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
 #undef MEMGATE_COMPARISON
     lib.impl("sum.dim_IntList", TORCH_FN(sum));
     lib.impl("mean.dim", TORCH_FN(mean));
+    lib.impl("_softmax", TORCH_FN(softmax));
+    lib.impl("_log_softmax", TORCH_FN(log_softmax));
+    lib.impl("_softmax_backward_data", TORCH_FN(softmax_backward));
+    lib.impl("_log_softmax_backward_data", TORCH_FN(log_softmax_backward));
     lib.impl("arange.start_out", TORCH_FN(arange_out));
     lib.impl("resize_", TORCH_FN(resize_));
     for (const auto* op : {"_fused_adamw_", "_fused_adamw_.tensor_lr", "_fused_adam_", "_fused_adam_.tensor_lr",

@@ -108,6 +108,12 @@ at::Tensor& amp_update_scale(at::Tensor& self, at::Tensor& growth_tracker, const
                              double growth_factor, double backoff_factor, int64_t growth_interval);
 at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha);
 at::Tensor sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha);
+at::Tensor softmax(const at::Tensor& self, int64_t dim, bool half_to_float);
+at::Tensor log_softmax(const at::Tensor& self, int64_t dim, bool half_to_float);
+at::Tensor softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                            at::ScalarType input_dtype);
+at::Tensor log_softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                                at::ScalarType input_dtype);
 at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out);
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format);

@@ -10,6 +10,10 @@
 #include <ATen/ScalarOps.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Reduction.h>
+#include <ATen/ops/_log_softmax_backward_data_meta_dispatch.h>
+#include <ATen/ops/_log_softmax_meta_dispatch.h>
+#include <ATen/ops/_softmax_backward_data_meta_dispatch.h>
+#include <ATen/ops/_softmax_meta_dispatch.h>
 #include <ATen/ops/add_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mse_loss_meta_dispatch.h>
@@ -482,6 +486,48 @@ at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar
 at::Tensor sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   const auto casts = cpu_input_casts(at::result_type(self, other), {&self, &other});
   return at::meta::sub(self, other, alpha);
+}
+
+// softmax and log_softmax on the CPU (SoftMax.cpp's TORCH_IMPL_FUNC(softmax_cpu_out) and log_softmax_cpu_out): after
+// the structured op's output, the input made contiguous (a copy where it is not: a transposed or strided one), freed
+// on return; their backward (softmax_backward_cpu_out, log_softmax_backward_cpu_out) makes the output's gradient and
+// the output contiguous, in that order, after the input's gradient (the gradient of a sum comes back expanded: a
+// copy). LibTorch's Meta kernels allocate the outputs alone (tools/conformance.py: softmax, log_softmax,
+// _softmax_backward_data and their masked and safe forms, low by the copies). CUDA's are not modelled here.
+at::Tensor softmax(const at::Tensor& self, int64_t dim, bool half_to_float) {
+  auto out = at::meta::_softmax(self, dim, half_to_float);
+  if (for_cpu() && self.numel() != 0) {
+    [[maybe_unused]] const auto input = self.expect_contiguous();
+  }
+  return out;
+}
+
+at::Tensor log_softmax(const at::Tensor& self, int64_t dim, bool half_to_float) {
+  auto out = at::meta::_log_softmax(self, dim, half_to_float);
+  if (for_cpu() && self.numel() != 0) {
+    [[maybe_unused]] const auto input = self.expect_contiguous();
+  }
+  return out;
+}
+
+at::Tensor softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                            at::ScalarType input_dtype) {
+  auto grad_input = at::meta::_softmax_backward_data(grad_output, output, dim, input_dtype);
+  if (for_cpu()) {
+    [[maybe_unused]] const auto grad = grad_output.expect_contiguous();
+    [[maybe_unused]] const auto out = output.expect_contiguous();
+  }
+  return grad_input;
+}
+
+at::Tensor log_softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                                at::ScalarType input_dtype) {
+  auto grad_input = at::meta::_log_softmax_backward_data(grad_output, output, dim, input_dtype);
+  if (for_cpu()) {
+    [[maybe_unused]] const auto grad = grad_output.expect_contiguous();
+    [[maybe_unused]] const auto out = output.expect_contiguous();
+  }
+  return grad_input;
 }
 
 // arange into a fresh tensor (at::arange is empty({0}) then arange_out): Meta's resize_ grows a storage by setting its
