@@ -776,11 +776,6 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
     };
     if (t.trainable.kind == Kind::kLastBlocks) needs_blocks("trainable", "last_blocks:N");
     if (t.gradient_checkpointing) needs_blocks("gradient_checkpointing", "gradient checkpointing");
-    if (!t.checkpoint_blocks.empty()) {
-      r.fail("gradient_checkpointing", "true or false for a Python model (memgate checkpoints every block that "
-                                       "model.blocks matches; a list of blocks is for zoo models so far)",
-             "{blocks: [...]}");
-    }
     if (t.distributed.strategy == DistributedStrategy::kFsdp && t.distributed.units == "blocks") {
       needs_blocks("distributed", "FSDP's units: blocks");
     }

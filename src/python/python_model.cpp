@@ -288,7 +288,7 @@ void PythonModel::drop_reused_build() { parked_build().reset(); }
 
 PythonModel::PythonModel(const PythonOptions& spec, torch::Device device, std::uint64_t seed)
     : spec_(spec), device_(device), seed_(seed) {
-  built_.checkpointing_of = std::make_shared<const bool*>(&checkpointing_);
+  built_.selection_of = std::make_shared<const Model*>(this);
   py::gil_scoped_acquire gil;
   // The user's modules' globals as the process's first build left them, before this build and after it (a step
   // counter of a loss's module, rebound by the probe before: memgate._reuse.settle).
@@ -334,7 +334,7 @@ bool PythonModel::take_parked() {
   }
   CountingMetaAllocator::install().replay(*parked->built.record);
   built_ = std::move(parked->built);
-  *built_.checkpointing_of = &checkpointing_;
+  *built_.selection_of = this;
   parked.reset();
   py::module_::import("memgate._reuse").attr("restore_flags")(built_.flags);
   return true;
@@ -492,20 +492,22 @@ void PythonModel::find_blocks() {
 }
 
 // Each block's forward, replaced by one that runs it as a zoo model runs its blocks (run_block): checkpointed where
-// the training asks, and through the thread's BlockHook (FSDP's units) when one is installed.
+// the model's checkpoint_selection() covers it (every block, or those `gradient_checkpointing: {blocks: [...]}`
+// names), read at each call, and through the thread's BlockHook (FSDP's units) when one is installed.
 void PythonModel::wrap_blocks() {
   for (auto& b : built_.blocks) {
     const py::object original = b.module.attr("forward");
     torch::nn::Module* mirror = b.mirror;
-    const std::shared_ptr<const bool*> checkpointing = built_.checkpointing_of;
-    b.module.attr("forward") = py::cpp_function([original, mirror, checkpointing](py::args args, py::kwargs kwargs) {
+    const std::shared_ptr<const Model*> model = built_.selection_of;
+    const std::string prefix = b.name + ".";
+    b.module.attr("forward") = py::cpp_function([original, mirror, model, prefix](py::args args, py::kwargs kwargs) {
       if (args.empty() || !THPVariable_Check(args[0].ptr())) {
         throw Error("a block's forward takes its input tensor as its first positional argument");
       }
       const auto x = args[0].cast<at::Tensor>();
       auto call = std::make_shared<BlockCall>(original, args[py::slice(1, static_cast<py::ssize_t>(args.size()), 1)],
                                               py::dict(kwargs));
-      const bool checkpointed = **checkpointing;
+      const bool checkpointed = (*model)->checkpoint_selection().covers(prefix);
       torch::Tensor y;
       {
         py::gil_scoped_release release;

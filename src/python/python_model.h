@@ -80,9 +80,9 @@ class PythonModel final : public Model {
     pybind11::object compute_loss_fn;  ///< model.compute_loss, or None
     pybind11::object optimizer_fn;     ///< training.optimizer's class or callable, or None
     std::vector<Block> blocks;
-    /// The model's checkpointing flag, as its wrapped blocks read it (a kept build's blocks then read the next
-    /// model's).
-    std::shared_ptr<const bool*> checkpointing_of;
+    /// The model whose checkpoint_selection() its wrapped blocks read, each when it runs (a kept build's blocks then
+    /// read the next probe's model, whose selection may differ).
+    std::shared_ptr<const Model*> selection_of;
     /// With reuse on: the build's record, and its flags and hooks as it left them (memgate._reuse).
     std::shared_ptr<CountingMetaAllocator::BuildRecord> record;
     pybind11::object flags;

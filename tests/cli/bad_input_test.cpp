@@ -615,6 +615,13 @@ std::vector<BadInput> python_catalogue() {
          python_fixture("  batch: m.py:batch_with_a_meta_tensor\n  compute_loss: m.py:first_of_two_loss\n"), profile(), 3,
          {"f.yaml at batch 2", "model.batch: m.py:batch_with_a_meta_tensor returned batch[1] on meta, expected it on cpu"});
   // The same fixture measured on the CPU, where its mask is where it is asked for: measured.
+  // A block list names the blocks as Python names the modules model.blocks matched (issue 70): a name that is none
+  // of them is an error naming the fixture, the key, the name and the valid ones, from the Python probe.
+  auto unknown_block = python_fixture("  args: {depth: 2}\n  blocks: \"*\"\n  inputs:\n    - {shape: [B, 8]}\n  task: sum\n");
+  unknown_block.replace(unknown_block.find("  optimizer: adamw\n"), 19,
+                        "  optimizer: adamw\n  gradient_checkpointing: {blocks: [blocks.1]}\n");
+  python("checkpointed_block_unknown", unknown_block, profile(), 3,
+         {"f.yaml: training.gradient_checkpointing.blocks: 'blocks.1' is no block", "expected one of 0, 1"});
   python("batch_on_the_cpu_is_measured", python_fixture("  batch: m.py:masked_batch\n  compute_loss: m.py:masked_loss\n"),
          profile(), 0, {"bs 2: step peak"});
   // An audio front end ([B, 65536, 1] into a Linear(1, 2), task: sum) at batch 32768: its bias gradient sums the

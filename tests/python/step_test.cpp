@@ -377,11 +377,59 @@ TEST(EmaTest, TheZoosEmaAllocatesWhatTimmsModelEmaV3Does) {
 // copy.deepcopy of a module on the CPU: a buffer's copy is made by torch.UntypedStorage, which takes LibTorch's default
 // CPU allocator, not the counting one; memgate's probe counts it (a deep-copied BatchNorm holds what a second one
 // built afresh holds: 136 B of running statistics and counter beside its 64 B of parameters).
+// tools/checkpoint_reference.py launched once for the suite: PyTorch's plain loop over py_vit_tiny_lora_timm at batches
+// 1 and 4 with torch.utils.checkpoint.checkpoint (use_reentrant=True, preserve_rng_state=False; PyTorch's default also
+// keeps the CPU generator's state, 5,056 bytes a block, which memgate's checkpoint does not) around blocks.1 and
+// blocks.2 (selection 0), then around base_model.model.blocks.1 alone (selection 1), as its JSON's "selections".
+const std::vector<std::int64_t> kCheckpointBatches{1, 4};
+
+const nlohmann::json& checkpoint_reference() {
+  static const nlohmann::json selections = [] {
+    testing::TempDir dir;
+    std::string out;
+    const int rc = testing::run(
+        fmt::format("({} {}/tools/checkpoint_reference.py --config {}/fixtures/models/py_vit_tiny_lora_timm.yaml "
+                    "--blocks blocks.1,blocks.2 --blocks base_model.model.blocks.1 --batch-sizes 1,4 2>{}) > {}",
+                    MEMGATE_TORCH_PYTHON, testing::source_dir(), testing::source_dir(), dir / "err.txt",
+                    dir / "ref.json"),
+        &out);
+    if (rc != 0) return nlohmann::json(out + testing::read_file(dir / "err.txt"));
+    return nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON")).at("selections");
+  }();
+  return selections;
+}
+
+// Every component of `fixture` at kCheckpointBatches equals the reference's selection `index`.
+void expect_checkpoint_reference(const Fixture& fixture, std::size_t index) {
+  const auto& selections = checkpoint_reference();
+  ASSERT_TRUE(selections.is_array()) << "the reference failed: " << selections.dump();
+  ASSERT_GT(selections.size(), index);
+  const auto& ref = selections[index].at("probes");
+  ASSERT_EQ(ref.size(), kCheckpointBatches.size());
+  for (std::size_t i = 0; i < kCheckpointBatches.size(); ++i) {
+    const auto probe = run_probe(fixture, kCheckpointBatches[i], kCpu);
+    ASSERT_FALSE(probe.oom) << probe.error;
+    for (const auto* c : kCompared) {
+      if (!ref[i].contains(c)) continue;  // `ema`: none kept
+      EXPECT_EQ(probe.components.get(c), ref[i].at(c).get<std::int64_t>()) << "batch " << kCheckpointBatches[i] << ": "
+                                                                            << c;
+    }
+  }
+}
+
+// py_vit_tiny_lora_timm with `gradient_checkpointing: <value>`, its entry an absolute path, written into `dir`.
+Fixture python_vit_checkpointed(const testing::TempDir& dir, const std::string& value, const std::string& stem) {
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  auto text = read_text_file(models + "py_vit_tiny_lora_timm.yaml", "a fixture");
+  text.replace(text.find("entry: python/models.py"), 23, "entry: " + models + "python/models.py");
+  text.replace(text.find("  precision: fp32\n"), 18, "  precision: fp32\n  gradient_checkpointing: " + value + "\n");
+  write_file_atomically(dir / (stem + ".yaml"), text);
+  return load_fixture(dir / (stem + ".yaml"));
+}
+
 // The zoo's checkpointing of chosen blocks is torch's, to the byte: vit_tiny_lora with
 // `gradient_checkpointing: {blocks: [blocks.1, blocks.2]}` equals its timm twin in the plain-PyTorch loop with those
-// two blocks' forwards wrapped in torch.utils.checkpoint.checkpoint (tools/checkpoint_reference.py: use_reentrant=True,
-// preserve_rng_state=False; PyTorch's default also keeps the CPU generator's state, 5,056 bytes a block, which
-// memgate's checkpoint does not), on every component at batches 1 and 4.
+// two blocks' forwards wrapped in torch.utils.checkpoint.checkpoint, on every component at batches 1 and 4.
 TEST(CheckpointReferenceTest, TheZoosChosenBlocksAllocateWhatTorchUtilsCheckpointDoes) {
   testing::TempDir dir;
   const auto models = testing::source_dir() + "/fixtures/models/";
@@ -389,25 +437,37 @@ TEST(CheckpointReferenceTest, TheZoosChosenBlocksAllocateWhatTorchUtilsCheckpoin
   text.replace(text.find("  precision: fp32\n"), 18,
                "  precision: fp32\n  gradient_checkpointing: {blocks: [blocks.1, blocks.2]}\n");
   write_file_atomically(dir / "vit_tiny_lora_ck12.yaml", text);
-  const auto zoo = load_fixture(dir / "vit_tiny_lora_ck12.yaml");
-  std::string out;
-  const int rc = testing::run(
-      fmt::format("({} {}/tools/checkpoint_reference.py --config {}py_vit_tiny_lora_timm.yaml "
-                  "--blocks blocks.1,blocks.2 --batch-sizes 1,4 2>{}) > {}",
-                  MEMGATE_TORCH_PYTHON, testing::source_dir(), models, dir / "err.txt", dir / "ref.json"),
-      &out);
-  ASSERT_EQ(rc, 0) << out << testing::read_file(dir / "err.txt");
-  const auto ref = nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON")).at("probes");
-  const std::vector<std::int64_t> batches{1, 4};
-  ASSERT_EQ(ref.size(), batches.size());
-  for (std::size_t i = 0; i < batches.size(); ++i) {
-    const auto z = run_probe(zoo, batches[i], kCpu);
-    ASSERT_FALSE(z.oom) << z.error;
-    for (const auto* c : kCompared) {
-      if (!ref[i].contains(c)) continue;  // `ema`: none kept
-      EXPECT_EQ(z.components.get(c), ref[i].at(c).get<std::int64_t>()) << "batch " << batches[i] << ": " << c;
-    }
+  expect_checkpoint_reference(load_fixture(dir / "vit_tiny_lora_ck12.yaml"), 0);
+}
+
+// A Python fixture checkpoints exactly the blocks it names (issue 70), as Python names them: py_vit_tiny_lora_timm
+// with `{blocks: [base_model.model.blocks.1]}`, measured by memgate through its Python extension, equals the same
+// model in PyTorch's loop with that one block's forward in torch.utils.checkpoint.checkpoint, every component at
+// batches 1 and 4.
+TEST(CheckpointReferenceTest, APythonFixturesChosenBlockAllocatesWhatTorchUtilsCheckpointDoes) {
+  testing::TempDir dir;
+  expect_checkpoint_reference(python_vit_checkpointed(dir, "{blocks: [base_model.model.blocks.1]}", "py_ck1"), 1);
+}
+
+// Checkpointing k of a Python model's n blocks keeps strictly fewer activations than none and strictly more than all:
+// py_vit_tiny_lora_timm (4 blocks) at batch 2 with none, one, two and all of them checkpointed, probed in that order
+// in one process (the parked build of one probe serves the next, whose selection differs).
+TEST(PythonCheckpointingTest, KOfNBlocksKeepActivationsStrictlyBetweenNoneAndAll) {
+  testing::TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> settings{
+      {"none", "false"},
+      {"one", "{blocks: [base_model.model.blocks.1]}"},
+      {"two", "{blocks: [base_model.model.blocks.0, base_model.model.blocks.2]}"},
+      {"all", "true"}};
+  std::vector<std::int64_t> activations;
+  for (const auto& [stem, value] : settings) {
+    const auto probe = run_probe(python_vit_checkpointed(dir, value, stem), 2, kCpu);
+    ASSERT_FALSE(probe.oom) << stem << ": " << probe.error;
+    activations.push_back(probe.components.activations);
   }
+  EXPECT_GT(activations[0], activations[1]) << "none against one block";
+  EXPECT_GT(activations[1], activations[2]) << "one block against two";
+  EXPECT_GT(activations[2], activations[3]) << "two blocks against all four";
 }
 
 TEST(CpuStorageCopyTest, ADeepCopiedModulesBuffersAreCounted) {
