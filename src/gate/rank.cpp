@@ -13,6 +13,7 @@
 #include "memgate/estimate/estimate_context.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/launch/estimate.h"
+#include "memgate/launch/fault_points.h"
 #include "memgate/launch/ranks.h"
 #include "memgate/launch/request.h"
 #include "memgate/launch/run.h"
@@ -49,34 +50,6 @@ std::int64_t parse_int(const std::string& text, const std::string& key) {
   const auto value = std::stoll(text, &used);
   if (used != text.size()) throw std::invalid_argument("--" + key + ": expected an integer, got " + text);
   return value;
-}
-
-// memgate's tests of the launcher: MEMGATE_TEST_RANK_FAULT=<rank>:<fault>:<phase> makes rank <rank> fail when a
-// phase containing <phase> starts: `error` (a LibTorch error, with its C++ stack), `exit` (status 7 at once), `stop`
-// (SIGSTOP to itself, once its heartbeat has said where: a stopped process), `hang` (sleeps for ever, heartbeat
-// going: a wedged call, which makes no progress), `crash` (SIGSEGV), `slow` (a minute's sleep, heartbeat going: a
-// long step).
-void inject_fault(int rank, std::string_view phase) {
-  const char* spec = std::getenv("MEMGATE_TEST_RANK_FAULT");
-  if (spec == nullptr) return;
-  const std::string_view text(spec);
-  const auto first = text.find(':'), second = text.find(':', first + 1);
-  if (first == std::string_view::npos || second == std::string_view::npos) return;
-  if (text.substr(0, first) != std::to_string(rank) || phase.find(text.substr(second + 1)) == std::string_view::npos) {
-    return;
-  }
-  const auto fault = text.substr(first + 1, second - first - 1);
-  if (fault == "error") TORCH_CHECK(false, "a fault injected by MEMGATE_TEST_RANK_FAULT at ", phase);
-  if (fault == "exit") std::_Exit(7);
-  if (fault == "stop") {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::raise(SIGSTOP);
-  }
-  if (fault == "slow") std::this_thread::sleep_for(std::chrono::minutes(1));
-  if (fault == "hang") {
-    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  }
-  if (fault == "crash") std::raise(SIGSEGV);
 }
 
 RankSearch& rank_search() {
@@ -162,7 +135,7 @@ int rank_main(int argc, char** argv) {
     options.rank_timeout = timeout;
     options.on_phase = [rank](std::string_view phase) {
       set_phase(phase);
-      inject_fault(rank, phase);
+      fault_points::at_phase(rank, phase);
     };
     options.warmup_steps = request.warmup_steps;
     options.cpu_threads = request.cpu_threads;

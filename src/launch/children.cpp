@@ -6,6 +6,7 @@
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/base/heartbeat.h"
+#include "memgate/launch/fault_points.h"
 
 #include <fmt/format.h>
 
@@ -160,11 +161,9 @@ Children::~Children() {
 }
 
 void Children::start(const ChildSpec& spec) {
-  // memgate's tests: a child that cannot start, at the index given (the others start and must be ended).
-  if (const char* fault = std::getenv("MEMGATE_TEST_FAIL_START");
-      fault != nullptr && std::to_string(children_.size()) == fault) {
-    throw Error(fmt::format("cannot start {} ({}): a fault injected by MEMGATE_TEST_FAIL_START", spec.name,
-                            spec.argv.front()));
+  // memgate's tests: a child that cannot start (the others start and must be ended).
+  if (fault_points::fails_to_start(children_.size())) {
+    throw Error(fmt::format("cannot start {} ({}): a fault injected by the test", spec.name, spec.argv.front()));
   }
   const int log = ::open(spec.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log < 0) {
@@ -394,5 +393,9 @@ std::optional<std::string> Children::wait() {
     std::this_thread::sleep_for(kPoll);
   }
 }
+
+// No fault anywhere (launch/fault_points.h): weak, for the test-only program memgate-measure-faults to replace.
+[[gnu::weak]] void fault_points::at_phase(int /*rank*/, std::string_view /*phase*/) {}
+[[gnu::weak]] bool fault_points::fails_to_start(std::size_t /*index*/) { return false; }
 
 }  // namespace memgate

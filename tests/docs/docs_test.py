@@ -139,7 +139,7 @@ TABLE_ROW = re.compile(r"^\| `(MEMGATE_[A-Z0-9_]+)` \|")
 
 def variables_read(source):
     """{name: [where]} of every MEMGATE_* environment variable that memgate's code or its installed CMake scripts
-    name: in src/, include/ and python/memgate, a string that starts with the name (getenv("MEMGATE_X"),
+    name: in src/, include/, python/memgate and the test-only memgate-measure-faults, a string that starts with the name (getenv("MEMGATE_X"),
     os.environ.get("MEMGATE_X"), a variable set for a child: "MEMGATE_X=..."; a compile definition such as
     MEMGATE_VERSION is no string); in the CMake scripts that cmake/MemgateInstall.cmake installs, $ENV{MEMGATE_X}
     and MEMGATE_X= (an environment set for a test or a command)."""
@@ -151,6 +151,8 @@ def variables_read(source):
     code = [p for folder in ("src", "include") for p in sorted((source / folder).rglob("*"))
             if p.suffix in (".cpp", ".h", ".in")]
     code += sorted((source / "python" / "memgate").rglob("*.py"))
+    # The test-only program memgate-measure-faults (never installed) reads the fault hooks of memgate's tests.
+    code.append(source / "tests" / "launch" / "fault_injection.cpp")
     for path in code:
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             for m in VARIABLE.finditer(line):

@@ -1,7 +1,8 @@
 // Faults in a probe's processes, as CI jobs meet them: a rank that hangs, fails, crashes or cannot start, and a
 // memgate that is killed or cancelled mid-probe. Each must end in bounded time with exit 3 (or the signal's status),
 // a message naming the rank and the cause, and no process or file left behind. The faults are real (a rank stops
-// itself with SIGSTOP, crashes with SIGSEGV, ...), injected at a phase by MEMGATE_TEST_RANK_FAULT.
+// itself with SIGSTOP, crashes with SIGSEGV, ...), injected at a phase by MEMGATE_TEST_RANK_FAULT, which only the
+// test-only program memgate-measure-faults reads (MEMGATE_CLI here; tests/launch/fault_injection.cpp).
 #include "spawn_util.h"
 
 #include <fmt/format.h>
@@ -40,14 +41,59 @@ std::vector<pid_t> processes_with(const std::string& text) {
 
 // py_resnet_tiny_torchvision over 2 DDP ranks, in `dir`: Python ranks, forked from memgate's fork server. (Torch
 // makes its compile cache, torchinductor_<user>, in the temporary directory, to keep: inductor_cache_in(dir) puts it
-// in `dir`.)
+// in `dir`.) A Python rank runs memgate's Python extension, which has no fault points (launch/fault_points.h): the
+// fixture's own model injects MEMGATE_TEST_RANK_FAULT=<rank>:<fault>:<phase> (crash, exit, stop or slow, in its
+// first forward in that phase, which the rank's heartbeat file names), as memgate-measure-faults does for a C++ rank.
 std::string python_ddp_fixture(const testing::TempDir& dir) {
   const auto models = testing::source_dir() + "/fixtures/models/";
   auto text = testing::read_file(models + "py_resnet_tiny_torchvision.yaml");
   text.replace(text.find("  trainable: all\n"), 17,
                "  trainable: all\n  distributed:\n    strategy: ddp\n    world_size: 2\n");
-  text.replace(text.find("entry: python/"), 14, "entry: " + models + "python/");
+  text.replace(text.find("entry: python/models.py"), 23, "entry: " + (dir / "faulty_models.py"));
   testing::write_file(dir / "py_ddp.yaml", text);
+  // A rank's request (--request FILE, launch/request.h) names its rank; the probe of the parent has no store.
+  testing::write_file(dir / "faulty_models.py", fmt::format(R"(import json, os, signal, sys, time
+sys.path.insert(0, "{}python")
+import models
+
+def torchvision_resnet(**kwargs):
+    model = models.torchvision_resnet(**kwargs)
+    spec = os.environ.get("MEMGATE_TEST_RANK_FAULT", "")
+    if not spec or "--request" not in sys.argv:
+        return model
+    with open(sys.argv[sys.argv.index("--request") + 1]) as f:
+        request = json.load(f)
+    rank, fault, phase = spec.split(":", 2)
+    if not request.get("store") or request.get("rank") != int(rank):
+        return model
+    fired = [False]
+    def inject(module, inputs):
+        # Once, in the phase asked for, which the rank's heartbeat names (its thread writes a phase as it begins).
+        if fired[0]:
+            return
+        deadline = time.monotonic() + 1
+        while not fired[0]:
+            try:
+                with open(request["heartbeat"]) as f:
+                    fired[0] = phase in f.read()
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        if fault == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if fault == "exit":
+            os._exit(7)
+        if fault == "stop":
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if fault == "slow":
+            time.sleep(60)
+    model.register_forward_pre_hook(inject)
+    return model
+)",
+                                                            models));
   return dir / "py_ddp.yaml";
 }
 
@@ -181,7 +227,7 @@ TEST(RankFaultTest, AForkedPythonRankThatFailsIsNamedWithItsCause) {
   const auto path = python_ddp_fixture(fixture_dir);
   const std::vector<std::pair<std::string, std::string>> cases{
       {"1:crash:warm-up", "rank 1 of 2 was killed by signal 11"},
-      {"0:exit:joining", "rank 0 of 2 exited with status 7"},
+      {"0:exit:warm-up", "rank 0 of 2 exited with status 7"},
       {"1:stop:measured step: forward", "rank 1 of 2 stopped answering"}};
   std::vector<testing::TempDir> tmp(cases.size()), out(cases.size());
   std::vector<std::unique_ptr<testing::Memgate>> probes;
