@@ -66,7 +66,7 @@ class Worker:
         self.torch = torch
         self.core = _core
         _core.count_cpu_allocations()  # before any tensor of the samples: every CPU tensor is counted from here
-        self.kept = prefer_libtorch_meta_kernels()  # as an estimate's Python process does (python/memgate/__main__.py)
+        self.kept = prefer_libtorch_meta_kernels()  # as an estimate's Python process does (src/python/module.cpp)
         _core.estimate_for_cpu()
         # A CPU probe's portable kernels (src/measure/probe.cpp, configure_cpu_kernels; the baselines' one thread).
         torch.backends.mkldnn.set_flags(False)
