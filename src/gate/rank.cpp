@@ -97,6 +97,8 @@ int rank_main(int argc, char** argv) {
   // not the one that wrote to it last (RankFaultTest.RandomFaults...: a peer's error at warm-up backward).
   ::signal(SIGPIPE, SIG_IGN);
   int rank = -1;
+  // Before the request is read the rank is not known: "memgate rank", not "memgate rank -1".
+  const auto who = [&rank] { return rank < 0 ? std::string("memgate rank") : fmt::format("memgate rank {}", rank); };
   // The group outlives the result's write: a peer whose group closes fails its collective, and the launcher then
   // ends the rest, which must have written what they have (an out-of-memory) by then.
   std::optional<RankGroup> group;
@@ -232,13 +234,13 @@ int rank_main(int argc, char** argv) {
     return 0;
   } catch (const c10::Error& e) {
     // The message, not LibTorch's C++ stack after it: the launcher shows the line that says what went wrong.
-    std::cerr << "memgate rank " << rank << ": " << e.what_without_backtrace() << "\n";
+    std::cerr << who() << ": " << e.what_without_backtrace() << "\n";
     return 3;
   } catch (const std::invalid_argument& e) {
     std::cerr << "memgate rank: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "memgate rank " << rank << ": " << e.what() << "\n";
+    std::cerr << who() << ": " << e.what() << "\n";
     return 3;
   }
 }

@@ -356,13 +356,14 @@ std::vector<BadInput> catalogue() {
   cudnn_case("a_path", "{dir}/tiny.yaml",
              {"its value is not JSON", "it names a file: give its JSON text instead"});
   cudnn_case("a_key_missing", "'{\"deviceVer\": 900}'", {"key \"multiProcessorCount\" is missing"});
-  // A rank program of another memgate: this one, told that its launcher is 0.0.0.
+  // A rank program of another memgate: this one, given a request that says its launcher is memgate 0.0.0.
   c.push_back({"rank_program_of_another_version",
                {{"ddp.yaml", ddp},
-                {"rank.sh", "#!/bin/sh\nfor a; do shift; if [ \"$prev\" = --memgate-version ]; then a=0.0.0; fi; "
-                            "set -- \"$@\" \"$a\"; prev=$a; done\nexec "s + MEMGATE_CLI + " \"$@\"\n"}},
-               ddp_profile, 3, {"memgate rank", "this rank program is memgate " MEMGATE_VERSION, "0.0.0",
-                                "must run the same memgate"},
+                {"rank.sh", "#!/bin/sh\nprev=; for a; do if [ \"$prev\" = --request ]; then "
+                            "sed -i 's/\"memgate_version\":\"[^\"]*\"/\"memgate_version\":\"0.0.0\"/' \"$a\"; fi; "
+                            "prev=$a; done\nexec "s + MEMGATE_CLI + " \"$@\"\n"}},
+               ddp_profile, 3, {"of 2 exited with status 3: memgate rank: this program",
+                                "this program is memgate " MEMGATE_VERSION, "\"0.0.0\"", "must run the same memgate"},
                "MEMGATE_RANK_EXECUTABLE={dir}/rank.sh"});
   c.push_back({"fsdp_on_torchscript",
                {{"ts.yaml", "model:\n  arch: torchscript\n  path: " + testing::source_dir() +

@@ -78,7 +78,7 @@ TEST(CliTest, ExitCodesFollowTheContract) {
 
   EXPECT_EQ(testing::run(cli + " frobnicate", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("unknown subcommand 'frobnicate'; the subcommands are profile, estimate, advise, check, "
-                             "summary, report, compare, replay, bench-compare"));
+                             "plan, summary, report, compare, replay, bench-compare, bench-merge, bench-convert\n"));
   EXPECT_EQ(testing::run(cli + " --frobnicate", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("'--frobnicate'"));
   EXPECT_EQ(testing::run(cli + " profile --config x.yaml --frobnicate", &out), 2) << out;
