@@ -38,8 +38,11 @@ def restore_flags(flags) -> None:
 # (and drops those added), so that each step starts from the globals the first build left, in a sweep as in a process
 # of its own. The module's own attributes are recorded too: a kept module whose forward set one (a call counter, a
 # cached tensor) is not kept for the next batch size (`attributes_unchanged`), it is built anew. What the user's code
-# changes inside an object (a list it appends to) is not put back.
+# changes inside an object is put back in place as well (`_inner_state`): a list it appends to, a dict or set it fills,
+# a class attribute or an instance's attribute of a class of its own that it counts up, each as the first build left
+# it, and so on inside them (a few levels deep). Tensors and nn.Modules are left as they are.
 
+import collections as _collections
 import os as _os
 import sys as _sys
 import sysconfig as _sysconfig
@@ -47,6 +50,7 @@ import weakref as _weakref
 
 _GLOBALS = {}  # id(module) -> (weak reference to the module, its globals as the first build left them)
 _ATTRIBUTES = _weakref.WeakKeyDictionary()  # built module -> its modules' attributes as the build left them
+_INNER = {}  # id(module) -> the in-place state of its globals as the first build left them (_inner_state)
 _OWN = {}  # module name -> whether it is the user's own
 _NOT_OWN = tuple({_os.path.realpath(p) + _os.sep for k, p in _sysconfig.get_paths().items()
                   if k in ("stdlib", "platstdlib", "purelib", "platlib")} |
@@ -68,7 +72,91 @@ def _own_modules():
 
 
 def _forget(key):
-    return lambda _ref: _GLOBALS.pop(key, None)
+    def forget(_ref):
+        _GLOBALS.pop(key, None)
+        _INNER.pop(key, None)
+    return forget
+
+
+_DEPTH = 4  # how deep inside the globals state is recorded (a dict of lists of objects of the user's own classes)
+_WIDE = 10_000  # the items of a container looked into, at most (a global list of a million indices is copied, not walked)
+
+
+def _own_class(cls) -> bool:
+    name = getattr(cls, "__module__", None)
+    module = _sys.modules.get(name) if isinstance(name, str) else None
+    return module is not None and _is_own(name, module)
+
+
+def _inner_state(value, seen, depth):
+    """What the user's code can change inside `value` without rebinding it, recorded by reference: a list's, dict's,
+    set's, deque's or bytearray's items; a class of its own's attributes; an instance of its own class's __dict__. None
+    for anything else (numbers and strings cannot change; tensors and nn.Modules are left alone)."""
+    if depth > _DEPTH or id(value) in seen:
+        return None
+    import torch  # the probe's process has imported it before any build
+    if isinstance(value, (torch.Tensor, torch.nn.Module, _weakref.ReferenceType)):
+        return None
+    if isinstance(value, type):
+        if not _own_class(value):
+            return None
+        seen.add(id(value))
+        items = {k: v for k, v in vars(value).items() if not (k.startswith("__") and k.endswith("__"))}
+        return ("class", value, items, _inner_states(items.values(), seen, depth + 1))
+    if isinstance(value, (list, _collections.deque, bytearray)):
+        seen.add(id(value))
+        items = list(value)
+        return ("sequence", value, items, _inner_states(items[:_WIDE], seen, depth + 1))
+    if isinstance(value, dict):
+        seen.add(id(value))
+        items = dict(value)
+        return ("dict", value, items, _inner_states(list(items.values())[:_WIDE], seen, depth + 1))
+    if isinstance(value, set):
+        seen.add(id(value))
+        return ("set", value, set(value), [])
+    if _own_class(type(value)) and isinstance(getattr(value, "__dict__", None), dict):
+        seen.add(id(value))
+        items = dict(value.__dict__)
+        return ("object", value, items, _inner_states(items.values(), seen, depth + 1))
+    return None
+
+
+def _inner_states(values, seen=None, depth=0):
+    seen = set() if seen is None else seen
+    states = (_inner_state(v, seen, depth) for v in values)
+    return [s for s in states if s is not None]
+
+
+def _put_back(state) -> None:
+    """Puts what `_inner_state` recorded back into the same object, in place, then inside its items."""
+    kind, value, items, inner = state
+    try:
+        if kind == "sequence":
+            if isinstance(value, _collections.deque):
+                value.clear()
+                value.extend(items)
+            else:
+                value[:] = items
+        elif kind in ("dict", "set"):
+            value.clear()
+            value.update(items)
+        elif kind == "class":
+            for name in [n for n in vars(value) if not (n.startswith("__") and n.endswith("__")) and n not in items]:
+                delattr(value, name)
+            for name, v in items.items():
+                if vars(value).get(name, items) is not v:
+                    setattr(value, name, v)
+        else:
+            now = value.__dict__
+            for name in [n for n in now if n not in items]:
+                del now[name]
+            for name, v in items.items():
+                if now.get(name, items) is not v:
+                    now[name] = v
+    except (TypeError, AttributeError, ValueError):
+        return  # an object that refuses (a read-only attribute): left as the user's code left it
+    for state in inner:
+        _put_back(state)
 
 
 def settle(module=None) -> None:
@@ -81,7 +169,8 @@ def settle(module=None) -> None:
             try:
                 _GLOBALS[key] = (_weakref.ref(m, _forget(key)), dict(m.__dict__))
             except TypeError:
-                pass
+                continue
+            _INNER[key] = _inner_states(m.__dict__.values())
             continue
         first = seen[1]
         now = m.__dict__
@@ -90,6 +179,8 @@ def settle(module=None) -> None:
         for name, value in first.items():
             if now.get(name, first) is not value:
                 now[name] = value
+        for state in _INNER.get(key, ()):
+            _put_back(state)
     if module is None:
         return
     try:

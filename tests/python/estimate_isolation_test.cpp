@@ -147,8 +147,9 @@ TEST(DataDependentOpTest, AnEstimateRefusesItNamingTheOpAndTheModuleAndSaysToMea
 }
 
 // State the user's code keeps between batch sizes: a model whose forward counts its calls (its extra head joins after
-// four, one probe's forwards) and a loss from a package on PYTHONPATH with a module-level step counter (a wider term
-// after two steps, one probe's). Before, a sweep's later batch sizes ran with both switched on (the estimate's one
+// four, one probe's forwards) and a loss from a package on PYTHONPATH with a module-level step counter and state
+// inside objects (a list, a dict, a class attribute, an instance's attribute), each a wider term after two steps, one
+// probe's; each of the four put back in place is needed (without any one of them the sweep differs). Before, a sweep's later batch sizes ran with both switched on (the estimate's one
 // built module kept its counter; the package's counter went on in the measurement's process): gradients 17,920 B
 // against 1,280 B at batch 2. Each batch size of a sweep now equals a process of its own, estimate and measurement.
 // Through the library, as `memgate estimate` and `memgate profile` sweep (estimate_profile, run_probes: each sweep in
@@ -156,11 +157,19 @@ TEST(DataDependentOpTest, AnEstimateRefusesItNamingTheOpAndTheModuleAndSaysToMea
 // probes' processes fork from one server that imported torch (eight CLI runs each imported it: 2.5 core-s each).
 TEST(SweepStateTest, EachBatchSizeOfASweepEqualsAProcessOfItsOwn) {
   testing::TempDir dir;
+  // Each kind of state switches on a term of its own width after two steps: a global rebound (STEP), a list appended
+  // to, a dict filled, a class attribute counted up and an instance's attribute counted up (the state inside objects).
   testing::write_file(dir / "lib/stepstate/__init__.py",
-                      "import torch\n\nSTEP = 0  # the loss's own step counter\n\n\n"
-                      "def loss(output, batch):\n    global STEP\n    STEP += 1\n    h, extra = output\n"
+                      "import torch\n\nSTEP = 0  # the loss's own step counter\nHISTORY = []\nCACHE = {}\n\n\n"
+                      "class Scale:\n    calls = 0\n\n\n"
+                      "class Tracker:\n    def __init__(self):\n        self.seen = 0\n\n\nTRACKER = Tracker()\n\n\n"
+                      "def loss(output, batch):\n    global STEP\n    STEP += 1\n    HISTORY.append(STEP)\n"
+                      "    CACHE[len(CACHE)] = STEP\n    Scale.calls += 1\n    TRACKER.seen += 1\n"
+                      "    h, extra = output\n"
                       "    value = h.pow(2).mean() + extra.pow(2).mean()\n"
-                      "    if STEP > 2:\n        value = value + torch.cat([h] * 8, dim=1).pow(2).mean()\n"
+                      "    for widen, count in ((8, STEP), (2, len(HISTORY)), (3, len(CACHE)), (4, Scale.calls),\n"
+                      "                         (5, TRACKER.seen)):\n"
+                      "        if count > 2:\n            value = value + torch.cat([h] * widen, dim=1).pow(2).mean()\n"
                       "    return value\n");
   testing::write_file(dir / "models.py",
                       "from torch import nn\n\n\n"
