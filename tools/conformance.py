@@ -421,17 +421,23 @@ class WorkerProcess:
         self.proc.wait()
 
 
-def run_all(args, keys):
+def start_worker(args):
+    """A worker that has imported torch, memgate's extension and op_db, and the op_db keys it can run."""
+    worker = WorkerProcess(args)
+    ready = worker.read(300)
+    if not ready or "ready" not in ready:
+        worker.close()
+        raise SystemExit("conformance: the worker did not start (is memgate's extension built? --build)")
+    return worker, ready["ready"]
+
+
+def run_all(args, keys, worker=None):
+    """Each op of `keys` in `worker` (started here when None), a fresh worker after one that crashed or hung."""
     results = []
-    worker = None
     all_keys = None
     for n, key in enumerate(keys):
         if worker is None:
-            worker = WorkerProcess(args)
-            ready = worker.read(300)
-            if not ready or "ready" not in ready:
-                raise SystemExit("conformance: the worker did not start (is memgate's extension built? --build)")
-            all_keys = ready["ready"]
+            worker, all_keys = start_worker(args)
         start = time.monotonic()
         answer = worker.ask(key, args.timeout)
         if not answer or "op" not in answer:
@@ -452,14 +458,6 @@ def run_all(args, keys):
     return results, all_keys
 
 
-def list_ops(args):
-    """The op_db keys, from a worker (the database is imported once, there)."""
-    worker = WorkerProcess(args)
-    ready = worker.read(300)
-    worker.close()
-    if not ready or "ready" not in ready:
-        raise SystemExit("conformance: the worker did not start (is memgate's extension built? --build)")
-    return ready["ready"]
 
 
 def summarize(samples):
@@ -595,11 +593,17 @@ def main(argv=None) -> int:
     if args.worker:
         return worker_main(args.build, args.dtypes, args.variants, args.max_samples)
 
-    keys = list_ops(args) if not args.ops else [k for k in args.ops.split(",") if k]
+    # The op_db keys come from a worker (the database is imported there), which then runs the ops: the import, the
+    # most of a sample run's start, is paid once.
+    worker = None
+    if args.ops:
+        keys = [k for k in args.ops.split(",") if k]
+    else:
+        worker, keys = start_worker(args)
     if args.sample:
         keys = sorted(random.Random(args.seed).sample(sorted(keys), min(args.sample, len(keys))))
     start = time.monotonic()
-    results, _ = run_all(args, keys)
+    results, _ = run_all(args, keys, worker)
     summary = table(results)
     print(f"\n{len(keys)} ops in {time.monotonic() - start:.0f} s\n\n{summary}")
     if args.json:
