@@ -6,8 +6,8 @@ include(CMakePackageConfigHelpers)
 set(MEMGATE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/memgate")
 set(MEMGATE_INSTALL_DATADIR "${CMAKE_INSTALL_DATADIR}/memgate")
 
-foreach(layer base bench_tools allocator report spec models backend estimate distributed measure launch gate advise plan memory_suite
-              core warnings fmt)
+foreach(layer base bench_tools allocator report spec models backend estimate distributed measure launch gate advise plan child
+              memory_suite core warnings fmt)
   set_target_properties(memgate_${layer} PROPERTIES EXPORT_NAME ${layer})
 endforeach()
 set_target_properties(memgate_verdicts PROPERTIES EXPORT_NAME verdicts)
@@ -15,7 +15,7 @@ set_target_properties(memgate PROPERTIES EXPORT_NAME cli)
 
 install(TARGETS memgate_base memgate_bench_tools memgate_allocator memgate_report memgate_spec memgate_models memgate_backend
                 memgate_estimate memgate_distributed memgate_measure memgate_launch memgate_gate memgate_advise
-                memgate_plan
+                memgate_plan memgate_child
                 memgate_memory_suite memgate_core memgate_warnings memgate_fmt memgate_verdicts memgate
   EXPORT memgateTargets
   ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}"

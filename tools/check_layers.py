@@ -13,7 +13,7 @@ import sys
 
 # Bottom first. Each layer may use those before it in this list (not all of them: this is the order only).
 LAYERS = ["base", "bench", "allocator", "report", "spec", "models", "backend", "estimate", "distributed", "measure",
-          "launch", "gate", "advise", "plan", "python", "suite", "cli"]
+          "launch", "gate", "advise", "plan", "child", "python", "suite", "cli"]
 NO_TORCH = {"base", "bench", "allocator", "report", "spec"}
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
 

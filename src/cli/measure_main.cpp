@@ -3,7 +3,7 @@
 #include "measure_cli.h"
 
 #include "memgate/base/process.h"
-#include "memgate/gate/rank.h"
+#include "memgate/child/rank.h"
 
 #include <string_view>
 

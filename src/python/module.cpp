@@ -3,15 +3,13 @@
 // of a fixture in this process, as a memgate program started with --memgate-rank does.
 #include "python_model.h"
 
-#include "memgate/advise/advise.h"
-
 #include "memgate/backend/cpu_allocator.h"
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/backend/module_attribution.h"
 #include "memgate/base/files.h"
 #include "memgate/base/heartbeat.h"
+#include "memgate/child/rank.h"
 #include "memgate/estimate/meta_kernels.h"
-#include "memgate/gate/rank.h"
 #include "memgate/measure/probe.h"
 
 #include <nlohmann/json.hpp>
@@ -130,7 +128,6 @@ PYBIND11_MODULE(_core, m) {
                                        std::uint64_t seed) -> std::unique_ptr<memgate::Model> {
     return std::make_unique<memgate::python::PythonModel>(options, device, seed);
   });
-  memgate::set_rank_search(&memgate::search_largest_batches_here);
   memgate::set_python_build_reuse({.enable = &memgate::python::PythonModel::reuse_builds,
                                     .drop = &memgate::python::PythonModel::drop_reused_build});
   // An earlier probe's model is freed by Python's collector, in reference cycles: collected before the next probe

@@ -24,7 +24,7 @@
 #include "memgate/gate/baseline.h"
 #include "memgate/gate/budget.h"
 #include "memgate/gate/fixture.h"
-#include "memgate/gate/rank.h"
+#include "memgate/child/rank.h"
 #include "memgate/gate/suite.h"
 #include "memgate/gate/verdict.h"
 #include "memgate/backend/device.h"

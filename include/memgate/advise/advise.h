@@ -179,7 +179,7 @@ struct EstimatedFits {
                                                         std::optional<std::int64_t> effective_batch = {},
                                                         std::int64_t max_batch = std::int64_t{1} << 16);
 /// largest_batches_by_estimate in this process, for a request and an answer as run_python_search passes them (a
-/// Python fixture's search runs in its Python process: set_rank_search).
+/// Python fixture's search runs in its Python process: child/rank.h's rank_main calls it).
 [[nodiscard]] std::string search_largest_batches_here(const Workload& workload, const std::string& request);
 
 /// The search's answer as text for a terminal, and as JSON (estimate --output: "largest_batch_by_estimate").

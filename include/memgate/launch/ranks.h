@@ -48,9 +48,9 @@ namespace memgate {
                                                          std::optional<EstimateTarget> estimate,
                                                          std::int64_t cap_bytes = 0);
 
-/// A Python fixture's whole search of the largest batches by estimate for CUDA, in one Python process
-/// (its request's `search`: set_rank_search), `request` its input and the answer's text returned: every estimate of
-/// the search from one built module (reuse_python_builds). A process that fails is an error naming the fixture.
+/// A Python fixture's whole search of the largest batches by estimate for CUDA, in one Python process (its request's
+/// `search`, which child/rank.h's rank_main runs), `request` its input and the answer's text returned: every estimate
+/// of the search from one built module (reuse_python_builds). A process that fails is an error naming the fixture.
 [[nodiscard]] std::string run_python_search(const Workload& workload, const std::string& request,
                                             const ProbeOptions& options = {});
 
@@ -59,7 +59,7 @@ namespace memgate {
 /// they own the same number of rows of every parameter's dim-0 chunk.
 [[nodiscard]] std::vector<int> rank_kinds(const Workload& workload, int world);
 
-/// Says that this program's main() runs a rank when started with --memgate-rank (gate/rank.h's is_rank_command
+/// Says that this program's main() runs a rank when started with --memgate-rank (child/rank.h's is_rank_command
 /// calls it): distributed probes then start their ranks from this program, with its registered architectures.
 void declare_rank_host();
 

@@ -7,7 +7,7 @@
 #include "fork_server_main.h"
 
 #include "memgate/base/process.h"
-#include "memgate/gate/rank.h"
+#include "memgate/child/rank.h"
 
 #include <nlohmann/json.hpp>
 

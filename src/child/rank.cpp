@@ -1,9 +1,10 @@
 // One probe of a fixture in a process of its own: a rank of a distributed probe, or the whole probe of a Python
 // fixture in a Python process (python -m memgate), started by the launcher (launch/ranks.h).
-#include "memgate/gate/rank.h"
+#include "memgate/child/rank.h"
 
 #include "fork_server_main.h"
 
+#include "memgate/advise/advise.h"
 #include "memgate/backend/cpu_allocator.h"
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
@@ -52,14 +53,7 @@ std::int64_t parse_int(const std::string& text, const std::string& key) {
   return value;
 }
 
-RankSearch& rank_search() {
-  static RankSearch search;
-  return search;
-}
-
 }  // namespace
-
-void set_rank_search(RankSearch search) { rank_search() = std::move(search); }
 
 bool is_rank_command(int argc, char** argv) {
   declare_rank_host();
@@ -170,11 +164,9 @@ int rank_main(int argc, char** argv) {
     // (their hooks stay on the module), nor a cap (a build replayed past it would stop halfway).
     const bool reuse = request.estimate && !fixture.training.distributed.enabled() && cap == 0;
     if (reuse) reuse_python_builds(true);
+    // A Python fixture's whole search (advise's), in this process: one built module serves every batch size.
     if (request.search) {
-      if (!rank_search()) {
-        throw Error(request_path + ": request.search: this program cannot search (memgate's Python extension can)");
-      }
-      write_file_atomically(request.output, rank_search()(fixture, *request.search));
+      write_file_atomically(request.output, search_largest_batches_here(fixture, *request.search));
       return 0;
     }
     const bool keep_going = request.keep_going;
