@@ -80,7 +80,9 @@ Run add_advise(CLI::App& app) {
       "not fit; a wrong prediction is corrected and said. Usable bytes of a GPU fixture: memory x usable_fraction\n"
       "- outside_allocator_mib. A GPU this machine cannot run probes for (no GPU here, or a smaller one) is\n"
       "answered at once from estimates for CUDA (memgate estimate --gpu), labelled as such, not by probes on the\n"
-      "CPU under a GPU-sized cap; --capacity-mib N probes a cap on any device. Each probe prints a line."));
+      "CPU under a GPU-sized cap; --capacity-mib N probes a cap on any device. Each probe prints a line. For each\n"
+      "GPU that the wanted batch (--effective-batch, else the fixture's largest) does not fit, the plans that make\n"
+      "it fit follow, cheapest first (memgate plan, by estimate)."));
   return [o] {
     // The GPUs first: an unknown id is a usage error, before any work.
     const auto gpus = gpu_targets(o->gpus, o->gpu, o->all_gpus);
@@ -122,11 +124,20 @@ Run add_advise(CLI::App& app) {
     };
     if (o->rank_timeout > 0) options.probe.rank_timeout = std::chrono::seconds(o->rank_timeout);
     nlohmann::json json;
+    // The batch wanted (--effective-batch, else the fixture's largest) and the GPUs it does not fit: planned below.
+    const std::int64_t wanted =
+        o->effective_batch > 0 ? o->effective_batch : options.wanted_batch.value_or(std::int64_t{0});
+    std::vector<memgate::AdviceTarget> unfit;
     if (!targets.empty()) {
       const auto advice = memgate::advise(fixture, targets, device, options);
       progress.done(fmt::format("{}: {} probes", fixture.name, probes));
       fmt::print("{}", memgate::format_advice(advice));
       json = memgate::advice_to_json(advice);
+      for (const auto& t : advice.targets) {
+        const bool gpu = std::ranges::any_of(gpus, [&](const auto& g) { return g.id == t.target.id; });
+        const bool fits = t.accumulation ? t.accumulation->fits : t.batch_size.value_or(0) >= wanted;
+        if (gpu && !fits) unfit.push_back(t.target);
+      }
     } else {
       json = {{"device", memgate::device_to_json(memgate::describe_device(device))},
               {"model", {{"name", fixture.name}}},
@@ -152,6 +163,20 @@ Run add_advise(CLI::App& app) {
                  "larger one); --capacity-mib N probes a cap of N MiB here.\n");
       json["largest_batch_by_estimate"] = memgate::estimated_fits_to_json(fits);
       json["estimated_because"] = why;
+      for (const auto& fit : fits.fits) {
+        if (accumulate_to ? fit.micro_batch == 0 : fit.largest < wanted) unfit.push_back(fit.target);
+      }
+    }
+    // Each GPU the wanted batch does not fit: the plans that make it fit (memgate plan's, by estimate).
+    if (!unfit.empty() && wanted > 0) {
+      std::vector<std::string> names;
+      for (const auto& t : unfit) names.push_back(t.id);
+      fmt::print("\nBatch {}{} does not fit {}: the plans that make it fit, by estimate for CUDA (memgate plan):\n",
+                 wanted, o->effective_batch > 0 ? " (effective)" : "", fmt::join(names, ", "));
+      std::string text;
+      json["plans"] = plans_for(fixture, unfit, wanted,
+                                o->effective_batch > 0 ? std::optional<std::int64_t>(wanted) : std::nullopt, text);
+      fmt::print("{}", text);
     }
     if (!o->output.empty()) {
       write_output("--output", o->output, json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -69,6 +70,7 @@ Run add_estimate(CLI::App& app) {
     bool all_gpus = false;
     std::int64_t effective_batch = 0;
     std::int64_t world_size = 0;
+    bool plan = false;
   };
   auto o = std::make_shared<Options>();
   auto* config = app.add_option("--config", o->config, "The model fixture (fixtures/models/<name>.yaml)")
@@ -114,10 +116,17 @@ Run add_estimate(CLI::App& app) {
                                    "With --gpu/--all-gpus: also the micro-batch and accumulation steps that reach it")
                         ->type_name("N")
                         ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
-  app.parse_complete_callback([config, suite, gpu, all, effective] {
+  auto* plan = app.add_flag("--plan", o->plan,
+                            "With --gpu/--all-gpus: also the plans that run the largest batch size (or reach "
+                            "--effective-batch) on each GPU, cheapest first (memgate plan)")
+                   ->excludes(suite);
+  app.parse_complete_callback([config, suite, gpu, all, effective, plan] {
     if (config->count() == 0 && suite->count() == 0) throw CLI::RequiredError("--config or --suite");
     if (effective->count() > 0 && gpu->count() == 0 && all->count() == 0) {
       throw CLI::ValidationError("--effective-batch", "needs --gpu or --all-gpus");
+    }
+    if (plan->count() > 0 && gpu->count() == 0 && all->count() == 0) {
+      throw CLI::ValidationError("--plan", "needs --gpu or --all-gpus");
     }
   });
   app.footer(footer(
@@ -149,8 +158,15 @@ Run add_estimate(CLI::App& app) {
       fits = memgate::largest_batches_by_estimate(fixture, targets, accumulate_to);
       json["largest_batch_by_estimate"] = memgate::estimated_fits_to_json(*fits);
     }
+    // With --plan, the plans: written with the estimate's JSON, printed after the fits.
+    std::string plans;
+    if (o->plan) {
+      json["plans"] = plans_for(fixture, targets, accumulate_to.value_or(*std::ranges::max_element(batch_sizes)),
+                                accumulate_to, plans);
+    }
     write_profile(profile, json, o->files, o->config, "the estimated allocations");
     if (fits) fmt::print("{}", memgate::format_estimated_fits(*fits, accumulate_to));
+    fmt::print("{}", plans);
     return kOk;
   };
 }

@@ -10,6 +10,7 @@
 #include "memgate/report/profile_document.h"
 #include "memgate/models/python.h"
 #include "memgate/models/torchscript.h"
+#include "memgate/plan/plan.h"
 
 #include <fmt/format.h>
 
@@ -155,6 +156,30 @@ memgate::Fixture load_fixture_for_run(const std::string& path, const std::string
   auto fixture = memgate::load_fixture(path);
   memgate::override_cpu_kernels(fixture, cpu_kernels, "--cpu-kernels");
   return fixture;
+}
+
+nlohmann::json plans_for(const memgate::Fixture& fixture, const std::vector<memgate::AdviceTarget>& targets,
+                         std::int64_t batch, std::optional<std::int64_t> effective_batch, std::string& text) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& target : targets) {
+    memgate::PlanOptions options;
+    if (effective_batch) {
+      options.effective_batch = effective_batch;
+    } else {
+      options.batch = batch;
+    }
+    text += "\n";
+    try {
+      const auto result = memgate::plan(fixture, target, options);
+      text += memgate::format_plan(result);
+      out[target.id] = memgate::plan_to_json(result);
+    } catch (const memgate::Error& e) {
+      // No plan fits: the search's own message (the batch, the GPU and the least it needed), and the rest go on.
+      text += fmt::format("memgate plan: {}\n", e.what());
+      out[target.id] = {{"error", e.what()}};
+    }
+  }
+  return out;
 }
 
 }  // namespace memgate::cli

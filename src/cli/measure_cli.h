@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -63,6 +64,13 @@ std::vector<FileArg> project_inputs(const std::string& baselines);
 
 // A fixture as a run measures it: with the kernels the run asks for (--cpu-kernels).
 memgate::Fixture load_fixture_for_run(const std::string& path, const std::string& cpu_kernels);
+
+// The plans (memgate plan's, by estimate for CUDA) that run `batch` per step, or reach `effective_batch` by
+// accumulation, on each target: as JSON, one plan document per target's id ({"error": why} where no plan fits), and
+// appended to `text` as `memgate plan` prints them (the search's message where no plan fits). advise reaches plan this
+// way for each GPU its wanted batch does not fit; estimate --plan for each --gpu.
+nlohmann::json plans_for(const memgate::Fixture& fixture, const std::vector<memgate::AdviceTarget>& targets,
+                         std::int64_t batch, std::optional<std::int64_t> effective_batch, std::string& text);
 
 // --- Subcommands ----------------------------------------------------------------------------------------------
 

@@ -241,6 +241,8 @@ TEST(AdviseCliTest, AGpuThisMachineDoesNotHaveIsAnsweredFromEstimates) {
   EXPECT_EQ(advice["total_probes"], 0);
   EXPECT_TRUE(advice["targets"].empty());
   EXPECT_EQ(advice["estimated_because"], "this machine has no GPU to probe on");
+  EXPECT_FALSE(advice.contains("plans")) << "the fixture's largest batch fits both: nothing to plan";
+  EXPECT_THAT(out, Not(HasSubstr("does not fit")));
   // The estimate's own answer, batch for batch.
   ASSERT_EQ(testing::run(cli + " estimate --config " + fixture + " --batch-sizes 1 --gpu t4_16gb --gpu rtx_3070_8gb "
                          "--output " + estimate, &out), 0) << out;
@@ -253,6 +255,42 @@ TEST(AdviseCliTest, AGpuThisMachineDoesNotHaveIsAnsweredFromEstimates) {
     EXPECT_TRUE(got["estimated"].get<bool>());
     EXPECT_GT(got["largest_batch"].get<int>(), 0) << got;
   }
+}
+
+// The wanted batch (the fixture's largest) does not fit an 8 GB GPU but fits an H100: advise plans it for the first
+// alone, as `memgate plan` plans it, and `estimate --plan` gives the same plans (issue 70: plan reached from both).
+TEST(AdviseCliTest, AWantedBatchThatDoesNotFitIsPlannedAsMemgatePlanPlansIt) {
+  testing::TempDir dir;
+  const std::string cli = MEMGATE_CLI;
+  auto yaml = testing::read_file(testing::source_dir() + "/fixtures/models/vit_tiny_full.yaml");
+  const auto at = yaml.find("batch_sizes:");
+  ASSERT_NE(at, std::string::npos);
+  yaml = yaml.substr(0, at) + "batch_sizes: [1, 16000]\n" + yaml.substr(yaml.find('\n', at) + 1);
+  const auto fixture = dir / "big.yaml";
+  testing::write_file(fixture, yaml);
+  const auto advice_json = dir / "advice.json", plan_json = dir / "plan.json", estimate_json = dir / "estimate.json";
+  std::string out;
+  ASSERT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --gpu rtx_3070_8gb --gpu "
+                         "h100_80gb --output " + advice_json, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("Batch 16000 does not fit rtx_3070_8gb: the plans that make it fit"));
+  EXPECT_THAT(out, HasSubstr("memgate plan: big at batch 16000 on NVIDIA GeForce RTX 3070"));
+  const auto plans = nlohmann::json::parse(testing::read_file(advice_json))["plans"];
+  ASSERT_EQ(plans.size(), 1U) << "the H100 fits it as it is: " << plans.dump(2);
+  ASSERT_TRUE(plans.contains("rtx_3070_8gb")) << plans.dump(2);
+  ASSERT_EQ(testing::run(cli + " plan --config " + fixture + " --gpu rtx_3070_8gb --output " +
+                         plan_json, &out), 0) << out;
+  ASSERT_EQ(testing::run(cli + " estimate --config " + fixture + " --gpu rtx_3070_8gb --plan --output " +
+                         estimate_json, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("memgate plan: big at batch 16000 on NVIDIA GeForce RTX 3070"));
+  const auto without_time = [](nlohmann::json j) {
+    j.erase("seconds");
+    return j;
+  };
+  const auto planned = without_time(nlohmann::json::parse(testing::read_file(plan_json)));
+  ASSERT_FALSE(planned["plans"].empty()) << planned.dump(2);
+  EXPECT_TRUE(planned["plans"][0]["fits"].get<bool>());
+  EXPECT_EQ(without_time(plans["rtx_3070_8gb"]), planned);
+  EXPECT_EQ(without_time(nlohmann::json::parse(testing::read_file(estimate_json))["plans"]["rtx_3070_8gb"]), planned);
 }
 
 // Beside a capacity (probed on this CPU), a GPU target is still answered from estimates, and every probe the capacity
