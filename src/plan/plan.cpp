@@ -328,7 +328,8 @@ class Planner {
   }
 
   // Cheapest first; a plan that another beats or equals on every cost (recomputed FLOPs, accumulation steps,
-  // levers, changing the training) is left out.
+  // levers, changing the training) is left out. Plans that change the training in different ways (bf16, a frozen
+  // backbone, SGD) do not compare: each is listed.
   static std::vector<Plan> pareto_sorted(std::vector<Plan> plans) {
     const auto cost = [](const Plan& p) {
       return std::make_tuple(p.changes_training, p.recompute_flops_fraction, p.accumulation_steps, p.levers.size(),
@@ -338,7 +339,8 @@ class Planner {
     std::vector<Plan> out;
     for (auto& p : plans) {
       const bool dominated = std::any_of(out.begin(), out.end(), [&](const Plan& q) {
-        return q.changes_training == p.changes_training && q.recompute_flops <= p.recompute_flops &&
+        return q.changes_training == p.changes_training && (!p.changes_training || q.change == p.change) &&
+               q.recompute_flops <= p.recompute_flops &&
                q.accumulation_steps <= p.accumulation_steps && q.levers.size() <= p.levers.size();
       });
       if (!dominated) out.push_back(std::move(p));
