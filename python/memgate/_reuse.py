@@ -103,15 +103,18 @@ def _inner_state(value, seen, depth):
         seen.add(id(value))
         items = {k: v for k, v in vars(value).items() if not (k.startswith("__") and k.endswith("__"))}
         return ("class", value, items, _inner_states(items.values(), seen, depth + 1))
-    if isinstance(value, (list, _collections.deque, bytearray)):
+    # The builtin containers exactly: a subclass may compute its items as it is read (transformers' lazy auto
+    # mappings import a module per key), and is left as it is.
+    kind = type(value)
+    if kind in (list, _collections.deque, bytearray):
         seen.add(id(value))
         items = list(value)
         return ("sequence", value, items, _inner_states(items[:_WIDE], seen, depth + 1))
-    if isinstance(value, dict):
+    if kind in (dict, _collections.OrderedDict, _collections.defaultdict):
         seen.add(id(value))
         items = dict(value)
         return ("dict", value, items, _inner_states(list(items.values())[:_WIDE], seen, depth + 1))
-    if isinstance(value, set):
+    if kind is set:
         seen.add(id(value))
         return ("set", value, set(value), [])
     if _own_class(type(value)) and isinstance(getattr(value, "__dict__", None), dict):
@@ -123,8 +126,15 @@ def _inner_state(value, seen, depth):
 
 def _inner_states(values, seen=None, depth=0):
     seen = set() if seen is None else seen
-    states = (_inner_state(v, seen, depth) for v in values)
-    return [s for s in states if s is not None]
+    out = []
+    for v in values:
+        try:
+            state = _inner_state(v, seen, depth)
+        except Exception:  # an object whose reading runs the user's code and fails: not recorded, left as it is
+            continue
+        if state is not None:
+            out.append(state)
+    return out
 
 
 def _put_back(state) -> None:

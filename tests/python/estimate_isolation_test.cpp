@@ -149,7 +149,8 @@ TEST(DataDependentOpTest, AnEstimateRefusesItNamingTheOpAndTheModuleAndSaysToMea
 // State the user's code keeps between batch sizes: a model whose forward counts its calls (its extra head joins after
 // four, one probe's forwards) and a loss from a package on PYTHONPATH with a module-level step counter and state
 // inside objects (a list, a dict, a class attribute, an instance's attribute), each a wider term after two steps, one
-// probe's; each of the four put back in place is needed (without any one of them the sweep differs). Before, a sweep's later batch sizes ran with both switched on (the estimate's one
+// probe's; each of the four put back in place is needed (without any one of them the sweep differs). A dict subclass
+// that fails as it is read (transformers' lazy auto mappings import a class per key) is left alone, not a crash. Before, a sweep's later batch sizes ran with both switched on (the estimate's one
 // built module kept its counter; the package's counter went on in the measurement's process): gradients 17,920 B
 // against 1,280 B at batch 2. Each batch size of a sweep now equals a process of its own, estimate and measurement.
 // Through the library, as `memgate estimate` and `memgate profile` sweep (estimate_profile, run_probes: each sweep in
@@ -163,6 +164,9 @@ TEST(SweepStateTest, EachBatchSizeOfASweepEqualsAProcessOfItsOwn) {
                       "import torch\n\nSTEP = 0  # the loss's own step counter\nHISTORY = []\nCACHE = {}\n\n\n"
                       "class Scale:\n    calls = 0\n\n\n"
                       "class Tracker:\n    def __init__(self):\n        self.seen = 0\n\n\nTRACKER = Tracker()\n\n\n"
+                      "class Lazy(dict):  # a mapping that imports as it is read (transformers' lazy auto mappings)\n"
+                      "    def __iter__(self):\n        raise ValueError('Could not find a model class')\n\n"
+                      "    keys = items = values = __iter__\n\n\nLAZY = Lazy()\n\n\n"
                       "def loss(output, batch):\n    global STEP\n    STEP += 1\n    HISTORY.append(STEP)\n"
                       "    CACHE[len(CACHE)] = STEP\n    Scale.calls += 1\n    TRACKER.seen += 1\n"
                       "    h, extra = output\n"
