@@ -15,6 +15,10 @@ Components, in bytes above what was allocated before the build: params, gradient
 forward_peak, eval_peak (absolute), step_peak (absolute), and ema where the fixture keeps one.
 
 Run: ~/.cache/memgate/venv/bin/python tools/step_reference.py --config fixtures/models/py_step_vic.yaml --batch-sizes 2,4
+
+Several fixtures in one run (torch and the fixtures' packages imported once): --config A.yaml --batch-sizes 2,4
+--config B.yaml --batch-sizes 1,2 prints a JSON list, one document per --config in its order (one --batch-sizes:
+the same for each). Each fixture is run as in a run of its own: its model built anew and its first probe unmeasured.
 """
 from __future__ import annotations
 
@@ -223,30 +227,43 @@ def run_probe(fx: Fixture, batch_size: int, warmup_steps: int = 1, timeline_out=
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="a Python fixture (arch: python)")
-    p.add_argument("--batch-sizes", default="2")
-    p.add_argument("--warmup-steps", type=int, default=1)
-    p.add_argument("--timeline", help="write every allocation/free (phase, bytes, running total, op) here")
-    a = p.parse_args(argv)
-    torch.set_num_threads(1)
-    torch.backends.mkldnn.enabled = False
-    torch._C._set_nnpack_enabled(False)
+def reference(config: str, batch_sizes: str, warmup_steps: int, timeline) -> dict:
+    """The document of one fixture: its probes at each of `batch_sizes` (comma-separated)."""
     with contextlib.redirect_stdout(sys.stderr):  # what importing the user's libraries prints
-        fx = Fixture(a.config)
-    timeline = open(a.timeline, "w") if a.timeline else None
+        fx = Fixture(config)
     probes = []
-    for bs in (int(s) for s in a.batch_sizes.split(",")):
+    for bs in (int(s) for s in batch_sizes.split(",")):
         # One probe first, unmeasured, so that what a first call imports or caches lazily is not in the numbers.
         with contextlib.redirect_stdout(sys.stderr):
             run_probe(fx, bs)
         if timeline:
-            print(f"# batch {bs}", file=timeline)
-        probes.append(run_probe(fx, bs, a.warmup_steps, timeline))
+            print(f"# {config} batch {bs}" if timeline.multi else f"# batch {bs}", file=timeline.file)
+        probes.append(run_probe(fx, bs, warmup_steps, timeline.file if timeline else None))
+    return {"reference": "plain PyTorch loop", "fixture": config, "probes": probes}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, action="append",
+                   help="a Python fixture (arch: python); several: one document each, as a JSON list")
+    p.add_argument("--batch-sizes", action="append",
+                   help="comma-separated (default 2): once for every --config, or once per --config in its order")
+    p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--timeline", help="write every allocation/free (phase, bytes, running total, op) here")
+    a = p.parse_args(argv)
+    sizes = a.batch_sizes or ["2"]
+    if len(sizes) == 1:
+        sizes = sizes * len(a.config)
+    if len(sizes) != len(a.config):
+        p.error(f"--batch-sizes: given {len(sizes)} times for {len(a.config)} --config, expected once or once each")
+    torch.set_num_threads(1)
+    torch.backends.mkldnn.enabled = False
+    torch._C._set_nnpack_enabled(False)
+    timeline = types.SimpleNamespace(file=open(a.timeline, "w"), multi=len(a.config) > 1) if a.timeline else None
+    docs = [reference(config, bs, a.warmup_steps, timeline) for config, bs in zip(a.config, sizes)]
     if timeline:
-        timeline.close()
-    json.dump({"reference": "plain PyTorch loop", "fixture": a.config, "probes": probes}, sys.stdout, indent=2)
+        timeline.file.close()
+    json.dump(docs[0] if len(docs) == 1 else docs, sys.stdout, indent=2)
     print()
     return 0
 

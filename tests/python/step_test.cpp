@@ -55,14 +55,70 @@ struct Pattern {
 
 void PrintTo(const Pattern& p, std::ostream* os) { *os << p.fixture; }
 
+std::string fixture_path(const Pattern& p) {
+  return testing::source_dir() + "/fixtures/models/" + p.fixture + ".yaml";
+}
+
+// The patterns, each a fixture of fixtures/models with the batch sizes it is compared at.
+const std::vector<Pattern>& patterns() {
+  static const std::vector<Pattern> all = {
+      Pattern{"TwoViewsOneBackboneVicLoss", "py_step_vic", {2, 4}},
+      Pattern{"StudentAndTeacherOnSeveralCrops", "py_step_dino", {2, 4}},
+      Pattern{"DeepSupervisionWithClipping", "py_step_deep_supervision", {2, 4}},
+      Pattern{"TransformersFromADictBatchWithLabels", "py_step_hf_dict", {1, 2}},
+      Pattern{"RmspropWithTwoParameterGroupsAndAKeywordInput", "py_step_rmsprop_groups", {2, 4}},
+      Pattern{"SegmentationDiceLossOnAMaskTarget", "py_step_seg_dice", {2, 4}},
+      Pattern{"AnEmaCopyUpdatedAfterEachStep", "py_step_ema", {2, 4}}};
+  return all;
+}
+
+// The reference's documents of every pattern, in their order (each with its fixture and one JSON object per batch
+// size), from one run of tools/step_reference.py: torch and transformers imported once for the seven, each fixture run
+// as in a run of its own. Made by the first test that asks; `error` says why there are none.
+struct References {
+  nlohmann::json docs;
+  std::string error;
+};
+
+const References& references() {
+  static const References all = [] {
+    testing::TempDir dir;
+    std::string configs;
+    for (const auto& p : patterns()) {
+      std::string sizes;
+      for (const auto b : p.batches) sizes += (sizes.empty() ? "" : ",") + std::to_string(b);
+      configs += fmt::format(" --config {} --batch-sizes {}", fixture_path(p), sizes);
+    }
+    std::string out;
+    const int rc = testing::run(fmt::format("({} {}/tools/step_reference.py{} 2>{}) > {}", MEMGATE_TORCH_PYTHON,
+                                            testing::source_dir(), configs, dir / "err.txt", dir / "ref.json"),
+                                &out);
+    if (rc != 0) return References{{}, fmt::format("exit {}: {}{}", rc, out, testing::read_file(dir / "err.txt"))};
+    return References{nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON")), ""};
+  }();
+  return all;
+}
+
+// The reference's probes of pattern `p`: one JSON object per batch size.
+nlohmann::json reference(const Pattern& p) {
+  const auto& all = references();
+  EXPECT_TRUE(all.error.empty()) << "tools/step_reference.py: " << all.error;
+  if (!all.error.empty()) return nlohmann::json::array();
+  EXPECT_EQ(all.docs.size(), patterns().size());
+  for (const auto& doc : all.docs) {
+    if (doc.at("fixture") == fixture_path(p)) return doc.at("probes");
+  }
+  ADD_FAILURE() << "tools/step_reference.py made no document of " << fixture_path(p);
+  return nlohmann::json::array();
+}
+
 class StepReferenceTest : public ::testing::TestWithParam<Pattern> {};
 
 // memgate's measurement of the fixture equals the plain-PyTorch loop's, component by component, at each batch size.
 TEST_P(StepReferenceTest, MeasuresWhatThePlainPyTorchLoopAllocates) {
   const auto& p = GetParam();
-  const auto path = testing::source_dir() + "/fixtures/models/" + p.fixture + ".yaml";
-  const auto f = load_fixture(path);
-  const auto ref = reference(path, p.batches);
+  const auto f = load_fixture(fixture_path(p));
+  const auto ref = reference(p);
   ASSERT_EQ(ref.size(), p.batches.size());
   for (std::size_t i = 0; i < p.batches.size(); ++i) {
     const auto b = p.batches[i];
@@ -83,16 +139,7 @@ TEST_P(StepReferenceTest, MeasuresWhatThePlainPyTorchLoopAllocates) {
 
 std::string pattern_name(const ::testing::TestParamInfo<Pattern>& info) { return info.param.name; }
 
-INSTANTIATE_TEST_SUITE_P(
-    Patterns, StepReferenceTest,
-    ::testing::Values(Pattern{"TwoViewsOneBackboneVicLoss", "py_step_vic", {2, 4}},
-                      Pattern{"StudentAndTeacherOnSeveralCrops", "py_step_dino", {2, 4}},
-                      Pattern{"DeepSupervisionWithClipping", "py_step_deep_supervision", {2, 4}},
-                      Pattern{"TransformersFromADictBatchWithLabels", "py_step_hf_dict", {1, 2}},
-                      Pattern{"RmspropWithTwoParameterGroupsAndAKeywordInput", "py_step_rmsprop_groups", {2, 4}},
-                      Pattern{"SegmentationDiceLossOnAMaskTarget", "py_step_seg_dice", {2, 4}},
-                      Pattern{"AnEmaCopyUpdatedAfterEachStep", "py_step_ema", {2, 4}}),
-    pattern_name);
+INSTANTIATE_TEST_SUITE_P(Patterns, StepReferenceTest, ::testing::ValuesIn(patterns()), pattern_name);
 
 // The Meta-device estimate runs the same callables (the batch made on Meta with a CPU generator, compute_loss, the
 // Python optimizer, the clipping): model states exact, activations and peaks within 1% of the measurement.
@@ -125,16 +172,7 @@ TEST_P(StepEstimateTest, EstimatesTheStepWithinOnePercentOfItsMeasurement) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Patterns, StepEstimateTest,
-    ::testing::Values(Pattern{"TwoViewsOneBackboneVicLoss", "py_step_vic", {2, 4}},
-                      Pattern{"StudentAndTeacherOnSeveralCrops", "py_step_dino", {2, 4}},
-                      Pattern{"DeepSupervisionWithClipping", "py_step_deep_supervision", {2, 4}},
-                      Pattern{"TransformersFromADictBatchWithLabels", "py_step_hf_dict", {1, 2}},
-                      Pattern{"RmspropWithTwoParameterGroupsAndAKeywordInput", "py_step_rmsprop_groups", {2, 4}},
-                      Pattern{"SegmentationDiceLossOnAMaskTarget", "py_step_seg_dice", {2, 4}},
-                      Pattern{"AnEmaCopyUpdatedAfterEachStep", "py_step_ema", {2, 4}}),
-    pattern_name);
+INSTANTIATE_TEST_SUITE_P(Patterns, StepEstimateTest, ::testing::ValuesIn(patterns()), pattern_name);
 
 // --- Bad keys: the file, the key and what was expected --------------------------------------------------------------
 
