@@ -51,6 +51,13 @@ at::Tensor meta_conv_group_slice(const at::Tensor& t, int64_t dim, int64_t group
   return t.narrow(dim, n * g, n).contiguous(t.suggest_memory_format());
 }
 
+// The product of a tensor's sizes from dim 2 on: a kernel's or an image's spatial size, 2-D or 3-D.
+int64_t spatial_numel(at::IntArrayRef sizes) {
+  int64_t n = 1;
+  for (std::size_t d = 2; d < sizes.size(); ++d) n *= sizes[d];
+  return n;
+}
+
 // The CPU's backend without oneDNN (_select_conv_backend): SlowTranspose2d, SlowDilated2d, else Slow2d.
 enum class MetaSlowConv { kSlow2d, kDilated2d, kTranspose2d };
 
@@ -79,7 +86,7 @@ at::Tensor meta_conv_group_forward(const at::Tensor& input, const at::Tensor& we
   }
   if (backend == MetaSlowConv::kDilated2d) {
     auto out = at::empty(shape, options);
-    auto columns = at::empty({input.size(1) * kh * kw, shape[2] * shape[3]}, input.options());
+    auto columns = at::empty({input.size(1) * spatial_numel(weight.sizes()), spatial_numel(shape)}, input.options());
     return out;
   }
   const auto finput = unit_1x1(weight, stride, padding)
@@ -157,7 +164,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_conv_group_backward(const at
     if (mask[1]) gw = at::empty(weight.sizes(), weight.options().memory_format(format));
     if (mask[2]) gb = at::empty({weight.size(0)}, weight.options());
     const auto columns = mask[0] || mask[1]
-                             ? at::empty({input.size(1) * kh * kw, grad_output.size(2) * grad_output.size(3)},
+                             ? at::empty({input.size(1) * spatial_numel(weight.sizes()),
+                                          spatial_numel(grad_output.sizes())},
                                          input.options())
                              : at::Tensor();
     if (mask[2]) {
@@ -225,6 +233,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_conv_slow_backward(
 bool meta_slow3d(const at::Tensor& input, at::IntArrayRef dilation, bool transposed) {
   return for_cpu() && !for_cpu_host() && input.dim() == 5 && !transposed &&
          std::all_of(dilation.begin(), dilation.end(), [](int64_t d) { return d == 1; });
+}
+
+// SlowDilated3d (a dilated 3-D convolution, portable kernels): NaiveDilatedConvolution.cpp's template is the 2-D one's
+// for three spatial dims (the output, then one image's columns; its groups one at a time, in contiguous format), so it
+// runs SlowDilated2d's steps above with the kernel's and the image's spatial sizes as products.
+bool meta_dilated3d(const at::Tensor& input, bool transposed) {
+  return for_cpu() && !for_cpu_host() && input.dim() == 5 && !transposed;
 }
 
 bool unit_1x1x1(const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding, int64_t groups) {
@@ -421,6 +436,9 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   if (meta_slow3d(input, dilation, transposed)) {
     return meta_slow3d_forward(input, weight, shape, stride, padding, groups);
   }
+  if (meta_dilated3d(input, transposed)) {
+    return meta_conv_slow_forward(input, weight, bias, shape, stride, padding, dilation, transposed, groups);
+  }
   if (!for_cpu() || spatial != 2) return at::empty(shape, options);
   if (!cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
     return meta_conv_slow_forward(input, weight, bias, shape, stride, padding, dilation, transposed, groups);
@@ -435,6 +453,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   at::Tensor gi, gw, gb;
   if (meta_slow3d(input, dilation, transposed)) {
     return meta_slow3d_backward(grad_output, input, weight, stride, padding, groups, mask);
+  }
+  if (meta_dilated3d(input, transposed)) {
+    return meta_conv_slow_backward(grad_output, input, weight, stride, padding, dilation, transposed, groups, mask);
   }
   if (for_cpu() && input.dim() == 4 && !cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
     return meta_conv_slow_backward(grad_output, input, weight, stride, padding, dilation, transposed, groups, mask);
