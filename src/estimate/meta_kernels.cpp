@@ -90,6 +90,7 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
   std::call_once(once, [] {
     static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradMeta, __FILE__, __LINE__);
     autograd.impl("scaled_dot_product_attention", TORCH_FN(meta_attention));
+    autograd.impl("ctc_loss.Tensor", TORCH_FN(ctc_loss_tensor));
     static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
     lib.impl("convolution_overrideable", TORCH_FN(convolution));
     lib.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
@@ -156,8 +157,14 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("_log_softmax", TORCH_FN(log_softmax));
     lib.impl("_softmax_backward_data", TORCH_FN(softmax_backward));
     lib.impl("_log_softmax_backward_data", TORCH_FN(log_softmax_backward));
+    lib.impl("scatter.src", TORCH_FN(scatter_src));
+    lib.impl("scatter.value", TORCH_FN(scatter_value));
+    lib.impl("scatter_reduce.two", TORCH_FN(scatter_reduce_two));
+    lib.impl("scatter_add", TORCH_FN(scatter_add));
+    lib.impl("sort.stable", TORCH_FN(sort_stable));
     lib.impl("arange.start_out", TORCH_FN(arange_out));
     lib.impl("resize_", TORCH_FN(resize_));
+    lib.impl("_ctc_loss_backward", TORCH_FN(ctc_loss_backward));
     for (const auto* op : {"_fused_adamw_", "_fused_adamw_.tensor_lr", "_fused_adam_", "_fused_adam_.tensor_lr",
                            "_fused_sgd_", "_fused_sgd_.tensor_lr"}) {
       lib.impl(op, torch::CppFunction::makeFromBoxedFunction<&fused_optimizer_in_place>());

@@ -114,6 +114,13 @@ at::Tensor softmax_backward(const at::Tensor& grad_output, const at::Tensor& out
                             at::ScalarType input_dtype);
 at::Tensor log_softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                                 at::ScalarType input_dtype);
+at::Tensor scatter_src(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src);
+at::Tensor scatter_value(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value);
+at::Tensor scatter_reduce_two(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
+                              c10::string_view reduce, bool include_self);
+at::Tensor scatter_add(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src);
+std::tuple<at::Tensor, at::Tensor> sort_stable(const at::Tensor& self, std::optional<bool> stable, int64_t dim,
+                                               bool descending);
 at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out);
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format);
@@ -226,5 +233,12 @@ void track_backward_functions();
 [[nodiscard]] bool in_engine_sum();
 /// can_accumulate_inplace, but for the Meta check: dense and the last reference to it and to its storage.
 [[nodiscard]] bool holds_last_reference(const at::Tensor& t);
+/// ctc_loss.Tensor at the autograd key: the device's path, the lengths read from the CPU tensors passed.
+at::Tensor ctc_loss_tensor(const at::Tensor& log_probs, const at::Tensor& targets, const at::Tensor& input_lengths,
+                           const at::Tensor& target_lengths, int64_t blank, int64_t reduction, bool zero_infinity);
+at::Tensor ctc_loss_backward(const at::Tensor& grad, const at::Tensor& log_probs, const at::Tensor& targets,
+                             at::IntArrayRef input_lengths, at::IntArrayRef target_lengths,
+                             const at::Tensor& neg_log_likelihood, const at::Tensor& log_alpha, int64_t blank,
+                             bool zero_infinity);
 
 }  // namespace memgate::meta_kernels

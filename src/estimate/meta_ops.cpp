@@ -18,14 +18,20 @@
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mse_loss_meta_dispatch.h>
 #include <ATen/ops/resize_native.h>
+#include <ATen/ops/scatter_add_meta_dispatch.h>
+#include <ATen/ops/scatter_meta_dispatch.h>
+#include <ATen/ops/scatter_reduce_meta_dispatch.h>
+#include <ATen/ops/sort_meta_dispatch.h>
 #include <ATen/ops/sub_meta_dispatch.h>
 #include <ATen/ops/sum_meta_dispatch.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -528,6 +534,88 @@ at::Tensor log_softmax_backward(const at::Tensor& grad_output, const at::Tensor&
     [[maybe_unused]] const auto out = output.expect_contiguous();
   }
   return grad_input;
+}
+
+// --- backward formulas that scatter in place on the device -------------------------------------------------
+// Some of autograd's formulas (FunctionsManual.cpp) take an out-of-place path where a tensor is "subclass-like"
+// (areAnyTensorSubclassLike), and Meta tensors are (BackendComponent::MetaBit is in kTensorSubclassLike): the CPU and
+// CUDA scatter into the zeros they just made, Meta clones them first. value_selecting_reduction_backward (max and min
+// along a dim, sort, topk, mode, kthvalue, median and nanmedian along a dim) runs at::zeros(sizes).scatter_(dim,
+// indices, grad); gather_backward (gather, take_along_dim) grad.new_zeros(sizes).scatter_add_(dim, index, grad).
+// These take the device's path back: in the function of such a backward node (not the engine's sum), without grad
+// mode, on zeros nothing else holds, they scatter into `self` (tools/conformance.py: +1 tensor of the input's size).
+namespace {
+
+bool in_backward_function_of(std::initializer_list<std::string_view> nodes) {
+  if (at::GradMode::is_enabled() || in_engine_sum()) return false;
+  const auto node = torch::autograd::get_current_node();
+  if (node == nullptr) return false;
+  const auto name = node->name();
+  return std::find(nodes.begin(), nodes.end(), std::string_view(name)) != nodes.end();
+}
+
+// On the CPU a scatter into a bf16 or fp16 tensor (scatter_, scatter_add_, with or without a reduction, whatever the
+// index) works in a float buffer of the destination's size, allocated after the output and freed on return, where the
+// index has elements (measured with torch.profiler on 2.11: aten::empty of numel * 4 bytes inside aten::scatter_ and
+// aten::scatter_add_; float32 and float64 take none).
+void cpu_scatter_buffer(const at::Tensor& self, const at::Tensor& index) {
+  if (for_cpu() && (self.scalar_type() == at::kBFloat16 || self.scalar_type() == at::kHalf) && index.numel() > 0) {
+    [[maybe_unused]] const auto buffer = at::empty(self.sizes(), self.options().dtype(at::kFloat));
+  }
+}
+
+}  // namespace
+
+at::Tensor scatter_src(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
+  if (self.use_count() == 1 &&
+      in_backward_function_of({"MaxBackward0", "MinBackward0", "SortBackward0", "SortBackward1", "TopkBackward0",
+                               "ModeBackward0", "KthvalueBackward0", "MedianBackward1", "NanmedianBackward1"})) {
+    at::Tensor out = self;
+    at::meta::scatter_(out, dim, index, src);
+    cpu_scatter_buffer(out, index);
+    return out;
+  }
+  auto out = at::meta::scatter(self, dim, index, src);
+  cpu_scatter_buffer(out, index);
+  return out;
+}
+
+at::Tensor scatter_value(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value) {
+  auto out = at::meta::scatter(self, dim, index, value);
+  cpu_scatter_buffer(out, index);
+  return out;
+}
+
+at::Tensor scatter_reduce_two(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
+                              c10::string_view reduce, bool include_self) {
+  auto out = at::meta::scatter_reduce(self, dim, index, src, reduce, include_self);
+  cpu_scatter_buffer(out, index);
+  return out;
+}
+
+at::Tensor scatter_add(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
+  if (self.use_count() == 1 && in_backward_function_of({"GatherBackward0"})) {
+    at::Tensor out = self;
+    at::meta::scatter_add_(out, dim, index, src);
+    cpu_scatter_buffer(out, index);
+    return out;
+  }
+  auto out = at::meta::scatter_add(self, dim, index, src);
+  cpu_scatter_buffer(out, index);
+  return out;
+}
+
+// sort on the CPU (Sorting.cpp's sort_stable_out, then SortingKernel.cpp's sort_kernel): after the structured op's
+// values and indices, _fill_indices writes 0..n-1 along the dim into the indices from at::arange(0, n) (int64, freed on
+// return) for every input but a one-element 0-dim one. CUDA's is not modelled here.
+std::tuple<at::Tensor, at::Tensor> sort_stable(const at::Tensor& self, std::optional<bool> stable, int64_t dim,
+                                               bool descending) {
+  auto out = at::meta::sort(self, stable, dim, descending);
+  if (for_cpu() && !(self.dim() == 0 && self.numel() == 1)) {
+    const auto d = at::maybe_wrap_dim(dim, self.dim());
+    [[maybe_unused]] const auto fill = at::arange(0, std::get<1>(out).size(d), std::get<1>(out).options());
+  }
+  return out;
 }
 
 // arange into a fresh tensor (at::arange is empty({0}) then arange_out): Meta's resize_ grows a storage by setting its
