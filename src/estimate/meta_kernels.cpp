@@ -162,6 +162,15 @@ void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
     lib.impl("scatter_reduce.two", TORCH_FN(scatter_reduce_two));
     lib.impl("scatter_add", TORCH_FN(scatter_add));
     lib.impl("sort.stable", TORCH_FN(sort_stable));
+    lib.impl("avg_pool2d", TORCH_FN(avg_pool2d));
+    lib.impl("avg_pool3d", TORCH_FN(avg_pool3d));
+    lib.impl("avg_pool2d_backward", TORCH_FN(avg_pool2d_backward));
+    lib.impl("avg_pool3d_backward", TORCH_FN(avg_pool3d_backward));
+    lib.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
+    lib.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));
+    lib.impl("adaptive_max_pool2d", TORCH_FN(adaptive_max_pool2d));
+    lib.impl("adaptive_max_pool2d_backward", TORCH_FN(adaptive_max_pool2d_backward));
+    lib.impl("adaptive_max_pool3d_backward", TORCH_FN(adaptive_max_pool3d_backward));
     lib.impl("arange.start_out", TORCH_FN(arange_out));
     lib.impl("resize_", TORCH_FN(resize_));
     lib.impl("_ctc_loss_backward", TORCH_FN(ctc_loss_backward));

@@ -14,7 +14,16 @@
 #include <ATen/ops/_log_softmax_meta_dispatch.h>
 #include <ATen/ops/_softmax_backward_data_meta_dispatch.h>
 #include <ATen/ops/_softmax_meta_dispatch.h>
+#include <ATen/ops/adaptive_max_pool2d_backward_meta_dispatch.h>
+#include <ATen/ops/adaptive_max_pool2d_meta_dispatch.h>
+#include <ATen/ops/adaptive_max_pool3d_backward_meta_dispatch.h>
 #include <ATen/ops/add_meta_dispatch.h>
+#include <ATen/ops/avg_pool2d_backward_meta_dispatch.h>
+#include <ATen/ops/avg_pool2d_meta_dispatch.h>
+#include <ATen/ops/avg_pool3d_backward_meta_dispatch.h>
+#include <ATen/ops/avg_pool3d_meta_dispatch.h>
+#include <ATen/ops/max_pool2d_with_indices_backward_meta_dispatch.h>
+#include <ATen/ops/max_pool2d_with_indices_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mse_loss_meta_dispatch.h>
 #include <ATen/ops/resize_native.h>
@@ -616,6 +625,133 @@ std::tuple<at::Tensor, at::Tensor> sort_stable(const at::Tensor& self, std::opti
     [[maybe_unused]] const auto fill = at::arange(0, std::get<1>(out).size(d), std::get<1>(out).options());
   }
   return out;
+}
+
+// --- pooling on the CPU ----------------------------------------------------------------------------------------
+// The CPU's pooling kernels (AvgPoolKernel.cpp, MaxPoolKernel.cpp, AdaptiveMaxPoolKernel.cpp) pick a layout from one
+// tensor's suggest_memory_format() (the input's forward, the output gradient's backward): channels last, or else
+// contiguous. Each then takes `t.contiguous(layout)` of its tensors in a fixed order, a copy of each that is not so
+// (a non-contiguous input; the gradient of a sum, which comes back expanded; a channels-last gradient of the input
+// under the contiguous kernel), held until it returns and copied back into a strided output. LibTorch's structured
+// Meta kernels allocate the outputs alone (tools/conformance.py: avg_pool*, max_pool*, adaptive_max_pool* low by the
+// copies). CUDA's are not modelled here.
+namespace {
+
+// The copies, in the kernel's order: forward (input, output[, indices]) in either layout; backward, contiguous
+// (grad_output[, indices], grad_input), channels last (grad_input, grad_output[, indices]).
+void cpu_pool_copies(const at::Tensor& layout_of, bool is_3d, std::initializer_list<const at::Tensor*> tensors) {
+  if (!for_cpu()) return;
+  const auto suggested = layout_of.suggest_memory_format();
+  const auto channels_last = is_3d ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast;
+  const auto layout = suggested == channels_last ? channels_last : at::MemoryFormat::Contiguous;
+  std::vector<at::Tensor> held;
+  for (const auto* t : tensors) held.push_back(t->contiguous(layout));
+}
+
+}  // namespace
+
+at::Tensor avg_pool2d(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                      at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                      std::optional<int64_t> divisor_override) {
+  auto out = at::meta::avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override);
+  cpu_pool_copies(self, false, {&self, &out});
+  return out;
+}
+
+at::Tensor avg_pool3d(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                      at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                      std::optional<int64_t> divisor_override) {
+  auto out = at::meta::avg_pool3d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override);
+  cpu_pool_copies(self, true, {&self, &out});
+  return out;
+}
+
+namespace {
+
+bool channels_last_kernel(const at::Tensor& t, bool is_3d) {
+  return t.suggest_memory_format() == (is_3d ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast);
+}
+
+void cpu_pool_backward_copies(const at::Tensor& grad_output, const at::Tensor& grad_input, bool is_3d) {
+  if (channels_last_kernel(grad_output, is_3d)) {
+    cpu_pool_copies(grad_output, is_3d, {&grad_input, &grad_output});
+  } else {
+    cpu_pool_copies(grad_output, is_3d, {&grad_output, &grad_input});
+  }
+}
+
+// max pooling's backward; the kernel's layout is the output gradient's, or `layout_of`'s where given (adaptive max
+// pooling's picks the input gradient's: "grad_output might be NC11").
+void cpu_pool_backward_copies(const at::Tensor& grad_output, const at::Tensor& indices, const at::Tensor& grad_input,
+                              bool is_3d, const at::Tensor* layout_of = nullptr) {
+  const auto& layout = layout_of != nullptr ? *layout_of : grad_output;
+  if (channels_last_kernel(layout, is_3d)) {
+    cpu_pool_copies(layout, is_3d, {&grad_input, &grad_output, &indices});
+  } else {
+    cpu_pool_copies(layout, is_3d, {&grad_output, &indices, &grad_input});
+  }
+}
+
+}  // namespace
+
+at::Tensor avg_pool2d_backward(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef kernel_size,
+                               at::IntArrayRef stride, at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                               std::optional<int64_t> divisor_override) {
+  auto grad_input = at::meta::avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
+                                                  count_include_pad, divisor_override);
+  cpu_pool_backward_copies(grad_output, grad_input, false);
+  return grad_input;
+}
+
+at::Tensor avg_pool3d_backward(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef kernel_size,
+                               at::IntArrayRef stride, at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                               std::optional<int64_t> divisor_override) {
+  auto grad_input = at::meta::avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
+                                                  count_include_pad, divisor_override);
+  cpu_pool_backward_copies(grad_output, grad_input, true);
+  return grad_input;
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& self, at::IntArrayRef kernel_size,
+                                                           at::IntArrayRef stride, at::IntArrayRef padding,
+                                                           at::IntArrayRef dilation, bool ceil_mode) {
+  auto out = at::meta::max_pool2d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode);
+  cpu_pool_copies(self, false, {&self, &std::get<0>(out), &std::get<1>(out)});
+  return out;
+}
+
+at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad_output, const at::Tensor& self,
+                                            at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                            at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
+                                            const at::Tensor& indices) {
+  auto grad_input = at::meta::max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding,
+                                                               dilation, ceil_mode, indices);
+  cpu_pool_backward_copies(grad_output, indices, grad_input, false);
+  return grad_input;
+}
+
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& self, at::IntArrayRef output_size) {
+  auto out = at::meta::adaptive_max_pool2d(self, output_size);
+  cpu_pool_copies(self, false, {&self, &std::get<0>(out), &std::get<1>(out)});
+  return out;
+}
+
+at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad_output, const at::Tensor& self,
+                                        const at::Tensor& indices) {
+  auto grad_input = at::meta::adaptive_max_pool2d_backward(grad_output, self, indices);
+  cpu_pool_backward_copies(grad_output, indices, grad_input, false, &grad_input);
+  return grad_input;
+}
+
+// adaptive max pooling in 3-D on the CPU takes no copy of a non-contiguous or channels-last input (tools/conformance.py:
+// its samples' forward allocates the outputs alone), and its backward copies the output's gradient alone (contiguous).
+at::Tensor adaptive_max_pool3d_backward(const at::Tensor& grad_output, const at::Tensor& self,
+                                        const at::Tensor& indices) {
+  auto grad_input = at::meta::adaptive_max_pool3d_backward(grad_output, self, indices);
+  if (for_cpu()) {
+    [[maybe_unused]] const auto grad = grad_output.contiguous();
+  }
+  return grad_input;
 }
 
 // arange into a fresh tensor (at::arange is empty({0}) then arange_out): Meta's resize_ grows a storage by setting its
