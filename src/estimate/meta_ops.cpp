@@ -269,9 +269,17 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
   return at::empty(sizes, self.options());
 }
 
-at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Tensor& /*indices*/, int64_t num_weights,
+// embedding's backward: the weight's gradient, zeros. On the CPU (Embedding.cpp's embedding_dense_backward_cpu) then a
+// contiguous copy of the indices and of the output's gradient where they are not (the gradient of a sum comes back
+// expanded), held until it returns. CUDA's are not modelled here.
+at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Tensor& indices, int64_t num_weights,
                                    int64_t /*padding_idx*/, bool /*scale_grad_by_freq*/) {
-  return at::zeros({num_weights, grad_output.size(-1)}, grad_output.options());
+  auto grad_weight = at::zeros({num_weights, grad_output.size(-1)}, grad_output.options());
+  if (for_cpu()) {
+    [[maybe_unused]] const auto indices_contig = indices.contiguous();
+    [[maybe_unused]] const auto grad = grad_output.contiguous();
+  }
+  return grad_weight;
 }
 
 // --- layer norm ----------------------------------------------------------------------------------------------
