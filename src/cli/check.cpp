@@ -112,10 +112,11 @@ Run add_check(CLI::App& app) {
       "its baseline by any byte is printed as 'differs' and fails."));
   return [o] {
     check_env_switches();
-    memgate::set_record_command({.cli = true,
-                                 .baselines_dir = o->baselines == memgate::project_dir() + "/baselines" ? std::string()
-                                                                                                        : o->baselines,
-                                 .device = o->device});
+    // What every "record them with" message names: this command's --update-baselines with the flags it ran with.
+    const memgate::RecordCommand record{
+        .cli = true,
+        .baselines_dir = o->baselines == memgate::project_dir() + "/baselines" ? std::string() : o->baselines,
+        .device = o->device};
     // Each fixture is judged on its own: one that does not load or cannot be measured is reported as an error of its
     // own, and every other fixture of the run is still judged (the exit is the worst: 3, then 1, then 0).
     struct Job {
@@ -216,7 +217,7 @@ Run add_check(CLI::App& app) {
       if (o->rank_timeout > 0) options.rank_timeout = std::chrono::seconds(o->rank_timeout);
       memgate::FixtureVerdicts judged;
       try {
-        judged = memgate::judge_fixture(*job.fixture, job.batch_sizes, device, o->baselines, {}, options);
+        judged = memgate::judge_fixture(*job.fixture, job.batch_sizes, device, o->baselines, {}, options, record);
       } catch (const std::exception& e) {
         progress.done(fmt::format("{}: not judged", item));
         report_error(job.fixture->name, e.what());
@@ -230,7 +231,9 @@ Run add_check(CLI::App& app) {
           report.searched.insert(std::filesystem::absolute(std::filesystem::path(judged.baseline_file).parent_path())
                                      .lexically_normal()
                                      .string());
-          if (report.record_hint.empty()) report.record_hint = memgate::record_command(*job.fixture, judged.device);
+          if (report.record_hint.empty()) {
+            report.record_hint = memgate::record_command(*job.fixture, judged.device, record);
+          }
         }
         // --exact: bytes within the tolerance that are not the baseline's are a difference of their own.
         const bool differs = o->exact && (v.status == memgate::Status::kOk || v.status == memgate::Status::kStale) &&

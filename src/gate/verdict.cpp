@@ -16,11 +16,6 @@
 namespace memgate {
 
 namespace {
-RecordCommand& the_record_command() {
-  static RecordCommand command;
-  return command;
-}
-
 // Shell-quoted where a path needs it, so that the command can be pasted as printed.
 std::string quoted(const std::string& text) {
   if (!text.empty() && text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@") ==
@@ -39,10 +34,7 @@ bool is_peak(std::string_view component) {
 }
 }  // namespace
 
-void set_record_command(RecordCommand command) { the_record_command() = std::move(command); }
-
-std::string record_command(const Fixture& fixture, const DeviceInfo& device) {
-  const auto& c = the_record_command();
+std::string record_command(const Fixture& fixture, const DeviceInfo& device, const RecordCommand& c) {
   if (c.cli) {
     auto out = fmt::format("{}memgate check --update-baselines --config {}",
                            device.cpu_kernels == "host" ? "MEMGATE_CPU_KERNELS=host " : "", quoted(fixture.source));
@@ -80,17 +72,17 @@ std::string provenance_differences(const BaselineProbe& recorded, const DeviceIn
 
 ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& probe, std::string_view component,
                                     const Baseline* baseline, const std::string& baseline_file,
-                                    const DeviceInfo& device) {
+                                    const DeviceInfo& device, const RecordCommand& record_with) {
   ComponentVerdict v;
   v.fixture = fixture.name;
   v.batch_size = probe.batch_size;
   v.component = std::string(component);
   const bool cuda = device.device.is_cuda();
-  const auto record = record_command(fixture, device);
+  const auto record = record_command(fixture, device, record_with);
   // The folder to commit: baselines/<slug>/ as the project lays it out, else the folder --baselines named.
   const auto folder = std::filesystem::path(baseline_file).parent_path();
   const auto how = fmt::format("record them with: {} (then commit {}/)", record,
-                               folder.parent_path().filename() == "baselines" && !the_record_command().cli
+                               folder.parent_path().filename() == "baselines" && !record_with.cli
                                    ? "baselines/" + device.slug
                                    : folder.string());
   const auto* recorded = baseline != nullptr ? baseline->find(probe.batch_size) : nullptr;
@@ -310,7 +302,7 @@ RecordedBaseline record_fixture(const Fixture& fixture, std::span<const std::int
 
 FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes, c10::Device device,
                               const std::string& baselines_dir, std::span<const std::int64_t> extra_batch_sizes,
-                              const ProbeOptions& options) {
+                              const ProbeOptions& options, const RecordCommand& record) {
   FixtureVerdicts out;
   out.device = describe_probe_device(device, fixture);
   out.baseline_file = baseline_path(baselines_dir, out.device.slug, fixture.name);
@@ -343,7 +335,8 @@ FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64
         if (!keeps_component(fixture.training, info)) continue;
         const auto name = ranks > 0 ? rank_component_name(static_cast<int>(r), info.name) : std::string(info.name);
         out.components.push_back(
-            evaluate_component(fixture, probe, name, baseline ? &*baseline : nullptr, out.baseline_file, out.device));
+            evaluate_component(fixture, probe, name, baseline ? &*baseline : nullptr, out.baseline_file, out.device,
+                               record));
       }
     }
   }

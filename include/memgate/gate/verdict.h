@@ -17,24 +17,27 @@
 
 namespace memgate {
 
-/// Judges `component` of `probe` (fixture at a batch size, measured on `device`) against `baseline` (nullptr:
-/// none for this device; `baseline_file` names where it was looked for), with the fixture's effective tolerance
-/// on that device. The message names the case, the numbers, what to do, and the provenance fields (torch, CUDA,
-/// cuDNN, driver, allocator, threads, device) in which the baseline's recording differs from this run.
-[[nodiscard]] ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& probe,
-                                                  std::string_view component, const Baseline* baseline,
-                                                  const std::string& baseline_file, const DeviceInfo& device);
-
-/// How the user of this process records baselines, which every "record them with" message names: inside CTest the
-/// update-baselines preset (the default), from `memgate check` its own --update-baselines with the flags it ran with.
+/// How the user records baselines, which every "record them with" message names: inside CTest the update-baselines
+/// preset (the default), from `memgate check` its own --update-baselines with the flags it ran with. The caller
+/// passes it with what it judges (evaluate_component, judge_fixture).
 struct RecordCommand {
   bool cli = false;              ///< memgate check: `memgate check --update-baselines --config <fixture>`
   std::string baselines_dir;     ///< --baselines, when not the default
   std::string device;            ///< --device, when not auto
 };
-void set_record_command(RecordCommand command);
-/// The command that records `fixture`'s baselines on `device`, as this process was started.
-[[nodiscard]] std::string record_command(const Fixture& fixture, const DeviceInfo& device);
+/// The command that records `fixture`'s baselines on `device`, as `record` says the caller was started.
+[[nodiscard]] std::string record_command(const Fixture& fixture, const DeviceInfo& device,
+                                         const RecordCommand& record = {});
+
+/// Judges `component` of `probe` (fixture at a batch size, measured on `device`) against `baseline` (nullptr:
+/// none for this device; `baseline_file` names where it was looked for), with the fixture's effective tolerance
+/// on that device. The message names the case, the numbers, what to do (`record`'s command), and the provenance
+/// fields (torch, CUDA, cuDNN, driver, allocator, threads, device) in which the baseline's recording differs from
+/// this run.
+[[nodiscard]] ComponentVerdict evaluate_component(const Fixture& fixture, const ProbeResult& probe,
+                                                  std::string_view component, const Baseline* baseline,
+                                                  const std::string& baseline_file, const DeviceInfo& device,
+                                                  const RecordCommand& record = {});
 
 /// How many components were compared with a baseline (ok, regression, stale, not repeatable): a gate that
 /// compared none has checked nothing.
@@ -60,12 +63,12 @@ struct FixtureVerdicts {
 /// Judges `fixture` at each of `batch_sizes` on `device` against <baselines_dir>/<slug>/<fixture>.json. A batch size
 /// with no baseline, or one recorded for another fixture hash, is judged without measuring (missing, changed); the
 /// others are measured once each, in the order given. `extra_batch_sizes` are measured too (for budgets) without
-/// verdicts. Every probe runs with `options` (progress, snapshots). A corrupt baseline throws memgate::Error naming
-/// the file.
+/// verdicts. Every probe runs with `options` (progress, snapshots); the messages name `record`'s command. A corrupt
+/// baseline throws memgate::Error naming the file.
 [[nodiscard]] FixtureVerdicts judge_fixture(const Fixture& fixture, std::span<const std::int64_t> batch_sizes,
                                             c10::Device device, const std::string& baselines_dir,
                                             std::span<const std::int64_t> extra_batch_sizes = {},
-                                            const ProbeOptions& options = {});
+                                            const ProbeOptions& options = {}, const RecordCommand& record = {});
 
 /// Records the baselines of `fixture` at each of `batch_sizes` on `device` into <baselines_dir>/<slug>/<fixture>.json
 /// from one measurement each (update_baseline: only these probes rewritten, a file whose bytes did not change left as
