@@ -617,13 +617,15 @@ AdviceTarget target_from_json(const nlohmann::json& j) {
 
 }  // namespace
 
-std::string search_largest_batches_here(const Workload& workload, const std::string& request) {
+std::string search_largest_batches_here(const Workload& workload, const std::string& request,
+                                        const PythonRuntime* python) {
   const auto j = nlohmann::json::parse(request);
   std::vector<AdviceTarget> targets;
   for (const auto& t : j.at("targets")) targets.push_back(target_from_json(t));
   std::optional<std::int64_t> effective_batch;
   if (!j.at("effective_batch").is_null()) effective_batch = j.at("effective_batch").get<std::int64_t>();
-  const auto fits = largest_batches_by_estimate(workload, targets, effective_batch, j.at("max_batch").get<std::int64_t>());
+  const auto fits =
+      largest_batches_by_estimate(workload, targets, effective_batch, j.at("max_batch").get<std::int64_t>(), python);
   nlohmann::json answer = {{"memgate_version", MEMGATE_VERSION}, {"estimates", fits.estimates}, {"fits", nlohmann::json::array()}};
   for (const auto& f : fits.fits) {
     answer["fits"].push_back({{"largest", f.largest}, {"required_bytes", f.required_bytes},
@@ -635,7 +637,8 @@ std::string search_largest_batches_here(const Workload& workload, const std::str
 }
 
 EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::vector<AdviceTarget>& targets,
-                                          std::optional<std::int64_t> effective_batch, std::int64_t max_batch) {
+                                          std::optional<std::int64_t> effective_batch, std::int64_t max_batch,
+                                          const PythonRuntime* python) {
   if (targets.empty()) throw Error(workload.source + ": the search needs a GPU (--gpu or --all-gpus)");
   if (effective_batch && *effective_batch < 1) throw Error("--effective-batch: expected a batch of 1 or more");
   const auto start = std::chrono::steady_clock::now();
@@ -644,7 +647,7 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
   if (workload.training.distributed.enabled()) out.world_size = workload.training.distributed.world_size;
   // A Python fixture's search runs whole in its Python process: one process and one built module for every estimate
   // (0.08 s each for a ViT-B with LoRA, where a process per round paid its start and its first build each time).
-  if (runs_in_python(workload)) {
+  if (runs_in_python(workload, python)) {
     nlohmann::json request = {{"targets", nlohmann::json::array()}, {"max_batch", max_batch},
                               {"effective_batch", effective_batch ? nlohmann::json(*effective_batch) : nlohmann::json()}};
     for (const auto& t : targets) request["targets"].push_back(target_to_json(t));
@@ -679,6 +682,8 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
     return as_defaults ? Gpu{0, 0} : Gpu{t.multiprocessors, t.max_threads_per_multiprocessor};
   };
   std::map<Gpu, std::map<std::int64_t, std::int64_t>> required;  // GPU -> batch -> step_peak_reserved, each once
+  ProbeOptions in_this_process;  // the default probe's, with the Python extension's runtime where this process has it
+  in_this_process.python = python;
   // A batch whose step CUDA cannot run at all (CannotRunOnCudaError: PyTorch's own kernel fails, whatever the memory)
   // needs more than any GPU has, and the first line of why is kept for the answer.
   constexpr std::int64_t kCannotRun = std::numeric_limits<std::int64_t>::max() / 4;
@@ -694,7 +699,7 @@ EstimatedFits largest_batches_by_estimate(const Workload& workload, const std::v
     const EstimateContextGuard for_gpu(estimate_context_for_gpu(CudaReduceDevice{gpu.first, gpu.second}));
     for (const auto b : missing) {
       try {
-        known[b] = estimate_probe(workload, b, EstimateTarget::kCuda).components.step_peak_reserved;
+        known[b] = estimate_probe(workload, b, EstimateTarget::kCuda, in_this_process).components.step_peak_reserved;
       } catch (const std::exception& e) {
         if (!cannot_run_on_cuda(e)) throw;
         known[b] = kCannotRun;

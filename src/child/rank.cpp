@@ -60,7 +60,7 @@ bool is_rank_command(int argc, char** argv) {
   return argc > 1 && (std::string(argv[1]) == "--memgate-rank" || is_fork_server_command(argc, argv));
 }
 
-int rank_main(int argc, char** argv) {
+int rank_main(int argc, char** argv, const PythonRuntime* python) {
   if (is_fork_server_command(argc, argv)) return fork_server_main(argc, argv);
   // `--memgate-rank --request FILE`, and `--parent-pid P` from whoever started it (its launcher or the fork server).
   std::string request_path;
@@ -136,6 +136,7 @@ int rank_main(int argc, char** argv) {
     options.warmup_steps = request.warmup_steps;
     options.cpu_threads = request.cpu_threads;
     options.seed = request.seed;
+    options.python = python;
     if (!request.snapshot.empty()) options.snapshot = SnapshotOptions{};
     const auto cap = request.cap_bytes;
     // The launcher's CPU limit (profile --cpu-memory-limit-mib): this process's CPU tensors are held to it, as the
@@ -152,9 +153,13 @@ int rank_main(int argc, char** argv) {
       // cache); an estimate, which runs on Meta alone, has the builder's error.
       std::optional<c10::Device> fallback;
       if (fixture.model.arch == Arch::kPython && !request.estimate) fallback = c10::Device(request.device);
-      counts = workload_param_counts(fixture, fallback, [&] {
-        options.on_phase("counting the model's parameters (building it on the probe's device: not on the Meta device)");
-      });
+      counts = workload_param_counts(
+          fixture, fallback,
+          [&] {
+            options.on_phase(
+                "counting the model's parameters (building it on the probe's device: not on the Meta device)");
+          },
+          python);
     }
     if (is_rank && batch_sizes.size() > 1) {
       throw Error(request_path + ": request.batch_sizes: a rank probes one batch size");
@@ -163,10 +168,10 @@ int rank_main(int argc, char** argv) {
     // probe's (the parameter count's build is not kept: the imports it paid are not the model's). Not under ranks
     // (their hooks stay on the module), nor a cap (a build replayed past it would stop halfway).
     const bool reuse = request.estimate && !fixture.training.distributed.enabled() && cap == 0;
-    if (reuse) reuse_python_builds(true);
+    if (reuse && python != nullptr && python->reuse_builds) python->reuse_builds(true);
     // A Python fixture's whole search (advise's), in this process: one built module serves every batch size.
     if (request.search) {
-      write_file_atomically(request.output, search_largest_batches_here(fixture, *request.search));
+      write_file_atomically(request.output, search_largest_batches_here(fixture, *request.search, python));
       return 0;
     }
     const bool keep_going = request.keep_going;

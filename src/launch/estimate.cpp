@@ -65,24 +65,26 @@ ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, Es
   context.cpu_kernels = workload.training.cpu_kernels;
   const EstimateContextGuard estimating(std::move(context));
   use_meta_kernels_for(target, workload.training.cpu_kernels);
-  // A Python model kept for the next probe (reuse_python_builds) is as its build left it, and nothing of the probe
-  // is alive: else it is freed now, between probes, and the next probe builds anew.
+  // A Python model kept for the next probe (PythonRuntime::reuse_builds) is as its build left it, and nothing of the
+  // probe is alive: else it is freed now, between probes, and the next probe builds anew.
   struct KeptBuildCheck {
+    const PythonRuntime* python;
     std::int64_t before = CountingMetaAllocator::install().current_bytes();
     ~KeptBuildCheck() {
-      if (CountingMetaAllocator::install().current_bytes() != before) drop_reused_python_build();
+      const bool changed = CountingMetaAllocator::install().current_bytes() != before;
+      if (changed && python != nullptr && python->drop_reused_build) python->drop_reused_build();
     }
-  } kept_build_check;
+  } kept_build_check{options.python};
   try {
     const CpuBesideMeta cpu(target == EstimateTarget::kCpu);
     return run_probe(workload, batch_size, c10::Device(c10::DeviceType::Meta), options);
   } catch (const c10::Error& e) {
-    const auto missing = describe_missing_meta_kernel(e.what_without_backtrace(), python_models_available());
+    const auto missing = describe_missing_meta_kernel(e.what_without_backtrace(), options.python != nullptr);
     throw Error(workload.source + ": cannot estimate at batch " + std::to_string(batch_size) + " on the Meta device: " +
                 (missing ? *missing : std::string(e.what_without_backtrace())));
   } catch (const std::exception& e) {
     // A Python kernel's error (a Python fixture's backward) is not a c10::Error.
-    if (const auto missing = describe_missing_meta_kernel(e.what(), python_models_available())) {
+    if (const auto missing = describe_missing_meta_kernel(e.what(), options.python != nullptr)) {
       throw Error(workload.source + ": cannot estimate at batch " + std::to_string(batch_size) +
                   " on the Meta device: " + *missing);
     }

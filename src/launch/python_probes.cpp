@@ -22,8 +22,8 @@
 
 namespace memgate {
 
-bool runs_in_python(const Workload& workload) {
-  return workload.model.arch == Arch::kPython && !python_models_available();
+bool runs_in_python(const Workload& workload, const PythonRuntime* here) {
+  return workload.model.arch == Arch::kPython && here == nullptr;
 }
 
 std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<const std::int64_t> batch_sizes,

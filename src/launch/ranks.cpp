@@ -44,7 +44,7 @@ void fold_ranks(ProbeResult& result) {
 
 }  // namespace
 
-std::vector<int> rank_kinds(const Workload& workload, int world) {
+std::vector<int> rank_kinds(const Workload& workload, int world, const PythonRuntime* python) {
   std::vector<int> kinds(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) kinds[static_cast<std::size_t>(r)] = r;
   const auto& spec = workload.training.distributed;
@@ -58,7 +58,7 @@ std::vector<int> rank_kinds(const Workload& workload, int world) {
   // chunk), the post-forward group's parts and every buffer the same size on each.
   std::vector<std::int64_t> rows;
   try {
-    const auto model = build_model(workload.model, c10::Device(c10::DeviceType::Meta));
+    const auto model = build_model(workload.model, c10::Device(c10::DeviceType::Meta), 0, python);
     for (const auto& p : model->module().named_parameters(/*recurse=*/true)) {
       rows.push_back(p.value().dim() > 0 ? p.value().size(0) : 1);
     }
@@ -89,7 +89,7 @@ ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_s
     ProbeResult result;
     result.batch_size = batch_size;
     const auto start = std::chrono::steady_clock::now();
-    const auto kinds = rank_kinds(workload, world);
+    const auto kinds = rank_kinds(workload, world, options.python);
     for (int r = 0; r < world; ++r) {
       if (const auto like = kinds[static_cast<std::size_t>(r)]; like != r) {
         auto same = result.ranks[static_cast<std::size_t>(like)];

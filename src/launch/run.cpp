@@ -23,7 +23,7 @@ Place place_of(const Workload& workload, c10::Device device, const ProbeOptions&
   const bool distributed = workload.training.distributed.enabled();
   // A Python fixture's whole probe in a Python process of its own (a distributed one's ranks each run in one, started
   // by run_distributed_probe; on the Meta device the process estimates them).
-  if (runs_in_python(workload) && (device.is_meta() || !distributed)) return Place::kPython;
+  if (runs_in_python(workload, options.python) && (device.is_meta() || !distributed)) return Place::kPython;
   if (distributed) return device.is_meta() ? Place::kMetaRanks : Place::kRanks;
   return Place::kHere;
 }

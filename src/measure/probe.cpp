@@ -35,17 +35,6 @@ void configure_cpu_kernels(CpuKernels kernels) {
 
 namespace {
 
-std::function<void()>& before_base_hook() {
-  static std::function<void()> hook;
-  return hook;
-}
-
-}  // namespace
-
-void set_before_base_hook(std::function<void()> hook) { before_base_hook() = std::move(hook); }
-
-namespace {
-
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
@@ -234,12 +223,14 @@ PreparedStep::PreparedStep(const Workload& workload, std::int64_t batch_size, c1
   configure_cpu_kernels(workload.training.cpu_kernels);
   backend_->apply_allocator_settings(workload.training.allocator);
   library_workspace_bytes_ = backend_->create_library_workspaces();
-  if (before_base_hook()) before_base_hook()();
+  // Nothing an earlier probe left for Python's collector is freed inside this probe's numbers.
+  if (options.python != nullptr && options.python->collect_garbage) options.python->collect_garbage();
   backend_->empty_cache();
   backend_->synchronize();
   base_ = backend_->snapshot();
   if (observer != nullptr) observer->base_read(base_);
-  step_ = std::make_unique<TrainingStep>(workload, batch_size, device, options.seed, observer, options.rank_group);
+  step_ = std::make_unique<TrainingStep>(workload, batch_size, device, options.seed, observer, options.rank_group,
+                                         options.python);
   // DDP rebuilds its buckets at the second iteration's forward: a rank's steady state starts at the third.
   const int warmup = step_->data_parallel() != nullptr ? std::max(options.warmup_steps, 2) : options.warmup_steps;
   step_->warm_up(warmup, observer);
@@ -401,15 +392,15 @@ DeviceInfo describe_probe_device(c10::Device device, const Workload& workload, c
 }
 
 ParamCounts workload_param_counts(const Workload& workload, std::optional<c10::Device> fallback,
-                                  const std::function<void()>& on_fallback) {
+                                  const std::function<void()>& on_fallback, const PythonRuntime* python) {
   // On the meta device parameters have shapes but no storage: a 7B model is counted without allocating it.
   std::unique_ptr<Model> model;
   const auto on_its_fallback = [&] {
     if (on_fallback) on_fallback();
-    return build_model(workload.model, *fallback);
+    return build_model(workload.model, *fallback, 0, python);
   };
   try {
-    model = build_model(workload.model, c10::Device(c10::DeviceType::Meta));
+    model = build_model(workload.model, c10::Device(c10::DeviceType::Meta), 0, python);
   } catch (const c10::Error&) {
     // A registered model whose factory builds on the CPU and then moves (Module::to) cannot go to the meta device:
     // count it on the CPU.

@@ -38,7 +38,8 @@ void require_batch_size(const Workload& workload, std::int64_t batch_size) {
 }
 
 TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c10::Device device,
-                           std::uint64_t seed, StepObserver* observer, const RankGroup* group)
+                           std::uint64_t seed, StepObserver* observer, const RankGroup* group,
+                           const PythonRuntime* python)
     : training_(workload.training), source_(workload.source), batch_size_(batch_size), device_(device) {
   require_batch_size(workload, batch_size);
   loss_ = "the task's loss";
@@ -46,7 +47,7 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
     if (!py->compute_loss.empty()) loss_ = "model.compute_loss " + py->compute_loss.text;
     else if (!py->loss.empty()) loss_ = "model.loss " + py->loss;
   }
-  model_ = build_model(workload.model, device, seed);
+  model_ = build_model(workload.model, device, seed, python);
   model_->set_gradient_checkpointing(training_.gradient_checkpointing);
   if (!training_.checkpoint_blocks.empty()) model_->set_checkpointed_blocks(training_.checkpoint_blocks, workload.source);
   const bool sharded = group != nullptr && training_.distributed.strategy == DistributedStrategy::kFsdp;

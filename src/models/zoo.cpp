@@ -9,7 +9,8 @@
 
 namespace memgate {
 
-std::unique_ptr<Model> build_model(const ModelSpec& spec, torch::Device device, std::uint64_t seed) {
+std::unique_ptr<Model> build_model(const ModelSpec& spec, torch::Device device, std::uint64_t seed,
+                                   const PythonRuntime* python) {
   torch::manual_seed(seed);
   const nn::ParamOptions param{device, torch::kFloat32};
   return std::visit(
@@ -22,7 +23,7 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, torch::Device device, 
         else if constexpr (std::is_same_v<T, SegNetOptions>) return make_segnet_model(options, param);
         else if constexpr (std::is_same_v<T, MultimodalOptions>) return make_multimodal_model(options, param);
         else if constexpr (std::is_same_v<T, TorchScriptOptions>) return make_torchscript_model(options, device);
-        else if constexpr (std::is_same_v<T, PythonOptions>) return make_python_model(options, device, seed);
+        else if constexpr (std::is_same_v<T, PythonOptions>) return make_python_model(options, device, seed, python);
         else {
           const auto* arch = find_architecture(options.name);
           if (arch == nullptr) throw Error("model.arch: '" + options.name + "' is not registered in this program");

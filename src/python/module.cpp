@@ -1,6 +1,6 @@
 // memgate._core: memgate's C++ core as a Python extension module, built against the torch of the Python that
-// imports it. Importing it lets this process build Python models (PythonModel); rank_main runs one probe or one rank
-// of a fixture in this process, as a memgate program started with --memgate-rank does.
+// imports it. Its rank_main runs one probe, one rank or one search of a fixture in this process, as a memgate program
+// started with --memgate-rank does, and lends it what builds Python models (PythonModel: python_runtime below).
 #include "python_model.h"
 
 #include "memgate/backend/cpu_allocator.h"
@@ -118,24 +118,32 @@ class AllocationRecorder final {
   Meta meta_{*this};
 };
 
+// What this extension lends the probes rank_main runs in this process (models/python.h): Python models built as
+// PythonModel, an estimate's builds reused, and Python's collector run before each probe reads its base (an earlier
+// probe's model is freed by it, in reference cycles: collected there, never inside the next probe's numbers).
+const memgate::PythonRuntime& python_runtime() {
+  static const memgate::PythonRuntime runtime{
+      .build = [](const memgate::PythonOptions& options, torch::Device device,
+                  std::uint64_t seed) -> std::unique_ptr<memgate::Model> {
+        return std::make_unique<memgate::python::PythonModel>(options, device, seed);
+      },
+      .reuse_builds = &memgate::python::PythonModel::reuse_builds,
+      .drop_reused_build = &memgate::python::PythonModel::drop_reused_build,
+      .collect_garbage =
+          [] {
+            py::gil_scoped_acquire gil;
+            py::module_::import("gc").attr("collect")();
+          },
+  };
+  return runtime;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "memgate's C++ core: probes of Python models by memgate's own protocol";
   m.attr("__version__") = MEMGATE_VERSION;
   m.attr("TORCH_VERSION") = MEMGATE_BUILT_FOR_TORCH;
-  memgate::set_python_model_factory([](const memgate::PythonOptions& options, torch::Device device,
-                                       std::uint64_t seed) -> std::unique_ptr<memgate::Model> {
-    return std::make_unique<memgate::python::PythonModel>(options, device, seed);
-  });
-  memgate::set_python_build_reuse({.enable = &memgate::python::PythonModel::reuse_builds,
-                                    .drop = &memgate::python::PythonModel::drop_reused_build});
-  // An earlier probe's model is freed by Python's collector, in reference cycles: collected before the next probe
-  // reads its base, never inside its numbers.
-  memgate::set_before_base_hook([] {
-    py::gil_scoped_acquire gil;
-    py::module_::import("gc").attr("collect")();
-  });
   m.def("note_progress", &memgate::note_progress,
         "Tells the probe's supervisor that the work moved (a module imported): it ends a probe that makes none for "
         "its timeout.");
@@ -196,7 +204,7 @@ PYBIND11_MODULE(_core, m) {
         }
         // The probe runs without the GIL; the model's Python code takes it for each call (autograd's threads too).
         py::gil_scoped_release release;
-        return memgate::rank_main(static_cast<int>(args.size()), pointers.data());
+        return memgate::rank_main(static_cast<int>(args.size()), pointers.data(), &python_runtime());
       },
       py::arg("argv"),
       "Runs `<program> --memgate-rank --request FILE` (launch/request.h) in this process; returns its exit code. For "

@@ -39,7 +39,8 @@ class PythonModel final : public Model {
   /// its parameters and buffers and any other), updated over the two state_dict()s' values.
   [[nodiscard]] std::unique_ptr<ModelEma> make_ema(double decay) override;
 
-  /// PythonBuildReuse's (models/python.h): a build on the Meta device is kept for the next probe while reuse is on.
+  /// PythonRuntime::reuse_builds (models/python.h): a build on the Meta device is kept for the next probe while reuse
+  /// is on.
   static void reuse_builds(bool on);
   static void drop_reused_build();
   /// A build kept between probes (park): its Built, as a whole.

@@ -173,14 +173,18 @@ struct EstimatedFits {
 /// Searches each target's largest batch from estimates for CUDA (estimate_probe on the Meta device: the probe
 /// protocol's requests through the caching allocator's model): batch 1, 2, 4, ... until the step's reserved peak
 /// passes the target's usable bytes, then a binary search. With `effective_batch`, also the micro-batch (its largest
-/// divisor that fits) and the accumulation steps that reach it. No GPU is used.
+/// divisor that fits) and the accumulation steps that reach it. No GPU is used. `python`: in a Python process, what
+/// memgate's extension lends its probes (ProbeOptions::python); without, a Python fixture's search runs in one.
 [[nodiscard]] EstimatedFits largest_batches_by_estimate(const Workload& workload,
                                                         const std::vector<AdviceTarget>& targets,
                                                         std::optional<std::int64_t> effective_batch = {},
-                                                        std::int64_t max_batch = std::int64_t{1} << 16);
+                                                        std::int64_t max_batch = std::int64_t{1} << 16,
+                                                        const PythonRuntime* python = nullptr);
 /// largest_batches_by_estimate in this process, for a request and an answer as run_python_search passes them (a
-/// Python fixture's search runs in its Python process: child/rank.h's rank_main calls it).
-[[nodiscard]] std::string search_largest_batches_here(const Workload& workload, const std::string& request);
+/// Python fixture's search runs in its Python process: child/rank.h's rank_main calls it with the extension's
+/// `python`).
+[[nodiscard]] std::string search_largest_batches_here(const Workload& workload, const std::string& request,
+                                                      const PythonRuntime* python = nullptr);
 
 /// The search's answer as text for a terminal, and as JSON (estimate --output: "largest_batch_by_estimate").
 [[nodiscard]] std::string format_estimated_fits(const EstimatedFits& fits, std::optional<std::int64_t> effective_batch);

@@ -25,9 +25,10 @@ namespace memgate {
 [[nodiscard]] ProbeResult run_distributed_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,
                                                 const ProbeOptions& options = {});
 
-/// Whether `workload` is a Python fixture (arch: python) and this process cannot build it: its probes then run in
-/// a Python process (run_python_probe). False in the Python process itself, which imported memgate's extension.
-[[nodiscard]] bool runs_in_python(const Workload& workload);
+/// Whether `workload` is a Python fixture (arch: python) and this process cannot build it (no `here`: what memgate's
+/// extension lends a Python process, ProbeOptions::python): its probes then run in a Python process
+/// (run_python_probe). False in the Python process itself, whose rank_main passes it.
+[[nodiscard]] bool runs_in_python(const Workload& workload, const PythonRuntime* here = nullptr);
 
 /// A Python fixture's whole probe in a Python process of its own: the fixture's `python:`, else MEMGATE_PYTHON, else
 /// python3, running `-m memgate --memgate-rank --request FILE` with memgate's package first on PYTHONPATH
@@ -50,14 +51,15 @@ namespace memgate {
 
 /// A Python fixture's whole search of the largest batches by estimate for CUDA, in one Python process (its request's
 /// `search`, which child/rank.h's rank_main runs), `request` its input and the answer's text returned: every estimate
-/// of the search from one built module (reuse_python_builds). A process that fails is an error naming the fixture.
+/// of the search from one built module (PythonRuntime::reuse_builds). A process that fails is an error naming the
+/// fixture.
 [[nodiscard]] std::string run_python_search(const Workload& workload, const std::string& request,
                                             const ProbeOptions& options = {});
 
 /// For an estimate of a distributed workload's ranks: for each rank, the first rank that makes the same requests (its
 /// own index when none before it does), which the estimate reuses. DDP's ranks are all rank 0's; FSDP's are alike when
 /// they own the same number of rows of every parameter's dim-0 chunk.
-[[nodiscard]] std::vector<int> rank_kinds(const Workload& workload, int world);
+[[nodiscard]] std::vector<int> rank_kinds(const Workload& workload, int world, const PythonRuntime* python = nullptr);
 
 /// Says that this program's main() runs a rank when started with --memgate-rank (child/rank.h's is_rank_command
 /// calls it): distributed probes then start their ranks from this program, with its registered architectures.

@@ -125,6 +125,10 @@ struct ProbeOptions {
   /// A profile's probes (memgate profile): an error at one batch size is that probe's result (ProbeResult::failed,
   /// with its message) and the next batch sizes still run. Unset (the gate, advise), the error is thrown.
   bool keep_going = false;
+  /// In a Python process that imported memgate's extension (child/rank.h's rank_main is given it): what builds the
+  /// Python models, reuses an estimate's builds and collects Python's garbage before each probe reads its base
+  /// (models/python.h). Unset, a Python fixture's probe runs in a Python process of its own (launch/ranks.h).
+  const PythonRuntime* python = nullptr;
 };
 
 /// Measures one workload at one batch size in this process: the whole probe on one device, or, with
@@ -146,7 +150,8 @@ struct ProbeOptions {
 /// drawn at random: a measurement's own device), `on_fallback` told first; else its error is thrown.
 [[nodiscard]] ParamCounts workload_param_counts(const Workload& workload,
                                                 std::optional<c10::Device> fallback = std::nullopt,
-                                                const std::function<void()>& on_fallback = {});
+                                                const std::function<void()>& on_fallback = {},
+                                                const PythonRuntime* python = nullptr);
 
 /// A workload at a batch size built and warmed up on a device exactly as a probe does it, ready to run
 /// steady-state steps: what the benchmarks time. The peak of its steps above `base()` is the probe's step_peak.
@@ -187,9 +192,5 @@ void configure_determinism(bool deterministic);
 /// LibTorch's own kernels, whose tensors do not depend on the CPU's ISA, caches or core count; `kHost` turns them
 /// back on, as PyTorch runs by default.
 void configure_cpu_kernels(CpuKernels kernels);
-
-/// Called by every probe right before it reads its base, so that nothing an earlier probe left for a garbage
-/// collector is freed inside this probe's numbers: a Python process (memgate's extension) collects there.
-void set_before_base_hook(std::function<void()> hook);
 
 }  // namespace memgate

@@ -72,7 +72,8 @@ class TrainingStep {
   /// trains as FSDP2's fully_shard (FullyShard): `observer->model_built()` then comes after sharding, and the
   /// optimizer steps the shards.
   TrainingStep(const Workload& workload, std::int64_t batch_size, c10::Device device, std::uint64_t seed = 0,
-               StepObserver* observer = nullptr, const RankGroup* group = nullptr);
+               StepObserver* observer = nullptr, const RankGroup* group = nullptr,
+               const PythonRuntime* python = nullptr);
   ~TrainingStep();
   TrainingStep(const TrainingStep&) = delete;
   TrainingStep& operator=(const TrainingStep&) = delete;

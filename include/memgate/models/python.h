@@ -1,6 +1,7 @@
 // A model of the user's own in Python: the fixture's keys (the callable that builds their nn.Module, its inputs and
-// task) and the hook through which memgate's Python extension builds it. Only a Python process that imported
-// memgate's extension (memgate._core) can build one; elsewhere a probe of it runs in such a process (launch/).
+// task) and what memgate's Python extension lends the probes it runs to build it (PythonRuntime). Only a Python process
+// that imported memgate's extension (memgate._core) can build one; elsewhere a probe of it runs in such a process
+// (launch/).
 #pragma once
 
 #include "memgate/models/model.h"
@@ -70,33 +71,28 @@ struct PythonOptions {
   bool compile = false;
 };
 
-/// Builds a Python model on `device` with `seed` (the extension installs one; nullptr elsewhere).
-using PythonModelFactory =
-    std::function<std::unique_ptr<Model>(const PythonOptions& options, torch::Device device, std::uint64_t seed)>;
-
-/// Installs the factory (memgate._core does, when Python imports it).
-void set_python_model_factory(PythonModelFactory factory);
-
-/// Whether this process can build Python models: it is a Python that imported memgate's extension.
-[[nodiscard]] bool python_models_available();
-
-/// An estimate process's Python builds (the extension installs it): with reuse on, a build on the Meta device is
-/// recorded and, when its probe ends, kept with the module as the build left it (CountingMetaAllocator's parked
-/// blocks); the next probe's build of the same model replays the record instead of running the builder (one built
-/// module serves every batch size of the process, and counts what building it anew would). `drop` frees a kept
-/// module: between probes, when one left more allocated than it found.
-struct PythonBuildReuse {
-  std::function<void(bool on)> enable;
-  std::function<void()> drop;
+/// What memgate's Python extension (memgate._core) lends the probes it runs: passed to child/rank.h's rank_main, which
+/// hands it down with the probe (ProbeOptions::python) to wherever a Python model is built, a probe reads its base or
+/// an estimate ends. A process without it (nullptr) cannot build Python models: their probes run in a Python process
+/// (launch/ranks.h, runs_in_python).
+struct PythonRuntime {
+  /// Builds a Python model on `device` with `seed`.
+  std::function<std::unique_ptr<Model>(const PythonOptions& options, torch::Device device, std::uint64_t seed)> build;
+  /// An estimate process's builds: with reuse on, a build on the Meta device is recorded and, when its probe ends, kept
+  /// with the module as the build left it (CountingMetaAllocator's parked blocks); the next probe's build of the same
+  /// model replays the record instead of running the builder (one built module serves every batch size of the
+  /// process, and counts what building it anew would).
+  std::function<void(bool on)> reuse_builds;
+  /// Frees a kept module: between probes, when one left more allocated than it found.
+  std::function<void()> drop_reused_build;
+  /// Python's garbage collection, right before a probe reads its base: an earlier probe's model, freed by the
+  /// collector in reference cycles, is collected there, never inside this probe's numbers.
+  std::function<void()> collect_garbage;
 };
-void set_python_build_reuse(PythonBuildReuse reuse);
-/// Turns reuse on or off in this process (nothing where no extension installed it).
-void reuse_python_builds(bool on);
-/// Frees the kept module, if any.
-void drop_reused_python_build();
 
-/// Builds the model with the installed factory; throws memgate::Error where there is none.
+/// Builds the model with `python`'s factory; throws memgate::Error where `python` is nullptr (this process did not
+/// import memgate's extension).
 [[nodiscard]] std::unique_ptr<Model> make_python_model(const PythonOptions& options, torch::Device device,
-                                                       std::uint64_t seed);
+                                                       std::uint64_t seed, const PythonRuntime* python);
 
 }  // namespace memgate

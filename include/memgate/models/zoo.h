@@ -49,8 +49,9 @@ struct ModelSpec {
       options;
 };
 
-/// Builds the model with its parameters materialised on `device` (seeded, so bytes and values repeat).
+/// Builds the model with its parameters materialised on `device` (seeded, so bytes and values repeat). A Python model
+/// (arch: python) is built through `python`, what memgate's Python extension lends (models/python.h).
 [[nodiscard]] std::unique_ptr<Model> build_model(const ModelSpec& spec, torch::Device device,
-                                                 std::uint64_t seed = 0);
+                                                 std::uint64_t seed = 0, const PythonRuntime* python = nullptr);
 
 }  // namespace memgate
