@@ -158,7 +158,10 @@ _DATA_DEPENDENT_OPS = {"aten::nonzero", "aten::masked_select", "aten::_unique", 
                        "aten::repeat_interleave", "aten::_local_scalar_dense",
                        # nn.TransformerEncoder's fast path in eval with a key padding mask: whether the mask is left
                        # aligned, and the nested tensor of the unpadded tokens
-                       "aten::_nested_tensor_from_mask_left_aligned", "aten::_nested_tensor_from_mask"}
+                       "aten::_nested_tensor_from_mask_left_aligned", "aten::_nested_tensor_from_mask",
+                       # CTC loss with its lengths on the Meta device (meta_autograd.cpp's ctc_loss_tensor): its
+                       # log_alpha is as long as the longest target
+                       "aten::ctc_loss"}
 
 
 def data_dependent_op(message: str) -> str:

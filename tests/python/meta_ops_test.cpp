@@ -82,7 +82,11 @@ INSTANTIATE_TEST_SUITE_P(
                                "py_meta_grouped_conv_variants", {2, 3}},
                       // torch.autocast(device_type=x.device.type, ...) in a loss: "meta" in an estimate (issue 68).
                       MetaCase{"SsimLossWithAutocastOffForItsDevice", "py_meta_ssim_autocast", {2, 8}},
-                      MetaCase{"SsimLossWithAutocastOnForItsDevice", "py_meta_ssim_autocast_on", {2, 8}}),
+                      MetaCase{"SsimLossWithAutocastOnForItsDevice", "py_meta_ssim_autocast_on", {2, 8}},
+                      // Found on libraries memgate was not tuned to (issue 68, second set): the CPU's Slow3d columns
+                      // (a video net), CTC loss with its lengths on the CPU (a speech model).
+                      MetaCase{"Conv3dSlow3dColumnsGroupsAndPointwise", "py_meta_conv3d", {2, 4}},
+                      MetaCase{"CtcLossWithItsLengthsOnTheCpu", "py_meta_ctc", {2, 4}}),
     case_name);
 
 // A fixture folder of its own: f.yaml (a Python fixture over models.py:build, inputs [B, 4]) and models.py.
@@ -126,6 +130,29 @@ TEST(MetaOpsEstimateTest, AnOpWithNoMetaKernelIsAnErrorNamingTheOpAndTheModule) 
   EXPECT_THAT(out, HasSubstr("measure the fixture instead")) << out;
   EXPECT_THAT(out, Not(HasSubstr("Traceback"))) << out;
   EXPECT_EQ(testing::run(p.memgate(fmt::format("profile --config {} --device cpu", p.dir / "f.yaml")), &out), 0) << out;
+}
+
+// CTC loss whose lengths were made on the model's device: measured on the CPU; on the Meta device the lengths hold no
+// values, and log_alpha's size is the longest target's, so the estimate refuses it with memgate's message naming the
+// op and saying to measure it (before: "_ctc_loss.Tensor has no Meta kernel", whatever device the lengths were on).
+TEST(MetaOpsEstimateTest, CtcLossWithItsLengthsOnTheMetaDeviceIsRefusedNamingTheOp) {
+  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/py_meta_ctc_device_lengths.yaml");
+  const std::vector<std::int64_t> batches{2};
+  const auto measured = run_probes(f, batches, kCpu);
+  ASSERT_EQ(measured.size(), 1U);
+  EXPECT_TRUE(measured[0].measured()) << measured[0].error;
+  std::string error;
+  try {
+    const auto estimated = estimate_profile(f, batches, EstimateTarget::kCpu).probes;
+    ASSERT_EQ(estimated.size(), 1U);
+    EXPECT_FALSE(estimated[0].measured());
+    error = estimated[0].error;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_THAT(error, HasSubstr("the estimate cannot run aten::ctc_loss")) << error;
+  EXPECT_THAT(error, HasSubstr("measure it instead")) << error;
+  EXPECT_THAT(error, Not(HasSubstr("has no Meta kernel"))) << error;
 }
 
 // The same ops in a TorchScript fixture, whose estimate runs in C++ alone, without torch's Python Meta kernels: memgate's
