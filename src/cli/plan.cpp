@@ -19,6 +19,8 @@ Run add_plan(CLI::App& app) {
     std::string config;
     std::string gpu;
     std::int64_t capacity_mib = 0;
+    std::int64_t capacity_bytes = 0;
+    std::string target = "cuda";
     std::int64_t batch = 0;
     std::int64_t effective_batch = 0;
     std::int64_t world_size = 0;
@@ -34,7 +36,19 @@ Run add_plan(CLI::App& app) {
                        ->type_name("MIB")
                        ->check(check_value(is_memory_limit_mib,
                                            fmt::format("a positive integer of at most {}", kMaxMemoryLimitMib)));
+  auto* capacity_bytes = app.add_option("--capacity-bytes", o->capacity_bytes, "Instead: fit this many usable bytes")
+                             ->type_name("BYTES")
+                             ->check(CLI::Range(std::int64_t{1}, kMaxMemoryLimitMib << 20));
   gpu->excludes(capacity);
+  gpu->excludes(capacity_bytes);
+  capacity->excludes(capacity_bytes);
+  auto* for_device = app.add_option("--for", o->target,
+                                    "The device the plans are estimated for: cuda, or cpu (with --capacity-mib or "
+                                    "--capacity-bytes: the estimate for the CPU's kernels, as profile --device cpu "
+                                    "measures the plan's fixture)")
+                         ->capture_default_str()
+                         ->type_name("DEVICE")
+                         ->check(CLI::IsMember({"cuda", "cpu"}));
   auto* batch = app.add_option("--batch", o->batch, "The batch of each step (default: the fixture's largest)")
                     ->type_name("B")
                     ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
@@ -54,14 +68,21 @@ Run add_plan(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "exhaustive", "greedy"}));
   app.add_option("--output", o->output, "Also write the plans as JSON to this file")->type_name("FILE");
   app.add_option("--gpus", o->gpus, "Folder of GPU fixtures")->capture_default_str()->type_name("DIR");
-  app.parse_complete_callback([gpu, capacity] {
-    if (gpu->count() == 0 && capacity->count() == 0) throw CLI::RequiredError("--gpu or --capacity-mib");
+  app.parse_complete_callback([gpu, capacity, capacity_bytes, for_device, o] {
+    if (gpu->count() == 0 && capacity->count() == 0 && capacity_bytes->count() == 0) {
+      throw CLI::RequiredError("--gpu or --capacity-mib (or --capacity-bytes)");
+    }
+    if (for_device->count() > 0 && o->target == "cpu" && gpu->count() > 0) {
+      throw CLI::ValidationError("--for cpu", "expected --capacity-mib or --capacity-bytes: a GPU fixture (--gpu " +
+                                                  o->gpu + ") is a CUDA target");
+    }
   });
   app.footer(footer(
       "Searches the ways to run the fixture's step at the batch asked that keep the training the same: which\n"
       "blocks to checkpoint (the fewest recomputed FLOPs that fit), micro-batch x accumulation steps for\n"
       "--effective-batch, the allocator's expandable segments where they change the reserved bytes. Each plan's\n"
-      "step peak is the estimate for CUDA that memgate estimate --gpu gives (no GPU is used), its cost the\n"
+      "step peak is the estimate for CUDA that memgate estimate --gpu gives (no GPU is used; --for cpu: the\n"
+      "estimate for the CPU, with a capacity), its cost the\n"
       "recomputed FLOPs as a share of the step's (counted on the Meta device) and the accumulation steps, and\n"
       "`change` the fixture keys that apply it. Cheapest first. See docs/plan.md."));
   return [o] {
@@ -69,6 +90,9 @@ Run add_plan(CLI::App& app) {
     if (!o->gpu.empty()) targets = gpu_targets(o->gpus, {o->gpu}, false);
     if (o->capacity_mib > 0) {
       targets.push_back({"capacity", fmt::format("{} MiB", o->capacity_mib), o->capacity_mib << 20});
+    }
+    if (o->capacity_bytes > 0) {
+      targets.push_back({"capacity", fmt::format("{} B", o->capacity_bytes), o->capacity_bytes});
     }
     auto fixture = load_fixture_for_run(o->config, "");
     auto inputs = fixture_inputs("--config", o->config, &fixture);
@@ -79,6 +103,7 @@ Run add_plan(CLI::App& app) {
     if (o->batch > 0) options.batch = o->batch;
     if (o->effective_batch > 0) options.effective_batch = o->effective_batch;
     options.allow_changes = o->allow_changes;
+    options.target = o->target == "cpu" ? memgate::EstimateTarget::kCpu : memgate::EstimateTarget::kCuda;
     options.search = o->search == "exhaustive" ? memgate::PlanOptions::Search::kExhaustive
                      : o->search == "greedy"   ? memgate::PlanOptions::Search::kGreedy
                                                : memgate::PlanOptions::Search::kAuto;

@@ -94,6 +94,7 @@ class Planner {
     PlanResult out;
     out.model = fixture_.name;
     out.target = target_;
+    out.estimated_for = options_.target == EstimateTarget::kCpu ? "cpu" : "cuda";
     // The micro-batches and their accumulation steps.
     std::vector<std::pair<std::int64_t, std::int64_t>> micro;
     if (options_.effective_batch) {
@@ -108,14 +109,16 @@ class Planner {
       micro.emplace_back(b, fixture_.training.accumulation_steps);
     }
     std::vector<std::string> allocators{fixture_.training.allocator};
-    if (fixture_.training.allocator.find("expandable_segments") == std::string::npos) {
+    // The CPU's allocator has no segments: the setting changes nothing there.
+    if (options_.target == EstimateTarget::kCuda &&
+        fixture_.training.allocator.find("expandable_segments") == std::string::npos) {
       allocators.push_back(fixture_.training.allocator.empty() ? kExpandable
                                                                : fixture_.training.allocator + "," + kExpandable);
     }
     // The FLOPs each micro-batch's step and blocks cost; a fixture whose blocks were not counted here has no
     // checkpointing lever (a Python or TorchScript model's, a distributed one's).
     for (const auto& [m, steps] : micro) {
-      flops_[m] = count_step_flops(fixture_, m, EstimateTarget::kCuda);
+      flops_[m] = count_step_flops(fixture_, m, options_.target);
       ++estimates_;
       if (flops_[m].per_block.size() != blocks_.size()) blocks_.clear();
     }
@@ -233,8 +236,13 @@ class Planner {
     if (p.steps > 1) plan.levers.push_back(fmt::format("accumulate {} micro-batches of {}", p.steps, p.micro));
     if (p.allocator != fixture_.training.allocator) plan.levers.push_back("expandable segments");
     if (p.variant >= 0) plan.levers.push_back(variants_[static_cast<std::size_t>(p.variant)].lever);
-    // The same estimate as `memgate estimate --gpu`: for CUDA, staged for this GPU's SMs.
-    {
+    // The same estimate as `memgate estimate --gpu`: for CUDA, staged for this GPU's SMs; or `--for cpu`'s.
+    if (options_.target == EstimateTarget::kCpu) {
+      const auto r = estimate_probe(w, p.micro, EstimateTarget::kCpu);
+      plan.step_peak = r.components.step_peak;
+      plan.step_peak_reserved = r.components.step_peak_reserved;
+      plan.required_bytes = plan.step_peak_reserved + target_.library_workspace_bytes;
+    } else {
       const EstimateContextGuard for_gpu(
           estimate_context_for_gpu({target_.multiprocessors, target_.max_threads_per_multiprocessor}));
       try {
@@ -443,7 +451,7 @@ nlohmann::json plan_to_json(const PlanResult& r) {
                                     {"usable_bytes", r.target.usable_bytes},
                                     {"library_workspace_bytes", r.target.library_workspace_bytes},
                                     {"measured", r.target.measured}}},
-                        {"estimated_for", "cuda"},
+                        {"estimated_for", r.estimated_for},
                         {"batch", r.batch},
                         {"search", r.search},
                         {"space", r.space},
@@ -457,8 +465,8 @@ nlohmann::json plan_to_json(const PlanResult& r) {
 
 std::string format_plan(const PlanResult& r) {
   std::string out = fmt::format(
-      "memgate plan: {} at batch {} on {} ({} usable), BY ESTIMATE for CUDA, not measured\n", r.model, r.batch,
-      r.target.name, format_bytes(r.target.usable_bytes));
+      "memgate plan: {} at batch {} on {} ({} usable), BY ESTIMATE for {}, not measured\n", r.model, r.batch,
+      r.target.name, format_bytes(r.target.usable_bytes), r.estimated_for == "cpu" ? "the CPU" : "CUDA");
   if (r.as_is) {
     out += fmt::format("  as it is: needs {} ({})\n", format_bytes(r.as_is->required_bytes),
                        r.as_is->fits ? "fits" : "DOES NOT FIT");

@@ -207,6 +207,10 @@ std::vector<BadInput> catalogue() {
   // memgate plan: a GPU or a capacity, a known GPU, a batch of 1 or more; a batch no plan fits says the least needed.
   flags("plan_without_gpu", "plan --config {dir}/tiny.yaml", {"--gpu or --capacity-mib"});
   flags("plan_batch_zero", "plan --config {dir}/tiny.yaml --capacity-mib 64 --batch 0", {"--batch"});
+  flags("plan_for_cpu_on_a_gpu", "plan --config {dir}/tiny.yaml --for cpu --gpu h100_80gb",
+        {"--for cpu", "expected --capacity-mib or --capacity-bytes", "--gpu h100_80gb"});
+  flags("plan_capacity_bytes_zero", "plan --config {dir}/tiny.yaml --for cpu --capacity-bytes 0", {"--capacity-bytes"});
+  flags("plan_for_a_tpu", "plan --config {dir}/tiny.yaml --for tpu --capacity-mib 64", {"--for", "tpu"});
   c.push_back({"plan_unknown_gpu", {{"tiny.yaml", kFixture}, {"gpus/g.yaml", kGpu}},
                "plan --config {dir}/tiny.yaml --gpus {dir}/gpus --gpu h100", 2,
                {"--gpu h100", "expected one of the known ids: g"}});

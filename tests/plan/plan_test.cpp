@@ -258,6 +258,31 @@ TEST(PlanTest, BothSearchesFindTheLeastRecomputationThatEveryEstimateFinds) {
   }
 }
 
+// Planned for the CPU (`memgate plan --for cpu`, as tools/compile_budget.py plans at a compiled step's peak): gpt_tiny
+// at batch 64 (15.8 MB as it is) in 12,000,000 bytes checkpoints a block, and its fixture measured on the CPU peaks
+// within the capacity, at the plan's own step_peak. The CPU's allocator has no segments: no allocator lever.
+TEST(PlanTest, APlanForTheCpuFitsItsCapacityWhenMeasuredOnTheCpu) {
+  auto options = batch(64, PlanOptions::Search::kExhaustive);
+  options.target = EstimateTarget::kCpu;
+  const std::int64_t capacity = 12'000'000;
+  const auto r = plan(load_fixture(fixture_path("gpt_tiny")), {"capacity", "12000000 B", capacity}, options);
+  EXPECT_EQ(plan_to_json(r).at("estimated_for"), "cpu");
+  EXPECT_EQ(r.space, 4) << "the subsets of 2 blocks, one allocator setting";
+  ASSERT_TRUE(r.as_is);
+  EXPECT_FALSE(r.as_is->fits);
+  ASSERT_FALSE(r.plans.empty());
+  const auto& p = r.plans.front();
+  EXPECT_FALSE(p.checkpointed.empty());
+  EXPECT_EQ(p.step_peak, p.step_peak_reserved);
+  testing::TempDir dir;
+  write_file_atomically(dir / "plan.yaml", apply_change(read_text_file(fixture_path("gpt_tiny"), "a fixture"), p.change));
+  const auto pair = testing::measure_and_estimate_for_cpu(load_fixture(dir / "plan.yaml"), {64});
+  EXPECT_LE(pair.at(0).measured.components.step_peak, capacity);
+  EXPECT_EQ(pair.at(0).estimated.components.step_peak, p.step_peak);
+  EXPECT_LE(std::abs(static_cast<double>(p.step_peak - pair.at(0).measured.components.step_peak)),
+            0.01 * static_cast<double>(pair.at(0).measured.components.step_peak));
+}
+
 TEST(PlanTest, AnExhaustiveSearchOfTooManyPlansIsRefusedBeforeItsEstimates) {
   try {
     (void)plan_of("retfound_large_full", 1 << 14, batch(8, PlanOptions::Search::kExhaustive));

@@ -5,6 +5,7 @@
 
 #include "memgate/advise/advise.h"
 #include "memgate/gate/fixture.h"
+#include "memgate/launch/estimate.h"
 
 #include <nlohmann/json.hpp>
 
@@ -27,6 +28,10 @@ struct PlanOptions {
   /// 4,096 plans is an error (24 blocks are 2^24 subsets).
   Search search = Search::kAuto;
   std::int64_t exhaustive_limit = 64;
+  /// The device the plans are estimated for: CUDA (a GPU fixture or a capacity; the default), or the CPU (a capacity:
+  /// the estimate for the CPU's kernels, reserved = allocated, no library workspaces; what `memgate profile --device
+  /// cpu` of the plan's fixture measures).
+  EstimateTarget target = EstimateTarget::kCuda;
 };
 
 /// One way to run the step, estimated for the target.
@@ -38,7 +43,7 @@ struct Plan {
   std::vector<std::string> checkpointed;  ///< blocks recomputed, as the fixture names them ("blocks.3")
   std::int64_t blocks = 0;                ///< blocks the model can checkpoint
   std::string allocator;                  ///< training.allocator
-  std::int64_t step_peak = 0;             ///< estimate for CUDA on the target's GPU: allocated
+  std::int64_t step_peak = 0;             ///< estimate for the target (CUDA on its GPU, or the CPU): allocated
   std::int64_t step_peak_reserved = 0;    ///< ... and reserved
   std::int64_t required_bytes = 0;        ///< reserved + the GPU's library workspaces (as estimate --gpu)
   std::int64_t headroom_bytes = 0;        ///< usable - required (negative: does not fit)
@@ -56,6 +61,7 @@ struct PlanResult {
   std::string model;
   AdviceTarget target;
   std::int64_t batch = 0;          ///< the batch per optimizer step the plans reach
+  std::string estimated_for = "cuda";  ///< cuda | cpu
   std::string search;              ///< exhaustive | greedy
   std::int64_t space = 0;          ///< plans in the space searched
   std::int64_t estimates = 0;      ///< estimates run (FLOP counts included)
