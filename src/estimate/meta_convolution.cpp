@@ -76,9 +76,21 @@ MetaSlowConv meta_slow_conv_backend(at::IntArrayRef dilation, bool transposed) {
 // - SlowTranspose2d: slow_conv_transpose2d (NaiveConvolutionTranspose2d.cpp, slow_conv_transpose2d_out_cpu_template):
 //   the structured op's output, then the columns of every image (C_out x kh x kw rows, a column per input pixel).
 at::Tensor meta_conv_group_forward(const at::Tensor& input, const at::Tensor& weight, std::vector<int64_t> shape,
-                                   at::IntArrayRef stride, at::IntArrayRef padding, MetaSlowConv backend) {
+                                   at::IntArrayRef stride, at::IntArrayRef padding, MetaSlowConv backend,
+                                   bool has_bias) {
   const auto kh = weight.size(2), kw = weight.size(3);
   const auto options = input.options().memory_format(meta_conv_group_format(input, weight, false));
+  if (backend == MetaSlowConv::kTranspose2d && input.dim() == 5) {
+    // SlowTranspose3d: slow_conv_transpose3d_cpu (NaiveConvolutionTranspose3d.cpp) makes the output as
+    // empty_like(input) and resizes it; then one image's columns [C_out * kd * kh * kw, iD * iH * iW] and, with a
+    // bias, ones of the output's spatial size; both freed on return.
+    auto out = at::empty(input.sizes(), input.options().memory_format(at::MemoryFormat::Contiguous));
+    out.resize_(shape);
+    const auto columns =
+        at::empty({weight.size(1) * spatial_numel(weight.sizes()), spatial_numel(input.sizes())}, input.options());
+    const auto ones = has_bias ? at::empty(at::IntArrayRef(shape).slice(2), input.options()) : at::Tensor();
+    return out;
+  }
   if (backend == MetaSlowConv::kTranspose2d) {
     auto out = at::empty(shape, options);
     auto columns = at::empty({input.size(0), weight.size(1) * kh * kw, input.size(2) * input.size(3)}, input.options());
@@ -103,7 +115,8 @@ at::Tensor meta_conv_slow_forward(const at::Tensor& input, const at::Tensor& wei
   const auto format = meta_conv_group_format(input, weight, transposed);
   const auto in = input.contiguous(format);
   const auto w = weight.contiguous(format);
-  if (groups == 1) return meta_conv_group_forward(in, w, shape, stride, padding, backend);
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (groups == 1) return meta_conv_group_forward(in, w, shape, stride, padding, backend, has_bias);
   shape[1] /= groups;
   std::vector<at::Tensor> outputs;
   outputs.reserve(static_cast<std::size_t>(groups));
@@ -111,7 +124,7 @@ at::Tensor meta_conv_slow_forward(const at::Tensor& input, const at::Tensor& wei
     const auto input_g = meta_conv_group_slice(in, 1, groups, g);
     const auto weight_g = meta_conv_group_slice(w, 0, groups, g);
     const auto bias_g = bias.has_value() ? meta_conv_group_slice(*bias, 0, groups, g) : at::Tensor();
-    outputs.push_back(meta_conv_group_forward(input_g, weight_g, shape, stride, padding, backend));
+    outputs.push_back(meta_conv_group_forward(input_g, weight_g, shape, stride, padding, backend, bias_g.defined()));
   }
   return at::cat(outputs, 1);
 }
@@ -140,6 +153,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_conv_group_backward(const at
   at::Tensor gi, gw, gb;
   const auto kh = weight.size(2), kw = weight.size(3);
   const auto format = meta_conv_group_format(input, weight, false);
+  if (backend == MetaSlowConv::kTranspose2d && input.dim() == 5) {
+    // SlowTranspose3d's backward (slow_conv_transpose3d_backward_cpu): the input's gradient (the output gradient made
+    // contiguous, the gradient, one image's columns where the kernel is not 1x1x1 at unit stride without padding or
+    // dilation); the weight's and the bias's allocated; then slow_conv_transpose3d_acc_grad_parameters_cpu (the output
+    // gradient made contiguous again, the same columns; the bias's a sum_out).
+    const bool need_columns = spatial_numel(weight.sizes()) != 1 ||
+                              std::any_of(stride.begin(), stride.end(), [](int64_t v) { return v != 1; }) ||
+                              std::any_of(padding.begin(), padding.end(), [](int64_t v) { return v != 0; }) ||
+                              std::any_of(dilation.begin(), dilation.end(), [](int64_t d) { return d != 1; });
+    auto columns = [&] {
+      return need_columns ? at::empty({weight.size(1) * spatial_numel(weight.sizes()), spatial_numel(input.sizes())},
+                                      input.options())
+                          : at::Tensor();
+    };
+    if (mask[0]) {
+      const auto gy = grad_output.contiguous();
+      gi = at::empty(input.sizes(), input.options().memory_format(at::MemoryFormat::Contiguous));
+      const auto grad_columns = columns();
+    }
+    if (mask[1]) gw = at::empty(weight.sizes(), weight.options().memory_format(at::MemoryFormat::Contiguous));
+    if (mask[2]) gb = at::empty({weight.size(1)}, weight.options());
+    if (mask[1] || mask[2]) {
+      const auto gy = grad_output.contiguous();
+      const auto acc_columns = columns();
+    }
+    return {gi, gw, gb};
+  }
   if (backend == MetaSlowConv::kTranspose2d) {
     const bool need_columns = !unit_1x1(weight, stride, padding) ||
                               std::any_of(dilation.begin(), dilation.end(), [](int64_t d) { return d != 1; });
@@ -240,6 +280,12 @@ bool meta_slow3d(const at::Tensor& input, at::IntArrayRef dilation, bool transpo
 // runs SlowDilated2d's steps above with the kernel's and the image's spatial sizes as products.
 bool meta_dilated3d(const at::Tensor& input, bool transposed) {
   return for_cpu() && !for_cpu_host() && input.dim() == 5 && !transposed;
+}
+
+// SlowTranspose3d (a transposed 3-D convolution, portable kernels): its groups one at a time in contiguous format, as
+// SlowTranspose2d's, each group allocating as NaiveConvolutionTranspose3d.cpp does (meta_conv_group_forward/_backward).
+bool meta_transposed3d(const at::Tensor& input, bool transposed) {
+  return for_cpu() && !for_cpu_host() && input.dim() == 5 && transposed;
 }
 
 bool unit_1x1x1(const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding, int64_t groups) {
@@ -436,7 +482,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   if (meta_slow3d(input, dilation, transposed)) {
     return meta_slow3d_forward(input, weight, shape, stride, padding, groups);
   }
-  if (meta_dilated3d(input, transposed)) {
+  if (meta_dilated3d(input, transposed) || meta_transposed3d(input, transposed)) {
     return meta_conv_slow_forward(input, weight, bias, shape, stride, padding, dilation, transposed, groups);
   }
   if (!for_cpu() || spatial != 2) return at::empty(shape, options);
@@ -454,7 +500,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   if (meta_slow3d(input, dilation, transposed)) {
     return meta_slow3d_backward(grad_output, input, weight, stride, padding, groups, mask);
   }
-  if (meta_dilated3d(input, transposed)) {
+  if (meta_dilated3d(input, transposed) || meta_transposed3d(input, transposed)) {
     return meta_conv_slow_backward(grad_output, input, weight, stride, padding, dilation, transposed, groups, mask);
   }
   if (for_cpu() && input.dim() == 4 && !cpu_uses_mkldnn(input, weight, stride, dilation, groups)) {
