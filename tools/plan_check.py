@@ -51,7 +51,7 @@ FULL = [
     ("unet_tiny", "batch=8", GPUS + ["mib=40"], None),
     ("multimodal_tiny", "effective=256", GPUS + ["mib=4", "mib=8"], None),
     ("py_vit_tiny_lora_timm", "effective=32", GPUS + ["mib=6"], None),
-    ("vessel_unet_1024_fp16", "batch=1", GPUS + ["mib=1000"], UNET_1024_W8),
+    ("vessel_unet_1024_fp16", "batch=1", GPUS + ["mib=800"], UNET_1024_W8),
 ]
 QUICK = [
     ("vit_tiny_full", "batch=64", ["t4_16gb", "mib=30"], None),
