@@ -137,6 +137,16 @@ def _inner_states(values, seen=None, depth=0):
     return out
 
 
+def _rebind(now, first, set_, delete) -> None:
+    """Names in `now` (a namespace) put back as `first` had them, by identity: those added since deleted, those
+    rebound since set back."""
+    for name in [n for n in now if n not in first]:
+        delete(name)
+    for name, value in first.items():
+        if now.get(name, first) is not value:
+            set_(name, value)
+
+
 def _put_back(state) -> None:
     """Puts what `_inner_state` recorded back into the same object, in place, then inside its items."""
     kind, value, items, inner = state
@@ -150,19 +160,11 @@ def _put_back(state) -> None:
         elif kind in ("dict", "set"):
             value.clear()
             value.update(items)
-        elif kind == "class":
-            for name in [n for n in vars(value) if not (n.startswith("__") and n.endswith("__")) and n not in items]:
-                delattr(value, name)
-            for name, v in items.items():
-                if vars(value).get(name, items) is not v:
-                    setattr(value, name, v)
+        elif kind == "class":  # a class's __dict__ is read-only: through setattr and delattr
+            _rebind({n: v for n, v in vars(value).items() if not (n.startswith("__") and n.endswith("__"))}, items,
+                    lambda n, v: setattr(value, n, v), lambda n: delattr(value, n))
         else:
-            now = value.__dict__
-            for name in [n for n in now if n not in items]:
-                del now[name]
-            for name, v in items.items():
-                if now.get(name, items) is not v:
-                    now[name] = v
+            _rebind(value.__dict__, items, value.__dict__.__setitem__, value.__dict__.__delitem__)
     except (TypeError, AttributeError, ValueError):
         return  # an object that refuses (a read-only attribute): left as the user's code left it
     for state in inner:
@@ -182,13 +184,7 @@ def settle(module=None) -> None:
                 continue
             _INNER[key] = _inner_states(m.__dict__.values())
             continue
-        first = seen[1]
-        now = m.__dict__
-        for name in [n for n in now if n not in first]:
-            del now[name]
-        for name, value in first.items():
-            if now.get(name, first) is not value:
-                now[name] = value
+        _rebind(m.__dict__, seen[1], m.__dict__.__setitem__, m.__dict__.__delitem__)
         for state in _INNER.get(key, ()):
             _put_back(state)
     if module is None:

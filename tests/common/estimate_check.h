@@ -55,6 +55,22 @@ inline std::vector<MeasuredAndEstimated> measure_and_estimate_for_cpu(const Fixt
   return out;
 }
 
+/// A fixture the CPU measures and the estimate refuses: asserts that `batch` is measured on the CPU and returns the
+/// estimate's refusal for the CPU (the probe's error, or what estimate_profile threw), empty where it ran.
+inline std::string measured_but_estimate_refused(const Fixture& fixture, std::int64_t batch) {
+  const std::vector<std::int64_t> batches{batch};
+  const auto measured = run_probes(fixture, batches, kCpu);
+  EXPECT_EQ(measured.size(), 1U);
+  EXPECT_TRUE(!measured.empty() && measured[0].measured()) << (measured.empty() ? "" : measured[0].error);
+  try {
+    const auto estimated = estimate_profile(fixture, batches, EstimateTarget::kCpu).probes;
+    EXPECT_EQ(estimated.size(), 1U);
+    return estimated.empty() ? std::string() : estimated[0].error;
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 /// Known gaps, each a fixture whose estimate still falls short somewhere. The ResNets (bias-free, channels-first
 /// convolutions): with cuDNN's workspaces as cuDNN sizes them for the H200 (cudnn_workspace.h) their step_peak is
 /// within 1%, but their reserved bytes are up to 9% low at batch 2 and 4 (the fp16 one 15% at batch 4), for reasons

@@ -59,21 +59,9 @@ TEST_P(AttentionChoiceEstimateTest, EstimatesEveryComponentAsTheCpuMeasuresIt) {
 // (whether it is left aligned) and packs the unpadded tokens into a nested tensor whose size depends on them. The CPU
 // measures it; the estimate refuses it with memgate's message, naming the op, the module and what to do.
 TEST(TransformerEncoderEstimateTest, RefusesANestedPaddedBatchNamingTheOpAndTheModule) {
-  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/py_attn_encoder_nested.yaml");
-  const std::vector<std::int64_t> batches{2};
-  const auto measured = run_probes(f, batches, kCpu);
-  ASSERT_EQ(measured.size(), 1U);
-  EXPECT_TRUE(measured[0].measured()) << measured[0].error;
   // The estimate's Python probe refuses it: estimate_profile throws with that message (or reports it as the probe's).
-  std::string error;
-  try {
-    const auto estimated = estimate_profile(f, batches, EstimateTarget::kCpu).probes;
-    ASSERT_EQ(estimated.size(), 1U);
-    EXPECT_FALSE(estimated[0].measured());
-    error = estimated[0].error;
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  const auto error = testing::measured_but_estimate_refused(
+      load_fixture(testing::source_dir() + "/fixtures/models/py_attn_encoder_nested.yaml"), 2);
   EXPECT_NE(error.find("the estimate cannot run aten::_nested_tensor_from_mask_left_aligned"), std::string::npos)
       << error;
   EXPECT_NE(error.find("'body' (TransformerEncoder)"), std::string::npos) << error;

@@ -136,20 +136,8 @@ TEST(MetaOpsEstimateTest, AnOpWithNoMetaKernelIsAnErrorNamingTheOpAndTheModule) 
 // values, and log_alpha's size is the longest target's, so the estimate refuses it with memgate's message naming the
 // op and saying to measure it (before: "_ctc_loss.Tensor has no Meta kernel", whatever device the lengths were on).
 TEST(MetaOpsEstimateTest, CtcLossWithItsLengthsOnTheMetaDeviceIsRefusedNamingTheOp) {
-  const auto f = load_fixture(testing::source_dir() + "/fixtures/models/py_meta_ctc_device_lengths.yaml");
-  const std::vector<std::int64_t> batches{2};
-  const auto measured = run_probes(f, batches, kCpu);
-  ASSERT_EQ(measured.size(), 1U);
-  EXPECT_TRUE(measured[0].measured()) << measured[0].error;
-  std::string error;
-  try {
-    const auto estimated = estimate_profile(f, batches, EstimateTarget::kCpu).probes;
-    ASSERT_EQ(estimated.size(), 1U);
-    EXPECT_FALSE(estimated[0].measured());
-    error = estimated[0].error;
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  const auto error = testing::measured_but_estimate_refused(
+      load_fixture(testing::source_dir() + "/fixtures/models/py_meta_ctc_device_lengths.yaml"), 2);
   EXPECT_THAT(error, HasSubstr("the estimate cannot run aten::ctc_loss")) << error;
   EXPECT_THAT(error, HasSubstr("measure it instead")) << error;
   EXPECT_THAT(error, Not(HasSubstr("has no Meta kernel"))) << error;
