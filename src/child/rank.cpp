@@ -19,6 +19,7 @@
 #include "memgate/launch/request.h"
 #include "memgate/launch/run.h"
 #include "memgate/measure/probe.h"
+#include "memgate/plan/flops.h"
 
 #include <fmt/format.h>
 
@@ -167,6 +168,12 @@ int rank_main(int argc, char** argv, const PythonRuntime* python) {
     // An estimate of a Python model on one device: one build serves every batch size (models/python.h), the first
     // probe's (the parameter count's build is not kept: the imports it paid are not the model's). Not under ranks
     // (their hooks stay on the module), nor a cap (a build replayed past it would stop halfway).
+    // A Python fixture's blocks and FLOPs for `memgate plan` (plan/flops.h), counted here where its blocks run: each
+    // count builds the model anew (no build kept: the count runs outside a probe's reuse).
+    if (request.flops) {
+      write_file_atomically(request.output, count_checkpoint_flops_here(fixture, *request.flops, python));
+      return 0;
+    }
     const bool reuse = request.estimate && !fixture.training.distributed.enabled() && cap == 0;
     if (reuse && python != nullptr && python->reuse_builds) python->reuse_builds(true);
     // A Python fixture's whole search (advise's), in this process: one built module serves every batch size.

@@ -101,23 +101,43 @@ std::vector<ProbeResult> run_python_probes(const Workload& workload, std::span<c
   return results;
 }
 
-std::string run_python_search(const Workload& workload, const std::string& request, const ProbeOptions& options) {
+namespace {
+
+// One Python process that runs `what` (a request's search or flops, set by `ask`) and writes its answer's text.
+template <class Ask>
+std::string run_python_request(const Workload& workload, EstimateTarget target, const ProbeOptions& options,
+                               const char* what, const char* answer_of, Ask ask) {
   detail::ProbeProcesses processes(workload, options.rank_timeout);
   const auto& dir = processes.dir();
   const auto& spec = workload.training.distributed;
   const std::int64_t one[] = {1};
   auto probe = detail::probe_request(workload, one, 0, spec.enabled() ? spec.world_size : 1, dir / "rank0.json",
                                      options, 0, "meta");
-  probe.estimate = detail::estimate_for(workload, EstimateTarget::kCuda);
-  probe.search = request;
-  processes.start("its Python search", probe, (dir / "rank0.json").string());
+  probe.estimate = detail::estimate_for(workload, target);
+  ask(probe);
+  processes.start(fmt::format("its Python {}", what), probe, (dir / "rank0.json").string());
   if (auto failure = processes.wait()) {
-    throw Error(fmt::format("{}: the search by estimate: {} (-m memgate): {}", workload.source, processes.program(),
+    throw Error(fmt::format("{}: {}: {} (-m memgate): {}", workload.source, answer_of, processes.program(),
                             *failure));
   }
-  auto answer = read_text_file((dir / "rank0.json").string(), "a search's answer");
-  detail::require_same_version(nlohmann::json::parse(answer), "the Python search", processes.program() + " -m memgate");
+  auto answer = read_text_file((dir / "rank0.json").string(), fmt::format("a {}'s answer", what));
+  detail::require_same_version(nlohmann::json::parse(answer), fmt::format("the Python {}", what),
+                               processes.program() + " -m memgate");
   return answer;
+}
+
+}  // namespace
+
+std::string run_python_search(const Workload& workload, const std::string& request, const ProbeOptions& options) {
+  return run_python_request(workload, EstimateTarget::kCuda, options, "search", "the search by estimate",
+                            [&](ProbeRequest& probe) { probe.search = request; });
+}
+
+std::string run_python_flops(const Workload& workload, const std::string& request, const ProbeOptions& options) {
+  const auto target = nlohmann::json::parse(request).at("target").get<std::string>() == "cpu" ? EstimateTarget::kCpu
+                                                                                               : EstimateTarget::kCuda;
+  return run_python_request(workload, target, options, "count", "the blocks and FLOPs of a plan",
+                            [&](ProbeRequest& probe) { probe.flops = request; });
 }
 
 ProbeResult run_python_probe(const Workload& workload, std::int64_t batch_size, c10::Device device,

@@ -64,7 +64,7 @@ MEMGATE_REQUEST_FIELDS(DistributedSpec, 104);
 MEMGATE_REQUEST_FIELDS(TrainingSpec, 296);
 MEMGATE_REQUEST_FIELDS(Workload, 1280);
 MEMGATE_REQUEST_FIELDS(EstimateContext, 48);
-MEMGATE_REQUEST_FIELDS(ProbeRequest, 1648);
+MEMGATE_REQUEST_FIELDS(ProbeRequest, 1688);
 #undef MEMGATE_REQUEST_FIELDS
 #endif
 
@@ -162,7 +162,7 @@ MEMGATE_FIELDS_OF(ProbeRequest) {
   v("cpu_limit_bytes", o.cpu_limit_bytes), v("warmup_steps", o.warmup_steps), v("cpu_threads", o.cpu_threads);
   v("seed", o.seed), v("timeout_s", o.timeout), v("keep_going", o.keep_going), v("rank", o.rank);
   v("world_size", o.world_size), v("store", o.store), v("output", o.output), v("heartbeat", o.heartbeat);
-  v("snapshot", o.snapshot), v("search", o.search);
+  v("snapshot", o.snapshot), v("search", o.search), v("flops", o.flops);
 }
 
 #undef MEMGATE_FIELDS_OF

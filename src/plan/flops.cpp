@@ -6,8 +6,11 @@
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/ranks.h"
 #include "memgate/models/checkpoint.h"
+#include "memgate/models/zoo.h"
 
 #include <ATen/record_function.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -162,18 +165,20 @@ class BlockFlops final : public BlockHook {
 
 }  // namespace
 
-StepFlops count_step_flops(const Workload& workload, std::int64_t batch_size, EstimateTarget target) {
+StepFlops count_step_flops(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
+                           const PythonRuntime* python) {
   auto w = workload;
   w.training.gradient_checkpointing = false;
   w.training.checkpoint_blocks.clear();
   w.training.accumulation_steps = 1;
   const std::lock_guard lock(g_count_mutex);
-  const bool blocks_here = !runs_in_python(w) && !w.training.distributed.enabled();
+  const bool blocks_here = !runs_in_python(w, python) && !w.training.distributed.enabled();
   BlockFlops blocks;
   const BlockHookScope hook(blocks_here ? &blocks : nullptr);
   StepFlops out;
   std::int64_t forward_end = -1;
   ProbeOptions options;
+  options.python = python;
   options.on_phase = [&](std::string_view phase) {
     const bool forward = phase == "measured step: forward";
     const bool counting = forward || phase == "measured step: backward";
@@ -198,6 +203,46 @@ StepFlops count_step_flops(const Workload& workload, std::int64_t batch_size, Es
   out.forward = forward_end < 0 ? out.step : forward_end;
   if (blocks_here) out.per_block = std::move(blocks.per_block);
   return out;
+}
+
+CheckpointFlops count_checkpoint_flops(const Workload& workload, std::span<const std::int64_t> batch_sizes,
+                                       EstimateTarget target, const PythonRuntime* python) {
+  CheckpointFlops out;
+  if (runs_in_python(workload, python)) {
+    nlohmann::json request = {{"batch_sizes", std::vector<std::int64_t>(batch_sizes.begin(), batch_sizes.end())},
+                              {"target", target == EstimateTarget::kCpu ? "cpu" : "cuda"}};
+    const auto answer = nlohmann::json::parse(run_python_flops(workload, request.dump()));
+    out.blocks = answer.at("blocks").get<std::vector<std::string>>();
+    for (const auto& f : answer.at("flops")) {
+      out.flops.push_back({.step = f.at("step").get<std::int64_t>(), .forward = f.at("forward").get<std::int64_t>(),
+                           .per_block = f.at("per_block").get<std::vector<std::int64_t>>()});
+    }
+    if (out.flops.size() != batch_sizes.size()) {
+      throw Error(fmt::format("{}: the Python process counted the FLOPs of {} batch sizes of {}", workload.source,
+                              out.flops.size(), batch_sizes.size()));
+    }
+    return out;
+  }
+  if (workload.model.arch != Arch::kTorchScript) {
+    out.blocks = build_model(workload.model, c10::Device(c10::DeviceType::Meta), 0, python)->checkpoint_prefixes();
+    for (auto& b : out.blocks) b.pop_back();  // "blocks.3." -> "blocks.3", as the fixture names it
+  }
+  for (const auto b : batch_sizes) out.flops.push_back(count_step_flops(workload, b, target, python));
+  return out;
+}
+
+std::string count_checkpoint_flops_here(const Workload& workload, const std::string& request,
+                                        const PythonRuntime* python) {
+  const auto j = nlohmann::json::parse(request);
+  const auto sizes = j.at("batch_sizes").get<std::vector<std::int64_t>>();
+  const auto target = j.at("target").get<std::string>() == "cpu" ? EstimateTarget::kCpu : EstimateTarget::kCuda;
+  const auto counted = count_checkpoint_flops(workload, sizes, target, python);
+  nlohmann::json answer = {{"memgate_version", MEMGATE_VERSION}, {"blocks", counted.blocks},
+                           {"flops", nlohmann::json::array()}};
+  for (const auto& f : counted.flops) {
+    answer["flops"].push_back({{"step", f.step}, {"forward", f.forward}, {"per_block", f.per_block}});
+  }
+  return answer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace memgate

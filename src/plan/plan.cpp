@@ -81,11 +81,6 @@ class Planner {
  public:
   Planner(const Fixture& fixture, const AdviceTarget& target, const PlanOptions& options)
       : fixture_(fixture), target_(target), options_(options) {
-    if (!runs_in_python(fixture) && fixture.model.arch != Arch::kTorchScript) {
-      blocks_ = build_model(fixture.model, c10::Device(c10::DeviceType::Meta))->checkpoint_prefixes();
-      for (auto& b : blocks_) b.pop_back();  // "blocks.3." -> "blocks.3", as the fixture names it
-    }
-    if (blocks_.size() > 62) blocks_.clear();  // a mask of 64 bits; no zoo model has so many
     variants_ = options.allow_changes ? training_changes(fixture) : std::vector<Variant>{};
   }
 
@@ -115,12 +110,18 @@ class Planner {
       allocators.push_back(fixture_.training.allocator.empty() ? kExpandable
                                                                : fixture_.training.allocator + "," + kExpandable);
     }
-    // The FLOPs each micro-batch's step and blocks cost; a fixture whose blocks were not counted here has no
-    // checkpointing lever (a Python or TorchScript model's, a distributed one's).
-    for (const auto& [m, steps] : micro) {
-      flops_[m] = count_step_flops(fixture_, m, options_.target);
+    // The blocks, and the FLOPs each micro-batch's step and blocks cost (a Python fixture's counted in its Python
+    // process, where its blocks run); a fixture whose blocks were not counted has no checkpointing lever (a
+    // TorchScript model's, a distributed one's).
+    std::vector<std::int64_t> sizes;
+    for (const auto& [m, steps] : micro) sizes.push_back(m);
+    auto counted = count_checkpoint_flops(fixture_, sizes, options_.target);
+    blocks_ = std::move(counted.blocks);
+    if (blocks_.size() > 62) blocks_.clear();  // a mask of 64 bits; no zoo model has so many
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      flops_[sizes[i]] = std::move(counted.flops[i]);
       ++estimates_;
-      if (flops_[m].per_block.size() != blocks_.size()) blocks_.clear();
+      if (flops_[sizes[i]].per_block.size() != blocks_.size()) blocks_.clear();
     }
     const auto n = blocks_.size();
     const std::int64_t subsets = std::int64_t{1} << n;

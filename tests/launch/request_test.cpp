@@ -66,6 +66,7 @@ ProbeRequest unusual_request(ModelSpec spec) {
   r.heartbeat = "/tmp/run/rank2.beat";
   r.snapshot = "/tmp/run/rank2.pickle";
   r.search = R"({"targets": []})";
+  r.flops = R"({"batch_sizes": [4], "target": "cuda"})";
   return r;
 }
 
@@ -169,6 +170,7 @@ TEST(ProbeRequestTest, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(back.heartbeat, "/tmp/run/rank2.beat");
   EXPECT_EQ(back.snapshot, "/tmp/run/rank2.pickle");
   EXPECT_EQ(back.search, request.search);
+  EXPECT_EQ(back.flops, request.flops);
   // to_json writes this memgate's version, whatever the value held: the child compares it with its own.
   auto other = request;
   other.memgate_version = "0.0-another";

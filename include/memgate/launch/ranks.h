@@ -56,6 +56,13 @@ namespace memgate {
 [[nodiscard]] std::string run_python_search(const Workload& workload, const std::string& request,
                                             const ProbeOptions& options = {});
 
+/// A Python fixture's checkpointable blocks and the FLOPs of its steps (plan/flops.h's count_checkpoint_flops), counted
+/// in one Python process, where its model is built and its blocks run (its request's `flops`, which child/rank.h's
+/// rank_main runs). `request` its input, the answer's text returned. A process that fails is an error naming the
+/// fixture.
+[[nodiscard]] std::string run_python_flops(const Workload& workload, const std::string& request,
+                                           const ProbeOptions& options = {});
+
 /// For an estimate of a distributed workload's ranks: for each rank, the first rank that makes the same requests (its
 /// own index when none before it does), which the estimate reuses. DDP's ranks are all rank 0's; FSDP's are alike when
 /// they own the same number of rows of every parameter's dim-0 chunk.

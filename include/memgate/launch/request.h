@@ -36,6 +36,7 @@ struct ProbeRequest {
   std::string heartbeat;            ///< its heartbeat file; empty: none
   std::string snapshot;             ///< where its memory snapshot goes (per batch size as its result); empty: none
   std::optional<std::string> search;  ///< a whole search of the largest batches by estimate: its request's text
+  std::optional<std::string> flops;   ///< the blocks and FLOPs `memgate plan` needs (plan/flops.h): its request's text
   /// The memgate that wrote it (to_json writes this one's): the child must be the same memgate.
   std::string memgate_version;
 };

@@ -5,9 +5,13 @@
 #include "memgate/gate/fixture.h"
 
 #include <cstdint>
+#include <span>
+#include <string>
 #include <vector>
 
 namespace memgate {
+
+struct PythonRuntime;
 
 /// The FLOPs of one micro-batch's forward and backward, and each block's forward within it.
 struct StepFlops {
@@ -23,7 +27,27 @@ struct StepFlops {
 /// ops (five matmuls, 2.5 x the forward). An op inside a counted op (addmm inside linear's matmul, bmm inside the math
 /// attention) is counted once, outermost. Each block's forward is what runs between its run_block's start and end
 /// (a BlockHook). Element-wise ops, norms and softmax are not counted (as PyTorch's counter). A Python or TorchScript
-/// fixture, or a distributed one, has no per-block count (per_block empty): its blocks do not run here.
-[[nodiscard]] StepFlops count_step_flops(const Workload& workload, std::int64_t batch_size, EstimateTarget target);
+/// fixture, or a distributed one, has no per-block count (per_block empty): its blocks do not run here. A Python
+/// fixture's blocks run here in a process that has `python` (models/python.h): count_checkpoint_flops's Python process.
+[[nodiscard]] StepFlops count_step_flops(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
+                                         const PythonRuntime* python = nullptr);
+
+/// What `memgate plan` needs to checkpoint a model's blocks: their names (Model::checkpoint_prefixes() without the
+/// final dot, "blocks.3", as a fixture names them) and count_step_flops at each batch size asked, in that order.
+struct CheckpointFlops {
+  std::vector<std::string> blocks;  ///< empty for a TorchScript fixture (no blocks) and a distributed one (not counted)
+  std::vector<StepFlops> flops;     ///< one per batch size
+};
+
+/// The blocks and FLOPs of `workload` at `batch_sizes` on the Meta device. A Python fixture's, where `python` is
+/// nullptr, are counted in its Python process (launch/ranks.h's run_python_flops; child/rank.h's rank_main runs
+/// count_checkpoint_flops_here), where its model is built and its blocks run.
+[[nodiscard]] CheckpointFlops count_checkpoint_flops(const Workload& workload,
+                                                     std::span<const std::int64_t> batch_sizes, EstimateTarget target,
+                                                     const PythonRuntime* python = nullptr);
+
+/// count_checkpoint_flops in this process, for a request and an answer (JSON text) as run_python_flops passes them.
+[[nodiscard]] std::string count_checkpoint_flops_here(const Workload& workload, const std::string& request,
+                                                      const PythonRuntime* python);
 
 }  // namespace memgate

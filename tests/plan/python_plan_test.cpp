@@ -1,0 +1,86 @@
+// memgate plan of a Python fixture (arch: python): its checkpointable blocks and FLOPs come from its Python process
+// (plan/flops.h's count_checkpoint_flops), so the plans checkpoint its blocks as they do a zoo model's.
+#include "memgate/base/files.h"
+#include "memgate/estimate/estimate_context.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/launch/estimate.h"
+#include "memgate/plan/flops.h"
+#include "memgate/plan/plan.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace memgate {
+namespace {
+
+std::string python_fixture(const std::string& name) {
+  return testing::source_dir() + "/fixtures/models/" + name + ".yaml";
+}
+
+// A Python fixture's probes need memgate's Python extension (MEMGATE_PYTHON_EXTENSION, on in the presets).
+bool python_extension_built() {
+  return std::filesystem::is_regular_file(std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() /
+                                          "python" / "memgate" / "_build.py");
+}
+
+// py_gpt_tiny_plain (plain PyTorch GPT-2, 2 blocks h.0 and h.1 in a ModuleList) at batch 256 needs 56 MiB reserved by
+// estimate for CUDA as it is; at 40 MiB it takes a checkpointed block. The plan's change applied to the fixture
+// estimates to the plan's bytes again, in the fixture's own Python process as `memgate estimate` runs it.
+TEST(PythonPlanTest, APythonFixturesPlansCheckpointItsBlocks) {
+  if (!python_extension_built()) GTEST_SKIP() << "memgate's Python extension is not built (MEMGATE_PYTHON_EXTENSION)";
+  PlanOptions options;
+  options.batch = 256;
+  const auto r = plan(load_fixture(python_fixture("py_gpt_tiny_plain")), {"capacity", "40 MiB", std::int64_t{40} << 20},
+                      options);
+  ASSERT_TRUE(r.as_is);
+  EXPECT_FALSE(r.as_is->fits);
+  EXPECT_EQ(r.space, 8) << "the subsets of 2 blocks, two allocator settings";
+  ASSERT_FALSE(r.plans.empty());
+  const auto& p = r.plans.front();
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.blocks, 2);
+  ASSERT_FALSE(p.checkpointed.empty());
+  for (const auto& b : p.checkpointed) EXPECT_TRUE(b == "h.0" || b == "h.1") << b;
+  EXPECT_GT(p.recompute_flops, 0);
+  // The change applied, its entry's file named whole (the copy is not beside fixtures/models/python/).
+  auto text = apply_change(read_text_file(python_fixture("py_gpt_tiny_plain"), "a fixture"), p.change);
+  const std::string entry = "python/models.py:";
+  const auto at = text.find(entry);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, entry.size(), testing::source_dir() + "/fixtures/models/" + entry);
+  testing::TempDir dir;
+  write_file_atomically(dir / "plan.yaml", text);
+  const auto applied = load_fixture(dir / "plan.yaml");
+  EXPECT_EQ(applied.training.checkpoint_blocks, p.checkpointed);
+  const EstimateContextGuard for_gpu(estimate_context_for_gpu({}));
+  const auto e = estimate_probe(applied, p.micro_batch, EstimateTarget::kCuda);
+  EXPECT_EQ(e.components.step_peak, p.step_peak);
+  EXPECT_EQ(e.components.step_peak_reserved, p.step_peak_reserved);
+}
+
+// The counts from the Python process: the blocks as the fixture names them, each block's forward FLOPs > 0 and the
+// two alike (the same layer shapes), within the forward, within the step.
+TEST(PythonPlanTest, APythonFixturesBlocksAndFlopsAreCountedInItsProcess) {
+  if (!python_extension_built()) GTEST_SKIP() << "memgate's Python extension is not built (MEMGATE_PYTHON_EXTENSION)";
+  const std::int64_t sizes[] = {4, 8};
+  const auto fixture = load_fixture(python_fixture("py_gpt_tiny_plain"));
+  const auto c = count_checkpoint_flops(fixture, sizes, EstimateTarget::kCuda);
+  EXPECT_EQ(c.blocks, (std::vector<std::string>{"h.0", "h.1"}));
+  ASSERT_EQ(c.flops.size(), 2U);
+  for (const auto& f : c.flops) {
+    ASSERT_EQ(f.per_block.size(), 2U);
+    EXPECT_GT(f.per_block[0], 0);
+    EXPECT_EQ(f.per_block[0], f.per_block[1]);
+    EXPECT_GT(f.forward, f.per_block[0] + f.per_block[1]) << "the embeddings and the head besides";
+    EXPECT_GT(f.step, 2 * f.forward);
+  }
+  EXPECT_EQ(c.flops[1].per_block[0], 2 * c.flops[0].per_block[0]) << "twice the batch, twice each block's matmuls";
+}
+
+}  // namespace
+}  // namespace memgate
