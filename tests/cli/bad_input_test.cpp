@@ -323,6 +323,8 @@ std::vector<BadInput> catalogue() {
   replay("output_onto_input", kEmptyTrace, " --output {dir}/s.pickle", 2, {"--output", "s.pickle: is also an input"});
   c.push_back({"estimate_effective_batch_without_gpu", {{"tiny.yaml", kFixture}},
                "estimate --config {dir}/tiny.yaml --effective-batch 64", 2, {"--effective-batch", "--gpu"}});
+  c.push_back({"estimate_plan_without_gpu", {{"tiny.yaml", kFixture}}, "estimate --config {dir}/tiny.yaml --plan", 2,
+               {"--plan", "needs --gpu or --all-gpus"}});
   c.push_back({"estimate_unknown_gpu", {{"tiny.yml", kFixture}},
                "estimate --config {dir}/tiny.yml --gpu nope --gpus {dir}", 2, {"--gpu nope", "known ids"}});
   c.push_back({"replay_missing_file", {}, "replay {dir}/nothing.pickle", 3, {"nothing.pickle"}});
