@@ -88,7 +88,7 @@ nlohmann::json python_reads(const std::string& pickle) {
   testing::write_file(script,
                       "import json, pickle, sys\n"
                       "with open(sys.argv[1], 'rb') as f: v = pickle.load(f)\n"
-                      "with open(sys.argv[2], 'w') as f: json.dump(v, f)\n");
+                      "with open(sys.argv[2], 'w') as f: f.write(json.dumps(v))\n");
   std::string log;
   EXPECT_EQ(testing::run(std::string(MEMGATE_TEST_PYTHON) + " " + script + " " + pickle + " " + out, &log), 0) << log;
   return nlohmann::json::parse(testing::read_file(out));
