@@ -12,9 +12,20 @@ same twin measures a zoo fixture's `training.gradient_checkpointing: {blocks: [.
 `--blocks` may be given several times: each selection is measured in turn in the one launch (its JSON's
 "selections", in that order; "probes" is the first's, as before).
 
+`--save-on-cpu PIN` (0 or 1, again for another) measures, after the --blocks selections (if any), the fixture with
+its training forwards (forward and loss, warm-up and measured step) inside
+torch.autograd.graph.save_on_cpu(pin_memory=PIN), as memgate's `training.activation_offload` (cpu: 0, cpu_pinned: 1)
+applies it, without checkpointing. Such a selection ({"save_on_cpu": {"pin_memory": PIN}, "probes": [...]}) also
+reports host_activations: the most bytes that the copies save_on_cpu's pack hook allocated held at once in the
+measured step (each allocation inside the hook, by its address, until its free). On a machine without CUDA,
+pin_memory=True makes plain CPU copies (torch.cuda.is_available() is false), and pin_memory=False on CPU tensors
+keeps the tensor itself (tensor.cpu()): no copy.
+
 Run: ~/.cache/memgate/venv/bin/python tools/checkpoint_reference.py \\
        --config fixtures/models/py_vit_tiny_lora_timm.yaml --blocks blocks.1,blocks.2 --blocks blocks.1 \\
        --batch-sizes 1,4
+     ~/.cache/memgate/venv/bin/python tools/checkpoint_reference.py \\
+       --config fixtures/models/py_vit_tiny_lora_timm.yaml --save-on-cpu 1 --save-on-cpu 0 --batch-sizes 1,4
 """
 from __future__ import annotations
 
@@ -50,16 +61,109 @@ def checkpoint_blocks(model: torch.nn.Module, names: list, use_reentrant: bool, 
         block.forward = forward
 
 
+PACK = "memgate_save_on_cpu_pack"
+
+
+def offloaded_peak(prof) -> int:
+    """The most bytes the copies save_on_cpu's pack hook (record_function PACK) made held at once in the measured step:
+    each allocation inside a call of the hook that outlives the call (not copy_'s temporary block of a transposed
+    source, freed inside it), counted from its allocation to the free of its address."""
+    from torch._C._profiler import _EventType
+
+    events = []  # (time, order, address, bytes, the hook's call or None, phase)
+    calls = 0
+
+    def visit(node, call, phase: str):
+        nonlocal calls
+        kind = node.typed[0]
+        if kind == _EventType.Allocation:
+            f = node.typed[1]
+            if f.device.type == "cpu" and f.alloc_size != 0:
+                events.append((node.start_time_ns, len(events), f.ptr, f.alloc_size, call, phase))
+            return
+        if kind == _EventType.TorchOp:
+            if node.name.startswith("memgate::"):
+                phase = node.name[len("memgate::"):]
+            if node.name == PACK and call is None:
+                calls += 1
+                call = calls
+        for child in node.children:
+            visit(child, call, phase)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        visit(root, None, "")
+    events.sort(key=lambda e: (e[0], e[1]))
+    temporary, open_in_call = set(), {}
+    for i, (_, _, ptr, size, call, _) in enumerate(events):
+        if size > 0 and call is not None:
+            open_in_call[ptr] = (i, call)
+        elif size < 0 and ptr in open_in_call:
+            first, first_call = open_in_call.pop(ptr)
+            if call == first_call:
+                temporary.add(first)
+    live, held, peak = {}, 0, 0
+    for i, (_, _, ptr, size, call, phase) in enumerate(events):
+        if size > 0 and call is not None and i not in temporary:
+            live[ptr] = size
+            held += size
+        elif size < 0 and ptr in live:
+            held -= live.pop(ptr)
+        if phase.startswith("measured:"):
+            peak = max(peak, held)
+    return peak
+
+
+def save_on_cpu_probe(fx, batch_size: int, pin_memory: bool) -> dict:
+    """step_reference's probe with every training forward (fx.loss) inside save_on_cpu(pin_memory), its pack hook
+    marked so that its allocations are found, and host_activations beside the components."""
+    loss = fx.loss
+    profiles = []
+
+    def offloaded_loss(model, batch):
+        hooks = torch.autograd.graph.save_on_cpu(pin_memory=pin_memory)
+        pack = hooks.pack_hook
+
+        def marked_pack(tensor):
+            with torch.profiler.record_function(PACK):
+                return pack(tensor)
+
+        hooks.pack_hook = marked_pack
+        with hooks:
+            return loss(model, batch)
+
+    # The probe's profile itself, for the addresses of the pack hook's allocations: reference_loop's run_protocol
+    # makes it with its module's `profile`, which this keeps.
+    loop = step_reference.reference_loop
+    real_profile = loop.profile
+
+    def kept_profile(*args, **kwargs):
+        prof = real_profile(*args, **kwargs)
+        profiles.append(prof)
+        return prof
+
+    fx.loss, loop.profile = offloaded_loss, kept_profile
+    try:
+        out = step_reference.run_probe(fx, batch_size)
+    finally:
+        fx.loss, loop.profile = loss, real_profile
+    out["host_activations"] = offloaded_peak(profiles[-1])
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="a Python fixture (arch: python) without gradient_checkpointing")
-    p.add_argument("--blocks", required=True, action="append",
+    p.add_argument("--blocks", action="append", default=[],
                    help="comma-separated block names, e.g. blocks.1,blocks.2; again for another selection")
+    p.add_argument("--save-on-cpu", type=int, choices=(0, 1), action="append", default=[], metavar="PIN",
+                   help="a selection with the training forwards inside save_on_cpu(pin_memory=PIN); again for another")
     p.add_argument("--batch-sizes", default="2")
     p.add_argument("--use-reentrant", type=int, default=1, help="1: the reentrant variant (memgate's); 0: the other")
     p.add_argument("--preserve-rng-state", type=int, default=0,
                    help="1: stash the CPU generator's state per block (5,056 bytes each on the CPU), as the default")
     a = p.parse_args(argv)
+    if not a.blocks and not a.save_on_cpu:
+        p.error("expected --blocks or --save-on-cpu")
     torch.set_num_threads(1)
     torch.backends.mkldnn.enabled = False
     torch._C._set_nnpack_enabled(False)
@@ -84,8 +188,17 @@ def main(argv=None) -> int:
             gc.collect()
             probes.append(step_reference.run_probe(fx, bs))
         measured.append({"blocks": names, "probes": probes})
+    fx.build_fn = build
+    for pin in a.save_on_cpu:
+        probes = []
+        for bs in (int(s) for s in a.batch_sizes.split(",")):
+            with contextlib.redirect_stdout(sys.stderr):
+                save_on_cpu_probe(fx, bs, bool(pin))  # unmeasured: what a first call imports or caches lazily
+            gc.collect()
+            probes.append(save_on_cpu_probe(fx, bs, bool(pin)))
+        measured.append({"save_on_cpu": {"pin_memory": bool(pin)}, "probes": probes})
     json.dump({"reference": "torch.utils.checkpoint on chosen blocks", "fixture": a.config,
-               "blocks": measured[0]["blocks"], "use_reentrant": bool(a.use_reentrant),
+               "blocks": measured[0].get("blocks", []), "use_reentrant": bool(a.use_reentrant),
                "preserve_rng_state": bool(a.preserve_rng_state), "probes": measured[0]["probes"],
                "selections": measured}, sys.stdout, indent=2)
     print()

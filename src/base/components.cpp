@@ -46,7 +46,10 @@ Components max_over_ranks(const std::vector<RankComponents>& ranks) {
     for (const auto& r : ranks) most = std::max(most, r.components.*info.member);
     out.*info.member = most;
   }
-  for (const auto& r : ranks) out.keeps_ema = out.keeps_ema || r.components.keeps_ema;
+  for (const auto& r : ranks) {
+    out.keeps_ema = out.keeps_ema || r.components.keeps_ema;
+    out.offloads_activations = out.offloads_activations || r.components.offloads_activations;
+  }
   return out;
 }
 

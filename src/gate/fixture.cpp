@@ -708,6 +708,10 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
     }
     ema.finish();
   }
+  // torch.autograd.graph.save_on_cpu around the forward. Added later: none (or absent), fixtures keep their hash.
+  t.activation_offload =
+      r.get_enum("activation_offload", std::optional(ActivationOffload::kNone), kActivationOffloadNames);
+  if (t.activation_offload == ActivationOffload::kNone) r.leave_out_of_hash("activation_offload");
   t.trainable = parse_trainable(r);
   t.precision = r.get_enum("precision", std::optional(Precision::kFp32), kPrecisionNames);
   if (r.has("gradient_checkpointing") && r.node()["gradient_checkpointing"].IsMap()) {
@@ -747,6 +751,18 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
   if (t.distributed.strategy == DistributedStrategy::kFsdp && t.ema_decay > 0.0) {
     r.fail("ema", "no EMA copy under FSDP (each rank holds a shard of the parameters: an EMA of the whole module is "
                   "not what a rank keeps)", "a map");
+  }
+  if (t.activation_offload != ActivationOffload::kNone) {
+    const auto word = "'" + std::string(name_of(kActivationOffloadNames, t.activation_offload)) + "'";
+    if (model.arch == Arch::kPython) {
+      r.fail("activation_offload", "none for arch: python (memgate's Python probe does not put "
+                                   "torch.autograd.graph.save_on_cpu around the forward yet; the zoo, TorchScript and "
+                                   "registered models offload)", word);
+    }
+    if (t.distributed.enabled()) {
+      r.fail("activation_offload", "none under training.distributed (offload is measured on one device only, for now)",
+             word);
+    }
   }
   if (t.distributed.strategy == DistributedStrategy::kFsdp && t.max_grad_norm > 0.0) {
     r.fail("max_grad_norm", "no clipping under FSDP (each rank holds a shard of the gradients: their norm is a "

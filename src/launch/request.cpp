@@ -38,6 +38,7 @@ constexpr int enum_count(TrainableSpec::Kind) { return 5; }
 constexpr int enum_count(Optimizer) { return 2; }
 constexpr int enum_count(OptimizerImpl) { return 4; }
 constexpr int enum_count(CpuKernels) { return 2; }
+constexpr int enum_count(ActivationOffload) { return 3; }
 constexpr int enum_count(DistributedStrategy) { return 3; }
 constexpr int enum_count(EstimateTarget) { return 2; }
 constexpr int enum_count(c10::ScalarType) { return static_cast<int>(c10::ScalarType::NumOptions); }
@@ -61,10 +62,10 @@ MEMGATE_REQUEST_FIELDS(PythonOptions, 904);
 MEMGATE_REQUEST_FIELDS(RegisteredOptions, 48);
 MEMGATE_REQUEST_FIELDS(TrainableSpec, 40);
 MEMGATE_REQUEST_FIELDS(DistributedSpec, 104);
-MEMGATE_REQUEST_FIELDS(TrainingSpec, 296);
-MEMGATE_REQUEST_FIELDS(Workload, 1280);
+MEMGATE_REQUEST_FIELDS(TrainingSpec, 304);
+MEMGATE_REQUEST_FIELDS(Workload, 1288);
 MEMGATE_REQUEST_FIELDS(EstimateContext, 48);
-MEMGATE_REQUEST_FIELDS(ProbeRequest, 1688);
+MEMGATE_REQUEST_FIELDS(ProbeRequest, 1696);
 #undef MEMGATE_REQUEST_FIELDS
 #endif
 
@@ -145,7 +146,7 @@ MEMGATE_FIELDS_OF(TrainingSpec) {
   v("accumulation_steps", o.accumulation_steps);
   v("deterministic", o.deterministic), v("allocator", o.allocator), v("cpu_kernels", o.cpu_kernels);
   v("distributed", o.distributed), v("compile", o.compile), v("max_grad_norm", o.max_grad_norm);
-  v("own_optimizer", o.own_optimizer), v("ema_decay", o.ema_decay);
+  v("own_optimizer", o.own_optimizer), v("ema_decay", o.ema_decay), v("activation_offload", o.activation_offload);
 }
 MEMGATE_FIELDS_OF(Workload) {
   v("name", o.name), v("source", o.source), v("model", o.model), v("training", o.training);

@@ -301,12 +301,16 @@ ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10
     ProbeObserver observer(device, on_phase);
     PreparedStep prepared(workload, batch_size, device, options, &observer);
     base_allocated = observer.base().allocated;
+    auto* offload = prepared.step().activation_offloader();
     observer.start_measured_step();
+    if (offload != nullptr) offload->reset_peak();
     const auto step_start = Clock::now();
     prepared.step().run(&observer);
     observer.finish_measured_step();
     result.step_seconds = seconds_since(step_start);
     result.components = observer.components();
+    // The host copies activation offload made: their peak over the measured step (all freed by its end).
+    if (offload != nullptr) result.components.set("host_activations", offload->peak_bytes());
     result.modules = observer.modules();
     // The protocol measures one step as every step of training: a step that ends with more (or less) allocated than
     // it started with is not that, and its numbers would be recorded as truth.

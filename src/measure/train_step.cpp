@@ -3,6 +3,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/base/heartbeat.h"
+#include "memgate/measure/activation_offload.h"
 #include "memgate/models/autocast.h"
 #include "memgate/models/python.h"
 
@@ -88,6 +89,13 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
     if (observer != nullptr) observer->ema_end();
   }
   if (training_.precision == Precision::kFp16) scaler_.emplace(device);
+  if (training_.activation_offload != ActivationOffload::kNone) {
+    if (device.is_meta()) {
+      throw Error(workload.source + ": training.activation_offload: an estimate (the Meta device) does not model "
+                  "activation offload yet; expected a measurement: memgate profile --device cpu or cuda");
+    }
+    offload_ = std::make_unique<ActivationOffloader>(training_.activation_offload, workload.source);
+  }
 }
 
 TrainingStep::~TrainingStep() = default;
@@ -127,6 +135,9 @@ void TrainingStep::run(StepObserver* observer) {
     const bool sync = i + 1 == training_.accumulation_steps;
     if (ddp_) ddp_->pre_forward(sync);
     torch::Tensor loss;
+    // save_on_cpu around the forward and the loss: what they save for backward is packed into host memory.
+    std::optional<ActivationOffloader::Scope> offload;
+    if (offload_) offload.emplace(*offload_);
     if (fsdp_) {
       // FSDP2 reduce-scatters every micro-batch's gradients (no set_requires_gradient_sync(False)).
       // The root's inputs cast before its pre-forward; they live as long as the forward (and the graph) keeps them.
@@ -146,6 +157,7 @@ void TrainingStep::run(StepObserver* observer) {
     } else {
       loss = micro_batch_loss(*model_, batch_, training_, autocast_precision(), device_.type());
     }
+    offload.reset();
     if (ddp_) ddp_->post_forward(sync);
     if (observer != nullptr) observer->forward_end(i);
     if (!loss.requires_grad()) {  // trainable parameters, none of which the loss depends on

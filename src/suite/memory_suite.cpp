@@ -64,6 +64,8 @@ struct MeasureCase {
   bool python = false;
   /// Whether it keeps an EMA copy (training.ema), and so has the component `ema`.
   bool keeps_ema = false;
+  /// Whether it offloads activations (training.activation_offload), and so has the component `host_activations`.
+  bool offloads_activations = false;
   [[nodiscard]] bool gpu() const { return on_gpu; }
   [[nodiscard]] std::string prefix() const { return gpu() ? "Gpu" : "Cpu"; }
 };
@@ -177,6 +179,7 @@ struct FixtureKind {
   std::int64_t world_size = 0;
   bool python = false;
   bool keeps_ema = false;
+  bool offloads_activations = false;
 };
 
 // Whether a fixture did not load while the tests were listed: its measuring test says why, and the listing is not
@@ -190,7 +193,8 @@ FixtureKind fixture_kind(const std::string& fixture_path) {
   try {
     const auto fixture = load_fixture(fixture_path);
     return {fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 0,
-            fixture.model.arch == Arch::kPython, fixture.training.ema_decay > 0.0};
+            fixture.model.arch == Arch::kPython, fixture.training.ema_decay > 0.0,
+            fixture.training.activation_offload != ActivationOffload::kNone};
   } catch (const std::exception&) {
     a_fixture_did_not_load() = true;
     return {};
@@ -210,7 +214,8 @@ std::vector<MeasureGroup> measure_groups(bool gpu) {
     for (auto& f : suite_fixtures(suite)) {
       const auto kind = fixture_kind(f.path);
       cases.push_back({suite.name, std::move(f.name), std::move(f.path), std::move(f.batch_sizes),
-                       std::move(f.budgets), on_gpu, kind.world_size, kind.python, kind.keeps_ema});
+                       std::move(f.budgets), on_gpu, kind.world_size, kind.python, kind.keeps_ema,
+                       kind.offloads_activations});
     }
     if (!gpu) {
       // A distributed fixture measures in a test of its own, which starts its ranks (CTest PROCESSORS); so does a
@@ -495,6 +500,7 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
           for (std::int64_t r = 0; r < std::max<std::int64_t>(c.world_size, 1); ++r) {
             for (const auto& info : kComponentTable) {
               if (info.present == &Components::keeps_ema && !c.keeps_ema) continue;
+              if (info.present == &Components::offloads_activations && !c.offloads_activations) continue;
               const auto component = c.world_size > 0 ? rank_component_name(static_cast<int>(r), info.name)
                                                       : std::string(info.name);
               const auto name = fmt::format("{}_bs{}_{}", c.fixture, batch_size, component);

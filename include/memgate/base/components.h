@@ -25,13 +25,17 @@ struct Components {
   std::int64_t step_peak_reserved = 0;  ///< peak reserved during that step, absolute
   std::int64_t ema = 0;                 ///< the EMA copy of parameters and buffers (`training.ema`)
   bool keeps_ema = false;               ///< whether the probe's fixture keeps an EMA copy, and so has `ema`
+  /// Peak bytes of the host copies that activation offload (`training.activation_offload`, PyTorch's
+  /// torch.autograd.graph.save_on_cpu) made of what the forward saved for backward, during the measured step.
+  std::int64_t host_activations = 0;
+  bool offloads_activations = false;    ///< whether the probe's fixture offloads, and so has `host_activations`
 
   /// The component named `name` (a name of kComponentTable); throws memgate::Error for another name.
   [[nodiscard]] std::int64_t get(std::string_view name) const;
-  /// Sets the component named `name` (an optional one, `ema`, is then present); throws memgate::Error for another
-  /// name.
+  /// Sets the component named `name` (an optional one, `ema` or `host_activations`, is then present); throws
+  /// memgate::Error for another name.
   void set(std::string_view name, std::int64_t bytes);
-  /// The same components with the same bytes: an optional one (`ema`) counts where either has it.
+  /// The same components with the same bytes: an optional one (`ema`, `host_activations`) counts where either has it.
   friend bool operator==(const Components& a, const Components& b);
 };
 
@@ -48,12 +52,13 @@ struct ComponentInfo {
   ComponentKind kind;
   std::string_view meaning;        ///< one line for reports
   /// Null for a component every probe has; else the flag that says whether a probe has it (`ema`: only where the
-  /// fixture keeps an EMA copy). A component a probe does not have is not in its JSON, its baseline or its tests.
+  /// fixture keeps an EMA copy; `host_activations`: only where it offloads activations). A component a probe does
+  /// not have is not in its JSON, its baseline or its tests.
   bool Components::*present = nullptr;
 };
 
 /// Every component, in report order.
-inline constexpr std::array<ComponentInfo, 9> kComponentTable{{
+inline constexpr std::array<ComponentInfo, 10> kComponentTable{{
     {"params", &Components::params, ComponentKind::kAllocated, "parameters and buffers on the device"},
     {"gradients", &Components::gradients, ComponentKind::kAllocated, ".grad of the trainable parameters"},
     {"optimizer_state", &Components::optimizer_state, ComponentKind::kAllocated,
@@ -68,9 +73,12 @@ inline constexpr std::array<ComponentInfo, 9> kComponentTable{{
      "peak reserved during one training step"},
     {"ema", &Components::ema, ComponentKind::kAllocated, "the EMA copy of the parameters and buffers",
      &Components::keeps_ema},
+    {"host_activations", &Components::host_activations, ComponentKind::kAllocated,
+     "peak of the activations offloaded to host memory during one training step", &Components::offloads_activations},
 }};
 
-/// Whether `components` has the component `info` (every one but `ema` where no EMA copy is kept).
+/// Whether `components` has the component `info` (every one but `ema` where no EMA copy is kept and
+/// `host_activations` where nothing is offloaded).
 [[nodiscard]] constexpr bool has_component(const Components& components, const ComponentInfo& info) {
   return info.present == nullptr || components.*info.present;
 }

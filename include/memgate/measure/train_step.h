@@ -6,6 +6,7 @@
 #include "memgate/distributed/fully_shard.h"
 #include "memgate/distributed/process_group.h"
 #include "memgate/backend/memory_backend.h"
+#include "memgate/measure/activation_offload.h"
 #include "memgate/measure/training.h"
 #include "memgate/models/zoo.h"
 
@@ -96,6 +97,8 @@ class TrainingStep {
   [[nodiscard]] const DataParallel* data_parallel() const { return ddp_.get(); }
   /// The fully_shard wrapper of a rank's step; null unless the strategy is fsdp.
   [[nodiscard]] const FullyShard* fully_shard() const { return fsdp_.get(); }
+  /// The offload of what the forward saves for backward (training.activation_offload); null where none.
+  [[nodiscard]] ActivationOffloader* activation_offloader() { return offload_.get(); }
   /// Samples one step trains on: batch size x accumulation steps.
   [[nodiscard]] std::int64_t samples_per_step() const { return batch_size_ * training_.accumulation_steps; }
 
@@ -115,6 +118,7 @@ class TrainingStep {
   std::unique_ptr<TrainingOptimizer> optimizer_;
   std::optional<GradScaler> scaler_;  ///< fp16 only, as fp16 training runs
   std::unique_ptr<ModelEma> ema_;     ///< training.ema only
+  std::unique_ptr<ActivationOffloader> offload_;  ///< training.activation_offload only
 };
 
 }  // namespace memgate

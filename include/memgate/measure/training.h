@@ -46,6 +46,18 @@ inline constexpr EnumNames<OptimizerImpl, 4> kOptimizerImplNames{{{OptimizerImpl
 /// `impl`, with kAuto resolved to PyTorch's default on `device` (torch.optim's _default_to_fused_or_foreach).
 [[nodiscard]] OptimizerImpl resolve_optimizer_impl(OptimizerImpl impl, c10::Device device);
 
+/// Where the tensors a training forward saves for backward are kept (`training.activation_offload`): on the device
+/// (none), or packed into host memory in forward and brought back in backward as PyTorch's
+/// `torch.autograd.graph.save_on_cpu(pin_memory=...)` does around the forward (measure/activation_offload.h).
+enum class ActivationOffload {
+  kNone,       ///< none: autograd keeps them where they are
+  kCpu,        ///< cpu: save_on_cpu(pin_memory=False), `tensor.cpu()` (on the CPU device: the tensor itself)
+  kCpuPinned,  ///< cpu_pinned: save_on_cpu(pin_memory=True), a copy in pinned host memory where CUDA is available
+};
+inline constexpr EnumNames<ActivationOffload, 3> kActivationOffloadNames{{{ActivationOffload::kNone, "none"},
+                                                                          {ActivationOffload::kCpu, "cpu"},
+                                                                          {ActivationOffload::kCpuPinned, "cpu_pinned"}}};
+
 /// How a model trains.
 struct TrainingSpec {
   Optimizer optimizer = Optimizer::kAdamW;  ///< adamw | sgd
@@ -74,11 +86,16 @@ struct TrainingSpec {
   /// > 0: an EMA copy of the parameters and buffers is kept and updated after each optimizer step with this decay,
   /// as timm's ModelEmaV3 does (`training.ema: {decay}`); 0: none.
   double ema_decay = 0.0;
+  /// What the forward saves for backward, packed into host memory as save_on_cpu packs it, where not kNone.
+  ActivationOffload activation_offload = ActivationOffload::kNone;
 };
 
-/// Whether a probe of this training setup has the component `info`: every one, and `ema` where an EMA copy is kept.
+/// Whether a probe of this training setup has the component `info`: every one, `ema` where an EMA copy is kept and
+/// `host_activations` where activations are offloaded.
 [[nodiscard]] inline bool keeps_component(const TrainingSpec& training, const ComponentInfo& info) {
-  return info.present != &Components::keeps_ema || training.ema_decay > 0.0;
+  if (info.present == &Components::keeps_ema) return training.ema_decay > 0.0;
+  if (info.present == &Components::offloads_activations) return training.activation_offload != ActivationOffload::kNone;
+  return true;
 }
 
 /// An optimizer that updates parameters as torch.optim's AdamW and SGD do, tensor for tensor: the same state

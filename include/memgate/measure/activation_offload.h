@@ -1,0 +1,65 @@
+// Activation offload (`training.activation_offload`): what a training forward saves for backward is packed into
+// host memory and brought back in backward, as PyTorch's torch.autograd.graph.save_on_cpu does around the forward,
+// and the host bytes it holds are counted (the component `host_activations`).
+#pragma once
+
+#include "memgate/measure/training.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace memgate {
+
+/// One training step's offload: its mode and the bytes its host copies hold.
+///
+/// LibTorch asks the default autograd engine for the hooks of every tensor saved for backward
+/// (SavedVariable::get_default_hooks, where at::SavedTensorDefaultHooks::is_enabled()). In a process without Python
+/// that engine is LibTorch's own, which has none; the first ActivationOffloader makes the default engine one whose
+/// hooks are save_on_cpu's while a Scope is open on the calling thread, and none otherwise (LibTorch's behaviour).
+/// Where Python's engine is the default (a process that imported torch), construction throws memgate::Error.
+///
+/// What a hook packs, as save_on_cpu(pin_memory) does in torch 2.11:
+/// - kCpu: `tensor.cpu()`: the tensor itself on the CPU (no copy, no host bytes); from another device a copy with
+///   its strides where it is dense (as `_to_copy` makes it), through the CPU allocator.
+/// - kCpuPinned: `torch.empty(size, dtype, layout, pin_memory=cuda available)` and `copy_`: a contiguous copy, in
+///   pinned memory from CUDA's caching host allocator (a block rounded up to a power of two, as it rounds) where CUDA
+///   is available, else through the CPU allocator.
+/// Unpacking is `packed.to(device, non_blocking=pin_memory)`: on the CPU the copy itself, on a GPU a copy there.
+/// The host bytes are what the copies' storages hold, counted from their allocation to their free: on the CPU device
+/// they are CPU allocations and so in the probe's other components too; on a GPU they are outside the device's.
+class ActivationOffloader {
+ public:
+  /// The mode, the host bytes and the allocators of the copies (activation_offload.cpp).
+  struct State;
+  /// `source` names the fixture in errors.
+  ActivationOffloader(ActivationOffload mode, std::string source);
+  ~ActivationOffloader();
+  ActivationOffloader(const ActivationOffloader&) = delete;
+  ActivationOffloader& operator=(const ActivationOffloader&) = delete;
+
+  /// While alive, on this thread, every tensor autograd saves is packed into host memory.
+  class Scope {
+   public:
+    explicit Scope(const ActivationOffloader& offloader);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    State* previous_;
+  };
+
+  /// The peak of the host bytes from now on starts at what they hold now.
+  void reset_peak();
+  /// The most host bytes the copies held at once since reset_peak.
+  [[nodiscard]] std::int64_t peak_bytes() const;
+  /// What they hold now.
+  [[nodiscard]] std::int64_t live_bytes() const;
+  [[nodiscard]] ActivationOffload mode() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace memgate

@@ -1,0 +1,186 @@
+// Activation offload as torch.autograd.graph.save_on_cpu does it, for a process whose autograd engine is LibTorch's
+// own: an engine that hands out save_on_cpu's pack and unpack while a Scope is open, and the host bytes counted.
+#include "memgate/measure/activation_offload.h"
+
+#include "memgate/base/error.h"
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/llvmMathExtras.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <mutex>
+#include <typeinfo>
+#include <utility>
+
+namespace memgate {
+
+// The storages of the host copies come from this allocator: the CPU's (the counting one where a probe installed it)
+// or CUDA's caching host allocator, each storage counted from its allocation to its free.
+class HostCopyAllocator final : public c10::Allocator {
+ public:
+  HostCopyAllocator(ActivationOffloader::State& state, bool pinned) : state_(state), pinned_(pinned) {}
+  c10::DataPtr allocate(std::size_t n) override;
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  ActivationOffloader::State& state_;
+  bool pinned_;
+};
+
+struct ActivationOffloader::State : std::enable_shared_from_this<State> {
+  State(ActivationOffload m, std::string s)
+      : mode(m), source(std::move(s)), pageable(*this, false), pinned(*this, true) {}
+
+  void add(std::int64_t n) {
+    const auto now = live.fetch_add(n) + n;
+    auto high = peak.load();
+    while (now > high && !peak.compare_exchange_weak(high, now)) {
+    }
+  }
+
+  // save_on_cpu's pack_to_cpu, in torch 2.11 (torch/autograd/graph.py).
+  at::Tensor pack(const at::Tensor& t) {
+    if (t.layout() != at::kStrided) {
+      throw Error(fmt::format("{}: training.activation_offload: a {} tensor saved for backward; expected strided "
+                              "tensors only (memgate does not offload sparse ones)", source,
+                              c10::str(t.layout())));
+    }
+    const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
+    if (mode == ActivationOffload::kCpu) {
+      // `tensor.cpu()`: the tensor itself on the CPU; else _to_copy's result (memory_format=preserve): its strides
+      // where it is non-overlapping and dense, else its suggested memory format.
+      if (t.device().is_cpu()) return t;
+      at::Tensor out = t.is_non_overlapping_and_dense()
+          ? at::detail::empty_strided_generic(t.sizes(), t.strides(), &pageable, cpu, t.scalar_type())
+          : at::detail::empty_generic(t.sizes(), &pageable, cpu, t.scalar_type(), t.suggest_memory_format());
+      out.copy_(t);
+      return out;
+    }
+    // torch.empty(size, dtype, layout, pin_memory=torch.cuda.is_available() and not sparse), then copy_.
+    at::Tensor out = at::detail::empty_generic(t.sizes(), at::hasCUDA() ? &pinned : &pageable, cpu, t.scalar_type(),
+                                               std::nullopt);
+    out.copy_(t);
+    return out;
+  }
+
+  ActivationOffload mode;
+  std::string source;
+  std::atomic<std::int64_t> live{0};
+  std::atomic<std::int64_t> peak{0};
+  HostCopyAllocator pageable;
+  HostCopyAllocator pinned;
+};
+
+namespace {
+
+// One host copy's storage: the allocator's own DataPtr, freed (and uncounted) when the storage goes.
+struct HostCopy {
+  c10::DataPtr data;
+  std::shared_ptr<ActivationOffloader::State> state;
+  std::int64_t bytes;
+};
+
+void free_host_copy(void* ctx) {
+  auto* copy = static_cast<HostCopy*>(ctx);
+  copy->state->live.fetch_sub(copy->bytes);
+  delete copy;
+}
+
+thread_local ActivationOffloader::State* t_active = nullptr;
+
+// save_on_cpu's pair of hooks for one saved tensor: the packed copy and the device to bring it back to.
+class OffloadHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit OffloadHooks(std::shared_ptr<ActivationOffloader::State> state) : state_(std::move(state)) {}
+  void call_pack_hook(const at::Tensor& tensor) override {
+    device_ = tensor.device();
+    packed_ = state_->pack(tensor);
+  }
+  // unpack_from_cpu: `tensor.to(device, non_blocking=pin_memory)`.
+  at::Tensor call_unpack_hook() override {
+    return packed_.to(at::TensorOptions().device(device_), state_->mode == ActivationOffload::kCpuPinned);
+  }
+
+ private:
+  std::shared_ptr<ActivationOffloader::State> state_;
+  c10::Device device_ = c10::kCPU;
+  at::Tensor packed_;
+};
+
+// LibTorch's engine, with save_on_cpu's hooks for what is saved on a thread inside a Scope (and none elsewhere, as
+// LibTorch's own engine has none).
+class OffloadEngine final : public torch::autograd::Engine {
+ public:
+  OffloadEngine() = default;
+  ~OffloadEngine() override { stop(); }
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    if (t_active == nullptr) return nullptr;
+    return std::make_unique<OffloadHooks>(t_active->shared_from_this());
+  }
+};
+
+torch::autograd::Engine& offload_engine() {
+  static OffloadEngine engine;
+  return engine;
+}
+
+void install_offload_engine(const std::string& source) {
+  static std::mutex mutex;
+  const std::lock_guard lock(mutex);
+  auto& current = torch::autograd::Engine::get_default_engine();
+  if (&current == &offload_engine()) return;
+  if (typeid(current) != typeid(torch::autograd::Engine)) {
+    throw Error(fmt::format("{}: training.activation_offload: this process's autograd engine is not LibTorch's own "
+                            "(Python's, where torch was imported); expected a memgate process without Python",
+                            source));
+  }
+  torch::autograd::set_default_engine_stub(&offload_engine);
+}
+
+}  // namespace
+
+c10::DataPtr HostCopyAllocator::allocate(std::size_t n) {
+  c10::Allocator* inner = pinned_ ? at::getHostAllocator(at::kCUDA) : c10::GetCPUAllocator();
+  auto data = inner->allocate(n);
+  // CUDA's caching host allocator hands out a block rounded up to a power of two (CachingHostAllocatorImpl::allocate).
+  const auto bytes = static_cast<std::int64_t>(pinned_ && n > 0 ? c10::llvm::PowerOf2Ceil(n) : n);
+  void* ptr = data.get();
+  const auto device = data.device();
+  auto* copy = new HostCopy{std::move(data), state_.shared_from_this(), bytes};
+  state_.add(bytes);
+  return {ptr, copy, &free_host_copy, device};
+}
+
+ActivationOffloader::ActivationOffloader(ActivationOffload mode, std::string source)
+    : state_(std::make_shared<State>(mode, std::move(source))) {
+  if (mode == ActivationOffload::kNone) {
+    throw Error(state_->source + ": training.activation_offload: none offloads nothing");
+  }
+  install_offload_engine(state_->source);
+}
+
+ActivationOffloader::~ActivationOffloader() = default;
+
+ActivationOffloader::Scope::Scope(const ActivationOffloader& offloader) : previous_(t_active) {
+  t_active = offloader.state_.get();
+}
+
+ActivationOffloader::Scope::~Scope() {
+  t_active = previous_;
+}
+
+void ActivationOffloader::reset_peak() { state_->peak.store(state_->live.load()); }
+std::int64_t ActivationOffloader::peak_bytes() const { return state_->peak.load(); }
+std::int64_t ActivationOffloader::live_bytes() const { return state_->live.load(); }
+ActivationOffload ActivationOffloader::mode() const { return state_->mode; }
+
+}  // namespace memgate
