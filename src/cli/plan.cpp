@@ -58,7 +58,8 @@ Run add_plan(CLI::App& app) {
                         ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   batch->excludes(effective);
   app.add_option("--world-size", o->world_size,
-                 "A distributed fixture over this many ranks instead of its world_size: each rank's step planned")
+                 "The ranks the job runs on, each at the batch asked: a distributed fixture over them instead of its "
+                 "world_size; from 2, sharding with FSDP over them searched too (a fixture on one device or DDP)")
       ->type_name("W")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{4096}));
   app.add_flag("--allow-changes", o->allow_changes,
@@ -80,7 +81,8 @@ Run add_plan(CLI::App& app) {
   app.footer(footer(
       "Searches the ways to run the fixture's step at the batch asked that keep the training the same: which\n"
       "blocks to checkpoint (the fewest recomputed FLOPs that fit), micro-batch x accumulation steps for\n"
-      "--effective-batch, the allocator's expandable segments where they change the reserved bytes. Each plan's\n"
+      "--effective-batch, the allocator's expandable segments where they change the reserved bytes, FSDP over\n"
+      "--world-size's ranks (each rank at the batch asked; its cost the bytes its collectives send). Each plan's\n"
       "step peak is the estimate for CUDA that memgate estimate --gpu gives (no GPU is used; --for cpu: the\n"
       "estimate for the CPU, with a capacity), its cost the\n"
       "recomputed FLOPs as a share of the step's (counted on the Meta device) and the accumulation steps, and\n"
@@ -98,8 +100,8 @@ Run add_plan(CLI::App& app) {
     auto inputs = fixture_inputs("--config", o->config, &fixture);
     inputs.push_back({"the GPU fixtures (--gpus)", o->gpus.empty() ? default_gpus_dir() : o->gpus, true});
     refuse_colliding_files(inputs, {{"--output", o->output}});
-    set_world_size(fixture, o->world_size, o->config);
     memgate::PlanOptions options;
+    if (o->world_size > 0) options.world_size = o->world_size;
     if (o->batch > 0) options.batch = o->batch;
     if (o->effective_batch > 0) options.effective_batch = o->effective_batch;
     options.allow_changes = o->allow_changes;

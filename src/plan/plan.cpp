@@ -8,6 +8,7 @@
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/ranks.h"
 #include "memgate/models/zoo.h"
+#include "memgate/plan/communication.h"
 #include "memgate/plan/flops.h"
 
 #include <fmt/format.h>
@@ -33,14 +34,17 @@ constexpr const char* kExpandable = "expandable_segments:True";
 constexpr std::int64_t kMaxExhaustive = 4096;
 
 // One point of the space: a micro-batch and its accumulation, the allocator's settings, the checkpointed blocks (a
-// bit each) and a lever that changes the training (-1: none).
+// bit each), a lever that changes the training (-1: none) and whether FSDP shards it over --world-size's ranks.
 struct Point {
   std::int64_t micro = 0;
   std::int64_t steps = 1;
   std::string allocator;
   std::uint64_t mask = 0;
   int variant = -1;
-  [[nodiscard]] std::string key() const { return fmt::format("{}x{}|{}|{}|{}", micro, steps, allocator, mask, variant); }
+  bool fsdp = false;
+  [[nodiscard]] std::string key() const {
+    return fmt::format("{}x{}|{}|{}|{}|{}", micro, steps, allocator, mask, variant, fsdp);
+  }
 };
 
 // A lever that changes the training, as --allow-changes lists them.
@@ -82,6 +86,32 @@ class Planner {
   Planner(const Fixture& fixture, const AdviceTarget& target, const PlanOptions& options)
       : fixture_(fixture), target_(target), options_(options) {
     variants_ = options.allow_changes ? training_changes(fixture) : std::vector<Variant>{};
+    own_world_ = fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 1;
+    // --world-size: a distributed fixture over those ranks; from 2 ranks, sharding as a lever (but for FSDP already).
+    if (!options.world_size) return;
+    const auto world = *options.world_size;
+    auto& d = fixture_.training.distributed;
+    if (d.enabled()) d.world_size = world;
+    if (world < 2 || d.strategy == DistributedStrategy::kFsdp) return;
+    if (const auto why = why_not_sharded(); !why.empty()) {
+      not_sharded_ = why;
+      return;
+    }
+    fsdp_world_ = world;
+    // FSDP's units: blocks where the model has units (its blocks' forwards run one by one), else the whole model one.
+    const auto model = build_model(fixture.model, c10::Device(c10::DeviceType::Meta));
+    fsdp_units_ = model->unit_prefixes().empty() ? "root" : "blocks";
+  }
+
+  // Why sharding is not searched for this fixture ("" where it is): what memgate's FSDP refuses, and a Python
+  // fixture, whose parameters (and so its communication) are counted in its own process.
+  [[nodiscard]] std::string why_not_sharded() const {
+    const auto& t = fixture_.training;
+    if (fixture_.model.arch == Arch::kTorchScript) return "a TorchScript model's parameters cannot be sharded";
+    if (fixture_.model.arch == Arch::kPython) return "not searched for a Python fixture yet";
+    if (t.ema_decay > 0.0) return "no EMA copy under FSDP (training.ema)";
+    if (t.max_grad_norm > 0.0) return "no clipping under FSDP (training.max_grad_norm)";
+    return "";
   }
 
   PlanResult run() {
@@ -115,7 +145,11 @@ class Planner {
     // TorchScript model's, a distributed one's).
     std::vector<std::int64_t> sizes;
     for (const auto& [m, steps] : micro) sizes.push_back(m);
-    auto counted = count_checkpoint_flops(fixture_, sizes, options_.target);
+    // A distributed fixture's blocks are counted on one device (its ranks' FLOPs are those of one device at their
+    // batch) where --world-size plans it, so that checkpointing combines with its ranks and with sharding.
+    auto counted_on = static_cast<const Workload&>(fixture_);
+    if (options_.world_size) counted_on.training.distributed = DistributedSpec{};
+    auto counted = count_checkpoint_flops(counted_on, sizes, options_.target);
     blocks_ = std::move(counted.blocks);
     if (blocks_.size() > 62) blocks_.clear();  // a mask of 64 bits; no zoo model has so many
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -125,7 +159,10 @@ class Planner {
     }
     const auto n = blocks_.size();
     const std::int64_t subsets = std::int64_t{1} << n;
-    out.space = static_cast<std::int64_t>(micro.size() * allocators.size()) * subsets +
+    std::vector<bool> shardings{false};
+    if (fsdp_world_ > 0) shardings.push_back(true);
+    out.sharding = fsdp_world_ > 0 ? fmt::format("FSDP over {} ranks", fsdp_world_) : not_sharded_;
+    out.space = static_cast<std::int64_t>(micro.size() * allocators.size() * shardings.size()) * subsets +
                 static_cast<std::int64_t>(variants_.size());
     const bool exhaustive = options_.search == PlanOptions::Search::kExhaustive ||
                             (options_.search == PlanOptions::Search::kAuto && out.space <= options_.exhaustive_limit);
@@ -139,19 +176,21 @@ class Planner {
     out.as_is = estimate(as_is);
     std::vector<Plan> found;
     for (const auto& [m, steps] : micro) {
-      std::optional<Plan> default_allocator;
-      for (const auto& allocator : allocators) {
-        Point base{m, steps, allocator, 0, -1};
-        auto best = exhaustive ? cheapest_subset(base) : greedy(base);
-        if (!best) continue;
-        // Expandable segments only where they save reserved bytes or recomputation over the default's plan.
-        if (default_allocator && allocator != allocators.front() &&
-            !(best->recompute_flops < default_allocator->recompute_flops ||
-              best->required_bytes < default_allocator->required_bytes)) {
-          continue;
+      for (const bool fsdp : shardings) {
+        std::optional<Plan> default_allocator;
+        for (const auto& allocator : allocators) {
+          Point base{m, steps, allocator, 0, -1, fsdp};
+          auto best = exhaustive ? cheapest_subset(base) : greedy(base);
+          if (!best) continue;
+          // Expandable segments only where they save reserved bytes or recomputation over the default's plan.
+          if (default_allocator && allocator != allocators.front() &&
+              !(best->recompute_flops < default_allocator->recompute_flops ||
+                best->required_bytes < default_allocator->required_bytes)) {
+            continue;
+          }
+          if (allocator == allocators.front()) default_allocator = best;
+          found.push_back(std::move(*best));
         }
-        if (allocator == allocators.front()) default_allocator = best;
-        found.push_back(std::move(*best));
       }
     }
     for (std::size_t v = 0; v < variants_.size(); ++v) {
@@ -198,9 +237,17 @@ class Planner {
     plan.accumulation_steps = p.steps;
     plan.allocator = p.allocator;
     plan.blocks = static_cast<std::int64_t>(blocks_.size());
-    plan.world_size = fixture_.training.distributed.enabled() ? fixture_.training.distributed.world_size : 1;
     auto w = static_cast<const Workload&>(fixture_);
     auto& t = w.training;
+    if (p.fsdp) {
+      t.distributed = DistributedSpec{};
+      t.distributed.strategy = DistributedStrategy::kFsdp;
+      t.distributed.world_size = fsdp_world_;
+      t.distributed.units = fsdp_units_;
+    }
+    plan.world_size = t.distributed.enabled() ? t.distributed.world_size : 1;
+    plan.strategy = std::string(name_of(kDistributedStrategyNames, t.distributed.strategy));
+    plan.global_batch = p.micro * p.steps * plan.world_size;
     t.accumulation_steps = p.steps;
     t.allocator = p.allocator;
     const auto all = blocks_.empty() ? 0 : (std::uint64_t{1} << blocks_.size()) - 1;
@@ -230,7 +277,25 @@ class Planner {
     if (p.allocator != fixture_.training.allocator) change["training"]["allocator"] = p.allocator;
     if (p.variant >= 0) change.merge_patch(variants_[static_cast<std::size_t>(p.variant)].change);
     if (fixture_.batch_sizes != std::vector<std::int64_t>{p.micro}) change["batch_sizes"] = {p.micro};
+    if (p.fsdp) {
+      // A DDP fixture's own keys removed (null: as a JSON merge patch, and as a fixture reads a null key: unset).
+      auto& d = change["training"]["distributed"];
+      d = {{"strategy", "fsdp"}, {"world_size", fsdp_world_}};
+      if (fsdp_units_ != "blocks") d["units"] = fsdp_units_;
+      if (fixture_.training.distributed.strategy == DistributedStrategy::kDdp) {
+        d["bucket_cap_mb"] = nullptr;
+        d["gradient_as_bucket_view"] = nullptr;
+      }
+    } else if (t.distributed.enabled() && t.distributed.world_size != own_world_) {
+      change["training"]["distributed"]["world_size"] = t.distributed.world_size;
+    }
+    plan.communication_bytes = communication(w, p);
     // In words.
+    if (p.fsdp) {
+      plan.levers.push_back(fmt::format("FSDP over {} ranks ({} sent per rank per step)", fsdp_world_,
+                                        plan.communication_bytes ? format_bytes(*plan.communication_bytes)
+                                                                 : std::string("not counted")));
+    }
     if (!plan.checkpointed.empty()) {
       plan.levers.push_back(fmt::format("checkpoint {} of {} blocks", plan.checkpointed.size(), blocks_.size()));
     }
@@ -270,6 +335,18 @@ class Planner {
     return plan;
   }
 
+  // What the plan's collectives send per rank per optimizer step: FSDP's, counted from its parameters (once per
+  // accumulation, sharding and lever: the blocks checkpointed and the micro-batch change none of it); 0 otherwise.
+  std::optional<std::int64_t> communication(const Workload& w, const Point& p) {
+    if (w.training.distributed.strategy != DistributedStrategy::kFsdp) return 0;
+    const auto key = fmt::format("{}|{}|{}", p.steps, p.fsdp, p.variant);
+    if (const auto it = communication_.find(key); it != communication_.end()) return it->second;
+    const auto counted = fsdp_communication(w);
+    const auto bytes = counted ? std::optional<std::int64_t>(counted->total()) : std::nullopt;
+    communication_.emplace(key, bytes);
+    return bytes;
+  }
+
   // Of two plans that fit, the cheaper: fewer recomputed FLOPs, then more headroom.
   static bool cheaper(const Plan& a, const Plan& b) {
     return std::tie(a.recompute_flops, b.headroom_bytes) < std::tie(b.recompute_flops, a.headroom_bytes);
@@ -294,7 +371,8 @@ class Planner {
     auto current = estimate(base);
     if (current.fits || blocks_.empty()) return current.fits ? std::optional<Plan>(current) : std::nullopt;
     const auto& per_block = flops_.at(base.micro).per_block;
-    if (order_.empty()) {
+    auto& order = order_[base.fsdp];
+    if (order.empty()) {
       std::vector<std::pair<double, std::size_t>> ranked;
       for (std::size_t i = 0; i < blocks_.size(); ++i) {
         auto one = base;
@@ -304,11 +382,11 @@ class Planner {
         ranked.emplace_back(-saved / static_cast<double>(std::max<std::int64_t>(per_block[i], 1)), i);
       }
       std::stable_sort(ranked.begin(), ranked.end());
-      for (const auto& r : ranked) order_.push_back(r.second);
+      for (const auto& r : ranked) order.push_back(r.second);
     }
     std::uint64_t mask = 0;
     std::optional<Plan> fitting;
-    for (const auto i : order_) {
+    for (const auto i : order) {
       auto next = base;
       next.mask = mask |= std::uint64_t{1} << i;
       auto p = estimate(next);
@@ -337,12 +415,12 @@ class Planner {
   }
 
   // Cheapest first; a plan that another beats or equals on every cost (recomputed FLOPs, accumulation steps,
-  // levers, changing the training) is left out. Plans that change the training in different ways (bf16, a frozen
+  // communication, levers, changing the training) is left out. Plans that change the training in different ways (bf16, a frozen
   // backbone, SGD) do not compare: each is listed.
   static std::vector<Plan> pareto_sorted(std::vector<Plan> plans) {
     const auto cost = [](const Plan& p) {
-      return std::make_tuple(p.changes_training, p.recompute_flops_fraction, p.accumulation_steps, p.levers.size(),
-                             -p.headroom_bytes);
+      return std::make_tuple(p.changes_training, p.recompute_flops_fraction, p.accumulation_steps,
+                             p.communication_bytes.value_or(0), p.levers.size(), -p.headroom_bytes);
     };
     std::stable_sort(plans.begin(), plans.end(), [&](const Plan& a, const Plan& b) { return cost(a) < cost(b); });
     std::vector<Plan> out;
@@ -350,7 +428,9 @@ class Planner {
       const bool dominated = std::any_of(out.begin(), out.end(), [&](const Plan& q) {
         return q.changes_training == p.changes_training && (!p.changes_training || q.change == p.change) &&
                q.recompute_flops <= p.recompute_flops &&
-               q.accumulation_steps <= p.accumulation_steps && q.levers.size() <= p.levers.size();
+               q.accumulation_steps <= p.accumulation_steps &&
+               q.communication_bytes.value_or(0) <= p.communication_bytes.value_or(0) &&
+               q.levers.size() <= p.levers.size();
       });
       if (!dominated) out.push_back(std::move(p));
     }
@@ -372,14 +452,19 @@ class Planner {
                        options_.allow_changes ? "" : ", --allow-changes for the levers that change the training");
   }
 
-  const Fixture& fixture_;
+  Fixture fixture_;  // over --world-size's ranks where it is distributed
   const AdviceTarget& target_;
   const PlanOptions& options_;
   std::vector<std::string> blocks_;
   std::vector<Variant> variants_;
   std::map<std::int64_t, StepFlops> flops_;
   std::map<std::string, Plan> cache_;
-  std::vector<std::size_t> order_;
+  std::map<bool, std::vector<std::size_t>> order_;  // the greedy search's order of the blocks, per sharding
+  std::map<std::string, std::optional<std::int64_t>> communication_;
+  std::int64_t own_world_ = 1;      // the fixture's own ranks
+  std::int64_t fsdp_world_ = 0;     // the ranks FSDP's lever shards over; 0: no sharding lever
+  std::string fsdp_units_ = "blocks";
+  std::string not_sharded_;         // why --world-size's sharding is not searched
   std::unique_ptr<Plan> least_;
   std::int64_t estimates_ = 0;
 };
@@ -402,9 +487,12 @@ YAML::Node to_yaml(const nlohmann::json& j) {
   return YAML::Node(j.get<std::string>());
 }
 
+// As a JSON merge patch: an object merged key by key, a null removing the key.
 void merge(YAML::Node node, const nlohmann::json& change) {
   for (const auto& [k, v] : change.items()) {
-    if (v.is_object() && node[k] && node[k].IsMap()) {
+    if (v.is_null()) {
+      (void)node.remove(k);
+    } else if (v.is_object() && node[k] && node[k].IsMap()) {
       merge(node[k], v);
     } else {
       node[k] = to_yaml(v);
@@ -425,6 +513,9 @@ nlohmann::json plan_json(const Plan& p) {
           {"micro_batch", p.micro_batch},
           {"accumulation_steps", p.accumulation_steps},
           {"world_size", p.world_size},
+          {"global_batch", p.global_batch},
+          {"strategy", p.strategy},
+          {"communication_bytes", p.communication_bytes ? nlohmann::json(*p.communication_bytes) : nlohmann::json()},
           {"changes_training", p.changes_training},
           {"checkpointed_blocks", p.checkpointed},
           {"change", p.change},
@@ -442,6 +533,22 @@ PlanResult plan(const Fixture& fixture, const AdviceTarget& target, const PlanOp
     throw Error(fixture.source + ": --batch and --effective-batch: expected one of them, not both");
   }
   if (target.usable_bytes <= 0) throw Error(fmt::format("target {}: no usable bytes ({})", target.id, target.usable_bytes));
+  if (options.world_size) {
+    const auto world = *options.world_size;
+    const auto& d = fixture.training.distributed;
+    if (world < 1 || world > 4096) {
+      throw Error(fmt::format("{}: --world-size {}: expected ranks between 1 and 4096", fixture.source, world));
+    }
+    if (!d.enabled() && world < 2) {
+      throw Error(fmt::format("{}: --world-size {}: the fixture trains on one device, and FSDP over one rank shards "
+                              "nothing: expected 2 or more ranks to shard over", fixture.source, world));
+    }
+    if (d.reshard_after_forward_group > 0 && world % d.reshard_after_forward_group != 0) {
+      throw Error(fmt::format("{}: --world-size {}: the fixture reshards after forward to groups of {} ranks "
+                              "(training.distributed.reshard_after_forward), which {} ranks do not divide into",
+                              fixture.source, world, d.reshard_after_forward_group, world));
+    }
+  }
   Planner planner(fixture, target, options);
   return planner.run();
 }
@@ -458,6 +565,7 @@ nlohmann::json plan_to_json(const PlanResult& r) {
                         {"space", r.space},
                         {"estimates", r.estimates},
                         {"seconds", r.seconds},
+                        {"sharding", r.sharding},
                         {"plans", nlohmann::json::array()}};
   if (r.as_is) out["as_is"] = plan_json(*r.as_is);
   for (const auto& p : r.plans) out["plans"].push_back(plan_json(p));
@@ -471,6 +579,12 @@ std::string format_plan(const PlanResult& r) {
   if (r.as_is) {
     out += fmt::format("  as it is: needs {} ({})\n", format_bytes(r.as_is->required_bytes),
                        r.as_is->fits ? "fits" : "DOES NOT FIT");
+  }
+  if (!r.sharding.empty()) {
+    out += r.sharding.starts_with("FSDP")
+               ? fmt::format("  sharding: {}, each rank at batch {} (its bytes are the largest rank's)\n", r.sharding,
+                             r.batch)
+               : fmt::format("  sharding: not searched: {}\n", r.sharding);
   }
   out += fmt::format("  {:<3} {:>12} {:>12} {:>12} {:>10} {:>6}  {}\n", "#", "peak alloc", "peak reserved", "headroom",
                      "recompute", "accum", "levers");

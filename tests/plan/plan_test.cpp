@@ -140,9 +140,12 @@ TEST(PlanTest, TheJsonHasTheContractsKeys) {
   for (std::size_t i = 0; i < r.plans.size(); ++i) {
     const auto& p = j.at("plans")[i];
     for (const auto* key : {"fits", "step_peak", "step_peak_reserved", "host_bytes", "recompute_flops_fraction",
-                            "accumulation_steps", "world_size", "changes_training", "change", "levers"}) {
+                            "accumulation_steps", "world_size", "global_batch", "strategy", "communication_bytes",
+                            "changes_training", "change", "levers"}) {
       EXPECT_TRUE(p.contains(key)) << key;
     }
+    EXPECT_EQ(p.at("communication_bytes"), 0) << "no sharding, no communication";
+    EXPECT_EQ(p.at("global_batch"), 64);
     EXPECT_EQ(p.at("step_peak"), r.plans[i].step_peak);
     EXPECT_EQ(p.at("change"), r.plans[i].change);
     EXPECT_EQ(p.at("change").at("training").at("gradient_checkpointing").at("blocks"), r.plans[i].checkpointed);

@@ -1,6 +1,6 @@
 // `memgate plan`: the ways to fit a batch on a GPU that keep the training the same (which blocks to checkpoint,
-// gradient accumulation, the allocator's expandable segments), each plan's step peak by the same estimate as
-// `memgate estimate --gpu`, its cost counted, and the fixture keys that apply it (docs/plan.md).
+// gradient accumulation, the allocator's expandable segments, FSDP over --world-size ranks), each plan's step peak by
+// the same estimate as `memgate estimate --gpu`, its cost counted, and the fixture keys that apply it (docs/plan.md).
 #pragma once
 
 #include "memgate/advise/advise.h"
@@ -32,6 +32,12 @@ struct PlanOptions {
   /// the estimate for the CPU's kernels, reserved = allocated, no library workspaces; what `memgate profile --device
   /// cpu` of the plan's fixture measures).
   EstimateTarget target = EstimateTarget::kCuda;
+  /// The ranks the job runs on (`--world-size W`); the batch is each rank's, as everywhere for a distributed fixture.
+  /// A distributed fixture is planned over W ranks instead of its own world_size (the change says so). From 2 ranks,
+  /// a fixture on one device or under DDP also gets the sharding lever: FSDP2 over the W ranks
+  /// (`training.distributed: {strategy: fsdp, world_size: W}`), alone and with every other lever. Unset: the
+  /// fixture's own ranks, no sharding lever. W < 2 for a fixture on one device is an error (nothing to shard over).
+  std::optional<std::int64_t> world_size;
 };
 
 /// One way to run the step, estimated for the target.
@@ -40,6 +46,12 @@ struct Plan {
   std::int64_t micro_batch = 0;
   std::int64_t accumulation_steps = 1;
   std::int64_t world_size = 1;
+  std::int64_t global_batch = 0;          ///< micro_batch x accumulation_steps x world_size
+  std::string strategy = "none";          ///< none | ddp | fsdp: how the plan's step is spread over its ranks
+  /// Bytes each rank sends per optimizer step in FSDP's collectives (as many it receives; plan/communication.h): 0
+  /// without sharding (one device, or DDP, whose gradient all-reduce is not counted), unset for a Python fixture
+  /// under FSDP (its parameters are not built here).
+  std::optional<std::int64_t> communication_bytes = 0;
   std::vector<std::string> checkpointed;  ///< blocks recomputed, as the fixture names them ("blocks.3")
   std::int64_t blocks = 0;                ///< blocks the model can checkpoint
   std::string allocator;                  ///< training.allocator
@@ -66,6 +78,8 @@ struct PlanResult {
   std::int64_t space = 0;          ///< plans in the space searched
   std::int64_t estimates = 0;      ///< estimates run (FLOP counts included)
   double seconds = 0.0;
+  /// --world-size's sharding lever: "FSDP over W ranks" where it is searched, why not where it is not, "" unasked.
+  std::string sharding;
   std::optional<Plan> as_is;       ///< the fixture at the batch, unchanged
   std::vector<Plan> plans;         ///< the plans that fit, cheapest first
 };
@@ -74,7 +88,8 @@ struct PlanResult {
 /// by default). Per micro-batch and accumulation (and allocator setting where it changes the reserved bytes): the
 /// checkpointed blocks with the fewest recomputed FLOPs that fit, exhaustively over every subset of the blocks when
 /// the space is small, else greedily, adding the block that saves the most reserved bytes per recomputed FLOP, each
-/// step estimated. Cheapest first: recomputed FLOPs, then accumulation steps, then fewer levers, then more headroom.
+/// step estimated; with options.world_size, each again sharded with FSDP over those ranks. Cheapest first: recomputed
+/// FLOPs, then accumulation steps, then communication bytes, then fewer levers, then more headroom.
 /// A batch that no plan fits is an error naming the fixture, the batch, the GPU and the least the search needed.
 [[nodiscard]] PlanResult plan(const Fixture& fixture, const AdviceTarget& target, const PlanOptions& options);
 
@@ -82,7 +97,8 @@ struct PlanResult {
 [[nodiscard]] nlohmann::json plan_to_json(const PlanResult& result);
 [[nodiscard]] std::string format_plan(const PlanResult& result);
 
-/// `fixture_yaml` (a fixture's text) with `change` (a plan's) merged into it: the fixture that runs the plan.
+/// `fixture_yaml` (a fixture's text) with `change` (a plan's) merged into it as a JSON merge patch (an object key by
+/// key, a null removing the key): the fixture that runs the plan.
 [[nodiscard]] std::string apply_change(const std::string& fixture_yaml, const nlohmann::json& change);
 
 }  // namespace memgate
