@@ -129,6 +129,17 @@ std::vector<BadInput> catalogue() {
   fixture("max_grad_norm_misspelled", training_with("  max_grad_norms: 1.0\n"),
           {"f.yaml:", "training.max_grad_norms: unknown key: did you mean 'max_grad_norm'?", " max_grad_norm,"});
   fixture("ema_misspelled", training_with("  ema_decay: 0.99\n"), {"f.yaml:", "training.ema_decay: unknown key: did you mean 'ema'?", " ema,"});
+  // training.activation_offload (save_on_cpu around the forward): its words, and where memgate does not measure it.
+  fixture("activation_offload_unknown_word", training_with("  activation_offload: gpu\n"),
+          {"f.yaml:", "training.activation_offload: expected one of none, cpu, cpu_pinned, got 'gpu'"});
+  fixture("activation_offload_under_distributed",
+          training_with("  activation_offload: cpu\n  distributed: {strategy: ddp, world_size: 2}\n"),
+          {"f.yaml:", "training.activation_offload: expected none under training.distributed"});
+  c.push_back({"fixture_activation_offload_on_python",
+               {{"m.py", "def build():\n    pass\n"},
+                {"f.yaml", "model:\n  arch: python\n  entry: m.py:build\n  inputs:\n    - {shape: [B, 4]}\n"
+                           "  task: sum\ntraining:\n  activation_offload: cpu_pinned\nbatch_sizes: [1]\n"}},
+               profile(), 3, {"f.yaml:", "training.activation_offload: expected none for arch: python", "save_on_cpu"}});
   c.push_back({"fixture_optional_keys_null_are_not_set",
                {{"f.yaml", training_with("  max_grad_norm: null\n  ema: null\n")}},
                profile() + " --batch-sizes 1", 0, {"bs 1: step peak"}});
@@ -216,6 +227,10 @@ std::vector<BadInput> catalogue() {
                {"--gpu h100", "expected one of the known ids: g"}});
   c.push_back({"plan_nothing_fits", {{"tiny.yaml", kFixture}}, "plan --config {dir}/tiny.yaml --capacity-mib 1 --batch 8",
                3, {"tiny.yaml: no plan fits batch 8 on capacity (1.0 MiB usable)", "the least any plan needs is"}});
+  // --world-size on a fixture on one device: FSDP's lever shards over 2 ranks or more.
+  c.push_back({"plan_world_size_one_on_one_device", {{"tiny.yaml", kFixture}},
+               "plan --config {dir}/tiny.yaml --capacity-mib 64 --world-size 1", 3,
+               {"tiny.yaml: --world-size 1: the fixture trains on one device", "expected 2 or more ranks to shard over"}});
   // --- bench JSON and results files -------------------------------------------------------------------------
   auto bench = [&](std::string name, std::string json, std::vector<std::string> says) {
     c.push_back({"bench_" + name, {{"a.json", kBench}, {"b.json", std::move(json)}}, "bench-compare {dir}/a.json {dir}/b.json",
