@@ -5,6 +5,7 @@
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/base/error.h"
 #include "memgate/base/heartbeat.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/models/autocast.h"
 
@@ -212,8 +213,8 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision prec
   // Gloo on the CPU, and an estimate for the CPU; NCCL on GPUs.
   const auto device = units_.back()->params.empty() ? c10::Device(c10::DeviceType::CPU)
                                                     : units_.back()->params.front().full.device();
-  gloo_ = device.is_cpu() || (device.is_meta() && meta_kernels_target() == EstimateTarget::kCpu);
-  side_streams_ = device.is_meta() && meta_kernels_target() == EstimateTarget::kCuda;
+  gloo_ = device.is_cpu() || (device.is_meta() && estimate_context().target == EstimateTarget::kCpu);
+  side_streams_ = device.is_meta() && estimate_context().target == EstimateTarget::kCuda;
   if (device.is_cuda()) {
     // FSDPCommContext.lazy_init: high-priority streams of their own.
     all_gather_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index()).unwrap();

@@ -4,6 +4,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/base/heartbeat.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/estimate/meta_kernels.h"
 
 #include <fmt/format.h>
@@ -104,7 +105,7 @@ CollectiveResult meta_allreduce(at::TensorList tensors, const c10::intrusive_ptr
                                 const c10::intrusive_ptr<c10d::ReduceOp>& op,
                                 const std::optional<at::Tensor>& /*sparse_indices*/, bool /*async_op*/,
                                 std::int64_t /*timeout*/) {
-  if (meta_kernels_target() == EstimateTarget::kCpu && op->op_ == c10d::ReduceOp::AVG) {
+  if (estimate_context().target == EstimateTarget::kCpu && op->op_ == c10d::ReduceOp::AVG) {
     for (const auto& t : tensors) {
       const auto size = at::empty({}, t.options().dtype(at::kLong));
       const auto cast = at::empty({}, t.options());
@@ -126,7 +127,7 @@ CollectiveResult meta_broadcast(at::TensorList tensors, const c10::intrusive_ptr
 CollectiveResult1 meta_allgather_base(at::Tensor& output, at::Tensor& /*input*/,
                                       const c10::intrusive_ptr<c10d::ProcessGroup>& /*group*/, bool /*async_op*/,
                                       std::int64_t /*timeout*/) {
-  if (meta_kernels_target() == EstimateTarget::kCpu) (void)at::empty_like(output);
+  if (estimate_context().target == EstimateTarget::kCpu) (void)at::empty_like(output);
   return {output, c10::make_intrusive<DoneWork>(std::vector<at::Tensor>{output})};
 }
 

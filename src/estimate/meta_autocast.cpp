@@ -6,6 +6,7 @@
 // fp32 leaf weights are cached until the outermost scope ends, as torch caches them.
 #include "memgate/estimate/meta_kernels.h"
 
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/models/autocast.h"
 
 #include <ATen/ATen.h>
@@ -15,7 +16,6 @@
 #include <torch/library.h>
 
 #include <array>
-#include <atomic>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -124,12 +124,11 @@ PolicyMap map_of(const std::vector<Row>& rows) {
   return out;
 }
 
-std::atomic<EstimateTarget> g_target{EstimateTarget::kCpu};
-
+// The policy of what this thread's estimate is for.
 const PolicyMap& policies() {
   static const PolicyMap cpu = map_of(cpu_rows());
   static const PolicyMap cuda = map_of(cuda_rows());
-  return g_target.load() == EstimateTarget::kCpu ? cpu : cuda;
+  return estimate_context().target == EstimateTarget::kCpu ? cpu : cuda;
 }
 
 // --- casting, as at::autocast::cached_cast does for a device's tensors -----------------------------------------
@@ -248,8 +247,7 @@ std::vector<std::string> meta_autocast_ops(EstimateTarget target) {
   return out;
 }
 
-void use_meta_autocast_for(EstimateTarget target) {
-  g_target.store(target);
+void register_meta_autocast() {
   static std::once_flag once;
   std::call_once(once, [] {
     set_meta_autocast_cache_clear(&clear_cache);

@@ -1,12 +1,13 @@
 // Meta kernels for the ops LibTorch's C++ lacks them for (Python registers its own in torch/_meta_registrations.py):
 // each returns tensors of the exact shapes and dtypes the target device's kernel returns, allocated in the same
-// order, so that the counting Meta allocator sees what that device's allocator would. Registered on first use, for
-// the estimate's target.
+// order, so that the counting Meta allocator sees what that device's allocator would. Registered once per process;
+// each kernel reads what the estimate is for from this thread's EstimateContext (estimate_context.h).
 //
-// This file holds the target and the table of what is registered; the kernels live by trade in meta_ops.cpp,
+// This file holds the table of what is registered; the kernels live by trade in meta_ops.cpp,
 // meta_onednn.cpp, meta_convolution.cpp, meta_attention.cpp and meta_autograd.cpp (meta_kernels_internal.h).
 #include "memgate/estimate/meta_kernels.h"
 
+#include "memgate/estimate/estimate_context.h"
 #include "meta_kernels_internal.h"
 
 #include <ATen/ops/div_meta_dispatch.h>
@@ -19,7 +20,6 @@
 #include <ATen/ops/ne_meta_dispatch.h>
 #include <torch/library.h>
 
-#include <atomic>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -27,19 +27,11 @@
 
 namespace memgate {
 namespace meta_kernels {
-namespace {
 
-std::atomic<EstimateTarget> g_kernels_target{EstimateTarget::kCpu};
-std::atomic<CpuKernels> g_cpu_kernels{CpuKernels::kPortable};
-
-}  // namespace
-
-bool for_cpu() { return g_kernels_target.load() == EstimateTarget::kCpu; }
-bool for_cpu_host() { return for_cpu() && g_cpu_kernels.load() == CpuKernels::kHost; }
+bool for_cpu() { return estimate_context().target == EstimateTarget::kCpu; }
+bool for_cpu_host() { return for_cpu() && estimate_context().cpu_kernels == CpuKernels::kHost; }
 
 }  // namespace meta_kernels
-
-EstimateTarget meta_kernels_target() { return meta_kernels::g_kernels_target.load(); }
 
 std::optional<std::string> op_without_meta_kernel(std::string_view message) {
   // LibTorch's dispatcher: "Could not run 'aten::roll' with arguments from the 'Meta' backend. ..."
@@ -81,11 +73,9 @@ std::optional<std::string> describe_missing_meta_kernel(std::string_view message
   out += ": the Meta device cannot run it, so the estimate cannot; measure the fixture instead (memgate profile)";
   return out;
 }
-void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels) {
+void register_meta_kernels() {
   using namespace meta_kernels;
-  g_kernels_target.store(target);
-  g_cpu_kernels.store(cpu_kernels);
-  use_meta_autocast_for(target);
+  register_meta_autocast();
   static std::once_flag once;
   std::call_once(once, [] {
     static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradMeta, __FILE__, __LINE__);

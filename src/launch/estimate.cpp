@@ -64,7 +64,7 @@ ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, Es
   context.target = target;
   context.cpu_kernels = workload.training.cpu_kernels;
   const EstimateContextGuard estimating(std::move(context));
-  use_meta_kernels_for(target, workload.training.cpu_kernels);
+  register_meta_kernels();
   // A Python model kept for the next probe (PythonRuntime::reuse_builds) is as its build left it, and nothing of the
   // probe is alive: else it is freed now, between probes, and the next probe builds anew.
   struct KeptBuildCheck {

@@ -3,6 +3,7 @@
 #include "memgate/measure/training.h"
 
 #include "memgate/base/error.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/estimate/meta_kernels.h"
 
 #include <torch/torch.h>
@@ -262,7 +263,7 @@ OptimizerImpl resolve_optimizer_impl(OptimizerImpl impl, c10::Device device) {
   // An estimate runs on the Meta device as its target would: torch.optim's default there. (Estimates for CUDA took
   // the for-loop and missed foreach's parameter-sized temporaries: on an H200 a fully fine-tuned ViT-L at batch 1,
   // whose peak is the optimizer step, measured 19.4% above its estimate.)
-  const bool cuda = device.is_cuda() || (device.is_meta() && meta_kernels_target() == EstimateTarget::kCuda);
+  const bool cuda = device.is_cuda() || (device.is_meta() && estimate_context().target == EstimateTarget::kCuda);
   return cuda ? OptimizerImpl::kForeach : OptimizerImpl::kForLoop;
 }
 

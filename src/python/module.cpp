@@ -9,6 +9,7 @@
 #include "memgate/base/files.h"
 #include "memgate/base/heartbeat.h"
 #include "memgate/child/rank.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/measure/probe.h"
 
@@ -153,8 +154,9 @@ PYBIND11_MODULE(_core, m) {
       "allocated next by (memgate._modules's hooks call it).");
   m.def("exit_module", &memgate::exit_module, "The module entered last has returned.");
   m.def(
-      "register_meta_kernels", [] { memgate::use_meta_kernels_for(memgate::meta_kernels_target()); },
-      "Registers memgate's own Meta kernels in this process (once; an estimate sets their target), before "
+      "register_meta_kernels", [] { memgate::register_meta_kernels(); },
+      "Registers memgate's own Meta kernels in this process (once; they follow the estimate context of the thread "
+      "that runs them, which an estimate sets), before "
       "memgate._meta decides which of torch's Python Meta kernels an estimate keeps.");
   m.def(
       "uncounted",
@@ -174,7 +176,8 @@ PYBIND11_MODULE(_core, m) {
         auto& meta = memgate::CountingMetaAllocator::install();
         meta.set_granularity(0);
         meta.model_caching_allocator(false);
-        memgate::use_meta_kernels_for(memgate::EstimateTarget::kCpu, memgate::CpuKernels::kPortable);
+        // No EstimateContextGuard around the caller: the kernels speak for the CPU's portable ones, the default.
+        memgate::register_meta_kernels();
       },
       "Sets the Meta device up as an estimate for the CPU sets it (its portable kernels): each request counted as it "
       "is, no caching allocator's model, memgate's Meta kernels allocating what the CPU's do.");

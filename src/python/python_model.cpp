@@ -5,6 +5,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/base/heartbeat.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/models/checkpoint.h"
 #include "memgate/models/task.h"
@@ -762,7 +763,8 @@ std::unique_ptr<OwnOptimizer> PythonModel::make_own_optimizer(const std::vector<
   // An estimate for CUDA runs on the Meta device, where torch.optim's default is its per-parameter loop; on CUDA it is
   // foreach (_default_to_fused_or_foreach), whose temporaries are part of the step's peak: the groups that leave it to
   // the default take foreach, as on the GPU.
-  if (device_.is_meta() && meta_kernels_target() == EstimateTarget::kCuda && py::hasattr(optimizer, "param_groups")) {
+  if (device_.is_meta() && estimate_context().target == EstimateTarget::kCuda &&
+      py::hasattr(optimizer, "param_groups")) {
     try {
       for (auto group : optimizer.attr("param_groups")) {
         auto g = group.cast<py::dict>();

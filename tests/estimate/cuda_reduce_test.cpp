@@ -246,7 +246,8 @@ TEST(CudaReduceTest, EveryReductionOnTheMetaDeviceRunsPast32BitIndexing) {
   auto& allocator = CountingMetaAllocator::install();
   allocator.set_granularity(512);
   allocator.model_caching_allocator(false);
-  use_meta_kernels_for(EstimateTarget::kCuda);
+  register_meta_kernels();
+  const EstimateContextGuard for_cuda({.target = EstimateTarget::kCuda});
   const auto meta = torch::TensorOptions().device(torch::kMeta);
   for (const std::int64_t rows : {std::int64_t{1} << 25, std::int64_t{1} << 26, (std::int64_t{1} << 26) + 64}) {
     // [rows, 64]: 2^31, 2^32 and 2^32 + 4096 elements
@@ -307,7 +308,6 @@ TEST(CudaReduceTest, EveryReductionOnTheMetaDeviceRunsPast32BitIndexing) {
       }
     }
   }
-  use_meta_kernels_for(EstimateTarget::kCpu);
   allocator.set_granularity(0);
 }
 
@@ -333,10 +333,12 @@ TEST(CudaReduceTest, TheEstimateForCudaStagesAsTheGpuDoesTheCpuNot) {
     return std::get<2>(at::convolution_backward(grad_output, input, weight, std::vector<std::int64_t>{128}, {1, 1},
                                                 {0, 0}, {1, 1}, false, {0, 0}, 1, {false, false, true}));
   };
-  use_meta_kernels_for(EstimateTarget::kCuda);
-  EXPECT_EQ(above_output(sum), 37'748'736 + 4);
-  EXPECT_EQ(above_output(bias_gradient), 37'748'736 + 4);
-  use_meta_kernels_for(EstimateTarget::kCpu);
+  register_meta_kernels();
+  {
+    const EstimateContextGuard for_cuda({.target = EstimateTarget::kCuda});
+    EXPECT_EQ(above_output(sum), 37'748'736 + 4);
+    EXPECT_EQ(above_output(bias_gradient), 37'748'736 + 4);
+  }
   EXPECT_EQ(above_output(sum), 0);
   EXPECT_EQ(above_output(bias_gradient), 0);
 }
@@ -374,14 +376,15 @@ TEST(CudaReduceTest, TheEstimateStagesForTheGpuItSpeaksFor) {
     const auto out = grad_output.sum({0, 2, 3});
     return meta.peak_bytes() - before - 512;  // above the output's block
   };
-  use_meta_kernels_for(EstimateTarget::kCuda);
-  const auto on_h100 = staged();
+  register_meta_kernels();
+  std::int64_t on_h100 = 0;
   std::int64_t on_t4 = 0;
   {
+    const EstimateContextGuard for_cuda({.target = EstimateTarget::kCuda});
+    on_h100 = staged();
     const EstimateContextGuard t4(estimate_context_for_gpu({40, 1024}));
     on_t4 = staged();
   }
-  use_meta_kernels_for(EstimateTarget::kCpu);
   EXPECT_GT(on_h100, 0);
   EXPECT_GT(on_t4, 0);
   EXPECT_LT(on_t4, on_h100);

@@ -5,6 +5,7 @@
 
 #include "memgate/backend/meta_allocator.h"
 #include "memgate/base/error.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/spec/gpus.h"
 #include "test_util.h"
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace memgate {
@@ -196,10 +198,43 @@ TEST(CudnnWorkspaceTest, MetaConvolutionsTakeTheWorkspaceForCudaOnly) {
     EXPECT_EQ(meta.current_bytes() - before, output_bytes) << "the output alone stays";
     return meta.peak_bytes() - before - output_bytes;
   };
-  use_meta_kernels_for(EstimateTarget::kCuda);
-  EXPECT_EQ(above_output(), 30544656);
-  use_meta_kernels_for(EstimateTarget::kCpu);
-  EXPECT_EQ(above_output(), 8LL * 3 * 7 * 7 * 112 * 112 * 4);
+  register_meta_kernels();
+  {
+    const EstimateContextGuard for_cuda({.target = EstimateTarget::kCuda});
+    EXPECT_EQ(above_output(), 30544656);
+  }
+  EXPECT_EQ(above_output(), 8LL * 3 * 7 * 7 * 112 * 112 * 4) << "the CPU's, where no context is set";
+}
+
+// What an estimate is for belongs to the thread that set it (EstimateContextGuard), as PyTorch's modes do: while one
+// thread estimates for CUDA, another's convolution takes the CPU's columns; after the guard, this thread's does too.
+TEST(CudnnWorkspaceTest, TheTargetIsTheThreadsOwn) {
+  auto& meta = CountingMetaAllocator::install();
+  meta.set_granularity(0);
+  meta.model_caching_allocator(false);
+  register_meta_kernels();
+  const auto cpu_columns = [&] {
+    // The CPU's Slow2d takes its im2col columns above the output: 1 image x 3 x 7 x 7 x 112 x 112 fp32 (conv1 of a
+    // ResNet, as above); for CUDA, cuDNN's workspace instead.
+    const auto input = torch::empty({1, 3, 224, 224}, torch::kMeta);
+    const auto weight = torch::empty({64, 3, 7, 7}, torch::kMeta);
+    const auto before = meta.current_bytes();
+    meta.reset_peak();
+    const auto out = at::convolution(input, weight, std::nullopt, {2, 2}, {3, 3}, {1, 1}, false, {0, 0}, 1);
+    return meta.peak_bytes() - before - static_cast<std::int64_t>(out.nbytes());
+  };
+  const std::int64_t columns = 1LL * 3 * 7 * 7 * 112 * 112 * 4;
+  EXPECT_EQ(cpu_columns(), columns);
+  {
+    const EstimateContextGuard for_cuda({.target = EstimateTarget::kCuda});
+    EXPECT_NE(cpu_columns(), columns) << "for CUDA: cuDNN's workspace, not the CPU's columns";
+    std::int64_t other_thread = -1;
+    std::thread([&] { other_thread = cpu_columns(); }).join();
+    EXPECT_EQ(other_thread, columns) << "another thread estimates for the CPU";
+    EXPECT_EQ(estimate_context().target, EstimateTarget::kCuda);
+  }
+  EXPECT_EQ(cpu_columns(), columns);
+  EXPECT_EQ(estimate_context(), EstimateContext{});
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Autocast on the Meta device: the same ops autocast as torch's own kernels on the target device, each to the dtype
 // those kernels give, and an fp32 weight is cast once per autocast region.
 #include "memgate/backend/meta_allocator.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/models/autocast.h"
 
@@ -66,7 +67,7 @@ struct OpCase {
 
 // Each op's output dtype under the CPU's own autocast (on CPU tensors) and under the Meta autocast for the CPU.
 TEST(MetaAutocastTest, GivesTheDtypesOfTheCpusAutocast) {
-  use_meta_kernels_for(EstimateTarget::kCpu);
+  register_meta_kernels();  // for the CPU: no estimate context is set
   const std::vector<OpCase> cases = {
       {"linear", [](const auto& o) { return torch::linear(torch::ones({2, 8}, o), torch::ones({4, 8}, o)); }},
       {"conv2d", [](const auto& o) { return torch::conv2d(torch::ones({1, 3, 8, 8}, o), torch::ones({4, 3, 3, 3}, o)); }},
@@ -100,7 +101,8 @@ TEST(MetaAutocastTest, GivesTheDtypesOfTheCpusAutocast) {
 }
 
 TEST(MetaAutocastTest, CastsAWeightOncePerRegionAndDropsItAtTheEnd) {
-  use_meta_autocast_for(EstimateTarget::kCuda);
+  register_meta_autocast();
+  const EstimateContextGuard for_cuda({.target = EstimateTarget::kCuda});
   auto& meta = CountingMetaAllocator::install();
   meta.set_granularity(0);
   const auto weight = torch::ones({64, 64}, torch::kMeta).requires_grad_(true);

@@ -15,18 +15,20 @@ namespace memgate {
 /// other tensors than the CPU's).
 enum class EstimateTarget { kCpu, kCuda };
 
-/// Registers memgate's Meta kernels (once per process) and makes them follow `target`: the attention kernel the
-/// target would pick and the tensors its kernels allocate; for the CPU, those of `cpu_kernels` (LibTorch's own
-/// kernels, or oneDNN's as they run on an AVX-512 CPU with bf16).
-void use_meta_kernels_for(EstimateTarget target, CpuKernels cpu_kernels = CpuKernels::kPortable);
+/// Registers memgate's Meta kernels (once per process; later calls do nothing). They follow what this thread's
+/// estimate is for (estimate_context.h: EstimateContext, set by an EstimateContextGuard; the CPU's portable kernels
+/// where none is set): the attention kernel the target would pick and the tensors its kernels allocate; for the CPU,
+/// those of its kernels (LibTorch's own, or oneDNN's as they run on an AVX-512 CPU with bf16).
+///
+///   memgate::register_meta_kernels();
+///   const memgate::EstimateContextGuard for_cuda({.target = memgate::EstimateTarget::kCuda});
+///   auto q = torch::empty({8, 12, 197, 64}, torch::kMeta);  // attention on q allocates what CUDA's kernel does
+void register_meta_kernels();
 
-/// The target use_meta_kernels_for set last (the CPU until it is called).
-[[nodiscard]] EstimateTarget meta_kernels_target();
-
-/// Registers autocast for Meta tensors (once per process) with the policy of `target`: which ops run in the lower
-/// precision, which in fp32, which promote, as torch's autocast runs them on that device. AutocastScope turns it on
-/// for the Meta device. use_meta_kernels_for calls it.
-void use_meta_autocast_for(EstimateTarget target);
+/// Registers autocast for Meta tensors (once per process), by the policy of this thread's estimate target: which ops
+/// run in the lower precision, which in fp32, which promote, as torch's autocast runs them on that device.
+/// AutocastScope turns it on for the Meta device. register_meta_kernels calls it.
+void register_meta_autocast();
 
 /// The op an error says has no Meta kernel ("aten::roll"): LibTorch's "Could not run 'aten::roll' with arguments from
 /// the 'Meta' backend" or torch's Python "aten::roll: attempted to run this operator with Meta tensors, but there was

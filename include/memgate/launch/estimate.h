@@ -13,8 +13,9 @@ namespace memgate {
 /// Runs the probe protocol of `workload` at `batch_size` on the Meta device for `target`: every component, counted
 /// from the tensors' requests. For CUDA they are counted in the caching allocator's 512-byte blocks and replayed
 /// through its model (CachingAllocatorModel: pools, segments, best fit, splitting), which gives step_peak_reserved;
-/// for the CPU, reserved is allocated. Autocast runs by the target's policy (use_meta_autocast_for: the ops torch
-/// autocasts on that device, cast as it casts them). An op without a Meta kernel throws memgate::Error naming it.
+/// for the CPU, reserved is allocated. The probe runs under an EstimateContextGuard for `target` (the context around
+/// the call gives the GPU; the workload, the CPU's kernels): the Meta kernels and autocast (the ops torch autocasts on
+/// that device, cast as it casts them) read it. An op without a Meta kernel throws memgate::Error naming it.
 [[nodiscard]] ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
                                          const ProbeOptions& options = {});
 

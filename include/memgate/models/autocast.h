@@ -23,7 +23,8 @@ inline constexpr EnumNames<Precision, 3> kPrecisionNames{
 /// Autocast on `device_type` in `precision` for its lifetime (no-op for fp32); restores the previous state.
 /// Meta tensors carry no autocast key: on the Meta device the scope includes AutocastPrivateUse1 in the thread's
 /// dispatch keys and enables it, where an estimate registers kernels that cast Meta tensors by its target's policy
-/// (memgate::use_meta_autocast_for); without them, ops on Meta run uncast.
+/// (memgate::register_meta_autocast; the target is the thread's EstimateContext); without them, ops on Meta run
+/// uncast.
 class AutocastScope {
  public:
   AutocastScope(torch::DeviceType device_type, Precision precision);
