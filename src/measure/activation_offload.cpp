@@ -3,6 +3,7 @@
 #include "memgate/measure/activation_offload.h"
 
 #include "memgate/base/error.h"
+#include "memgate/estimate/estimate_context.h"
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
@@ -21,11 +22,15 @@
 
 namespace memgate {
 
-// The storages of the host copies come from this allocator: the CPU's (the counting one where a probe installed it)
-// or CUDA's caching host allocator, each storage counted from its allocation to its free.
+// The storages of the host copies come from this allocator, each counted from its allocation to its free: the CPU's
+// (the counting one where a probe installed it), CUDA's caching host allocator (pinned), or, in an estimate, the Meta
+// device's (a CPU target's copy is a CPU allocation: counted there too) or none (a CUDA target's host copy: outside
+// the device's count).
+enum class HostCopyKind { kCpu, kPinned, kMetaCounted, kMetaHost, kMetaHostPinned };
+
 class HostCopyAllocator final : public c10::Allocator {
  public:
-  HostCopyAllocator(ActivationOffloader::State& state, bool pinned) : state_(state), pinned_(pinned) {}
+  HostCopyAllocator(ActivationOffloader::State& state, HostCopyKind kind) : state_(state), kind_(kind) {}
   c10::DataPtr allocate(std::size_t n) override;
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
@@ -33,12 +38,14 @@ class HostCopyAllocator final : public c10::Allocator {
 
  private:
   ActivationOffloader::State& state_;
-  bool pinned_;
+  HostCopyKind kind_;
 };
 
 struct ActivationOffloader::State : std::enable_shared_from_this<State> {
   State(ActivationOffload m, std::string s)
-      : mode(m), source(std::move(s)), pageable(*this, false), pinned(*this, true) {}
+      : mode(m), source(std::move(s)), pageable(*this, HostCopyKind::kCpu), pinned(*this, HostCopyKind::kPinned),
+        meta_counted(*this, HostCopyKind::kMetaCounted), meta_host(*this, HostCopyKind::kMetaHost),
+        meta_host_pinned(*this, HostCopyKind::kMetaHostPinned) {}
 
   void add(std::int64_t n) {
     const auto now = live.fetch_add(n) + n;
@@ -54,6 +61,7 @@ struct ActivationOffloader::State : std::enable_shared_from_this<State> {
                               "tensors only (memgate does not offload sparse ones)", source,
                               c10::str(t.layout())));
     }
+    if (t.is_meta()) return pack_estimated(t);
     const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
     if (mode == ActivationOffload::kCpu) {
       // `tensor.cpu()`: the tensor itself on the CPU; else _to_copy's result (memory_format=preserve): its strides
@@ -72,12 +80,53 @@ struct ActivationOffloader::State : std::enable_shared_from_this<State> {
     return out;
   }
 
+  // The same on the Meta device, as the estimate's target runs it: for the CPU, `cpu` keeps the tensor and
+  // `cpu_pinned` copies it (no CUDA there) as a CPU allocation; for CUDA, the host copy is outside the device's count.
+  at::Tensor pack_estimated(const at::Tensor& t) {
+    const c10::DispatchKeySet meta(c10::DispatchKey::Meta);
+    const bool for_cuda = estimate_context().target == EstimateTarget::kCuda;
+    if (!for_cuda && mode == ActivationOffload::kCpu) return t;
+    at::Tensor out;
+    if (for_cuda && mode == ActivationOffload::kCpu) {
+      out = t.is_non_overlapping_and_dense()
+          ? at::detail::empty_strided_generic(t.sizes(), t.strides(), &meta_host, meta, t.scalar_type())
+          : at::detail::empty_generic(t.sizes(), &meta_host, meta, t.scalar_type(), t.suggest_memory_format());
+    } else {
+      out = at::detail::empty_generic(t.sizes(), for_cuda ? &meta_host_pinned : &meta_counted, meta, t.scalar_type(),
+                                      std::nullopt);
+    }
+    // The CPU's copy_ of a transposed matrix into a contiguous one of at least 60 x 60 elements goes through a block
+    // of BLOCK_SZ x BLOCK_SZ (60; 120 for bytes) that it frees before it returns (ATen's copy_same_type_transpose_,
+    // where copy_transpose_valid): the same block, allocated and freed, on the Meta device.
+    if (!for_cuda && t.dim() == 2 && t.numel() != 0 && t.stride(0) == 1 && t.stride(1) == t.size(0) &&
+        out.numel() >= 60 * 60 && t.is_neg() == out.is_neg() && t.is_conj() == out.is_conj()) {
+      const std::int64_t block = t.scalar_type() == at::kByte ? 120 : 60;
+      (void)at::empty({block, block}, t.options());
+    }
+    out.copy_(t);
+    return out;
+  }
+
+  // unpack_from_cpu on the Meta device: for the CPU the copy itself; for CUDA a copy on the device (`.to(cuda)`:
+  // _to_copy's, with the host copy's strides where it is dense).
+  static at::Tensor unpack_estimated(const at::Tensor& packed) {
+    if (estimate_context().target != EstimateTarget::kCuda) return packed;
+    auto out = packed.is_non_overlapping_and_dense()
+                   ? at::empty_strided(packed.sizes(), packed.strides(), packed.options())
+                   : at::empty(packed.sizes(), packed.options().memory_format(packed.suggest_memory_format()));
+    out.copy_(packed);
+    return out;
+  }
+
   ActivationOffload mode;
   std::string source;
   std::atomic<std::int64_t> live{0};
   std::atomic<std::int64_t> peak{0};
   HostCopyAllocator pageable;
   HostCopyAllocator pinned;
+  HostCopyAllocator meta_counted;
+  HostCopyAllocator meta_host;
+  HostCopyAllocator meta_host_pinned;
 };
 
 namespace {
@@ -107,6 +156,7 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
   }
   // unpack_from_cpu: `tensor.to(device, non_blocking=pin_memory)`.
   at::Tensor call_unpack_hook() override {
+    if (packed_.is_meta()) return ActivationOffloader::State::unpack_estimated(packed_);
     return packed_.to(at::TensorOptions().device(device_), state_->mode == ActivationOffload::kCpuPinned);
   }
 
@@ -149,10 +199,16 @@ void install_offload_engine(const std::string& source) {
 }  // namespace
 
 c10::DataPtr HostCopyAllocator::allocate(std::size_t n) {
-  c10::Allocator* inner = pinned_ ? at::getHostAllocator(at::kCUDA) : c10::GetCPUAllocator();
-  auto data = inner->allocate(n);
+  c10::DataPtr data;
+  switch (kind_) {
+    case HostCopyKind::kCpu: data = c10::GetCPUAllocator()->allocate(n); break;
+    case HostCopyKind::kPinned: data = at::getHostAllocator(at::kCUDA)->allocate(n); break;
+    case HostCopyKind::kMetaCounted: data = c10::GetAllocator(c10::DeviceType::Meta)->allocate(n); break;
+    default: data = c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)); break;  // host memory: no device count
+  }
   // CUDA's caching host allocator hands out a block rounded up to a power of two (CachingHostAllocatorImpl::allocate).
-  const auto bytes = static_cast<std::int64_t>(pinned_ && n > 0 ? c10::llvm::PowerOf2Ceil(n) : n);
+  const bool pinned = kind_ == HostCopyKind::kPinned || kind_ == HostCopyKind::kMetaHostPinned;
+  const auto bytes = static_cast<std::int64_t>(pinned && n > 0 ? c10::llvm::PowerOf2Ceil(n) : n);
   void* ptr = data.get();
   const auto device = data.device();
   auto* copy = new HostCopy{std::move(data), state_.shared_from_this(), bytes};

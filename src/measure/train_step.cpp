@@ -90,10 +90,6 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
   }
   if (training_.precision == Precision::kFp16) scaler_.emplace(device);
   if (training_.activation_offload != ActivationOffload::kNone) {
-    if (device.is_meta()) {
-      throw Error(workload.source + ": training.activation_offload: an estimate (the Meta device) does not model "
-                  "activation offload yet; expected a measurement: memgate profile --device cpu or cuda");
-    }
     offload_ = std::make_unique<ActivationOffloader>(training_.activation_offload, workload.source);
   }
 }

@@ -7,6 +7,7 @@
 // available) and pin_memory=False keeps each tensor itself (tensor.cpu() of a CPU tensor).
 #include "memgate/base/files.h"
 #include "memgate/gate/fixture.h"
+#include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
 #include "fixture_util.h"
 #include "test_util.h"
@@ -146,6 +147,57 @@ TEST(ActivationOffloadTest, TheBaselineAndTheGateCarryHostActivations) {
             0)
       << out;
   EXPECT_THAT(testing::read_file(dir / "check.json"), HasSubstr("host_activations"));
+}
+
+// An estimate on the Meta device packs as the target would (for the CPU: `cpu` keeps each tensor, `cpu_pinned` copies
+// it as a CPU allocation): estimated for the CPU, every component of vit_tiny_lora with either mode, host_activations
+// included, equals its measurement on the CPU at batches 1 and 4.
+TEST(ActivationOffloadEstimateTest, AnEstimateForTheCpuEqualsTheMeasurementOnEveryComponent) {
+  testing::TempDir dir;
+  for (const auto* mode : {"cpu_pinned", "cpu"}) {
+    const auto fixture = vit_offloaded(dir, mode);
+    const auto measured = run_probes(fixture, kBatches, kCpu);
+    const auto estimated = estimate_profile(fixture, kBatches, EstimateTarget::kCpu).probes;
+    ASSERT_EQ(measured.size(), kBatches.size());
+    ASSERT_EQ(estimated.size(), kBatches.size());
+    for (std::size_t i = 0; i < kBatches.size(); ++i) {
+      const auto& m = measured[i];
+      const auto& e = estimated[i];
+      ASSERT_FALSE(m.oom || e.oom) << m.error << e.error;
+      ASSERT_TRUE(e.components.offloads_activations) << mode;
+      for (const auto& info : kComponentTable) {
+        if (!has_component(m.components, info)) continue;
+        std::cout << fmt::format("[ OFFLOAD  ] {} bs{} {:<18} estimated {:>9} measured {:>9}\n", mode, kBatches[i],
+                                 info.name, e.components.*info.member, m.components.*info.member);
+        EXPECT_EQ(e.components.*info.member, m.components.*info.member)
+            << mode << " at batch " << kBatches[i] << ": " << info.name;
+      }
+    }
+  }
+}
+
+// Estimated for CUDA, the host copies are outside the device's count: pinned offload keeps fewer activations on the
+// device than none does, its host_activations are CUDA's caching host allocator's blocks (each rounded up to a power
+// of two: at least the CPU's copies' bytes), and pageable offload (tensor.cpu()) holds copies too.
+TEST(ActivationOffloadEstimateTest, ForCudaTheCopiesLeaveTheDevice) {
+  testing::TempDir dir;
+  const auto plain = load_fixture(testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml");
+  const auto none = estimate_profile(plain, {4}, EstimateTarget::kCuda).probes.at(0);
+  const auto pinned = estimate_profile(vit_offloaded(dir, "cpu_pinned"), {4}, EstimateTarget::kCuda).probes.at(0);
+  const auto pageable = estimate_profile(vit_offloaded(dir, "cpu"), {4}, EstimateTarget::kCuda).probes.at(0);
+  const auto on_cpu = estimate_profile(vit_offloaded(dir, "cpu_pinned"), {4}, EstimateTarget::kCpu).probes.at(0);
+  ASSERT_FALSE(none.oom || pinned.oom || pageable.oom || on_cpu.oom);
+  std::cout << fmt::format("[ OFFLOAD  ] for CUDA at bs4: activations none {} pinned {} pageable {}; host_activations "
+                           "pinned {} pageable {} (for the CPU {})\n", none.components.activations,
+                           pinned.components.activations, pageable.components.activations,
+                           pinned.components.host_activations, pageable.components.host_activations,
+                           on_cpu.components.host_activations);
+  EXPECT_LT(pinned.components.activations, none.components.activations);
+  EXPECT_GE(pinned.components.host_activations, on_cpu.components.host_activations);
+  EXPECT_GT(pageable.components.host_activations, 0);
+  for (const auto* c : {"params", "gradients", "optimizer_state", "eval_peak"}) {
+    EXPECT_EQ(pinned.components.get(c), none.components.get(c)) << c;
+  }
 }
 
 }  // namespace

@@ -25,6 +25,8 @@ namespace memgate {
 /// - kCpuPinned: `torch.empty(size, dtype, layout, pin_memory=cuda available)` and `copy_`: a contiguous copy, in
 ///   pinned memory from CUDA's caching host allocator (a block rounded up to a power of two, as it rounds) where CUDA
 ///   is available, else through the CPU allocator.
+/// - On the Meta device (an estimate), as the estimate's target would: for the CPU as there (a copy counted on the
+///   Meta device); for CUDA, a host copy outside the device's count.
 /// Unpacking is `packed.to(device, non_blocking=pin_memory)`: on the CPU the copy itself, on a GPU a copy there.
 /// The host bytes are what the copies' storages hold, counted from their allocation to their free: on the CPU device
 /// they are CPU allocations and so in the probe's other components too; on a GPU they are outside the device's.
