@@ -115,27 +115,25 @@ TEST(FsdpPlanTest, ABatchThatFitsOnlyShardedGetsTheFsdpPlanWhoseChangeEstimatesT
 }
 
 // The FSDP plan's fixture measured on 2 Gloo CPU ranks (rank processes of the memgate CLI, each measuring its own
-// components) and estimated for the CPU on the Meta device: every component of every rank equal, to the byte.
+// components) and estimated for the CPU on the Meta device: every component of every rank equal, to the byte; so is
+// the plan with FSDP and checkpointed blocks at 2,700,000 B.
 // Ranks/FsdpEstimateTest holds the FSDP estimate to the measurement and FsdpReferenceTest the measurement to PyTorch's
 // own fully_shard; this ties the plan's lever to both. Then the plan's communication against the measured ranks'
 // shards: each rank's `params` are its padded dim-0 shards (fp32), what each all-gather sends; its `gradients` the
 // reduce-scatter's padded output; FSDP2's default reshards the blocks after forward, not the root, whose parameters
 // (the patch embedding, the tokens, the final norm and the head) are all-gathered once. Over 2 ranks each rank sends
 // its shard to the other: once forward, once more backward for the blocks, once reduced.
-TEST(FsdpPlanTest, TheFsdpPlanMeasuresOnGlooRanksWhatItsEstimateSaysAndSendsItsMeasuredShards) {
-  const auto r = plan_at(zoo_fixture("vit_tiny_full"), kFitsOnlySharded, over_ranks(2));
-  const auto* p = first_sharded(r);
-  ASSERT_NE(p, nullptr);
-  testing::TempDir dir;
-  const auto fixture = applied(dir, zoo_fixture("vit_tiny_full"), *p, "plan.yaml");
+// `plan`'s fixture measured on its Gloo CPU ranks and estimated for the CPU: every component of every rank equal; the
+// measurement, within `capacity`.
+ProbeResult measured_equal_to_its_estimate(const Fixture& fixture, const Plan& plan, std::int64_t capacity) {
   const auto pair = testing::measure_and_estimate_for_cpu(fixture, {kBatch});
   const auto& measured = pair.at(0).measured;
   const auto& estimated = pair.at(0).estimated;
-  ASSERT_EQ(measured.ranks.size(), 2U);
-  ASSERT_EQ(estimated.ranks.size(), 2U);
-  EXPECT_EQ(estimated.components.step_peak, p->step_peak);
-  EXPECT_LE(measured.components.step_peak, kFitsOnlySharded) << "measured, the plan fits its capacity";
-  for (std::size_t i = 0; i < 2; ++i) {
+  EXPECT_EQ(measured.ranks.size(), 2U);
+  EXPECT_EQ(estimated.ranks.size(), 2U);
+  EXPECT_EQ(estimated.components.step_peak, plan.step_peak);
+  EXPECT_LE(measured.components.step_peak, capacity) << "measured, the plan fits its capacity";
+  for (std::size_t i = 0; i < std::min(measured.ranks.size(), estimated.ranks.size()); ++i) {
     const auto& m = measured.ranks[i].components;
     const auto& e = estimated.ranks[i].components;
     SCOPED_TRACE("rank " + std::to_string(measured.ranks[i].rank));
@@ -148,6 +146,26 @@ TEST(FsdpPlanTest, TheFsdpPlanMeasuresOnGlooRanksWhatItsEstimateSaysAndSendsItsM
       EXPECT_GT(mb, 0) << what;
       EXPECT_EQ(eb, mb) << what;
     }
+  }
+  return measured;
+}
+
+TEST(FsdpPlanTest, TheFsdpPlanMeasuresOnGlooRanksWhatItsEstimateSaysAndSendsItsMeasuredShards) {
+  const auto r = plan_at(zoo_fixture("vit_tiny_full"), kFitsOnlySharded, over_ranks(2));
+  const auto* p = first_sharded(r);
+  ASSERT_NE(p, nullptr);
+  testing::TempDir dir;
+  const auto fixture = applied(dir, zoo_fixture("vit_tiny_full"), *p, "plan.yaml");
+  const auto measured = measured_equal_to_its_estimate(fixture, *p, kFitsOnlySharded);
+  ASSERT_EQ(measured.ranks.size(), 2U);
+  {
+    // FSDP with checkpointed blocks, measured too.
+    SCOPED_TRACE("at 2,700,000 B");
+    const auto both = plan_at(zoo_fixture("vit_tiny_full"), 2'700'000, over_ranks(2));
+    ASSERT_NE(first_sharded(both), nullptr);
+    EXPECT_FALSE(first_sharded(both)->checkpointed.empty());
+    (void)measured_equal_to_its_estimate(applied(dir, zoo_fixture("vit_tiny_full"), *first_sharded(both), "both.yaml"),
+                                         *first_sharded(both), 2'700'000);
   }
   // The root's parameters' padded shards, from their sizes: what the backward's all-gathers leave out.
   const auto model = build_model(fixture.model, c10::Device(c10::DeviceType::Meta));
