@@ -61,7 +61,8 @@ Fixture applied(const testing::TempDir& dir, const std::string& path, const Plan
 // One device, and DDP over 2 ranks (its buckets, 0.25 MiB, and gradients as views into them): neither fits 3,000,000
 // B at batch 2; FSDP over the 2 ranks does, and is the first plan. Its change (for DDP: the DDP keys removed) merged
 // into the fixture and estimated for the CPU gives the plan's bytes again, as the largest rank's. At 2,700,000 B FSDP
-// alone does not fit: FSDP and checkpointed blocks together do, and estimate to their bytes again too.
+// alone does not fit: FSDP and checkpointed blocks together do, and estimate to their bytes again too. The greedy
+// search's first plan is the exhaustive one's.
 TEST(FsdpPlanTest, ABatchThatFitsOnlyShardedGetsTheFsdpPlanWhoseChangeEstimatesToItsBytes) {
   testing::TempDir dir;
   auto ddp = read_text_file(zoo_fixture("vit_tiny_full"), "a fixture");
@@ -110,6 +111,11 @@ TEST(FsdpPlanTest, ABatchThatFitsOnlyShardedGetsTheFsdpPlanWhoseChangeEstimatesT
       EXPECT_EQ(e.components.step_peak, p->step_peak);
       EXPECT_EQ(e.components.step_peak_reserved, p->step_peak_reserved);
       EXPECT_LE(e.components.step_peak, capacity);
+      // The greedy search (its blocks ordered again for the sharded step) finds the same first plan.
+      const auto greedy = plan_at(path, capacity, over_ranks(2, PlanOptions::Search::kGreedy));
+      ASSERT_FALSE(greedy.plans.empty());
+      EXPECT_EQ(greedy.plans.front().change, p->change);
+      EXPECT_LT(greedy.estimates, r.estimates);
     }
   }
 }
