@@ -111,6 +111,9 @@ class Planner {
     if (fixture_.model.arch == Arch::kPython) return "not searched for a Python fixture yet";
     if (t.ema_decay > 0.0) return "no EMA copy under FSDP (training.ema)";
     if (t.max_grad_norm > 0.0) return "no clipping under FSDP (training.max_grad_norm)";
+    if (t.activation_offload != ActivationOffload::kNone) {
+      return "no activation offload over ranks (training.activation_offload)";
+    }
     return "";
   }
 

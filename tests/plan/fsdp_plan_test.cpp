@@ -231,7 +231,7 @@ TEST(FsdpPlanTest, ShardingCostsItsCommunicationAfterRecomputationAndAccumulatio
   EXPECT_EQ(j.at("plans")[1].at("global_batch"), 8);
 }
 
-TEST(FsdpPlanTest, OneRankOnOneDeviceIsRefusedAndATorchScriptFixtureIsNotSharded) {
+TEST(FsdpPlanTest, OneRankOnOneDeviceIsRefusedAndWhatFsdpRefusesIsNotSharded) {
   try {
     (void)plan_at(zoo_fixture("vit_tiny_full"), kFitsOnlySharded, over_ranks(1));
     FAIL() << "FSDP over one rank";
@@ -242,6 +242,15 @@ TEST(FsdpPlanTest, OneRankOnOneDeviceIsRefusedAndATorchScriptFixtureIsNotSharded
   const auto r = plan_at(zoo_fixture("ts_vit_tiny_timm"), 64 << 20, over_ranks(2));
   EXPECT_EQ(r.sharding, "a TorchScript model's parameters cannot be sharded");
   for (const auto& p : r.plans) EXPECT_EQ(p.strategy, "none");
+  // Activation offload is refused over ranks: its plans are not sharded either.
+  testing::TempDir dir;
+  auto offload = read_text_file(zoo_fixture("vit_tiny_full"), "a fixture");
+  const std::string trainable = "  trainable: all\n";
+  offload.insert(offload.find(trainable) + trainable.size(), "  activation_offload: cpu\n");
+  write_file_atomically(dir / "offload.yaml", offload);
+  const auto o = plan_at(dir / "offload.yaml", 64 << 20, over_ranks(2));
+  EXPECT_EQ(o.sharding, "no activation offload over ranks (training.activation_offload)");
+  for (const auto& p : o.plans) EXPECT_EQ(p.strategy, "none");
 }
 
 }  // namespace
