@@ -41,6 +41,15 @@ class HostCopyAllocator final : public c10::Allocator {
   HostCopyKind kind_;
 };
 
+// One host copy's storage: the allocator's own DataPtr, freed (and uncounted) when the storage goes.
+struct HostCopy {
+  c10::DataPtr data;
+  std::shared_ptr<ActivationOffloader::State> state;
+  std::int64_t bytes;
+};
+
+void free_host_copy(void* ctx);
+
 struct ActivationOffloader::State : std::enable_shared_from_this<State> {
   State(ActivationOffload m, std::string s)
       : mode(m), source(std::move(s)), pageable(*this, HostCopyKind::kCpu), pinned(*this, HostCopyKind::kPinned),
@@ -118,8 +127,24 @@ struct ActivationOffloader::State : std::enable_shared_from_this<State> {
     return out;
   }
 
+  // A copy Python's save_on_cpu packed: its storage's DataPtr wrapped, so that its bytes are counted until its free
+  // (none where it packed the tensor itself: tensor.cpu() of a CPU tensor).
+  void count_packed(const at::Tensor& saved, const at::Tensor& packed) {
+    if (!packed.defined() || !packed.has_storage() || packed.storage().is_alias_of(saved.storage())) return;
+    auto* storage = packed.storage().unsafeGetStorageImpl();
+    const auto n = storage->nbytes();
+    const bool pinned_copy = mode == ActivationOffload::kCpuPinned && at::hasCUDA();
+    const auto bytes = static_cast<std::int64_t>(pinned_copy && n > 0 ? c10::llvm::PowerOf2Ceil(n) : n);
+    void* ptr = storage->mutable_data_ptr().get();
+    const auto device = storage->data_ptr().device();
+    auto* copy = new HostCopy{c10::DataPtr(), shared_from_this(), bytes};
+    copy->data = storage->set_data_ptr(c10::DataPtr(ptr, copy, &free_host_copy, device));
+    add(bytes);
+  }
+
   ActivationOffload mode;
   std::string source;
+  const PythonRuntime* python = nullptr;  // where Python's engine owns the hooks: its save_on_cpu
   std::atomic<std::int64_t> live{0};
   std::atomic<std::int64_t> peak{0};
   HostCopyAllocator pageable;
@@ -129,20 +154,13 @@ struct ActivationOffloader::State : std::enable_shared_from_this<State> {
   HostCopyAllocator meta_host_pinned;
 };
 
-namespace {
-
-// One host copy's storage: the allocator's own DataPtr, freed (and uncounted) when the storage goes.
-struct HostCopy {
-  c10::DataPtr data;
-  std::shared_ptr<ActivationOffloader::State> state;
-  std::int64_t bytes;
-};
-
 void free_host_copy(void* ctx) {
   auto* copy = static_cast<HostCopy*>(ctx);
   copy->state->live.fetch_sub(copy->bytes);
   delete copy;
 }
+
+namespace {
 
 thread_local ActivationOffloader::State* t_active = nullptr;
 
@@ -216,10 +234,15 @@ c10::DataPtr HostCopyAllocator::allocate(std::size_t n) {
   return {ptr, copy, &free_host_copy, device};
 }
 
-ActivationOffloader::ActivationOffloader(ActivationOffload mode, std::string source)
+ActivationOffloader::ActivationOffloader(ActivationOffload mode, std::string source, const PythonRuntime* python)
     : state_(std::make_shared<State>(mode, std::move(source))) {
   if (mode == ActivationOffload::kNone) {
     throw Error(state_->source + ": training.activation_offload: none offloads nothing");
+  }
+  if (python != nullptr && python->save_on_cpu &&
+      typeid(torch::autograd::Engine::get_default_engine()) != typeid(torch::autograd::Engine)) {
+    state_->python = python;  // Python's engine: PyTorch's own save_on_cpu around the forward
+    return;
   }
   install_offload_engine(state_->source);
 }
@@ -227,10 +250,21 @@ ActivationOffloader::ActivationOffloader(ActivationOffload mode, std::string sou
 ActivationOffloader::~ActivationOffloader() = default;
 
 ActivationOffloader::Scope::Scope(const ActivationOffloader& offloader) : previous_(t_active) {
-  t_active = offloader.state_.get();
+  auto state = offloader.state_;
+  if (state->python != nullptr) {
+    exit_python_ = state->python->save_on_cpu(
+        state->mode == ActivationOffload::kCpuPinned,
+        [state](const at::Tensor& saved, const at::Tensor& packed) { state->count_packed(saved, packed); });
+    return;
+  }
+  t_active = state.get();
 }
 
 ActivationOffloader::Scope::~Scope() {
+  if (exit_python_) {
+    exit_python_();
+    return;
+  }
   t_active = previous_;
 }
 

@@ -90,7 +90,11 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
   }
   if (training_.precision == Precision::kFp16) scaler_.emplace(device);
   if (training_.activation_offload != ActivationOffload::kNone) {
-    offload_ = std::make_unique<ActivationOffloader>(training_.activation_offload, workload.source);
+    if (device.is_meta() && python != nullptr) {
+      throw Error(workload.source + ": training.activation_offload: an estimate of a Python model (arch: python) "
+                  "does not model activation offload yet; expected a measurement: memgate profile --device cpu");
+    }
+    offload_ = std::make_unique<ActivationOffloader>(training_.activation_offload, workload.source, python);
   }
 }
 

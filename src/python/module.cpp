@@ -135,6 +135,27 @@ const memgate::PythonRuntime& python_runtime() {
             py::gil_scoped_acquire gil;
             py::module_::import("gc").attr("collect")();
           },
+      // PyTorch's save_on_cpu itself, entered on the forward's thread; its pack hook, wrapped, shows memgate each
+      // packed copy (whose bytes it counts), and the hooks object is let go under the GIL.
+      .save_on_cpu =
+          [](bool pin_memory, std::function<void(const torch::Tensor&, const torch::Tensor&)> packed)
+          -> std::function<void()> {
+        py::gil_scoped_acquire gil;
+        auto* hooks = new py::object(
+            py::module_::import("torch.autograd.graph").attr("save_on_cpu")(py::arg("pin_memory") = pin_memory));
+        py::object pack = hooks->attr("pack_hook");
+        hooks->attr("pack_hook") = py::cpp_function([pack, packed](const py::object& tensor) {
+          py::object result = pack(tensor);
+          packed(tensor.cast<torch::Tensor>(), py::tuple(result)[1].cast<torch::Tensor>());
+          return result;
+        });
+        hooks->attr("__enter__")();
+        return [hooks] {
+          py::gil_scoped_acquire gil;
+          hooks->attr("__exit__")(py::none(), py::none(), py::none());
+          delete hooks;
+        };
+      },
   };
   return runtime;
 }

@@ -135,11 +135,19 @@ std::vector<BadInput> catalogue() {
   fixture("activation_offload_under_distributed",
           training_with("  activation_offload: cpu\n  distributed: {strategy: ddp, world_size: 2}\n"),
           {"f.yaml:", "training.activation_offload: expected none under training.distributed"});
-  c.push_back({"fixture_activation_offload_on_python",
+  c.push_back({"fixture_activation_offload_under_compile",
                {{"m.py", "def build():\n    pass\n"},
                 {"f.yaml", "model:\n  arch: python\n  entry: m.py:build\n  inputs:\n    - {shape: [B, 4]}\n"
-                           "  task: sum\ntraining:\n  activation_offload: cpu_pinned\nbatch_sizes: [1]\n"}},
-               profile(), 3, {"f.yaml:", "training.activation_offload: expected none for arch: python", "save_on_cpu"}});
+                           "  task: sum\ntraining:\n  activation_offload: cpu_pinned\n  compile: true\n"
+                           "batch_sizes: [1]\n"}},
+               profile(), 3, {"f.yaml:", "training.activation_offload: expected none under compile: true"}});
+  // An estimate of a Python model that offloads: its Python probe refuses it, naming the key (exit 3).
+  c.push_back({"estimate_activation_offload_of_a_python_model",
+               {{"f.yaml", "model:\n  arch: python\n  entry: " + testing::source_dir() +
+                               "/fixtures/models/python/step_models.py:mlp\n  inputs:\n    - {shape: [B, 32]}\n"
+                               "  task: sum\ntraining:\n  activation_offload: cpu_pinned\nbatch_sizes: [1]\n"}},
+               "estimate --config {dir}/f.yaml --batch-sizes 1", 3,
+               {"f.yaml", "training.activation_offload: an estimate of a Python model (arch: python) does not model"}});
   c.push_back({"fixture_optional_keys_null_are_not_set",
                {{"f.yaml", training_with("  max_grad_norm: null\n  ema: null\n")}},
                profile() + " --batch-sizes 1", 0, {"bs 1: step peak"}});

@@ -104,6 +104,19 @@ TEST(ActivationOffloadReferenceTest, UnpinnedOffloadOnTheCpuAllocatesWhatSaveOnC
   }
 }
 
+// A Python fixture offloads through PyTorch's own save_on_cpu (Python's autograd engine owns the hooks in its
+// process): py_vit_tiny_lora_timm with cpu_pinned, measured by memgate through its extension, equals the same model in
+// PyTorch's loop inside save_on_cpu(pin_memory=True), every component and host_activations, at batches 1 and 4.
+TEST(ActivationOffloadReferenceTest, APythonFixturesOffloadAllocatesWhatSaveOnCpuDoes) {
+  testing::TempDir dir;
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  auto text = read_text_file(models + "py_vit_tiny_lora_timm.yaml", "a fixture");
+  text.replace(text.find("entry: python/models.py"), 23, "entry: " + models + "python/models.py");
+  text.replace(text.find("  precision: fp32\n"), 18, "  precision: fp32\n  activation_offload: cpu_pinned\n");
+  write_file_atomically(dir / "py_offload.yaml", text);
+  expect_save_on_cpu_reference(load_fixture(dir / "py_offload.yaml"), 0);
+}
+
 // The key is part of what the model trains as (its hash), `none` is its absence (the same hash: committed baselines
 // stay), and host_activations is in a probe exactly where the fixture offloads.
 TEST(ActivationOffloadTest, TheComponentIsThereExactlyWhereAFixtureOffloads) {

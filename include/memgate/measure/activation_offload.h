@@ -4,8 +4,10 @@
 #pragma once
 
 #include "memgate/measure/training.h"
+#include "memgate/models/python.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -17,7 +19,9 @@ namespace memgate {
 /// (SavedVariable::get_default_hooks, where at::SavedTensorDefaultHooks::is_enabled()). In a process without Python
 /// that engine is LibTorch's own, which has none; the first ActivationOffloader makes the default engine one whose
 /// hooks are save_on_cpu's while a Scope is open on the calling thread, and none otherwise (LibTorch's behaviour).
-/// Where Python's engine is the default (a process that imported torch), construction throws memgate::Error.
+/// Where Python's engine is the default (a Python fixture's process), the forward runs inside PyTorch's own
+/// save_on_cpu instead (`python`'s PythonRuntime::save_on_cpu), each packed copy counted; without it, construction
+/// throws memgate::Error.
 ///
 /// What a hook packs, as save_on_cpu(pin_memory) does in torch 2.11:
 /// - kCpu: `tensor.cpu()`: the tensor itself on the CPU (no copy, no host bytes); from another device a copy with
@@ -34,8 +38,8 @@ class ActivationOffloader {
  public:
   /// The mode, the host bytes and the allocators of the copies (activation_offload.cpp).
   struct State;
-  /// `source` names the fixture in errors.
-  ActivationOffloader(ActivationOffload mode, std::string source);
+  /// `source` names the fixture in errors; `python`, where given, is the process's Python runtime.
+  ActivationOffloader(ActivationOffload mode, std::string source, const PythonRuntime* python = nullptr);
   ~ActivationOffloader();
   ActivationOffloader(const ActivationOffloader&) = delete;
   ActivationOffloader& operator=(const ActivationOffloader&) = delete;
@@ -50,6 +54,7 @@ class ActivationOffloader {
 
    private:
     State* previous_;
+    std::function<void()> exit_python_;  ///< leaves Python's save_on_cpu, where it was entered
   };
 
   /// The peak of the host bytes from now on starts at what they hold now.

@@ -88,6 +88,12 @@ struct PythonRuntime {
   /// Python's garbage collection, right before a probe reads its base: an earlier probe's model, freed by the
   /// collector in reference cycles, is collected there, never inside this probe's numbers.
   std::function<void()> collect_garbage;
+  /// training.activation_offload where Python's autograd engine owns the saved-tensor hooks: enters PyTorch's own
+  /// torch.autograd.graph.save_on_cpu(pin_memory) on this thread, its pack hook wrapped so that `packed` sees each
+  /// tensor saved and what was packed for it; the function returned exits it.
+  std::function<std::function<void()>(
+      bool pin_memory, std::function<void(const torch::Tensor& saved, const torch::Tensor& packed)> packed)>
+      save_on_cpu;
 };
 
 /// Builds the model with `python`'s factory; throws memgate::Error where `python` is nullptr (this process did not
