@@ -36,7 +36,8 @@ import warnings
 
 import pytest
 
-# The components every probe has, in memgate's report order; `ema` where the fixture keeps an EMA copy.
+# The components every probe has, in memgate's report order; `ema` where the fixture keeps an EMA copy, then
+# `host_activations` where it offloads its activations to the host (training.activation_offload: cpu | cpu_pinned).
 COMPONENTS = ("params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak", "step_peak",
               "step_peak_reserved")
 
@@ -189,6 +190,8 @@ def _tests_of(doc: dict) -> list:
     if world is not None and not _positive_int(world):
         return []
     components = list(COMPONENTS) + (["ema"] if training.get("ema") else [])
+    if training.get("activation_offload") in ("cpu", "cpu_pinned"):
+        components.append("host_activations")
     if world:
         components = [f"rank{r}_{c}" for r in range(world) for c in components]
     return [(b, c) for b in sizes for c in components]

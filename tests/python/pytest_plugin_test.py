@@ -101,6 +101,24 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out = pytest(project, "-k", "broken")
     expect(rc == 1 and "colour" in out, f"a broken fixture: exit {rc}:\n{out}")
 
+# A fixture that offloads its activations to the host has one more component, host_activations: collected, recorded
+# and gated as memgate names it (a test the plugin did not collect would leave that component ungated).
+with tempfile.TemporaryDirectory() as tmp:
+    project = pathlib.Path(tmp)
+    (project / "memgate").mkdir()
+    (project / "memgate" / "offload.yaml").write_text(
+        FIXTURE.replace("  trainable: head\n", "  trainable: all\n  activation_offload: cpu_pinned\n")
+        .replace("batch_sizes: [1, 2]", "batch_sizes: [2]"))
+    (project / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmemgate_fixtures = ["memgate/*.yaml"]\n')
+    rc, out = pytest(project, "--memgate-update-baselines")
+    expect(rc == 0 and counts(out) == {"passed": 9}, f"offload, recorded: exit {rc}, {counts(out)}:\n{out}")
+    recorded = json.loads((project / "baselines" / "cpu" / "offload.json").read_text())
+    expect(recorded["probes"][0]["components"].get("host_activations", 0) > 0,
+           f"the baseline holds host_activations: {recorded['probes'][0]['components']}")
+    rc, out = pytest(project, ci=True)
+    expect(rc == 0 and counts(out) == {"passed": 9} and "PASSED memgate/offload.yaml::offload_bs2_host_activations" in out,
+           f"offload, gated: exit {rc}, {counts(out)}:\n{out}")
+
 # Fixtures whose batch sizes or world size are not what memgate reads: each is one failing test with memgate's
 # message, and the session's other tests run (collection is not interrupted). Globs of memgate_fixtures that match no
 # file warn; under CI (its truthy words read as memgate reads them, case-insensitive) each is a failing test.
