@@ -30,11 +30,14 @@ namespace {
 
 constexpr std::int64_t kCannotRun = std::numeric_limits<std::int64_t>::max() / 4;
 constexpr const char* kExpandable = "expandable_segments:True";
+// The offload lever in words (count_host_transfer adds what it holds and moves).
+constexpr const char* kOffloadLever = "offload activations to pinned host memory";
 // The most plans an exhaustive search estimates when asked for (a few seconds of a small model's estimates).
 constexpr std::int64_t kMaxExhaustive = 4096;
 
 // One point of the space: a micro-batch and its accumulation, the allocator's settings, the checkpointed blocks (a
-// bit each), a lever that changes the training (-1: none) and whether FSDP shards it over --world-size's ranks.
+// bit each), a lever that changes the training (-1: none), whether FSDP shards it over --world-size's ranks, and
+// where the forward's saved tensors are kept (training.activation_offload; unset: the fixture's own).
 struct Point {
   std::int64_t micro = 0;
   std::int64_t steps = 1;
@@ -42,8 +45,10 @@ struct Point {
   std::uint64_t mask = 0;
   int variant = -1;
   bool fsdp = false;
+  std::optional<ActivationOffload> offload;
   [[nodiscard]] std::string key() const {
-    return fmt::format("{}x{}|{}|{}|{}|{}", micro, steps, allocator, mask, variant, fsdp);
+    return fmt::format("{}x{}|{}|{}|{}|{}|{}", micro, steps, allocator, mask, variant, fsdp,
+                       offload ? static_cast<int>(*offload) : -1);
   }
 };
 
@@ -87,6 +92,14 @@ class Planner {
       : fixture_(fixture), target_(target), options_(options) {
     variants_ = options.allow_changes ? training_changes(fixture) : std::vector<Variant>{};
     own_world_ = fixture.training.distributed.enabled() ? fixture.training.distributed.world_size : 1;
+    // Activation offload as a lever: pinned host memory, for CUDA, where the fixture keeps its activations on the
+    // device and may offload (not a Python fixture, not over ranks: the fixture's key refuses both). On the CPU,
+    // save_on_cpu's `cpu` keeps the saved tensor itself (nothing moves, no byte saved) and `cpu_pinned` copies it
+    // into the same memory (more bytes): no lever there.
+    if (options.target == EstimateTarget::kCuda && fixture.training.activation_offload == ActivationOffload::kNone &&
+        fixture.model.arch != Arch::kPython && !fixture.training.distributed.enabled()) {
+      offload_lever_ = ActivationOffload::kCpuPinned;
+    }
     // --world-size: a distributed fixture over those ranks; from 2 ranks, sharding as a lever (but for FSDP already).
     if (!options.world_size) return;
     const auto world = *options.world_size;
@@ -165,7 +178,9 @@ class Planner {
     std::vector<bool> shardings{false};
     if (fsdp_world_ > 0) shardings.push_back(true);
     out.sharding = fsdp_world_ > 0 ? fmt::format("FSDP over {} ranks", fsdp_world_) : not_sharded_;
-    out.space = static_cast<std::int64_t>(micro.size() * allocators.size() * shardings.size()) * subsets +
+    // Offload is not combined with sharding (the fixture's key refuses it over ranks).
+    const std::size_t layouts = shardings.size() + (offload_lever_ ? 1 : 0);
+    out.space = static_cast<std::int64_t>(micro.size() * allocators.size() * layouts) * subsets +
                 static_cast<std::int64_t>(variants_.size());
     const bool exhaustive = options_.search == PlanOptions::Search::kExhaustive ||
                             (options_.search == PlanOptions::Search::kAuto && out.space <= options_.exhaustive_limit);
@@ -178,11 +193,14 @@ class Planner {
     Point as_is{micro.front().first, micro.front().second, fixture_.training.allocator, current_mask(), -1};
     out.as_is = estimate(as_is);
     std::vector<Plan> found;
+    std::vector<std::pair<bool, std::optional<ActivationOffload>>> layout_points;
+    for (const bool fsdp : shardings) layout_points.emplace_back(fsdp, std::nullopt);
+    if (offload_lever_) layout_points.emplace_back(false, offload_lever_);
     for (const auto& [m, steps] : micro) {
-      for (const bool fsdp : shardings) {
+      for (const auto& [fsdp, offload] : layout_points) {
         std::optional<Plan> default_allocator;
         for (const auto& allocator : allocators) {
-          Point base{m, steps, allocator, 0, -1, fsdp};
+          Point base{m, steps, allocator, 0, -1, fsdp, offload};
           auto best = exhaustive ? cheapest_subset(base) : greedy(base);
           if (!best) continue;
           // Expandable segments only where they save reserved bytes or recomputation over the default's plan.
@@ -201,6 +219,8 @@ class Planner {
                          static_cast<int>(v)});
       if (p.fits) found.push_back(std::move(p));
     }
+    count_host_transfer(*out.as_is);
+    for (auto& p : found) count_host_transfer(p);
     out.plans = pareto_sorted(std::move(found));
     out.estimates = estimates_;
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -253,6 +273,7 @@ class Planner {
     plan.global_batch = p.micro * p.steps * plan.world_size;
     t.accumulation_steps = p.steps;
     t.allocator = p.allocator;
+    if (p.offload) t.activation_offload = *p.offload;
     const auto all = blocks_.empty() ? 0 : (std::uint64_t{1} << blocks_.size()) - 1;
     if (!blocks_.empty()) {
       t.gradient_checkpointing = p.mask != 0;
@@ -292,6 +313,9 @@ class Planner {
     } else if (t.distributed.enabled() && t.distributed.world_size != own_world_) {
       change["training"]["distributed"]["world_size"] = t.distributed.world_size;
     }
+    if (t.activation_offload != fixture_.training.activation_offload) {
+      change["training"]["activation_offload"] = std::string(name_of(kActivationOffloadNames, t.activation_offload));
+    }
     plan.communication_bytes = communication(w, p);
     // In words.
     if (p.fsdp) {
@@ -304,12 +328,14 @@ class Planner {
     }
     if (p.steps > 1) plan.levers.push_back(fmt::format("accumulate {} micro-batches of {}", p.steps, p.micro));
     if (p.allocator != fixture_.training.allocator) plan.levers.push_back("expandable segments");
+    if (t.activation_offload != fixture_.training.activation_offload) plan.levers.push_back(kOffloadLever);
     if (p.variant >= 0) plan.levers.push_back(variants_[static_cast<std::size_t>(p.variant)].lever);
     // The same estimate as `memgate estimate --gpu`: for CUDA, staged for this GPU's SMs; or `--for cpu`'s.
     if (options_.target == EstimateTarget::kCpu) {
       const auto r = estimate_probe(w, p.micro, EstimateTarget::kCpu);
       plan.step_peak = r.components.step_peak;
       plan.step_peak_reserved = r.components.step_peak_reserved;
+      plan.host_bytes = r.components.host_activations;
       plan.required_bytes = plan.step_peak_reserved + target_.library_workspace_bytes;
     } else {
       const EstimateContextGuard for_gpu(
@@ -318,6 +344,7 @@ class Planner {
         const auto r = estimate_probe(w, p.micro, EstimateTarget::kCuda);
         plan.step_peak = r.components.step_peak;
         plan.step_peak_reserved = r.components.step_peak_reserved;
+        plan.host_bytes = r.components.host_activations;
         plan.required_bytes = plan.step_peak_reserved + target_.library_workspace_bytes;
       } catch (const std::exception& e) {
         if (!cannot_run_on_cuda(e)) throw;
@@ -350,6 +377,33 @@ class Planner {
     return bytes;
   }
 
+  // The bytes an offloading plan moves over the host link per optimizer step: each micro-batch's copies go to the host
+  // in forward and back in backward, 2 x their bytes x the accumulation steps. Their bytes are the tensors' own, not
+  // the pinned blocks' (rounded up to a power of two): the host bytes of the same step offloaded to pageable memory
+  // (`cpu`: a copy of each saved tensor with its strides, all alive until backward, so their peak is their sum). It
+  // also says, in words, what the plan holds and moves. 0 for a plan that does not offload.
+  void count_host_transfer(Plan& plan) {
+    const auto mode = plan.workload.training.activation_offload;
+    if (mode == ActivationOffload::kNone) return;
+    std::int64_t copies = plan.host_bytes;
+    if (mode == ActivationOffload::kCpuPinned && options_.target == EstimateTarget::kCuda) {
+      auto w = plan.workload;
+      w.training.activation_offload = ActivationOffload::kCpu;
+      const EstimateContextGuard for_gpu(
+          estimate_context_for_gpu({target_.multiprocessors, target_.max_threads_per_multiprocessor}));
+      copies = estimate_probe(w, plan.micro_batch, EstimateTarget::kCuda).components.host_activations;
+      ++estimates_;
+    }
+    plan.host_transfer_bytes = 2 * copies * plan.accumulation_steps;
+    if (plan.workload.training.activation_offload != fixture_.training.activation_offload) {
+      const auto it = std::find(plan.levers.begin(), plan.levers.end(), std::string(kOffloadLever));
+      if (it != plan.levers.end()) {
+        *it = fmt::format("{} ({} held, {} moved per step)", kOffloadLever, format_bytes(plan.host_bytes),
+                          format_bytes(plan.host_transfer_bytes));
+      }
+    }
+  }
+
   // Of two plans that fit, the cheaper: fewer recomputed FLOPs, then more headroom.
   static bool cheaper(const Plan& a, const Plan& b) {
     return std::tie(a.recompute_flops, b.headroom_bytes) < std::tie(b.recompute_flops, a.headroom_bytes);
@@ -374,7 +428,7 @@ class Planner {
     auto current = estimate(base);
     if (current.fits || blocks_.empty()) return current.fits ? std::optional<Plan>(current) : std::nullopt;
     const auto& per_block = flops_.at(base.micro).per_block;
-    auto& order = order_[base.fsdp];
+    auto& order = order_[{base.fsdp, base.offload ? static_cast<int>(*base.offload) : -1}];
     if (order.empty()) {
       std::vector<std::pair<double, std::size_t>> ranked;
       for (std::size_t i = 0; i < blocks_.size(); ++i) {
@@ -417,13 +471,14 @@ class Planner {
     return fitting;
   }
 
-  // Cheapest first; a plan that another beats or equals on every cost (recomputed FLOPs, accumulation steps,
-  // communication, levers, changing the training) is left out. Plans that change the training in different ways (bf16, a frozen
-  // backbone, SGD) do not compare: each is listed.
+  // Cheapest first; a plan that another beats or equals on every cost (recomputed FLOPs, accumulation steps, bytes
+  // moved to the host and back, communication, levers, changing the training) is left out. Plans that change the
+  // training in different ways (bf16, a frozen backbone, SGD) do not compare: each is listed.
   static std::vector<Plan> pareto_sorted(std::vector<Plan> plans) {
     const auto cost = [](const Plan& p) {
       return std::make_tuple(p.changes_training, p.recompute_flops_fraction, p.accumulation_steps,
-                             p.communication_bytes.value_or(0), p.levers.size(), -p.headroom_bytes);
+                             p.host_transfer_bytes, p.communication_bytes.value_or(0), p.levers.size(),
+                             -p.headroom_bytes);
     };
     std::stable_sort(plans.begin(), plans.end(), [&](const Plan& a, const Plan& b) { return cost(a) < cost(b); });
     std::vector<Plan> out;
@@ -431,7 +486,7 @@ class Planner {
       const bool dominated = std::any_of(out.begin(), out.end(), [&](const Plan& q) {
         return q.changes_training == p.changes_training && (!p.changes_training || q.change == p.change) &&
                q.recompute_flops <= p.recompute_flops &&
-               q.accumulation_steps <= p.accumulation_steps &&
+               q.accumulation_steps <= p.accumulation_steps && q.host_transfer_bytes <= p.host_transfer_bytes &&
                q.communication_bytes.value_or(0) <= p.communication_bytes.value_or(0) &&
                q.levers.size() <= p.levers.size();
       });
@@ -462,12 +517,14 @@ class Planner {
   std::vector<Variant> variants_;
   std::map<std::int64_t, StepFlops> flops_;
   std::map<std::string, Plan> cache_;
-  std::map<bool, std::vector<std::size_t>> order_;  // the greedy search's order of the blocks, per sharding
+  // The greedy search's order of the blocks, per sharding and offload.
+  std::map<std::pair<bool, int>, std::vector<std::size_t>> order_;
   std::map<std::string, std::optional<std::int64_t>> communication_;
   std::int64_t own_world_ = 1;      // the fixture's own ranks
   std::int64_t fsdp_world_ = 0;     // the ranks FSDP's lever shards over; 0: no sharding lever
   std::string fsdp_units_ = "blocks";
   std::string not_sharded_;         // why --world-size's sharding is not searched
+  std::optional<ActivationOffload> offload_lever_;  // the offload the search tries; unset: none
   std::unique_ptr<Plan> least_;
   std::int64_t estimates_ = 0;
 };
@@ -510,6 +567,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"required_bytes", p.required_bytes},
           {"headroom_bytes", p.headroom_bytes},
           {"host_bytes", p.host_bytes},
+          {"host_transfer_bytes", p.host_transfer_bytes},
           {"recompute_flops", p.recompute_flops},
           {"step_flops", p.step_flops},
           {"recompute_flops_fraction", p.recompute_flops_fraction},

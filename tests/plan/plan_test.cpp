@@ -1,5 +1,7 @@
 // memgate plan (plan/plan.h): the plans fit, cheapest first; a plan's change applied to its fixture estimates to its
 // bytes again; the greedy search finds what the exhaustive one finds; the FLOP counter counts a ViT block's matmuls.
+// Activation offload as a lever (OffloadPlanTest): listed, its change estimates and measures to its bytes.
+#include "memgate/base/components.h"
 #include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/estimate/estimate_context.h"
@@ -139,16 +141,22 @@ TEST(PlanTest, TheJsonHasTheContractsKeys) {
   ASSERT_EQ(j.at("plans").size(), r.plans.size());
   for (std::size_t i = 0; i < r.plans.size(); ++i) {
     const auto& p = j.at("plans")[i];
-    for (const auto* key : {"fits", "step_peak", "step_peak_reserved", "host_bytes", "recompute_flops_fraction",
-                            "accumulation_steps", "world_size", "global_batch", "strategy", "communication_bytes",
-                            "changes_training", "change", "levers"}) {
+    for (const auto* key : {"fits", "step_peak", "step_peak_reserved", "host_bytes", "host_transfer_bytes",
+                            "recompute_flops_fraction", "accumulation_steps", "world_size", "global_batch", "strategy",
+                            "communication_bytes", "changes_training", "change", "levers"}) {
       EXPECT_TRUE(p.contains(key)) << key;
     }
     EXPECT_EQ(p.at("communication_bytes"), 0) << "no sharding, no communication";
     EXPECT_EQ(p.at("global_batch"), 64);
     EXPECT_EQ(p.at("step_peak"), r.plans[i].step_peak);
+    EXPECT_EQ(p.at("host_bytes"), r.plans[i].host_bytes);
+    EXPECT_EQ(p.at("host_transfer_bytes"), r.plans[i].host_transfer_bytes);
     EXPECT_EQ(p.at("change"), r.plans[i].change);
-    EXPECT_EQ(p.at("change").at("training").at("gradient_checkpointing").at("blocks"), r.plans[i].checkpointed);
+    if (!r.plans[i].checkpointed.empty()) {
+      EXPECT_EQ(p.at("change").at("training").at("gradient_checkpointing").at("blocks"), r.plans[i].checkpointed);
+    } else {
+      EXPECT_EQ(p.at("change").at("training").at("activation_offload"), "cpu_pinned") << "the other way to fit";
+    }
   }
 }
 
@@ -211,8 +219,8 @@ TEST(PlanTest, EveryPlansFixtureMeasuresOnTheCpuWhatItsEstimateSays) {
 
 // The cheapest plan of each search against every estimate counted here: each subset of the blocks under each
 // allocator setting, applied through the fixture's keys (the blocks named, even all of them), estimated for CUDA,
-// and the subsets that fit the capacity; the least recomputed FLOPs among them is the first plan's, for the
-// exhaustive search and the greedy one. On vit_tiny_full (4 blocks) and gpt_tiny (2 blocks, its embedding and head
+// and the subsets that fit the capacity; the least recomputed FLOPs among them is the first plan's that keeps its
+// activations on the device (an offload plan may recompute less), for the exhaustive search and the greedy one. On vit_tiny_full (4 blocks) and gpt_tiny (2 blocks, its embedding and head
 // outside), at capacities from a block or two to all of them.
 TEST(PlanTest, BothSearchesFindTheLeastRecomputationThatEveryEstimateFinds) {
   struct Case {
@@ -253,9 +261,13 @@ TEST(PlanTest, BothSearchesFindTheLeastRecomputationThatEveryEstimateFinds) {
       ASSERT_NE(least, std::numeric_limits<std::int64_t>::max()) << "some subset fits";
       for (const auto search : {PlanOptions::Search::kExhaustive, PlanOptions::Search::kGreedy}) {
         const auto r = plan_of(c.name, mib, batch(c.batch, search));
-        ASSERT_FALSE(r.plans.empty());
-        EXPECT_EQ(r.plans.front().recompute_flops, least) << r.search;
-        for (const auto& p : r.plans) EXPECT_GE(p.recompute_flops, least) << r.search << ": " << p.change.dump();
+        std::vector<Plan> on_device;
+        for (const auto& p : r.plans) {
+          if (p.host_transfer_bytes == 0) on_device.push_back(p);
+        }
+        ASSERT_FALSE(on_device.empty());
+        EXPECT_EQ(on_device.front().recompute_flops, least) << r.search;
+        for (const auto& p : on_device) EXPECT_GE(p.recompute_flops, least) << r.search << ": " << p.change.dump();
       }
     }
   }
@@ -277,6 +289,11 @@ TEST(PlanTest, APlanForTheCpuFitsItsCapacityWhenMeasuredOnTheCpu) {
   const auto& p = r.plans.front();
   EXPECT_FALSE(p.checkpointed.empty());
   EXPECT_EQ(p.step_peak, p.step_peak_reserved);
+  for (const auto& q : r.plans) {
+    EXPECT_FALSE(q.change.value("training", nlohmann::json::object()).contains("activation_offload"))
+        << "no offload lever on the CPU";
+    EXPECT_EQ(q.host_bytes, 0);
+  }
   testing::TempDir dir;
   write_file_atomically(dir / "plan.yaml", apply_change(read_text_file(fixture_path("gpt_tiny"), "a fixture"), p.change));
   const auto pair = testing::measure_and_estimate_for_cpu(load_fixture(dir / "plan.yaml"), {64});
@@ -289,9 +306,9 @@ TEST(PlanTest, APlanForTheCpuFitsItsCapacityWhenMeasuredOnTheCpu) {
 TEST(PlanTest, AnExhaustiveSearchOfTooManyPlansIsRefusedBeforeItsEstimates) {
   try {
     (void)plan_of("retfound_large_full", 1 << 14, batch(8, PlanOptions::Search::kExhaustive));
-    FAIL() << "24 blocks are 2^24 subsets";
+    FAIL() << "24 blocks are 2^24 subsets, under 2 allocator settings, on the device or offloaded: 4 x 2^24";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("retfound_large_full.yaml: --search exhaustive: 33554432 plans (24 "
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("retfound_large_full.yaml: --search exhaustive: 67108864 plans (24 "
                                                "blocks), expected at most 4096"));
   }
 }
@@ -304,6 +321,87 @@ TEST(PlanTest, ABatchNoPlanFitsNamesTheFixtureTheBatchTheGpuAndTheLeastNeeded) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("vit_tiny_full.yaml: no plan fits batch 64 on capacity (1.0 MiB usable)"));
     EXPECT_THAT(e.what(), ::testing::HasSubstr("the least any plan needs is"));
   }
+}
+
+// Activation offload as a lever (training.activation_offload: cpu_pinned, for CUDA): vit_tiny_full at batch 64 needs
+// 56 MiB reserved as it is; in 30 MiB it fits offloaded (28 MiB) with nothing recomputed, and at an effective batch
+// of 64 in 8 MiB offloaded with 4 micro-batches of 16 (6 MiB). Each offload plan's change merged into the fixture
+// estimates (for CUDA) to the plan's workload on every component, host_activations included, which is its
+// host_bytes; its host_transfer_bytes are 2 x the copies' own bytes (the same step offloaded to pageable memory,
+// where no block is rounded up) x the accumulation steps; a plan without offload at the same recomputation and
+// accumulation comes before it. The fixture also measures on the CPU what its estimate for the CPU says, on every
+// component (on the CPU, cpu_pinned copies each saved tensor into pageable memory: host_activations > 0).
+TEST(OffloadPlanTest, AnOffloadPlanIsListedAndItsFixtureEstimatesAndMeasuresToItsBytes) {
+  PlanOptions accumulated;
+  accumulated.effective_batch = 64;
+  const auto text = read_text_file(fixture_path("vit_tiny_full"), "a fixture");
+  testing::TempDir dir;
+  int offloaded = 0;
+  for (const auto& [mib, options, steps] : {std::tuple{30, batch(64), 1}, std::tuple{8, accumulated, 4}}) {
+    SCOPED_TRACE(std::to_string(mib) + " MiB");
+    const auto r = plan_of("vit_tiny_full", mib, options);
+    ASSERT_TRUE(r.as_is);
+    EXPECT_FALSE(r.as_is->fits);
+    EXPECT_EQ(r.as_is->host_bytes, 0);
+    EXPECT_EQ(r.as_is->host_transfer_bytes, 0);
+    const auto it = std::find_if(r.plans.begin(), r.plans.end(), [](const Plan& p) {
+      return p.change.value("training", nlohmann::json::object()).value("activation_offload", "") == "cpu_pinned";
+    });
+    ASSERT_NE(it, r.plans.end()) << "an offload plan is listed";
+    const auto& p = *it;
+    SCOPED_TRACE(p.change.dump());
+    EXPECT_EQ(p.accumulation_steps, steps);
+    EXPECT_TRUE(p.checkpointed.empty());
+    EXPECT_EQ(p.recompute_flops, 0);
+    EXPECT_THAT(p.levers.back(), ::testing::StartsWith("offload activations to pinned host memory ("));
+    for (auto q = it + 1; q != r.plans.end(); ++q) {
+      EXPECT_FALSE(q->host_transfer_bytes == 0 && q->recompute_flops == p.recompute_flops &&
+                   q->accumulation_steps == p.accumulation_steps)
+          << "a plan without offload at the same cost comes after the offload plan: " << q->change.dump();
+    }
+    const auto j = plan_to_json(r).at("plans")[static_cast<std::size_t>(it - r.plans.begin())];
+    EXPECT_EQ(j.at("host_bytes"), p.host_bytes);
+    EXPECT_EQ(j.at("host_transfer_bytes"), p.host_transfer_bytes);
+    // The change merged: the plan's workload, estimated for CUDA, on every component.
+    const auto path = dir / ("offload_" + std::to_string(mib) + ".yaml");
+    write_file_atomically(path, apply_change(text, p.change));
+    const auto applied = load_fixture(path);
+    ASSERT_EQ(applied.training.activation_offload, ActivationOffload::kCpuPinned);
+    ASSERT_EQ(applied.training.accumulation_steps, p.accumulation_steps);
+    ASSERT_EQ(applied.batch_sizes, std::vector<std::int64_t>{p.micro_batch});
+    const EstimateContextGuard for_gpu(estimate_context_for_gpu({}));
+    const auto e = estimate_probe(applied, p.micro_batch, EstimateTarget::kCuda).components;
+    const auto w = estimate_probe(p.workload, p.micro_batch, EstimateTarget::kCuda).components;
+    ASSERT_TRUE(e.offloads_activations);
+    for (const auto& c : kComponentTable) {
+      EXPECT_EQ(has_component(e, c), has_component(w, c)) << c.name;
+      EXPECT_EQ(e.*c.member, w.*c.member) << c.name;
+    }
+    EXPECT_EQ(e.step_peak, p.step_peak);
+    EXPECT_EQ(e.step_peak_reserved, p.step_peak_reserved);
+    EXPECT_EQ(e.host_activations, p.host_bytes);
+    EXPECT_LT(e.step_peak_reserved, r.as_is->step_peak_reserved);
+    // What moves: the copies' own bytes, there and back, each micro-batch.
+    auto pageable = applied;
+    pageable.training.activation_offload = ActivationOffload::kCpu;
+    const auto copies = estimate_probe(pageable, p.micro_batch, EstimateTarget::kCuda).components.host_activations;
+    EXPECT_GT(copies, 0);
+    EXPECT_LE(copies, p.host_bytes) << "a pinned block is the copy rounded up";
+    EXPECT_EQ(p.host_transfer_bytes, 2 * copies * p.accumulation_steps);
+    // On the CPU: the estimate for the CPU is the measurement, every component.
+    const auto pair = testing::measure_and_estimate_for_cpu(applied, {p.micro_batch});
+    const auto& mc = pair.at(0).measured.components;
+    const auto& ec = pair.at(0).estimated.components;
+    ASSERT_TRUE(mc.offloads_activations);
+    ASSERT_TRUE(ec.offloads_activations);
+    EXPECT_GT(mc.host_activations, 0);
+    for (const auto& c : kComponentTable) {
+      if (!has_component(mc, c)) continue;
+      EXPECT_EQ(ec.*c.member, mc.*c.member) << c.name << " on the CPU";
+    }
+    ++offloaded;
+  }
+  EXPECT_EQ(offloaded, 2);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // `memgate plan`: the ways to fit a batch on a GPU that keep the training the same (which blocks to checkpoint,
-// gradient accumulation, the allocator's expandable segments, FSDP over --world-size ranks), each plan's step peak by
-// the same estimate as `memgate estimate --gpu`, its cost counted, and the fixture keys that apply it (docs/plan.md).
+// gradient accumulation, the allocator's expandable segments, FSDP over --world-size ranks, activation offload to
+// pinned host memory), each plan's step peak by the same estimate as `memgate estimate --gpu`, its cost counted, and
+// the fixture keys that apply it (docs/plan.md).
 #pragma once
 
 #include "memgate/advise/advise.h"
@@ -59,7 +60,12 @@ struct Plan {
   std::int64_t step_peak_reserved = 0;    ///< ... and reserved
   std::int64_t required_bytes = 0;        ///< reserved + the GPU's library workspaces (as estimate --gpu)
   std::int64_t headroom_bytes = 0;        ///< usable - required (negative: does not fit)
-  std::int64_t host_bytes = 0;            ///< moved to the host (no offload lever yet: 0)
+  /// Host memory the plan holds: the peak of its offloaded activations (the estimate's host_activations; 0 where it
+  /// does not offload).
+  std::int64_t host_bytes = 0;
+  /// Bytes moved over the host link per optimizer step: 2 x the copies' bytes (to the host in forward, back in
+  /// backward) x the accumulation steps; 0 where it does not offload.
+  std::int64_t host_transfer_bytes = 0;
   std::int64_t recompute_flops = 0;       ///< per micro-batch: the checkpointed blocks' forward
   std::int64_t step_flops = 0;            ///< per micro-batch: forward and backward without recomputation
   double recompute_flops_fraction = 0.0;  ///< recompute_flops / step_flops
