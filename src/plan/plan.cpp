@@ -471,13 +471,16 @@ class Planner {
     return fitting;
   }
 
-  // Cheapest first; a plan that another beats or equals on every cost (recomputed FLOPs, accumulation steps, bytes
-  // moved to the host and back, communication, levers, changing the training) is left out. Plans that change the
-  // training in different ways (bf16, a frozen backbone, SGD) do not compare: each is listed.
+  // Cheapest first; a plan that another beats or equals on every cost (bytes moved to the host and back, recomputed
+  // FLOPs, accumulation steps, communication, levers, changing the training) is left out. Plans that change the
+  // training in different ways (bf16, a frozen backbone, SGD) do not compare: each is listed. Bytes moved to the host
+  // come first: save_on_cpu copies each saved tensor out in forward and back in backward when autograd asks for it,
+  // nothing prefetched, so they move on the step's critical path, and over PCIe they take longer than the forward
+  // they would recompute (docs/plan.md): an offload plan comes after every plan that keeps activations on the device.
   static std::vector<Plan> pareto_sorted(std::vector<Plan> plans) {
     const auto cost = [](const Plan& p) {
-      return std::make_tuple(p.changes_training, p.recompute_flops_fraction, p.accumulation_steps,
-                             p.host_transfer_bytes, p.communication_bytes.value_or(0), p.levers.size(),
+      return std::make_tuple(p.changes_training, p.host_transfer_bytes, p.recompute_flops_fraction,
+                             p.accumulation_steps, p.communication_bytes.value_or(0), p.levers.size(),
                              -p.headroom_bytes);
     };
     std::stable_sort(plans.begin(), plans.end(), [&](const Plan& a, const Plan& b) { return cost(a) < cost(b); });

@@ -94,8 +94,9 @@ struct PlanResult {
 /// by default). Per micro-batch and accumulation (and allocator setting where it changes the reserved bytes): the
 /// checkpointed blocks with the fewest recomputed FLOPs that fit, exhaustively over every subset of the blocks when
 /// the space is small, else greedily, adding the block that saves the most reserved bytes per recomputed FLOP, each
-/// step estimated; with options.world_size, each again sharded with FSDP over those ranks. Cheapest first: recomputed
-/// FLOPs, then accumulation steps, then communication bytes, then fewer levers, then more headroom.
+/// step estimated; with options.world_size, each again sharded with FSDP over those ranks; for CUDA, each again with
+/// activations offloaded to pinned host memory. Cheapest first: bytes moved to the host and back, recomputed FLOPs,
+/// accumulation steps, communication bytes, fewer levers, more headroom.
 /// A batch that no plan fits is an error naming the fixture, the batch, the GPU and the least the search needed.
 [[nodiscard]] PlanResult plan(const Fixture& fixture, const AdviceTarget& target, const PlanOptions& options);
 
