@@ -124,6 +124,7 @@ class Worker:
         tagged = []
         mode = _op_tagger(torch, self.recorder, tagged) if tag_ops else None
         gc.collect()
+        gc.freeze()  # what is alive now out of later collections' walks, as torch and op_db are
         self.recorder.start()
         try:
             if mode is not None:
