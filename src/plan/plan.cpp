@@ -384,7 +384,7 @@ class Planner {
   // also says, in words, what the plan holds and moves. 0 for a plan that does not offload.
   void count_host_transfer(Plan& plan) {
     const auto mode = plan.workload.training.activation_offload;
-    if (mode == ActivationOffload::kNone) return;
+    if (mode == ActivationOffload::kNone || plan.required_bytes >= kCannotRun) return;
     std::int64_t copies = plan.host_bytes;
     if (mode == ActivationOffload::kCpuPinned && options_.target == EstimateTarget::kCuda) {
       auto w = plan.workload;
