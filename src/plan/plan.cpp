@@ -472,7 +472,8 @@ class Planner {
   }
 
   // Cheapest first; a plan that another beats or equals on every cost (bytes moved to the host and back, recomputed
-  // FLOPs, accumulation steps, communication, levers, changing the training) is left out. Plans that change the
+  // FLOPs, accumulation steps, communication, levers, changing the training), each per optimizer step, is left out:
+  // recompute_flops is per micro-batch, so 2 micro-batches of 4 recompute per step what one batch of 8 does. Plans that change the
   // training in different ways (bf16, a frozen backbone, SGD) do not compare: each is listed. Bytes moved to the host
   // come first: save_on_cpu copies each saved tensor out in forward and back in backward when autograd asks for it,
   // nothing prefetched, so they move on the step's critical path, and over PCIe they take longer than the forward
@@ -488,7 +489,7 @@ class Planner {
     for (auto& p : plans) {
       const bool dominated = std::any_of(out.begin(), out.end(), [&](const Plan& q) {
         return q.changes_training == p.changes_training && (!p.changes_training || q.change == p.change) &&
-               q.recompute_flops <= p.recompute_flops &&
+               q.recompute_flops * q.accumulation_steps <= p.recompute_flops * p.accumulation_steps &&
                q.accumulation_steps <= p.accumulation_steps && q.host_transfer_bytes <= p.host_transfer_bytes &&
                q.communication_bytes.value_or(0) <= p.communication_bytes.value_or(0) &&
                q.levers.size() <= p.levers.size();
