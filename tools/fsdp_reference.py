@@ -13,7 +13,8 @@ fully_shard (each rank's padded dim-0 shards, the full parameters freed). Prints
 size, with the rank's padded shard bytes. A fixture without reshard_after_forward leaves fully_shard's default (None:
 the blocks reshard after forward, the root keeps its parameters gathered from forward to backward); with true, false or
 an integer (the size of the group of ranks to reshard to: FSDP2 builds the post-forward DeviceMesh) every unit gets it,
-the root too.
+the root too. training.distributed.offload_policy (or --offload-policy) cpu gives every unit
+offload_policy=CPUOffloadPolicy(pin_memory=False) (cpu_pinned: pin_memory=True, which needs CUDA); none or unset, none.
 
 Gloo on the CPU has every collective FSDP2 uses, with temporaries of its own: all_gather_into_tensor allocates a
 flat output of the unit's size on Gloo's worker thread, reduce_scatter_tensor clones the whole input and all-reduces
@@ -80,7 +81,7 @@ def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, fsd
     torch.backends.mkldnn.enabled = False
     timm_reference.import_timm()
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
     from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
 
@@ -106,11 +107,14 @@ def rank_main(rank: int, world: int, store_path: str, a: argparse.Namespace, fsd
     dtypes = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     mp_policy = MixedPrecisionPolicy(param_dtype=None if fsdp["param_dtype"] == "fp32" else dtypes[fsdp["param_dtype"]],
                                      reduce_dtype=dtypes[fsdp["reduce_dtype"]])
+    offload = fsdp.get("offload_policy", "none")
+    offload_policy = OffloadPolicy() if offload == "none" else CPUOffloadPolicy(pin_memory=offload == "cpu_pinned")
 
     def wrap(model):
         blocks = list(model.h if a.arch == "gpt" else model.blocks) if fsdp["units"] == "blocks" else []
         for unit in blocks + [model]:
-            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy,
+                        offload_policy=offload_policy)
             unit.set_custom_all_gather(FencedAllGather())
             unit.set_custom_reduce_scatter(FencedReduceScatter())
         if prefetch > 1 and blocks:
@@ -205,6 +209,9 @@ def main(argv=None) -> int:
                    help="MixedPrecisionPolicy.param_dtype (default: the fixture's training.precision; fp32: none)")
     p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
                    help="MixedPrecisionPolicy.reduce_dtype (default: the fixture's reduce_dtype, else None)")
+    p.add_argument("--offload-policy", choices=("none", "cpu", "cpu_pinned"),
+                   help="FSDP2's offload_policy: CPUOffloadPolicy(pin_memory=False | True) (default: the fixture's "
+                   "offload_policy, else none)")
     a = p.parse_args(argv)
 
     def options_for(config: str, d: dict) -> dict:
@@ -217,7 +224,11 @@ def main(argv=None) -> int:
                 "backward_prefetch": a.backward_prefetch if a.backward_prefetch is not None
                 else int(d.get("backward_prefetch", 1)),
                 "param_dtype": a.precision or timm_reference.training_block(config).get("precision", "fp32"),
-                "reduce_dtype": a.reduce_dtype or d.get("reduce_dtype")}
+                "reduce_dtype": a.reduce_dtype or d.get("reduce_dtype"),
+                "offload_policy": a.offload_policy or d.get("offload_policy", "none")}
+        if fsdp["offload_policy"] not in ("none", "cpu", "cpu_pinned"):
+            p.error(f"{config}: training.distributed.offload_policy: {fsdp['offload_policy']!r}, expected none, cpu "
+                    "or cpu_pinned")
         if fsdp["param_dtype"] == "fp16":
             p.error("fp16 trains with a gradient scaler, which this reference does not mirror: use bf16")
         if fsdp["backward_prefetch"] < 1:

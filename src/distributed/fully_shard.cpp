@@ -215,6 +215,20 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision prec
                                                     : units_.back()->params.front().full.device();
   gloo_ = device.is_cpu() || (device.is_meta() && estimate_context().target == EstimateTarget::kCpu);
   side_streams_ = device.is_meta() && estimate_context().target == EstimateTarget::kCuda;
+  // CPUOffloadPolicy: on CPU ranks (and an estimate for the CPU) the shards are the host's already, FSDP2's
+  // `.to(cpu)` and `.to(device)` copies return the tensors themselves, and pin_memory() needs CUDA.
+  if (spec.offload_policy != FsdpOffload::kNone) {
+    const auto word = name_of(kFsdpOffloadNames, spec.offload_policy);
+    if (!gloo_) {
+      throw Error(fmt::format("training.distributed.offload_policy: {} is measured on CPU ranks and estimated for the "
+                              "CPU only, for now (its host copies on GPUs are not modelled yet): expected none, or "
+                              "--device cpu / --for cpu", word));
+    }
+    if (spec.offload_policy == FsdpOffload::kCpuPinned) {
+      throw Error("training.distributed.offload_policy: cpu_pinned pins host memory, which needs CUDA (PyTorch's "
+                  "pin_memory() raises without it): expected cpu or none on CPU ranks");
+    }
+  }
   if (device.is_cuda()) {
     // FSDPCommContext.lazy_init: high-priority streams of their own.
     all_gather_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index()).unwrap();
@@ -285,7 +299,11 @@ void FullyShard::unshard(Unit& unit) {
   const auto dtype = unit.params.front().full.scalar_type();
   const OnSideStream copy_in_stream(all_gather_stream_, side_streams_, kAllGatherCopyInStream);
   torch::Tensor copy_in;
-  if (dtype != unit.params.front().padded.scalar_type()) {
+  if (dtype != unit.params.front().padded.scalar_type() && spec_.offload_policy != FsdpOffload::kNone) {
+    // Offloaded shards take FSDPParam.all_gather_inputs instead of the foreach copy: each shard brought to the
+    // device (on the CPU: itself) and cast on its own, every cast living until the all-gather ran.
+    for (auto& input : inputs) input = cast_fp(input, dtype);
+  } else if (dtype != unit.params.front().padded.scalar_type()) {
     copy_in = torch::empty({numel}, unit.params.front().padded.options().dtype(dtype));
     auto splits = copy_in.split_with_sizes(sizes);
     at::_foreach_copy_(splits, inputs);

@@ -602,7 +602,7 @@ DistributedSpec read_distributed(MapReader& r) {
   if (d.strategy == DistributedStrategy::kDdp) {
     if (r.optional("bucket_cap_mb")) d.bucket_cap_mb = r.get_double("bucket_cap_mb", std::nullopt, 1e-6, 1e6);
     d.gradient_as_bucket_view = r.get_bool("gradient_as_bucket_view", false);
-    for (const auto* key : {"units", "reshard_after_forward", "backward_prefetch", "reduce_dtype"}) {
+    for (const auto* key : {"units", "reshard_after_forward", "backward_prefetch", "reduce_dtype", "offload_policy"}) {
       if (r.has(key)) r.fail(key, "no FSDP key with strategy ddp", "a value");
     }
   } else {
@@ -632,6 +632,9 @@ DistributedSpec read_distributed(MapReader& r) {
     if (r.optional("reduce_dtype")) {
       d.reduce_dtype = r.get_enum("reduce_dtype", std::optional<Precision>(), kPrecisionNames);
     }
+    // FSDP2's offload_policy: none (added later: fixtures without it keep their hash), cpu or cpu_pinned.
+    d.offload_policy = r.get_enum("offload_policy", std::optional(FsdpOffload::kNone), kFsdpOffloadNames);
+    if (d.offload_policy == FsdpOffload::kNone) r.leave_out_of_hash("offload_policy");
   }
   r.finish();
   return d;

@@ -40,6 +40,7 @@ constexpr int enum_count(OptimizerImpl) { return 4; }
 constexpr int enum_count(CpuKernels) { return 2; }
 constexpr int enum_count(ActivationOffload) { return 3; }
 constexpr int enum_count(DistributedStrategy) { return 3; }
+constexpr int enum_count(FsdpOffload) { return 3; }
 constexpr int enum_count(EstimateTarget) { return 2; }
 constexpr int enum_count(c10::ScalarType) { return static_cast<int>(c10::ScalarType::NumOptions); }
 
@@ -61,11 +62,11 @@ MEMGATE_REQUEST_FIELDS(PythonCallable, 128);
 MEMGATE_REQUEST_FIELDS(PythonOptions, 904);
 MEMGATE_REQUEST_FIELDS(RegisteredOptions, 48);
 MEMGATE_REQUEST_FIELDS(TrainableSpec, 40);
-MEMGATE_REQUEST_FIELDS(DistributedSpec, 104);
-MEMGATE_REQUEST_FIELDS(TrainingSpec, 304);
-MEMGATE_REQUEST_FIELDS(Workload, 1288);
+MEMGATE_REQUEST_FIELDS(DistributedSpec, 112);
+MEMGATE_REQUEST_FIELDS(TrainingSpec, 312);
+MEMGATE_REQUEST_FIELDS(Workload, 1296);
 MEMGATE_REQUEST_FIELDS(EstimateContext, 48);
-MEMGATE_REQUEST_FIELDS(ProbeRequest, 1696);
+MEMGATE_REQUEST_FIELDS(ProbeRequest, 1704);
 #undef MEMGATE_REQUEST_FIELDS
 #endif
 
@@ -138,6 +139,7 @@ MEMGATE_FIELDS_OF(DistributedSpec) {
   v("gradient_as_bucket_view", o.gradient_as_bucket_view), v("units", o.units);
   v("reshard_after_forward", o.reshard_after_forward), v("reshard_after_forward_group", o.reshard_after_forward_group);
   v("backward_prefetch", o.backward_prefetch), v("reduce_dtype", o.reduce_dtype);
+  v("offload_policy", o.offload_policy);
 }
 MEMGATE_FIELDS_OF(TrainingSpec) {
   v("optimizer", o.optimizer), v("optimizer_impl", o.optimizer_impl), v("lr", o.lr), v("weight_decay", o.weight_decay);

@@ -394,6 +394,19 @@ std::vector<BadInput> catalogue() {
                ddp_profile, 3, {"of 2 exited with status 3: memgate rank: this program",
                                 "this program is memgate " MEMGATE_VERSION, "\"0.0.0\"", "must run the same memgate"},
                "MEMGATE_RANK_EXECUTABLE={dir}/rank.sh"});
+  // FSDP2's offload_policy: its words, FSDP's alone, and pinned host memory, which CPU ranks cannot have (PyTorch's
+  // pin_memory() raises without CUDA): said by the rank, naming the fixture, the rank and the key.
+  fixture("fsdp_offload_policy_unknown_word",
+          training_with("  distributed: {strategy: fsdp, world_size: 2, offload_policy: gpu}\n"),
+          {"f.yaml:", "training.distributed.offload_policy: expected one of none, cpu, cpu_pinned, got 'gpu'"});
+  fixture("fsdp_offload_policy_under_ddp",
+          training_with("  distributed: {strategy: ddp, world_size: 2, offload_policy: cpu}\n"),
+          {"f.yaml:", "training.distributed.offload_policy", "no FSDP key with strategy ddp"});
+  c.push_back({"fsdp_offload_policy_pinned_on_cpu_ranks",
+               {{"f.yaml", training_with("  distributed: {strategy: fsdp, world_size: 2, offload_policy: cpu_pinned}\n")}},
+               "profile --config {dir}/f.yaml --batch-sizes 1 --device cpu", 3,
+               {"f.yaml at batch 1: rank", "training.distributed.offload_policy: cpu_pinned pins host memory, which "
+                "needs CUDA", "expected cpu or none on CPU ranks"}});
   c.push_back({"fsdp_on_torchscript",
                {{"ts.yaml", "model:\n  arch: torchscript\n  path: " + testing::source_dir() +
                                 "/fixtures/models/torchscript/vit_tiny_timm.pt\n  inputs:\n    - {shape: [B, 3, 40, 40], "

@@ -136,6 +136,27 @@ TEST(FixtureTest, DistributedTrainingReadsPyTorchsDefaultsAndNamesBadKeys) {
               HasSubstr("no FSDP key with strategy ddp"));
 }
 
+// FSDP2's offload_policy: none unless given; `none` written hashes as a fixture without it (added later: no
+// baseline moves), cpu and cpu_pinned are other workloads; a DDP fixture or another word is refused, naming the key.
+TEST(FixtureTest, OffloadPolicyIsFsdpsOwnAndNoneKeepsTheHash) {
+  const auto fsdp = [](const std::string& extra) {
+    return testing::fixture_from(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2" + extra + "}\n"));
+  };
+  const auto plain = fsdp("");
+  EXPECT_EQ(plain.training.distributed.offload_policy, FsdpOffload::kNone);
+  EXPECT_EQ(fsdp(", offload_policy: none").hash, plain.hash);
+  const auto cpu = fsdp(", offload_policy: cpu");
+  EXPECT_EQ(cpu.training.distributed.offload_policy, FsdpOffload::kCpu);
+  EXPECT_NE(cpu.hash, plain.hash);
+  const auto pinned = fsdp(", offload_policy: cpu_pinned");
+  EXPECT_EQ(pinned.training.distributed.offload_policy, FsdpOffload::kCpuPinned);
+  EXPECT_NE(pinned.hash, cpu.hash);
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: fsdp, world_size: 2, offload_policy: gpu}\n")),
+              AllOf(HasSubstr("training.distributed.offload_policy"), HasSubstr("cpu_pinned"), HasSubstr("gpu")));
+  EXPECT_THAT(load_error(tiny_vit_yaml("  distributed: {strategy: ddp, world_size: 2, offload_policy: cpu}\n")),
+              AllOf(HasSubstr("training.distributed.offload_policy"), HasSubstr("no FSDP key with strategy ddp")));
+}
+
 TEST(FixtureTest, NullOptionalKeyIsNotSetAndMisspelledOnePointsToIt) {
   const auto a = testing::fixture_from(tiny_vit_yaml());
   // A null is "not set", as if the key were absent: the same training and the same hash.

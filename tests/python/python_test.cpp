@@ -225,6 +225,57 @@ TEST(FsdpReferenceTest, TiedGptWithAnOddVocabularyAndUntiedGptMeasureAsPyTorchWi
   }
 }
 
+// issue72_gpt_yaml's tied GPT over 2 ranks with FSDP2's offload_policy `offload` (training.distributed), in bf16
+// (FSDP2's param_dtype) or not.
+std::string gpt_offload_yaml(const std::string& offload, bool bf16) {
+  auto yaml = issue72_gpt_yaml(true, 2);
+  const auto insert_after = [&yaml](const std::string& line, const std::string& next) {
+    yaml.insert(yaml.find(line) + line.size(), next);
+  };
+  insert_after("    units: blocks\n", "    offload_policy: " + offload + "\n");
+  if (bf16) insert_after("  trainable: all\n", "  precision: bf16\n");
+  return yaml;
+}
+
+// FSDP2's CPUOffloadPolicy(pin_memory=False) on Gloo CPU ranks (tools/fsdp_reference.py, the fixture's
+// offload_policy: cpu): the shards, their gradients and AdamW's state are CPU tensors already, so FSDP2's `.to(cpu)`
+// and `.to(device)` return them and nothing is copied; under a param_dtype the offloaded shards skip the foreach
+// copy-in and are cast one by one (FSDPParam.all_gather_inputs), as memgate's do. In fp32 and bf16, every component of
+// every rank equals PyTorch's, and equals memgate's own run of the fixture without offload.
+TEST(FsdpReferenceTest, CpuOffloadOnCpuRanksMeasuresAsFsdp2DoesAndAsWithoutIt) {
+  testing::TempDir dir;
+  const auto fp32 = dir / "gpt_offload.yaml";
+  const auto bf16 = dir / "gpt_offload_bf16.yaml";
+  write_file_atomically(fp32, gpt_offload_yaml("cpu", false));
+  write_file_atomically(bf16, gpt_offload_yaml("cpu", true));
+  const auto runs = reference_runs("fsdp_reference.py", fmt::format("--config {} --config {} --batch-sizes 1", fp32,
+                                                                    bf16));
+  ASSERT_EQ(runs.size(), 2U);
+  for (const bool is_bf16 : {false, true}) {
+    const auto& run = runs[is_bf16 ? 1 : 0];
+    ASSERT_EQ(run.at("fsdp").at("offload_policy").get<std::string>(), "cpu");
+    const auto measured = run_probe(load_fixture(is_bf16 ? bf16 : fp32), 1, kCpu);
+    ASSERT_FALSE(measured.oom) << measured.error;
+    ASSERT_EQ(measured.ranks.size(), 2U);
+    const auto plain_path = dir / "gpt_plain.yaml";
+    write_file_atomically(plain_path, gpt_offload_yaml("none", is_bf16));
+    const auto plain = run_probe(load_fixture(plain_path), 1, kCpu);
+    ASSERT_FALSE(plain.oom) << plain.error;
+    ASSERT_EQ(plain.ranks.size(), 2U);
+    for (std::size_t r = 0; r < 2; ++r) {
+      const auto at = fmt::format("{}, rank {}", is_bf16 ? "bf16" : "fp32", r);
+      const auto* e = reference_probe(run, r, 1);
+      ASSERT_NE(e, nullptr) << at;
+      const auto& m = measured.ranks.at(r).components;
+      for (const auto* c : {"params", "gradients", "optimizer_state", "activations", "forward_peak", "eval_peak",
+                            "step_peak"}) {
+        EXPECT_EQ(m.get(c), e->at(c).get<std::int64_t>()) << at << ": " << c;
+        EXPECT_EQ(m.get(c), plain.ranks.at(r).components.get(c)) << at << ": " << c << " without offload";
+      }
+    }
+  }
+}
+
 // The zoo's tied GPT of issue72_gpt_yaml (vocabulary 301) under DDP with its gradients as bucket views in buckets of
 // 0.05 MB (several: 142,464 B of them), over `world` ranks.
 std::string gpt_ddp_yaml(int world) {

@@ -21,6 +21,18 @@ enum class DistributedStrategy {
 inline constexpr EnumNames<DistributedStrategy, 3> kDistributedStrategyNames{
     {{DistributedStrategy::kNone, "none"}, {DistributedStrategy::kDdp, "ddp"}, {DistributedStrategy::kFsdp, "fsdp"}}};
 
+/// fsdp: FSDP2's offload_policy. `cpu` and `cpu_pinned` are CPUOffloadPolicy(pin_memory=False | True): the sharded
+/// parameters, their gradients and the optimizer state live in host memory, each unit's shards copied to the device
+/// for its all-gather and its reduced gradients copied back (on CPU ranks those copies are no-ops: the shards are the
+/// CPU's already; pinning needs CUDA, so `cpu_pinned` runs on GPUs only).
+enum class FsdpOffload {
+  kNone,       ///< none: OffloadPolicy(), everything on the rank's device
+  kCpu,        ///< cpu: CPUOffloadPolicy(pin_memory=False)
+  kCpuPinned,  ///< cpu_pinned: CPUOffloadPolicy(pin_memory=True), FSDP2's default for the class
+};
+inline constexpr EnumNames<FsdpOffload, 3> kFsdpOffloadNames{
+    {{FsdpOffload::kNone, "none"}, {FsdpOffload::kCpu, "cpu"}, {FsdpOffload::kCpuPinned, "cpu_pinned"}}};
+
 /// A fixture's `training.distributed` block (DESIGN.md); the defaults are PyTorch's.
 struct DistributedSpec {
   DistributedStrategy strategy = DistributedStrategy::kNone;
@@ -54,6 +66,8 @@ struct DistributedSpec {
   /// fsdp: MixedPrecisionPolicy.reduce_dtype, the dtype gradients are reduce-scattered in. Unset is PyTorch's None:
   /// the gradients' own dtype (the training's precision, which is the policy's param_dtype under FSDP).
   std::optional<Precision> reduce_dtype;
+  /// fsdp: FSDP2's offload_policy (above); none unless the fixture says `offload_policy`.
+  FsdpOffload offload_policy = FsdpOffload::kNone;
   [[nodiscard]] bool enabled() const { return strategy != DistributedStrategy::kNone; }
   /// The Reducer's bucket_bytes_cap: int(bucket_cap_mb * 1024 * 1024), 25 MiB unset.
   [[nodiscard]] std::int64_t bucket_bytes_cap() const {
