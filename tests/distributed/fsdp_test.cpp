@@ -574,7 +574,10 @@ INSTANTIATE_TEST_SUITE_P(
                       EstimateCase{4, "    reshard_after_forward: 2\n", "world4_reshard_to_2_bf16", "  precision: bf16\n"},
                       // Ranks alike (rank_kinds: 1 to 4 own a row of the head, 5 to 7 none) are estimated once.
                       EstimateCase{8, "", "world8", ""},
-                      EstimateCase{8, "    reshard_after_forward: 2\n", "world8_reshard_to_2", ""}),
+                      EstimateCase{8, "    reshard_after_forward: 2\n", "world8_reshard_to_2", ""},
+                      // FSDP2's CPUOffloadPolicy on the CPU: its copies are the tensors themselves.
+                      EstimateCase{2, "    offload_policy: cpu\n", "world2_cpu_offload", ""},
+                      EstimateCase{2, "    offload_policy: cpu\n", "world2_cpu_offload_bf16", "  precision: bf16\n"}),
     [](const ::testing::TestParamInfo<EstimateCase>& p) { return p.param.name; });
 
 }  // namespace
