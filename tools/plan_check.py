@@ -60,9 +60,12 @@ QUICK = [
 
 
 def merge(node: dict, change: dict) -> None:
-    """`change` into `node`, as plan.cpp's merge: an object into a map key by key, anything else replaces."""
+    """`change` into `node`, as plan.cpp's apply_change merges it (a JSON merge patch): an object into a map key by
+    key, a null removes the key, anything else replaces."""
     for k, v in change.items():
-        if isinstance(v, dict) and isinstance(node.get(k), dict):
+        if v is None:
+            node.pop(k, None)
+        elif isinstance(v, dict) and isinstance(node.get(k), dict):
             merge(node[k], v)
         else:
             node[k] = copy.deepcopy(v)
@@ -148,9 +151,13 @@ def main() -> int:
                               flush=True)
                         continue
                     diffs = {}
-                    for c in COMPONENTS:
+                    # Every component either side has (host_activations where the plan offloads, ema where the
+                    # fixture keeps one): one that only one side has is a difference of 100%.
+                    for c in COMPONENTS + sorted((set(est["components"]) | set(meas["components"])) -
+                                                 set(COMPONENTS)):
                         e, m = est["components"].get(c), meas["components"].get(c)
                         if e is None or m is None:
+                            diffs[c] = 100.0
                             continue
                         diffs[c] = 0.0 if e == m else 100.0 * (e - m) / max(abs(m), 1)
                     row = {"fixture": name, "batch": batch, "target": target, "plan": i + 1,
