@@ -9,6 +9,7 @@
 #include "memgate/gate/fixture.h"
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
+#include "checkpoint_reference.h"
 #include "fixture_util.h"
 #include "test_util.h"
 
@@ -34,18 +35,8 @@ const std::vector<std::int64_t> kBatches{1, 4};
 // plain loop with every training forward inside save_on_cpu(pin_memory=True) (selection 0), then pin_memory=False
 // (selection 1). Its "selections", or the reason it failed as a string.
 const nlohmann::json& save_on_cpu_reference() {
-  static const nlohmann::json selections = [] {
-    testing::TempDir dir;
-    std::string out;
-    const int rc = testing::run(
-        fmt::format("({} {}/tools/checkpoint_reference.py --config {}/fixtures/models/py_vit_tiny_lora_timm.yaml "
-                    "--save-on-cpu 1 --save-on-cpu 0 --batch-sizes 1,4 2>{}) > {}",
-                    MEMGATE_TORCH_PYTHON, testing::source_dir(), testing::source_dir(), dir / "err.txt",
-                    dir / "ref.json"),
-        &out);
-    if (rc != 0) return nlohmann::json(out + testing::read_file(dir / "err.txt"));
-    return nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON")).at("selections");
-  }();
+  static const auto selections = testing::checkpoint_reference_selections(
+      "py_vit_tiny_lora_timm", "--save-on-cpu 1 --save-on-cpu 0 --batch-sizes 1,4");
   return selections;
 }
 

@@ -9,6 +9,7 @@
 #include "memgate/gate/fixture.h"
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
+#include "checkpoint_reference.h"
 #include "fixture_util.h"
 #include "twins.h"
 #include "test_util.h"
@@ -435,18 +436,8 @@ TEST(EmaTest, TheZoosEmaAllocatesWhatTimmsModelEmaV3Does) {
 const std::vector<std::int64_t> kCheckpointBatches{1, 4};
 
 const nlohmann::json& checkpoint_reference() {
-  static const nlohmann::json selections = [] {
-    testing::TempDir dir;
-    std::string out;
-    const int rc = testing::run(
-        fmt::format("({} {}/tools/checkpoint_reference.py --config {}/fixtures/models/py_vit_tiny_lora_timm.yaml "
-                    "--blocks blocks.1,blocks.2 --blocks base_model.model.blocks.1 --batch-sizes 1,4 2>{}) > {}",
-                    MEMGATE_TORCH_PYTHON, testing::source_dir(), testing::source_dir(), dir / "err.txt",
-                    dir / "ref.json"),
-        &out);
-    if (rc != 0) return nlohmann::json(out + testing::read_file(dir / "err.txt"));
-    return nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON")).at("selections");
-  }();
+  static const auto selections = testing::checkpoint_reference_selections(
+      "py_vit_tiny_lora_timm", "--blocks blocks.1,blocks.2 --blocks base_model.model.blocks.1 --batch-sizes 1,4");
   return selections;
 }
 
