@@ -50,6 +50,24 @@ struct HostCopy {
 
 void free_host_copy(void* ctx);
 
+namespace {
+
+// The bytes a host copy of `n` bytes holds: CUDA's caching host allocator hands out a pinned block rounded up to a
+// power of two (CachingHostAllocatorImpl::allocate); pageable memory is the request itself.
+std::int64_t host_copy_bytes(std::size_t n, bool pinned) {
+  return static_cast<std::int64_t>(pinned && n > 0 ? c10::llvm::PowerOf2Ceil(n) : n);
+}
+
+// An empty tensor for _to_copy's result (memory_format=preserve) from `allocator`: `t`'s strides where it is
+// non-overlapping and dense, else its suggested memory format.
+at::Tensor empty_to_copy(const at::Tensor& t, c10::Allocator* allocator, c10::DispatchKeySet keys) {
+  return t.is_non_overlapping_and_dense()
+             ? at::detail::empty_strided_generic(t.sizes(), t.strides(), allocator, keys, t.scalar_type())
+             : at::detail::empty_generic(t.sizes(), allocator, keys, t.scalar_type(), t.suggest_memory_format());
+}
+
+}  // namespace
+
 struct ActivationOffloader::State : std::enable_shared_from_this<State> {
   State(ActivationOffload m, std::string s)
       : mode(m), source(std::move(s)), pageable(*this, HostCopyKind::kCpu), pinned(*this, HostCopyKind::kPinned),
@@ -76,9 +94,7 @@ struct ActivationOffloader::State : std::enable_shared_from_this<State> {
       // `tensor.cpu()`: the tensor itself on the CPU; else _to_copy's result (memory_format=preserve): its strides
       // where it is non-overlapping and dense, else its suggested memory format.
       if (t.device().is_cpu()) return t;
-      at::Tensor out = t.is_non_overlapping_and_dense()
-          ? at::detail::empty_strided_generic(t.sizes(), t.strides(), &pageable, cpu, t.scalar_type())
-          : at::detail::empty_generic(t.sizes(), &pageable, cpu, t.scalar_type(), t.suggest_memory_format());
+      at::Tensor out = empty_to_copy(t, &pageable, cpu);
       out.copy_(t);
       return out;
     }
@@ -97,9 +113,7 @@ struct ActivationOffloader::State : std::enable_shared_from_this<State> {
     if (!for_cuda && mode == ActivationOffload::kCpu) return t;
     at::Tensor out;
     if (for_cuda && mode == ActivationOffload::kCpu) {
-      out = t.is_non_overlapping_and_dense()
-          ? at::detail::empty_strided_generic(t.sizes(), t.strides(), &meta_host, meta, t.scalar_type())
-          : at::detail::empty_generic(t.sizes(), &meta_host, meta, t.scalar_type(), t.suggest_memory_format());
+      out = empty_to_copy(t, &meta_host, meta);
     } else {
       out = at::detail::empty_generic(t.sizes(), for_cuda ? &meta_host_pinned : &meta_counted, meta, t.scalar_type(),
                                       std::nullopt);
@@ -133,8 +147,7 @@ struct ActivationOffloader::State : std::enable_shared_from_this<State> {
     if (!packed.defined() || !packed.has_storage() || packed.storage().is_alias_of(saved.storage())) return;
     auto* storage = packed.storage().unsafeGetStorageImpl();
     const auto n = storage->nbytes();
-    const bool pinned_copy = mode == ActivationOffload::kCpuPinned && at::hasCUDA();
-    const auto bytes = static_cast<std::int64_t>(pinned_copy && n > 0 ? c10::llvm::PowerOf2Ceil(n) : n);
+    const auto bytes = host_copy_bytes(n, mode == ActivationOffload::kCpuPinned && at::hasCUDA());
     void* ptr = storage->mutable_data_ptr().get();
     const auto device = storage->data_ptr().device();
     auto* copy = new HostCopy{c10::DataPtr(), shared_from_this(), bytes};
@@ -224,9 +237,7 @@ c10::DataPtr HostCopyAllocator::allocate(std::size_t n) {
     case HostCopyKind::kMetaCounted: data = c10::GetAllocator(c10::DeviceType::Meta)->allocate(n); break;
     default: data = c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)); break;  // host memory: no device count
   }
-  // CUDA's caching host allocator hands out a block rounded up to a power of two (CachingHostAllocatorImpl::allocate).
-  const bool pinned = kind_ == HostCopyKind::kPinned || kind_ == HostCopyKind::kMetaHostPinned;
-  const auto bytes = static_cast<std::int64_t>(pinned && n > 0 ? c10::llvm::PowerOf2Ceil(n) : n);
+  const auto bytes = host_copy_bytes(n, kind_ == HostCopyKind::kPinned || kind_ == HostCopyKind::kMetaHostPinned);
   void* ptr = data.get();
   const auto device = data.device();
   auto* copy = new HostCopy{std::move(data), state_.shared_from_this(), bytes};

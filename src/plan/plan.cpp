@@ -473,8 +473,8 @@ class Planner {
 
   // Cheapest first; a plan that another beats or equals on every cost (bytes moved to the host and back, recomputed
   // FLOPs, accumulation steps, communication, levers, changing the training), each per optimizer step, is left out:
-  // recompute_flops is per micro-batch, so 2 micro-batches of 4 recompute per step what one batch of 8 does. Plans that change the
-  // training in different ways (bf16, a frozen backbone, SGD) do not compare: each is listed. Bytes moved to the host
+  // recompute_flops is per micro-batch, so 2 micro-batches of 4 recompute per step what one batch of 8 does. Plans
+  // that change the training in different ways (bf16, a frozen backbone, SGD) do not compare: each is listed. Bytes moved to the host
   // come first: save_on_cpu copies each saved tensor out in forward and back in backward when autograd asks for it,
   // nothing prefetched, so they move on the step's critical path, and over PCIe they take longer than the forward
   // they would recompute (docs/plan.md): an offload plan comes after every plan that keeps activations on the device.
