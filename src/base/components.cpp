@@ -45,10 +45,11 @@ Components max_over_ranks(const std::vector<RankComponents>& ranks) {
     std::int64_t most = 0;
     for (const auto& r : ranks) most = std::max(most, r.components.*info.member);
     out.*info.member = most;
-  }
-  for (const auto& r : ranks) {
-    out.keeps_ema = out.keeps_ema || r.components.keeps_ema;
-    out.offloads_activations = out.offloads_activations || r.components.offloads_activations;
+    // An optional component (`ema`, `host_activations`) is there where any rank has it.
+    if (info.present != nullptr) {
+      out.*info.present = std::any_of(ranks.begin(), ranks.end(),
+                                      [&](const RankComponents& r) { return r.components.*info.present; });
+    }
   }
   return out;
 }
