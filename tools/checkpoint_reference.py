@@ -12,6 +12,17 @@ same twin measures a zoo fixture's `training.gradient_checkpointing: {blocks: [.
 `--blocks` may be given several times: each selection is measured in turn in the one launch (its JSON's
 "selections", in that order; "probes" is the first's, as before).
 
+`--selective NAMES@POLICY` (again for another) measures, after the --blocks selections, PyTorch's selective activation
+checkpointing of the named blocks, as memgate's `training.gradient_checkpointing: {save: [...]}` (or `{policy: ...}`)
+asks it of a Python fixture and as a user writes it:
+
+  torch.utils.checkpoint.checkpoint(original_forward, *a, use_reentrant=False, preserve_rng_state=False,
+      context_fn=functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts, policy), **k)
+
+POLICY is comma-separated op names as torch.ops spells them (aten.mm: every overload of torch.ops.aten.mm, as its
+overloads() lists them; aten.mm.default: that one), or file.py:callable, a policy function (ctx, op, *args, **kwargs)
+-> CheckpointPolicy. Its selection is {"blocks": [...], "policy": POLICY, "probes": [...]}.
+
 `--save-on-cpu PIN` (0 or 1, again for another) measures, after the --blocks selections (if any), the fixture with
 its training forwards (forward and loss, warm-up and measured step) inside
 torch.autograd.graph.save_on_cpu(pin_memory=PIN), as memgate's `training.activation_offload` (cpu: 0, cpu_pinned: 1)
@@ -57,6 +68,43 @@ def checkpoint_blocks(model: torch.nn.Module, names: list, use_reentrant: bool, 
         def forward(*args, _original=original, **kwargs):
             return torch.utils.checkpoint.checkpoint(_original, *args, use_reentrant=use_reentrant,
                                                      preserve_rng_state=preserve_rng_state, **kwargs)
+
+        block.forward = forward
+
+
+def selective_policy(text: str):
+    """The policy create_selective_checkpoint_contexts takes: the OpOverloads of comma-separated op names, or the
+    callable of file.py:callable."""
+    if ":" in text:
+        import importlib.util
+        path, name = text.rsplit(":", 1)
+        spec = importlib.util.spec_from_file_location("checkpoint_reference_policy", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return getattr(module, name)
+    ops = []
+    for name in (n for n in text.split(",") if n):
+        namespace, op, *overload = name.removeprefix("torch.ops.").split(".")
+        packet = getattr(getattr(torch.ops, namespace), op)
+        ops += [getattr(packet, overload[0])] if overload else [getattr(packet, o) for o in packet.overloads()]
+    return ops
+
+
+def checkpoint_selectively(model: torch.nn.Module, names: list, policy) -> None:
+    """Wraps each named block's forward in PyTorch's selective checkpointing with `policy`."""
+    import functools
+    context_fn = functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts, policy)
+    modules = dict(model.named_modules())
+    for name in names:
+        found = [m for n, m in modules.items() if n == name or n.endswith("." + name)]
+        if len(found) != 1:
+            raise SystemExit(f"--selective: {name!r} matches {len(found)} modules, expected one")
+        block = found[0]
+        original = block.forward
+
+        def forward(*args, _original=original, **kwargs):
+            return torch.utils.checkpoint.checkpoint(_original, *args, use_reentrant=False, preserve_rng_state=False,
+                                                     context_fn=context_fn, **kwargs)
 
         block.forward = forward
 
@@ -157,13 +205,16 @@ def main(argv=None) -> int:
                    help="comma-separated block names, e.g. blocks.1,blocks.2; again for another selection")
     p.add_argument("--save-on-cpu", type=int, choices=(0, 1), action="append", default=[], metavar="PIN",
                    help="a selection with the training forwards inside save_on_cpu(pin_memory=PIN); again for another")
+    p.add_argument("--selective", action="append", default=[], metavar="NAMES@POLICY",
+                   help="blocks (comma-separated) in selective checkpointing with POLICY (op names, comma-separated, "
+                        "or file.py:callable); again for another")
     p.add_argument("--batch-sizes", default="2")
     p.add_argument("--use-reentrant", type=int, default=1, help="1: the reentrant variant (memgate's); 0: the other")
     p.add_argument("--preserve-rng-state", type=int, default=0,
                    help="1: stash the CPU generator's state per block (5,056 bytes each on the CPU), as the default")
     a = p.parse_args(argv)
-    if not a.blocks and not a.save_on_cpu:
-        p.error("expected --blocks or --save-on-cpu")
+    if not a.blocks and not a.save_on_cpu and not a.selective:
+        p.error("expected --blocks, --selective or --save-on-cpu")
     torch.set_num_threads(1)
     torch.backends.mkldnn.enabled = False
     torch._C._set_nnpack_enabled(False)
@@ -188,6 +239,23 @@ def main(argv=None) -> int:
             gc.collect()
             probes.append(step_reference.run_probe(fx, bs))
         measured.append({"blocks": names, "probes": probes})
+    for selective in a.selective:
+        names, _, text = selective.partition("@")
+        policy = selective_policy(text)
+
+        def build_selective(_names=[n for n in names.split(",") if n], **kwargs):
+            model = build(**kwargs)
+            checkpoint_selectively(model, _names, policy)
+            return model
+
+        fx.build_fn = build_selective
+        probes = []
+        for bs in (int(s) for s in a.batch_sizes.split(",")):
+            with contextlib.redirect_stdout(sys.stderr):
+                step_reference.run_probe(fx, bs)  # unmeasured: what a first call imports or caches lazily
+            gc.collect()
+            probes.append(step_reference.run_probe(fx, bs))
+        measured.append({"blocks": names.split(","), "policy": text, "probes": probes})
     fx.build_fn = build
     for pin in a.save_on_cpu:
         probes = []

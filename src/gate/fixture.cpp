@@ -681,6 +681,56 @@ bool read_own_optimizer(MapReader& r, ModelSpec& model) {
   return true;
 }
 
+// `training.gradient_checkpointing: {save: [ops]}` or `{policy: file.py:callable}` (besides an optional `blocks`):
+// PyTorch's selective activation checkpointing (torch.utils.checkpoint.checkpoint(use_reentrant=False, context_fn=
+// create_selective_checkpoint_contexts(...))), which runs in Python: an arch: python fixture's only. The op names are
+// checked against torch.ops where the model is built (PythonModel); here, their form and where they can apply.
+void read_selective_checkpointing(MapReader& ckpt, const TrainingSpec& t, ModelSpec& model) {
+  auto* py = std::get_if<PythonOptions>(&model.options);
+  const char* key = ckpt.has("save") ? "save" : "policy";
+  if (py == nullptr) {
+    ckpt.fail(key, "no selective checkpointing policy for a model that is not arch: python (PyTorch's selective "
+                   "checkpointing runs in Python: give the model as an arch: python fixture, as the zoo's Python "
+                   "twins under fixtures/models/py_*.yaml are; `blocks` alone recomputes whole blocks)",
+              ckpt.has("save") ? "a save list" : "a policy");
+  }
+  if (ckpt.has("save") && ckpt.has("policy")) {
+    ckpt.fail("policy", "either save (the ops whose outputs are kept) or policy (a callable), not both", "both");
+  }
+  if (ckpt.has("save")) {
+    py->checkpoint_save = ckpt.get_string_list("save", std::nullopt);
+    if (py->checkpoint_save.empty()) {
+      ckpt.fail("save", "at least one op name such as aten.mm (an empty list saves nothing: {blocks: [...]} or true "
+                        "recomputes whole blocks)", "an empty list");
+    }
+    for (const auto& name : py->checkpoint_save) {
+      // <namespace>.<op>[.<overload>], as torch.ops spells it (aten.mm, aten.mm.default), "torch.ops." optional.
+      const auto bare = name.starts_with("torch.ops.") ? name.substr(10) : name;
+      const auto parts = std::count(bare.begin(), bare.end(), '.');
+      const bool words = !bare.empty() && bare.front() != '.' && bare.back() != '.' &&
+                         bare.find("..") == std::string::npos &&
+                         std::all_of(bare.begin(), bare.end(), [](char ch) {
+                           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.';
+                         });
+      if (!words || parts < 1 || parts > 2) {
+        ckpt.fail("save", "op names as torch.ops spells them, <namespace>.<op> or <namespace>.<op>.<overload>, such "
+                          "as aten.mm or aten.mm.default", "'" + name + "'");
+      }
+    }
+  } else {
+    py->checkpoint_policy = read_callable(ckpt, "policy");
+  }
+  ckpt.finish();
+  const auto refuse = [&](const std::string& other, const std::string& why, const std::string& got) {
+    ckpt.fail(key, "no selective checkpointing " + why + " (not measured against PyTorch's run; remove " + other +
+                       " or the policy)", got);
+  };
+  if (t.distributed.enabled()) refuse("training.distributed", "under training.distributed", "a policy with ranks");
+  if (t.activation_offload != ActivationOffload::kNone) {
+    refuse("training.activation_offload", "with activation_offload", "a policy with save_on_cpu");
+  }
+}
+
 TrainingSpec read_training(MapReader& r, ModelSpec& model) {
   TrainingSpec t;
   t.own_optimizer = read_own_optimizer(r, model);
@@ -717,12 +767,18 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
   if (t.activation_offload == ActivationOffload::kNone) r.leave_out_of_hash("activation_offload");
   t.trainable = parse_trainable(r);
   t.precision = r.get_enum("precision", std::optional(Precision::kFp32), kPrecisionNames);
+  std::optional<MapReader> selective;  // gradient_checkpointing's map where it gives `save` or `policy`
   if (r.has("gradient_checkpointing") && r.node()["gradient_checkpointing"].IsMap()) {
     // {blocks: [...]}: only those blocks, named as the model names them ("blocks.3"); the model checks the names.
+    // {save: [...]} or {policy: ...} (with or without blocks): PyTorch's selective checkpointing of those blocks
+    // (every block without `blocks`), a Python fixture's only; read below, where the model is known.
     auto ckpt = r.child("gradient_checkpointing");
-    t.checkpoint_blocks = ckpt.get_string_list("blocks", std::nullopt);
-    if (t.checkpoint_blocks.empty()) {
-      ckpt.fail("blocks", "at least one block name such as \"blocks.3\" (false checkpoints none)", "an empty list");
+    const bool policy_given = ckpt.has("save") || ckpt.has("policy");
+    if (ckpt.has("blocks") || !policy_given) {
+      t.checkpoint_blocks = ckpt.get_string_list("blocks", std::nullopt);
+      if (t.checkpoint_blocks.empty()) {
+        ckpt.fail("blocks", "at least one block name such as \"blocks.3\" (false checkpoints none)", "an empty list");
+      }
     }
     for (const auto& name : t.checkpoint_blocks) {
       if (name.empty() || name.back() == '.') {
@@ -730,7 +786,8 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
                   "'" + name + "'");
       }
     }
-    ckpt.finish();
+    if (policy_given) selective.emplace(std::move(ckpt));
+    else ckpt.finish();
     t.gradient_checkpointing = true;
   } else {
     t.gradient_checkpointing = r.get_bool("gradient_checkpointing", false);
@@ -770,6 +827,7 @@ TrainingSpec read_training(MapReader& r, ModelSpec& model) {
     r.fail("max_grad_norm", "no clipping under FSDP (each rank holds a shard of the gradients: their norm is a "
                             "collective's)", std::to_string(t.max_grad_norm));
   }
+  if (selective) read_selective_checkpointing(*selective, t, model);
   if (const auto* py = std::get_if<PythonOptions>(&model.options)) {
     using Kind = TrainableSpec::Kind;
     if (t.distributed.strategy == DistributedStrategy::kFsdp) {

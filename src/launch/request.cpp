@@ -59,14 +59,14 @@ MEMGATE_REQUEST_FIELDS(MultimodalOptions, 264);
 MEMGATE_REQUEST_FIELDS(TorchScriptInput, 96);
 MEMGATE_REQUEST_FIELDS(TorchScriptOptions, 72);
 MEMGATE_REQUEST_FIELDS(PythonCallable, 128);
-MEMGATE_REQUEST_FIELDS(PythonOptions, 904);
+MEMGATE_REQUEST_FIELDS(PythonOptions, 1056);
 MEMGATE_REQUEST_FIELDS(RegisteredOptions, 48);
 MEMGATE_REQUEST_FIELDS(TrainableSpec, 40);
 MEMGATE_REQUEST_FIELDS(DistributedSpec, 112);
 MEMGATE_REQUEST_FIELDS(TrainingSpec, 312);
-MEMGATE_REQUEST_FIELDS(Workload, 1296);
+MEMGATE_REQUEST_FIELDS(Workload, 1448);
 MEMGATE_REQUEST_FIELDS(EstimateContext, 48);
-MEMGATE_REQUEST_FIELDS(ProbeRequest, 1704);
+MEMGATE_REQUEST_FIELDS(ProbeRequest, 1856);
 #undef MEMGATE_REQUEST_FIELDS
 #endif
 
@@ -123,7 +123,7 @@ MEMGATE_FIELDS_OF(PythonOptions) {
   v("loss_callable", o.loss_callable), v("batch", o.batch), v("compute_loss", o.compute_loss), v("target", o.target);
   v("optimizer_class", o.optimizer_class), v("optimizer_kwargs", o.optimizer_kwargs), v("optimizer", o.optimizer);
   v("blocks", o.blocks), v("python", o.python), v("python_written", o.python_written), v("python_key", o.python_key);
-  v("compile", o.compile);
+  v("compile", o.compile), v("checkpoint_save", o.checkpoint_save), v("checkpoint_policy", o.checkpoint_policy);
 }
 MEMGATE_FIELDS_OF(RegisteredOptions) {
   v("name", o.name), v("options", o.options);

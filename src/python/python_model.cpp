@@ -200,6 +200,63 @@ py::object import_callable(const PythonCallable& c, const std::string& key) {
   return import_callable(c.file, c.module, c.callable, key, c.text);
 }
 
+// `training.gradient_checkpointing: {save: [...]}` or `{policy: ...}`: the context_fn that torch.utils.checkpoint
+// takes for PyTorch's selective checkpointing, functools.partial(create_selective_checkpoint_contexts, policy), where
+// the policy is the OpOverloads the names give (`aten.mm`: every overload of torch.ops.aten.mm, as
+// torch.ops.aten.mm.overloads() lists them; `aten.mm.default`: that one) or the fixture's callable.
+py::object selective_context(const PythonOptions& spec) {
+  const std::string key = "training.gradient_checkpointing.save";
+  const auto torch_module = py::module_::import("torch");
+  const auto checkpoint_module = py::module_::import("torch.utils.checkpoint");
+  py::object policy;
+  if (!spec.checkpoint_policy.empty()) {
+    policy = import_callable(spec.checkpoint_policy, "training.gradient_checkpointing.policy");
+  } else {
+    py::list ops;
+    const auto packet_type = py::module_::import("torch._ops").attr("OpOverloadPacket");
+    const auto overload_type = py::module_::import("torch._ops").attr("OpOverload");
+    for (const auto& name : spec.checkpoint_save) {
+      const auto bare = name.starts_with("torch.ops.") ? name.substr(10) : name;
+      std::vector<std::string> parts;
+      for (std::size_t start = 0;;) {
+        const auto dot = bare.find('.', start);
+        parts.push_back(bare.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+        if (dot == std::string::npos) break;
+        start = dot + 1;
+      }
+      // torch.ops makes a namespace of any name; its ops are looked up (and loaded) on first access.
+      py::object packet;
+      try {
+        packet = torch_module.attr("ops").attr(parts[0].c_str()).attr(parts[1].c_str());
+      } catch (py::error_already_set&) {
+      }
+      if (!packet || !py::isinstance(packet, packet_type)) {
+        throw Error(fmt::format("{}: '{}' is not an op of torch.ops.{} (expected an op whose outputs are saved, as "
+                                "torch.ops spells it, such as aten.mm, aten.addmm or aten.mm.default)",
+                                key, name, parts[0]));
+      }
+      if (parts.size() == 3) {
+        py::object overload;
+        try {
+          overload = packet.attr(parts[2].c_str());
+        } catch (py::error_already_set&) {
+        }
+        if (!overload || !py::isinstance(overload, overload_type)) {
+          throw Error(fmt::format("{}: '{}': torch.ops.{}.{} has no overload '{}' (its overloads: {})", key, name,
+                                  parts[0], parts[1], parts[2],
+                                  py::str(py::str(", ").attr("join")(packet.attr("overloads")())).cast<std::string>()));
+        }
+        ops.append(overload);
+      } else {
+        for (const auto o : packet.attr("overloads")()) ops.append(packet.attr(o.cast<std::string>().c_str()));
+      }
+    }
+    policy = ops;
+  }
+  return py::module_::import("functools")
+      .attr("partial")(checkpoint_module.attr("create_selective_checkpoint_contexts"), policy);
+}
+
 // The message of a step memgate does not measure: not one forward-loss-backward-step per micro-batch.
 std::string not_one_step(const std::string& key, const std::string& what) {
   return fmt::format("{}: {}: memgate measures a step of one loss, one backward and one optimizer step per micro-batch "
@@ -249,8 +306,11 @@ bool g_reuse_builds = false;
 
 // What a kept build is kept for: the same callable with the same arguments, device and seed.
 std::string build_key(const PythonOptions& spec, torch::Device device, std::uint64_t seed) {
-  return fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}", spec.entry, spec.entry_file, spec.args.dump(), spec.loss,
-                     spec.batch.text, spec.compute_loss.text, spec.optimizer_class, spec.blocks, device.str(), seed);
+  std::string save;
+  for (const auto& op : spec.checkpoint_save) save += op + ",";
+  return fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}", spec.entry, spec.entry_file, spec.args.dump(),
+                     spec.loss, spec.batch.text, spec.compute_loss.text, spec.optimizer_class, spec.blocks, device.str(),
+                     seed, save, spec.checkpoint_policy.text);
 }
 
 }  // namespace
@@ -266,6 +326,7 @@ struct PythonModel::Parked {
     py::gil_scoped_acquire gil;
     auto& b = built;
     b.module = b.forward = b.loss = b.batch_fn = b.compute_loss_fn = b.optimizer_fn = b.flags = b.hooks = py::object();
+    b.checkpoint_context = py::object();
     b.blocks.clear();
     b.root.reset();
   }
@@ -414,6 +475,7 @@ void PythonModel::build() {
     built_.root = std::make_shared<RootMirror>(module, seen);
     built_.module = module;
     find_blocks();
+    if (spec.selective_checkpointing()) built_.checkpoint_context = selective_context(spec);
     // A compiled module's blocks stay as they are: memgate's wrapper, a C++ function, would break the graph at each.
     if (!spec.compile) wrap_blocks();
     built_.forward = spec.compile ? torch_module.attr("compile")(built_.module) : built_.module;
@@ -446,6 +508,7 @@ PythonModel::~PythonModel() {
   built_.compute_loss_fn = py::object();
   built_.optimizer_fn = py::object();
   built_.blocks.clear();
+  built_.checkpoint_context = py::object();
   built_.module = py::object();
   // What the model held in reference cycles goes now, with the probe, not inside the next probe's measurement: the
   // fixture's own modules too (imported anew by each build as memgate_fixture_<stem>, whose globals would otherwise
@@ -501,9 +564,28 @@ void PythonModel::wrap_blocks() {
     torch::nn::Module* mirror = b.mirror;
     const std::shared_ptr<const Model*> model = built_.selection_of;
     const std::string prefix = b.name + ".";
-    b.module.attr("forward") = py::cpp_function([original, mirror, model, prefix](py::args args, py::kwargs kwargs) {
+    const py::object context = built_.checkpoint_context;
+    b.module.attr("forward") = py::cpp_function([original, mirror, model, prefix, context](py::args args,
+                                                                                           py::kwargs kwargs) {
       if (args.empty() || !THPVariable_Check(args[0].ptr())) {
         throw Error("a block's forward takes its input tensor as its first positional argument");
+      }
+      if (context && (*model)->checkpoint_selection().covers(prefix)) {
+        // PyTorch's selective checkpointing, as a user's loop calls it (the state of the CPU generator not kept, as
+        // memgate's own checkpoint keeps none): its outputs, whatever they are, returned as they are.
+        if (block_hook() != nullptr) {
+          throw Error("training.gradient_checkpointing: a selective policy runs no block through FSDP's units");
+        }
+        note_progress();
+        const py::cpp_function run([original](py::args a, py::kwargs k) {
+          note_progress();  // the block's forward, and its recomputation in backward
+          return original(*a, **k);
+        });
+        py::dict options(kwargs);
+        options["use_reentrant"] = false;
+        options["preserve_rng_state"] = false;
+        options["context_fn"] = context;
+        return py::module_::import("torch.utils.checkpoint").attr("checkpoint")(run, *args, **options);
       }
       const auto x = args[0].cast<at::Tensor>();
       auto call = std::make_shared<BlockCall>(original, args[py::slice(1, static_cast<py::ssize_t>(args.size()), 1)],

@@ -81,6 +81,9 @@ class PythonModel final : public Model {
     pybind11::object compute_loss_fn;  ///< model.compute_loss, or None
     pybind11::object optimizer_fn;     ///< training.optimizer's class or callable, or None
     std::vector<Block> blocks;
+    /// functools.partial(create_selective_checkpoint_contexts, policy) under a selective policy
+    /// (PythonOptions::checkpoint_save, checkpoint_policy), else None: the context_fn of each checkpointed block.
+    pybind11::object checkpoint_context;
     /// The model whose checkpoint_selection() its wrapped blocks read, each when it runs (a kept build's blocks then
     /// read the next probe's model, whose selection may differ).
     std::shared_ptr<const Model*> selection_of;

@@ -95,6 +95,36 @@ std::vector<BadInput> catalogue() {
   fixture("checkpoint_empty_block_list",
           fixture_with("  optimizer: adamw\n", "  optimizer: adamw\n  gradient_checkpointing: {blocks: []}\n"),
           {"f.yaml:", "training.gradient_checkpointing.blocks", "at least one block name"});
+  // A selective checkpointing policy (`save`, `policy`): PyTorch's, which runs in Python; its form, and what it is
+  // not measured with.
+  fixture("checkpoint_save_on_a_zoo_model",
+          fixture_with("  optimizer: adamw\n", "  optimizer: adamw\n  gradient_checkpointing: {save: [aten.mm]}\n"),
+          {"f.yaml:", "training.gradient_checkpointing.save: expected no selective checkpointing policy for a model "
+                      "that is not arch: python", "arch: python fixture"});
+  const auto python_saving = [](const std::string& checkpointing, const std::string& more = "") {
+    return std::map<std::string, std::string>{
+        {"m.py", "def build():\n    pass\n"},
+        {"f.yaml", "model:\n  arch: python\n  entry: m.py:build\n  inputs:\n    - {shape: [B, 4]}\n  task: sum\n"
+                   "  blocks: \"*\"\ntraining:\n  gradient_checkpointing: " + checkpointing + "\n" + more +
+                   "batch_sizes: [1]\n"}};
+  };
+  c.push_back({"fixture_checkpoint_save_empty", python_saving("{save: []}"), profile(), 3,
+               {"f.yaml:", "training.gradient_checkpointing.save: expected at least one op name such as aten.mm"}});
+  c.push_back({"fixture_checkpoint_save_not_an_op_name", python_saving("{save: [mm]}"), profile(), 3,
+               {"f.yaml:", "training.gradient_checkpointing.save", "<namespace>.<op>", "'mm'"}});
+  c.push_back({"fixture_checkpoint_save_and_policy", python_saving("{save: [aten.mm], policy: m.py:build}"),
+               profile(), 3, {"f.yaml:", "training.gradient_checkpointing.policy: expected either save", "not both"}});
+  c.push_back({"fixture_checkpoint_save_under_distributed",
+               python_saving("{save: [aten.mm]}", "  distributed: {strategy: ddp, world_size: 2}\n"), profile(), 3,
+               {"f.yaml:", "training.gradient_checkpointing.save: expected no selective checkpointing under "
+                           "training.distributed"}});
+  c.push_back({"fixture_checkpoint_save_with_activation_offload",
+               python_saving("{save: [aten.mm]}", "  activation_offload: cpu\n"), profile(), 3,
+               {"f.yaml:", "training.gradient_checkpointing.save: expected no selective checkpointing with "
+                           "activation_offload"}});
+  c.push_back({"fixture_checkpoint_save_under_compile",
+               python_saving("{save: [aten.mm]}", "  compile: true\n"), profile(), 3,
+               {"f.yaml:", "training.compile: expected false with gradient_checkpointing"}});
   fixture("missing_arch", fixture_with("  arch: vit\n", ""), {"model.arch", "required"});
   fixture("batch_size_zero", fixture_with("batch_sizes: [1, 2, 4, 8]", "batch_sizes: [0]"), {"batch_sizes", ">= 1"});
   fixture("batch_size_negative", fixture_with("batch_sizes: [1, 2, 4, 8]", "batch_sizes: [-4]"), {"batch_sizes"});

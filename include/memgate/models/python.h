@@ -69,6 +69,13 @@ struct PythonOptions {
 
   /// Train the module as torch.compile(module) compiles it (the fixture's `training.compile`).
   bool compile = false;
+  /// `training.gradient_checkpointing: {save: [...]}`: PyTorch's selective checkpointing of the checkpointed blocks,
+  /// the outputs of these ops saved (`aten.mm`: each overload of the op; `aten.mm.default`: that one), the rest
+  /// recomputed; or `{policy: ...}`, a callable (ctx, op, *args, **kwargs) -> CheckpointPolicy. Neither: memgate's
+  /// own checkpointing of whole blocks.
+  std::vector<std::string> checkpoint_save;
+  PythonCallable checkpoint_policy;
+  [[nodiscard]] bool selective_checkpointing() const { return !checkpoint_save.empty() || !checkpoint_policy.empty(); }
 };
 
 /// What memgate's Python extension (memgate._core) lends the probes it runs: passed to child/rank.h's rank_main, which
