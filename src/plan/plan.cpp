@@ -614,6 +614,14 @@ PlanResult plan(const Fixture& fixture, const AdviceTarget& target, const PlanOp
                               fixture.source, world, d.reshard_after_forward_group, world));
     }
   }
+  if (const auto* py = std::get_if<PythonOptions>(&fixture.model.options); py && py->selective_checkpointing()) {
+    // Its plans would checkpoint whole blocks under the fixture's policy, their recomputed FLOPs those of whole blocks.
+    throw Error(fmt::format("{}: training.gradient_checkpointing.{}: memgate plan does not search selective "
+                            "checkpointing yet (its recomputed FLOPs are not counted): expected a fixture without "
+                            "save or policy; plan it without them, and estimate the plan's fixture with the policy "
+                            "added back (memgate estimate)",
+                            fixture.source, py->checkpoint_save.empty() ? "policy" : "save"));
+  }
   Planner planner(fixture, target, options);
   return planner.run();
 }

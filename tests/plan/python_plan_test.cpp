@@ -82,5 +82,27 @@ TEST(PythonPlanTest, APythonFixturesBlocksAndFlopsAreCountedInItsProcess) {
   EXPECT_EQ(c.flops[1].per_block[0], 2 * c.flops[0].per_block[0]) << "twice the batch, twice each block's matmuls";
 }
 
+// A fixture with a selective checkpointing policy (`gradient_checkpointing: {save: [...]}`) is not planned: the search
+// would checkpoint whole blocks under the policy and count whole blocks' FLOPs. Refused naming the file and the key.
+TEST(PythonPlanTest, AFixtureWithASelectivePolicyIsRefusedNamingTheKey) {
+  auto text = read_text_file(python_fixture("py_gpt_tiny_plain"), "a fixture");
+  const std::string entry = "python/models.py:";
+  text.replace(text.find(entry), entry.size(), testing::source_dir() + "/fixtures/models/" + entry);
+  text.replace(text.find("training:\n"), 10, "training:\n  gradient_checkpointing: {save: [aten.addmm]}\n");
+  testing::TempDir dir;
+  write_file_atomically(dir / "saving.yaml", text);
+  PlanOptions options;
+  options.batch = 256;
+  try {
+    (void)plan(load_fixture(dir / "saving.yaml"), {"capacity", "40 MiB", std::int64_t{40} << 20}, options);
+    ADD_FAILURE() << "planned";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("saving.yaml: training.gradient_checkpointing.save: memgate plan does not search selective"),
+              std::string::npos)
+        << what;
+  }
+}
+
 }  // namespace
 }  // namespace memgate
