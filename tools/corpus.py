@@ -33,9 +33,11 @@ import concurrent.futures
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -372,22 +374,75 @@ def compare(measured: dict, other: dict, check: str, exact_all: bool = False) ->
     return rows
 
 
+class Twins:
+    """The Python twins of a sweep's fixtures, measured in batches: one `memgate check --update-baselines` for several
+    twins (each probe a process of its own, as `memgate profile` runs it, forked from one fork server: torch, timm,
+    PEFT and torchvision imported once for the batch, not once per twin), its recorded baselines read back as their
+    profiles (the same components, to the byte). A batch is measured when a fixture first asks for one of its twins;
+    `batches` of them so that --jobs workers share the work."""
+
+    def __init__(self, cases: list[dict], out: Path, tools: Tools, batches: int):
+        import yaml
+
+        self.tools = tools
+        self.folder = out / "work" / "twins"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        names = []
+        for case in cases:
+            twin = python_twin(case["fixture"])
+            if twin is not None:
+                (out / "fixtures" / f"{twin['name']}.yaml").write_text(yaml.safe_dump(twin, sort_keys=False))
+                names.append(twin["name"])
+        size = max(1, -(-len(names) // max(1, batches)))
+        self.batches = [names[i:i + size] for i in range(0, len(names), size)]
+        self.fixtures = out / "fixtures"
+        self.done: dict[int, concurrent.futures.Future] = {}
+        self.lock = threading.Lock()
+
+    def measure(self, name: str) -> dict:
+        """The profile of twin `name` (its baseline's JSON: {"probes": [{"batch_size", "components"}, ...]})."""
+        index = next(i for i, b in enumerate(self.batches) if name in b)
+        with self.lock:
+            future = self.done.get(index)
+            mine = future is None
+            if mine:
+                future = self.done[index] = concurrent.futures.Future()
+        if mine:
+            try:
+                future.set_result(self.run(index))
+            except Exception as e:  # noqa: BLE001: each twin of the batch reports it
+                future.set_exception(e)
+        failed = future.result().get(name)
+        recorded = self.folder / str(index)
+        found = list(recorded.glob(f"*/{name}.json"))
+        if len(found) != 1:
+            raise RuntimeError(f"the Python twin {name} was not measured: {failed or 'no baseline recorded'}")
+        return json.loads(found[0].read_text())
+
+    def run(self, index: int) -> dict:
+        """Measures batch `index`; {twin: the lines of check's output that name it} (its errors, where it failed)."""
+        baselines = self.folder / str(index)
+        shutil.rmtree(baselines, ignore_errors=True)  # an earlier sweep's, into the same --out
+        argv = [self.tools.memgate, "check", "--update-baselines", "--baselines", str(baselines)]
+        for name in self.batches[index]:
+            argv += ["--config", str(self.fixtures / f"{name}.yaml")]
+        p = subprocess.run(argv, env=self.tools.env, capture_output=True, text=True)
+        lines = (p.stderr + p.stdout).strip().splitlines()
+        return {name: "\n".join([line for line in lines if f"{name}.yaml" in line][-6:] or lines[-6:])
+                for name in self.batches[index]}
+
+
 CHECKS = ("estimate", "reference", "repeat")
 
 
-def reference(fixture: dict, path: Path, work: Path, tools: Tools) -> tuple[str, dict] | None:
-    """PyTorch's own run of the fixture at `path`: its Python twin measured by memgate's protocol, or, over ranks,
-    tools/<strategy>_reference.py. Returns what it is and its components per (batch, rank); None where the corpus has
-    no reference for the fixture."""
-    import yaml
-
+def reference(fixture: dict, path: Path, tools: Tools, twins: Twins) -> tuple[str, dict] | None:
+    """PyTorch's own run of the fixture at `path`: its Python twin measured by memgate's protocol (`twins`), or, over
+    ranks, tools/<strategy>_reference.py. Returns what it is and its components per (batch, rank); None where the
+    corpus has no reference for the fixture."""
     bs = ",".join(map(str, fixture["batch_sizes"]))
     twin = python_twin(fixture)
     if twin is not None:
-        twin_path = path.with_name(f"{twin['name']}.yaml")
-        twin_path.write_text(yaml.safe_dump(twin, sort_keys=False))
-        doc = tools.memgate_json(["profile"], twin_path, fixture["batch_sizes"], work / "twin.json", "the Python twin")
-        return "python twin: " + twin["model"]["entry"].rsplit(":", 1)[1], per_rank(doc)
+        return "python twin: " + twin["model"]["entry"].rsplit(":", 1)[1], per_rank(twins.measure(twin["name"]))
     if "distributed" not in fixture["training"]:
         return None
     strategy = fixture["training"]["distributed"]["strategy"]
@@ -396,7 +451,7 @@ def reference(fixture: dict, path: Path, work: Path, tools: Tools) -> tuple[str,
     return f"torch {strategy} ({script.name})", reference_per_rank(json.loads(text))
 
 
-def sweep_one(case: dict, out: Path, tools: Tools, checks=CHECKS) -> dict:
+def sweep_one(case: dict, out: Path, tools: Tools, twins: Twins, checks=CHECKS) -> dict:
     start = time.monotonic()
     name, fixture = case["name"], case["fixture"]
     path = out / "fixtures" / f"{name}.yaml"
@@ -414,7 +469,7 @@ def sweep_one(case: dict, out: Path, tools: Tools, checks=CHECKS) -> dict:
             estimate = tools.memgate_json(["estimate", "--for", "cpu"], path, bs, work / "estimate.json",
                                           "memgate estimate")
             result["rows"] += compare(measured, per_rank(estimate), "estimate")
-        found = reference(fixture, path, work, tools) if "reference" in checks else None
+        found = reference(fixture, path, tools, twins) if "reference" in checks else None
         if found is not None:
             result["reference"] = found[0]
             result["rows"] += compare(measured, found[1], "reference")
@@ -582,9 +637,10 @@ def main(argv=None) -> int:
     if not Path(a.memgate).is_file():
         p.error(f"--memgate: {a.memgate} is not there (build memgate first: cmake --workflow --preset cpu)")
     tools = Tools(a.memgate, a.python)
+    twins = Twins(cases if "reference" in checks else [], a.out, tools, a.jobs)
     results = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-        futures = {pool.submit(sweep_one, c, a.out, tools, checks): c for c in cases}
+        futures = {pool.submit(sweep_one, c, a.out, tools, twins, checks): c for c in cases}
         for f in concurrent.futures.as_completed(futures):
             r = f.result()
             results.append(r)
