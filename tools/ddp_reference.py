@@ -12,7 +12,7 @@ Run (timm installed beside the venv's torch, as tools/make_torchscript_models.sh
   PYTHONPATH=~/.cache/memgate/torchscript-tools ~/.cache/memgate/venv/bin/python tools/ddp_reference.py \\
       --config fixtures/models/vit_tiny_ddp.yaml --world-size 2 --batch-sizes 1,2
 (--config more than once and --world-size 2,4 run each fixture at each world size in one launch, as
-tools/fsdp_reference.py's do: {"runs": [...]}.)
+tools/fsdp_reference.py's do: {"runs": [...]}; so does --case CONFIG WORLD_SIZES BATCH_SIZES, several.)
 """
 from __future__ import annotations
 
@@ -107,8 +107,9 @@ def main(argv=None) -> int:
     import fsdp_reference
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, action="append",
+    p.add_argument("--config", action="append",
                    help="a memgate fixture with training.distributed (strategy ddp); several: each is run")
+    fsdp_reference.add_case_argument(p)
     p.add_argument("--world-size", type=fsdp_reference.world_sizes_arg,
                    help="ranks, or a list of them (0,2,4) each run (default: the fixture's world_size; 0: the "
                    "same model and training without ranks)")

@@ -31,7 +31,8 @@ last K blocks (set_modules_to_backward_prefetch).
 Several runs in one launch: --config given more than once and --world-size a list (2,4) run every fixture at every
 world size, each run's ranks forked afresh from this process once torch, timm and FSDP2 are imported (the import is
 most of a launch's time here); the output is then {"runs": [one run's object, ...]}, fixture by fixture, world size by
-world size. One fixture at one world size prints that run's object alone, as before. World size 0 runs the fixture's
+world size. --case CONFIG WORLD_SIZES BATCH_SIZES (several) runs each fixture at world sizes and batch sizes of its own
+in one launch (tests/python/python_test.cpp's FsdpReferenceTest asks for all its runs so). One fixture at one world size prints that run's object alone, as before. World size 0 runs the fixture's
 model and training without ranks (no process group, no fully_shard: tools/timm_reference.py's probe, in a forked
 process of its own), to tell what of a gap is the model's own.
 
@@ -166,25 +167,41 @@ def without_ranks_main(rank: int, world: int, store_path: str, a: argparse.Names
         json.dump(results, f)
 
 
+def add_case_argument(p: argparse.ArgumentParser) -> None:
+    """--case CONFIG WORLD_SIZES BATCH_SIZES, in place of --config: runs of several fixtures in one launch, each at
+    world sizes and batch sizes of its own."""
+    p.add_argument("--case", nargs=3, action="append", metavar=("CONFIG", "WORLD_SIZES", "BATCH_SIZES"),
+                   help="a fixture run at its own world sizes (2,4; 0: without ranks; fixture: its world_size) and "
+                   "batch sizes (1,4), in place of --config, --world-size and --batch-sizes; several: each is run, "
+                   "in order")
+
+
 def run_many(p: argparse.ArgumentParser, a: argparse.Namespace, strategy: str, rank_main, options_for) -> int:
     """Runs every --config at every --world-size (default: each fixture's world_size; 0: the same model and training
-    without ranks, one process, no wrap), each run's ranks forked by timm_reference.run_ranks; prints the one run's
-    object, or {"runs": [...]} for several. `options_for(config, d)`: the run's options from the fixture's
+    without ranks, one process, no wrap), or each --case at its own world sizes and batch sizes, each run's ranks
+    forked by timm_reference.run_ranks; prints the one run's object, or {"runs": [...]} for several. `options_for(config, d)`: the run's options from the fixture's
     training.distributed block `d` (p.error on a bad one), with "reference" (what the run is) among them, taken out
     for the output."""
+    if bool(a.config) == bool(a.case):
+        p.error("--config or --case: one of them, at least once")
+    if a.case:
+        cases = [(config, None if worlds == "fixture" else world_sizes_arg(worlds), sizes)
+                 for config, worlds, sizes in a.case]
+    else:
+        cases = [(config, a.world_size, a.batch_sizes) for config in a.config]
     runs = []
-    for config in a.config:
+    for config, world_sizes, batch_sizes in cases:
         d = timm_reference.distributed_block(config, strategy, p.error)
         options = options_for(config, d)
         reference = options.pop("reference")
-        for world in a.world_size or [d["world_size"]]:
+        for world in world_sizes or [d["world_size"]]:
             if world == 0:
                 if timm_reference.training_block(config).get("precision", "fp32") != "fp32":
                     p.error(f"{config}: world size 0 runs without autocast: an fp32 fixture only")
-                ranks = timm_reference.run_ranks(without_ranks_main, 1, config, a.warmup_steps, a.batch_sizes, {})
+                ranks = timm_reference.run_ranks(without_ranks_main, 1, config, a.warmup_steps, batch_sizes, {})
                 runs.append({"reference": "timm eager, no ranks", "config": config, "world_size": 0, "ranks": ranks})
                 continue
-            ranks = timm_reference.run_ranks(rank_main, world, config, a.warmup_steps, a.batch_sizes, options)
+            ranks = timm_reference.run_ranks(rank_main, world, config, a.warmup_steps, batch_sizes, options)
             runs.append({"reference": reference, "config": config, "world_size": world, strategy: options,
                          "ranks": ranks})
     json.dump(runs[0] if len(runs) == 1 else {"runs": runs}, sys.stdout, indent=1)
@@ -194,8 +211,9 @@ def run_many(p: argparse.ArgumentParser, a: argparse.Namespace, strategy: str, r
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, action="append",
+    p.add_argument("--config", action="append",
                    help="a memgate ViT or GPT fixture with training.distributed (strategy fsdp); several: each is run")
+    add_case_argument(p)
     p.add_argument("--world-size", type=world_sizes_arg,
                    help="ranks, or a list of them (0,2,4) each run (default: the fixture's world_size; 0: the "
                    "same model and training without ranks)")

@@ -112,16 +112,43 @@ std::string vit_fsdp_bf16_yaml(const std::string& trainable) {
   return yaml;
 }
 
-// FSDP2's own runs of vit_fsdp_bf16_yaml("all") and ("head"), at batch 1: one launch for both tests.
-const std::vector<nlohmann::json>& vit_fsdp_reference_runs() {
+std::string issue72_gpt_yaml(bool tied, int world);
+std::string gpt_offload_yaml(const std::string& offload, bool bf16);
+
+// FsdpReferenceTest's runs of FSDP2 (tools/fsdp_reference.py), all in one launch (each run's ranks forked afresh from
+// it, as in a launch of their own; importing torch, timm and FSDP2 is most of a launch): the runs of `name`, one of
+// "vit" (vit_fsdp_bf16_yaml("all") and ("head") at batch 1), "gpt" (issue72_gpt_yaml's tied then untied GPT, each
+// without ranks and over 2 and 4, at batches 1 and 4) and "offload" (gpt_offload_yaml("cpu") in fp32 then bf16 over
+// the fixture's 2 ranks at batch 1), in that order. Made by the first test that asks.
+std::vector<nlohmann::json> fsdp_reference_runs(const std::string& name) {
+  struct Case {
+    std::string test, file, yaml, worlds, batches;
+  };
+  static const std::vector<Case> cases{{"vit", "vit_all", vit_fsdp_bf16_yaml("all"), "fixture", "1"},
+                                       {"vit", "vit_head", vit_fsdp_bf16_yaml("head"), "fixture", "1"},
+                                       {"gpt", "gpt_tied_301", issue72_gpt_yaml(true, 2), "0,2,4", "1,4"},
+                                       {"gpt", "gpt_untied_250", issue72_gpt_yaml(false, 2), "0,2,4", "1,4"},
+                                       {"offload", "gpt_offload", gpt_offload_yaml("cpu", false), "fixture", "1"},
+                                       {"offload", "gpt_offload_bf16", gpt_offload_yaml("cpu", true), "fixture", "1"}};
   static const auto runs = [] {
     testing::TempDir dir;
-    write_file_atomically(dir / "vit_all.yaml", vit_fsdp_bf16_yaml("all"));
-    write_file_atomically(dir / "vit_head.yaml", vit_fsdp_bf16_yaml("head"));
-    return reference_runs("fsdp_reference.py", fmt::format("--config {} --config {} --batch-sizes 1",
-                                                           dir / "vit_all.yaml", dir / "vit_head.yaml"));
+    std::string args;
+    for (const auto& c : cases) {
+      write_file_atomically(dir / (c.file + ".yaml"), c.yaml);
+      args += fmt::format(" --case {} {} {}", dir / (c.file + ".yaml"), c.worlds, c.batches);
+    }
+    return reference_runs("fsdp_reference.py", args);
   }();
-  return runs;
+  std::vector<nlohmann::json> mine;
+  std::size_t next = 0;
+  for (const auto& c : cases) {
+    const auto count = c.worlds == "fixture" ? 1 : std::count(c.worlds.begin(), c.worlds.end(), ',') + 1;
+    for (std::ptrdiff_t i = 0; i < count; ++i, ++next) {
+      if (c.test == name && next < runs.size()) mine.push_back(runs[next]);
+    }
+  }
+  EXPECT_EQ(runs.size(), next) << "tools/fsdp_reference.py: one run per case and world size";
+  return mine;
 }
 
 // FSDP2 itself (tools/fsdp_reference.py: torch's fully_shard over Gloo ranks, timm's ViT, measured as memgate
@@ -133,7 +160,7 @@ const std::vector<nlohmann::json>& vit_fsdp_reference_runs() {
 // low on every rank; torch.profiler's events of the reference show both on Gloo's thread). vit_fsdp_bf16_yaml(trainable)
 // against FSDP2's own run: every component of every rank equal.
 void expect_fsdp_reference(const std::string& trainable) {
-  const auto& runs = vit_fsdp_reference_runs();
+  const auto runs = fsdp_reference_runs("vit");
   ASSERT_EQ(runs.size(), 2U);
   const auto& reference = runs[trainable == "all" ? 0 : 1];
   testing::TempDir dir;
@@ -189,12 +216,7 @@ std::string issue72_gpt_yaml(bool tied, int world) {
 
 TEST(FsdpReferenceTest, TiedGptWithAnOddVocabularyAndUntiedGptMeasureAsPyTorchWithAndWithoutRanks) {
   testing::TempDir dir;
-  const auto tied = dir / "gpt_tied_301.yaml";
-  const auto untied = dir / "gpt_untied_250.yaml";
-  write_file_atomically(tied, issue72_gpt_yaml(true, 2));
-  write_file_atomically(untied, issue72_gpt_yaml(false, 2));
-  const auto runs = reference_runs("fsdp_reference.py", fmt::format("--config {} --config {} --world-size 0,2,4 "
-                                                                    "--batch-sizes 1,4", tied, untied));
+  const auto runs = fsdp_reference_runs("gpt");
   ASSERT_EQ(runs.size(), 6U);
   std::size_t run_index = 0;
   for (const bool is_tied : {true, false}) {
@@ -248,8 +270,7 @@ TEST(FsdpReferenceTest, CpuOffloadOnCpuRanksMeasuresAsFsdp2DoesAndAsWithoutIt) {
   const auto bf16 = dir / "gpt_offload_bf16.yaml";
   write_file_atomically(fp32, gpt_offload_yaml("cpu", false));
   write_file_atomically(bf16, gpt_offload_yaml("cpu", true));
-  const auto runs = reference_runs("fsdp_reference.py", fmt::format("--config {} --config {} --batch-sizes 1", fp32,
-                                                                    bf16));
+  const auto runs = fsdp_reference_runs("offload");
   ASSERT_EQ(runs.size(), 2U);
   for (const bool is_bf16 : {false, true}) {
     const auto& run = runs[is_bf16 ? 1 : 0];
