@@ -475,11 +475,18 @@ def sweep_one(case: dict, out: Path, tools: Tools, probes: Probes, checks=CHECKS
     try:
         if name in probes.batched:
             measured = per_rank(probes.measure(name))
+            again = probes.measure(name, "again") if "repeat" in checks else None
         else:
-            measured = per_rank(tools.memgate_json(["profile"], path, bs, work / "profile1.json", "memgate profile"))
-        if "repeat" in checks:
-            again = probes.measure(name, "again") if name in probes.batched else \
-                tools.memgate_json(["profile"], path, bs, work / "profile2.json", "memgate profile (again)")
+            # Over ranks: the repeat is the same batch sizes again in the same `memgate profile` (each probe's ranks
+            # started afresh from its rank server), not a memgate of its own.
+            twice = bs + bs if "repeat" in checks else bs
+            doc = tools.memgate_json(["profile"], path, twice, work / "profile.json", "memgate profile")
+            if [p["batch_size"] for p in doc["probes"]] != twice:
+                raise RuntimeError(f"memgate profile: probes at {[p['batch_size'] for p in doc['probes']]}, "
+                                   f"expected {twice}")
+            measured = per_rank({"probes": doc["probes"][:len(bs)]})
+            again = {"probes": doc["probes"][len(bs):]} if "repeat" in checks else None
+        if again is not None:
             result["rows"] += compare(measured, per_rank(again), "repeat", exact_all=True)
         if "estimate" in checks:
             estimate = tools.memgate_json(["estimate", "--for", "cpu"], path, bs, work / "estimate.json",
