@@ -27,6 +27,7 @@ namespace {
 std::mutex g_count_mutex;
 std::atomic<bool> g_counting{false};
 std::atomic<std::int64_t> g_flops{0};
+std::atomic<std::int64_t> g_attention_flops{0};  // of g_flops, the attention forwards
 thread_local int t_counted_depth = 0;
 
 std::optional<std::vector<std::int64_t>> sizes_of(const c10::IValue& v) {
@@ -141,7 +142,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   const auto flops = op_flops(fn);
   if (!flops) return nullptr;
   // An op inside a counted one (the math attention's bmm, a composite's mm) is the outer op's.
-  if (t_counted_depth++ == 0) g_flops += *flops;
+  if (t_counted_depth++ == 0) {
+    g_flops += *flops;
+    const std::string_view name = fn.name();
+    if (name.find("attention") != std::string_view::npos && name.find("backward") == std::string_view::npos) {
+      g_attention_flops += *flops;
+    }
+  }
   return std::make_unique<Counted>();
 }
 
@@ -154,11 +161,13 @@ class BlockFlops final : public BlockHook {
  public:
   bool active = false;
   std::vector<std::int64_t> per_block;
+  std::vector<std::int64_t> per_block_attention;
   torch::Tensor run(const torch::nn::Module&, const torch::Tensor& x, const BlockFn& forward) override {
     if (!active) return forward(x);
-    const auto before = g_flops.load();
+    const auto before = g_flops.load(), attention_before = g_attention_flops.load();
     auto out = forward(x);
     per_block.push_back(g_flops.load() - before);
+    per_block_attention.push_back(g_attention_flops.load() - attention_before);
     return out;
   }
 };
@@ -187,6 +196,7 @@ StepFlops count_step_flops(const Workload& workload, std::int64_t batch_size, Es
     g_counting = counting;
   };
   g_flops = 0;
+  g_attention_flops = 0;
   const auto handle = at::addGlobalCallback(
       at::RecordFunctionCallback(on_start, on_end).needsInputs(true).scopes(
           {at::RecordScope::FUNCTION}));
@@ -201,7 +211,10 @@ StepFlops count_step_flops(const Workload& workload, std::int64_t batch_size, Es
   at::removeCallback(handle);
   out.step = g_flops.load();
   out.forward = forward_end < 0 ? out.step : forward_end;
-  if (blocks_here) out.per_block = std::move(blocks.per_block);
+  if (blocks_here) {
+    out.per_block = std::move(blocks.per_block);
+    out.per_block_attention = std::move(blocks.per_block_attention);
+  }
   return out;
 }
 
@@ -215,7 +228,8 @@ CheckpointFlops count_checkpoint_flops(const Workload& workload, std::span<const
     out.blocks = answer.at("blocks").get<std::vector<std::string>>();
     for (const auto& f : answer.at("flops")) {
       out.flops.push_back({.step = f.at("step").get<std::int64_t>(), .forward = f.at("forward").get<std::int64_t>(),
-                           .per_block = f.at("per_block").get<std::vector<std::int64_t>>()});
+                           .per_block = f.at("per_block").get<std::vector<std::int64_t>>(),
+                           .per_block_attention = f.at("per_block_attention").get<std::vector<std::int64_t>>()});
     }
     if (out.flops.size() != batch_sizes.size()) {
       throw Error(fmt::format("{}: the Python process counted the FLOPs of {} batch sizes of {}", workload.source,
@@ -240,7 +254,8 @@ std::string count_checkpoint_flops_here(const Workload& workload, const std::str
   nlohmann::json answer = {{"memgate_version", MEMGATE_VERSION}, {"blocks", counted.blocks},
                            {"flops", nlohmann::json::array()}};
   for (const auto& f : counted.flops) {
-    answer["flops"].push_back({{"step", f.step}, {"forward", f.forward}, {"per_block", f.per_block}});
+    answer["flops"].push_back({{"step", f.step}, {"forward", f.forward}, {"per_block", f.per_block},
+                               {"per_block_attention", f.per_block_attention}});
   }
   return answer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -46,9 +46,12 @@ struct Point {
   int variant = -1;
   bool fsdp = false;
   std::optional<ActivationOffload> offload;
+  /// The checkpointed blocks in PyTorch's selective checkpointing, saving their attention's output (a Python
+  /// fixture's; with no block checkpointed, the same plan as without).
+  bool selective = false;
   [[nodiscard]] std::string key() const {
-    return fmt::format("{}x{}|{}|{}|{}|{}|{}", micro, steps, allocator, mask, variant, fsdp,
-                       offload ? static_cast<int>(*offload) : -1);
+    return fmt::format("{}x{}|{}|{}|{}|{}|{}|{}", micro, steps, allocator, mask, variant, fsdp,
+                       offload ? static_cast<int>(*offload) : -1, selective && mask != 0);
   }
 };
 
@@ -173,13 +176,31 @@ class Planner {
       ++estimates_;
       if (flops_[sizes[i]].per_block.size() != blocks_.size()) blocks_.clear();
     }
+    // Selective checkpointing as a lever, for a Python fixture (where PyTorch's torch.utils.checkpoint runs) on one
+    // device whose every block runs an attention: its checkpointed blocks save the attention's output (the kernel the
+    // target dispatches to) and recompute the rest.
+    const auto& t0 = fixture_.training;
+    bool attention = fixture_.model.arch == Arch::kPython && !blocks_.empty() && !t0.distributed.enabled() &&
+                     t0.activation_offload == ActivationOffload::kNone && !t0.compile;
+    for (const auto& [m, f] : flops_) {
+      attention = attention && f.per_block_attention.size() == blocks_.size() &&
+                  std::all_of(f.per_block_attention.begin(), f.per_block_attention.end(),
+                              [](std::int64_t a) { return a > 0; });
+    }
+    if (attention) {
+      selective_save_ = options_.target == EstimateTarget::kCpu
+                            ? std::vector<std::string>{"aten._scaled_dot_product_flash_attention_for_cpu"}
+                            : std::vector<std::string>{"aten._scaled_dot_product_flash_attention",
+                                                       "aten._scaled_dot_product_efficient_attention",
+                                                       "aten._scaled_dot_product_cudnn_attention"};
+    }
     const auto n = blocks_.size();
     const std::int64_t subsets = std::int64_t{1} << n;
     std::vector<bool> shardings{false};
     if (fsdp_world_ > 0) shardings.push_back(true);
     out.sharding = fsdp_world_ > 0 ? fmt::format("FSDP over {} ranks", fsdp_world_) : not_sharded_;
     // Offload is not combined with sharding (the fixture's key refuses it over ranks).
-    const std::size_t layouts = shardings.size() + (offload_lever_ ? 1 : 0);
+    const std::size_t layouts = shardings.size() + (offload_lever_ ? 1 : 0) + (selective_save_.empty() ? 0 : 1);
     out.space = static_cast<std::int64_t>(micro.size() * allocators.size() * layouts) * subsets +
                 static_cast<std::int64_t>(variants_.size());
     const bool exhaustive = options_.search == PlanOptions::Search::kExhaustive ||
@@ -193,14 +214,15 @@ class Planner {
     Point as_is{micro.front().first, micro.front().second, fixture_.training.allocator, current_mask(), -1};
     out.as_is = estimate(as_is);
     std::vector<Plan> found;
-    std::vector<std::pair<bool, std::optional<ActivationOffload>>> layout_points;
-    for (const bool fsdp : shardings) layout_points.emplace_back(fsdp, std::nullopt);
-    if (offload_lever_) layout_points.emplace_back(false, offload_lever_);
+    std::vector<std::tuple<bool, std::optional<ActivationOffload>, bool>> layout_points;
+    for (const bool fsdp : shardings) layout_points.emplace_back(fsdp, std::nullopt, false);
+    if (offload_lever_) layout_points.emplace_back(false, offload_lever_, false);
+    if (!selective_save_.empty()) layout_points.emplace_back(false, std::nullopt, true);
     for (const auto& [m, steps] : micro) {
-      for (const auto& [fsdp, offload] : layout_points) {
+      for (const auto& [fsdp, offload, selective] : layout_points) {
         std::optional<Plan> default_allocator;
         for (const auto& allocator : allocators) {
-          Point base{m, steps, allocator, 0, -1, fsdp, offload};
+          Point base{m, steps, allocator, 0, -1, fsdp, offload, selective};
           auto best = exhaustive ? cheapest_subset(base) : greedy(base);
           if (!best) continue;
           // Expandable segments only where they save reserved bytes or recomputation over the default's plan.
@@ -242,11 +264,15 @@ class Planner {
     return mask;
   }
 
-  [[nodiscard]] std::int64_t recompute(std::int64_t micro, std::uint64_t mask) const {
+  // The checkpointed blocks' forward FLOPs, recomputed in backward; under selective checkpointing less their
+  // attention's, whose output is saved.
+  [[nodiscard]] std::int64_t recompute(std::int64_t micro, std::uint64_t mask, bool selective) const {
     std::int64_t sum = 0;
-    const auto& per_block = flops_.at(micro).per_block;
-    for (std::size_t i = 0; i < blocks_.size() && i < per_block.size(); ++i) {
-      if (mask & (std::uint64_t{1} << i)) sum += per_block[i];
+    const auto& f = flops_.at(micro);
+    for (std::size_t i = 0; i < blocks_.size() && i < f.per_block.size(); ++i) {
+      if (mask & (std::uint64_t{1} << i)) {
+        sum += f.per_block[i] - (selective && i < f.per_block_attention.size() ? f.per_block_attention[i] : 0);
+      }
     }
     return sum;
   }
@@ -285,13 +311,24 @@ class Planner {
       }
       plan.checkpointed = p.mask == all ? blocks_ : t.checkpoint_blocks;
     }
+    const bool selective = p.selective && p.mask != 0 && !blocks_.empty();
+    if (selective) {
+      std::get<PythonOptions>(w.model.options).checkpoint_save = selective_save_;
+      plan.checkpoint_save = selective_save_;
+    }
     if (p.variant >= 0) {
       variants_[static_cast<std::size_t>(p.variant)].apply(w);
       plan.changes_training = true;
     }
     // The change, as the fixture's keys, against the fixture as it is.
     auto& change = plan.change;
-    if (!blocks_.empty() && p.mask != current_mask()) {
+    if (selective) {
+      // A map merged into the fixture's: its `blocks` replaced, or removed (null) where every block is checkpointed.
+      auto& c = change["training"]["gradient_checkpointing"];
+      c = {{"save", selective_save_}};
+      if (p.mask != all) c["blocks"] = t.checkpoint_blocks;
+      else if (!fixture_.training.checkpoint_blocks.empty()) c["blocks"] = nullptr;
+    } else if (!blocks_.empty() && p.mask != current_mask()) {
       change["training"]["gradient_checkpointing"] =
           p.mask == 0 ? nlohmann::json(false)
           : p.mask == all ? nlohmann::json(true)
@@ -324,7 +361,8 @@ class Planner {
                                                                  : std::string("not counted")));
     }
     if (!plan.checkpointed.empty()) {
-      plan.levers.push_back(fmt::format("checkpoint {} of {} blocks", plan.checkpointed.size(), blocks_.size()));
+      plan.levers.push_back(fmt::format("checkpoint {} of {} blocks{}", plan.checkpointed.size(), blocks_.size(),
+                                        selective ? " selectively, their attention's output saved" : ""));
     }
     if (p.steps > 1) plan.levers.push_back(fmt::format("accumulate {} micro-batches of {}", p.steps, p.micro));
     if (p.allocator != fixture_.training.allocator) plan.levers.push_back("expandable segments");
@@ -356,7 +394,7 @@ class Planner {
     plan.fits = plan.required_bytes <= target_.usable_bytes;
     const auto& f = flops_.at(p.micro);
     plan.step_flops = f.step;
-    plan.recompute_flops = recompute(p.micro, blocks_.empty() ? 0 : p.mask);
+    plan.recompute_flops = recompute(p.micro, blocks_.empty() ? 0 : p.mask, selective);
     plan.recompute_flops_fraction =
         f.step > 0 ? static_cast<double>(plan.recompute_flops) / static_cast<double>(f.step) : 0.0;
     plan.workload = std::move(w);
@@ -412,7 +450,8 @@ class Planner {
   // Every subset of the blocks at `base`: the cheapest that fits.
   std::optional<Plan> cheapest_subset(Point base) {
     std::optional<Plan> best;
-    for (std::uint64_t mask = 0; mask < (std::uint64_t{1} << blocks_.size()); ++mask) {
+    // (Under selective checkpointing from one block: none is the plan without.)
+    for (std::uint64_t mask = base.selective ? 1 : 0; mask < (std::uint64_t{1} << blocks_.size()); ++mask) {
       base.mask = mask;
       auto p = estimate(base);
       if (p.fits && (!best || cheaper(p, *best))) best = std::move(p);
@@ -428,7 +467,7 @@ class Planner {
     auto current = estimate(base);
     if (current.fits || blocks_.empty()) return current.fits ? std::optional<Plan>(current) : std::nullopt;
     const auto& per_block = flops_.at(base.micro).per_block;
-    auto& order = order_[{base.fsdp, base.offload ? static_cast<int>(*base.offload) : -1}];
+    auto& order = order_[{base.fsdp, base.offload ? static_cast<int>(*base.offload) : -1, base.selective}];
     if (order.empty()) {
       std::vector<std::pair<double, std::size_t>> ranked;
       for (std::size_t i = 0; i < blocks_.size(); ++i) {
@@ -521,8 +560,10 @@ class Planner {
   std::vector<Variant> variants_;
   std::map<std::int64_t, StepFlops> flops_;
   std::map<std::string, Plan> cache_;
-  // The greedy search's order of the blocks, per sharding and offload.
-  std::map<std::pair<bool, int>, std::vector<std::size_t>> order_;
+  // The greedy search's order of the blocks, per sharding, offload and selective checkpointing.
+  std::map<std::tuple<bool, int, bool>, std::vector<std::size_t>> order_;
+  // The ops a selective plan's checkpointed blocks save (the target's attention kernels); empty: no such lever.
+  std::vector<std::string> selective_save_;
   std::map<std::string, std::optional<std::int64_t>> communication_;
   std::int64_t own_world_ = 1;      // the fixture's own ranks
   std::int64_t fsdp_world_ = 0;     // the ranks FSDP's lever shards over; 0: no sharding lever
@@ -583,6 +624,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"communication_bytes", p.communication_bytes ? nlohmann::json(*p.communication_bytes) : nlohmann::json()},
           {"changes_training", p.changes_training},
           {"checkpointed_blocks", p.checkpointed},
+          {"checkpoint_save", p.checkpoint_save},
           {"change", p.change},
           {"levers", p.levers}};
 }
@@ -615,11 +657,11 @@ PlanResult plan(const Fixture& fixture, const AdviceTarget& target, const PlanOp
     }
   }
   if (const auto* py = std::get_if<PythonOptions>(&fixture.model.options); py && py->selective_checkpointing()) {
-    // Its plans would checkpoint whole blocks under the fixture's policy, their recomputed FLOPs those of whole blocks.
-    throw Error(fmt::format("{}: training.gradient_checkpointing.{}: memgate plan does not search selective "
-                            "checkpointing yet (its recomputed FLOPs are not counted): expected a fixture without "
-                            "save or policy; plan it without them, and estimate the plan's fixture with the policy "
-                            "added back (memgate estimate)",
+    // Its plans would checkpoint blocks under the fixture's own policy, whose recomputed FLOPs are not counted.
+    throw Error(fmt::format("{}: training.gradient_checkpointing.{}: memgate plan does not plan from a fixture's own "
+                            "selective policy (its recomputed FLOPs are not counted): expected a fixture without "
+                            "save or policy; plan it without them (the plans try saving the attention's output "
+                            "themselves), or estimate the fixture with its policy (memgate estimate)",
                             fixture.source, py->checkpoint_save.empty() ? "policy" : "save"));
   }
   Planner planner(fixture, target, options);

@@ -18,6 +18,9 @@ struct StepFlops {
   std::int64_t step = 0;                 ///< forward + backward of the measured step's micro-batch
   std::int64_t forward = 0;              ///< its forward alone
   std::vector<std::int64_t> per_block;   ///< each of Model::checkpoint_prefixes()'s forward, in that order
+  /// Of each block's forward, its attention's (scaled_dot_product_attention and its kernels): what a block in
+  /// selective checkpointing that saves the attention's output does not recompute.
+  std::vector<std::int64_t> per_block_attention;
 };
 
 /// Counts the FLOPs of `workload`'s measured step at `batch_size` (one micro-batch, no checkpointing) on the Meta

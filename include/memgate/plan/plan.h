@@ -55,6 +55,9 @@ struct Plan {
   std::optional<std::int64_t> communication_bytes = 0;
   std::vector<std::string> checkpointed;  ///< blocks recomputed, as the fixture names them ("blocks.3")
   std::int64_t blocks = 0;                ///< blocks the model can checkpoint
+  /// The ops whose outputs the checkpointed blocks save, in PyTorch's selective checkpointing (a Python fixture's
+  /// blocks saving their attention's output); empty: whole blocks recomputed.
+  std::vector<std::string> checkpoint_save;
   std::string allocator;                  ///< training.allocator
   std::int64_t step_peak = 0;             ///< estimate for the target (CUDA on its GPU, or the CPU): allocated
   std::int64_t step_peak_reserved = 0;    ///< ... and reserved
