@@ -74,11 +74,15 @@ nlohmann::json plans_for(const memgate::Fixture& fixture, const std::vector<memg
 
 // --- Subcommands ----------------------------------------------------------------------------------------------
 
-// Each in a file of its own, named in measure_main.cpp's table.
+// Each in a file of its own, named in measures()'s table (measures.cpp).
 Run add_profile(CLI::App& app);
 Run add_estimate(CLI::App& app);
 Run add_advise(CLI::App& app);
 Run add_check(CLI::App& app);
 Run add_plan(CLI::App& app);
+
+// The AddSubcommand of each subcommand memgate-measure runs (nullptr for the others): what its main() gives
+// run_command_line, and what the CLI tests that fork a case from their own process give it (tests/common/cli_fork.h).
+AddSubcommand measures(std::string_view name);
 
 }  // namespace memgate::cli

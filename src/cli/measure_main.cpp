@@ -5,23 +5,8 @@
 #include "memgate/base/process.h"
 #include "memgate/child/rank.h"
 
-#include <string_view>
-
-namespace {
-
-memgate::cli::AddSubcommand measures(std::string_view name) {
-  if (name == "profile") return memgate::cli::add_profile;
-  if (name == "estimate") return memgate::cli::add_estimate;
-  if (name == "advise") return memgate::cli::add_advise;
-  if (name == "check") return memgate::cli::add_check;
-  if (name == "plan") return memgate::cli::add_plan;
-  return nullptr;
-}
-
-}  // namespace
-
 // Without LibTorch's static destructors (base/process.h): a third of what `memgate profile` of a bad fixture costs.
 int main(int argc, char** argv) {
   if (memgate::is_rank_command(argc, argv)) memgate::exit_fast(memgate::rank_main(argc, argv));
-  memgate::exit_fast(memgate::cli::run_command_line(argc, argv, measures));
+  memgate::exit_fast(memgate::cli::run_command_line(argc, argv, memgate::cli::measures));
 }

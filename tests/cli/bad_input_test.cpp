@@ -1,6 +1,7 @@
 // The bad-input catalogue: each case is a file or a flag a user could realistically get wrong. memgate must exit
 // with the contract's code (2 a usage error, 3 a bad file, 1 a failed gate) and a message that names what is wrong
 // (the file, the key or flag, the line where there is one); no case may crash, hang or print "unexpected error".
+#include "cli_fork.h"
 #include "fixture_util.h"
 #include "test_util.h"
 
@@ -729,9 +730,11 @@ TEST_P(BadInputTest, ExitsWithTheContractsCodeAndNamesTheProblem) {
     for (std::size_t at; (at = text->find("{dir}")) != std::string::npos;) text->replace(at, 5, dir.path().string());
   }
   if (c.files.contains("rank.sh")) std::filesystem::permissions(dir / "rank.sh", std::filesystem::perms::owner_all);
-  std::string out;
-  const int rc = testing::run(std::string("cd ") + dir.path().string() + " && " + env + " " + MEMGATE_CLI + " " + args,
-                              &out);
+  // Forked from this program where that is the same run as memgate's own (tests/common/cli_fork.h); a case with a
+  // rank program of its own (rank.sh) runs the real one.
+  const auto run = testing::run_memgate(dir.path().string(), env, args, /*real=*/c.files.contains("rank.sh"));
+  const int rc = run.exit_code;
+  const std::string& out = run.output;
   EXPECT_EQ(rc, c.exit_code) << out;
   for (auto s : c.says) {
     for (std::size_t at; (at = s.find("{dir}")) != std::string::npos;) s.replace(at, 5, dir.path().string());
@@ -765,10 +768,10 @@ TEST(BadInputReports, KeepAFixtureNameThatIsNotUtf8RecognisableAndWellFormed) {
   const auto config = dir / "ti\xffny.yaml";
   testing::write_file(config, kFixture);
   std::string out;
-  const int rc = testing::run(std::string(MEMGATE_CLI) + " check --config '" + config + "' --device cpu --baselines " +
-                                  (dir / "b") + " --json " + (dir / "r.json") + " --junit " + (dir / "r.xml") +
-                                  " --markdown " + (dir / "r.md") + " --html " + (dir / "r.html"),
-                              &out);
+  const int rc = testing::run_cli(std::string(MEMGATE_CLI) + " check --config '" + config + "' --device cpu " +
+                                  "--baselines " + (dir / "b") + " --json " + (dir / "r.json") + " --junit " +
+                                  (dir / "r.xml") + " --markdown " + (dir / "r.md") + " --html " + (dir / "r.html"),
+                                  &out);
   EXPECT_EQ(rc, 3) << out;
   const std::string kept = "ti\xEF\xBF\xBDny.yaml";  // U+FFFD for the byte 0xFF
   nlohmann::json doc;
