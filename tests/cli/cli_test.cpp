@@ -5,6 +5,7 @@
 #include "memgate/gate/suite.h"
 #include "memgate/backend/device.h"
 #include "bench_doc.h"
+#include "cli_fork.h"
 #include "probe_order.h"
 #include "fixture_util.h"
 #include "test_util.h"
@@ -45,13 +46,13 @@ TEST(CliTest, ExitCodesFollowTheContract) {
   testing::TempDir dir;
   const std::string cli = MEMGATE_CLI;
   std::string out;
-  EXPECT_EQ(testing::run(cli + " --version", &out), 0) << out;
+  EXPECT_EQ(testing::run_cli(cli + " --version", &out), 0) << out;
   EXPECT_EQ(out, "memgate " MEMGATE_VERSION "\n");
 
-  EXPECT_EQ(testing::run(cli, &out), 2) << "no subcommand: the help, as a usage error";
+  EXPECT_EQ(testing::run_cli(cli, &out), 2) << "no subcommand: the help, as a usage error";
   EXPECT_THAT(out, HasSubstr("profile"));
   EXPECT_THAT(out, HasSubstr("exit codes:"));
-  EXPECT_EQ(testing::run(cli + " --help", &out), 0) << out;
+  EXPECT_EQ(testing::run_cli(cli + " --help", &out), 0) << out;
   for (const auto& name : {"profile", "estimate", "advise", "check", "summary", "report", "compare", "replay",
                            "bench-compare", "bench-merge", "bench-convert"}) {
     EXPECT_THAT(out, HasSubstr(name)) << "memgate --help lists every subcommand";
@@ -71,41 +72,41 @@ TEST(CliTest, ExitCodesFollowTheContract) {
       {"bench-convert", {"bench.json", "--output"}},
   };
   for (const auto& [command, names] : flags) {
-    EXPECT_EQ(testing::run(cli + " " + command + " --help", &out), 0) << out;
+    EXPECT_EQ(testing::run_cli(cli + " " + command + " --help", &out), 0) << out;
     for (const auto& flag : names) EXPECT_THAT(out, HasSubstr(flag)) << command << " --help";
     EXPECT_THAT(out, HasSubstr("2  usage error")) << command << " --help documents the exit codes";
   }
 
-  EXPECT_EQ(testing::run(cli + " frobnicate", &out), 2) << out;
+  EXPECT_EQ(testing::run_cli(cli + " frobnicate", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("unknown subcommand 'frobnicate'; the subcommands are profile, estimate, advise, check, "
                              "plan, summary, report, compare, replay, bench-compare, bench-merge, bench-convert\n"));
-  EXPECT_EQ(testing::run(cli + " --frobnicate", &out), 2) << out;
+  EXPECT_EQ(testing::run_cli(cli + " --frobnicate", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("'--frobnicate'"));
-  EXPECT_EQ(testing::run(cli + " profile --config x.yaml --frobnicate", &out), 2) << out;
+  EXPECT_EQ(testing::run_cli(cli + " profile --config x.yaml --frobnicate", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("--frobnicate"));
   EXPECT_THAT(out, HasSubstr("memgate profile --help"));
-  EXPECT_EQ(testing::run(cli + " profile", &out), 2) << out;
+  EXPECT_EQ(testing::run_cli(cli + " profile", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("--config is required"));
   for (const auto& sizes : {"0", "1,,2", "1,8,", "-4", "8x", ""}) {
-    EXPECT_EQ(testing::run(cli + " profile --config x.yaml --batch-sizes '" + sizes + "'", &out), 2) << sizes;
+    EXPECT_EQ(testing::run_cli(cli + " profile --config x.yaml --batch-sizes '" + sizes + "'", &out), 2) << sizes;
     EXPECT_THAT(out, HasSubstr("--batch-sizes: expected positive integers separated by commas")) << sizes;
   }
-  EXPECT_EQ(testing::run(cli + " profile --config x.yaml --device tpu", &out), 2) << out;
+  EXPECT_EQ(testing::run_cli(cli + " profile --config x.yaml --device tpu", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"));
   for (const auto& mib : {"0", "-1", "many", "8796093022208"}) {
-    EXPECT_EQ(testing::run(cli + " profile --config x.yaml --cpu-memory-limit-mib " + mib, &out), 2) << mib;
+    EXPECT_EQ(testing::run_cli(cli + " profile --config x.yaml --cpu-memory-limit-mib " + mib, &out), 2) << mib;
     EXPECT_THAT(out, HasSubstr("--cpu-memory-limit-mib: expected a positive integer of at most 8796093022207"))
         << mib;
   }
   for (const auto& number : {"nan", "inf", "-1", "5%"}) {
-    EXPECT_EQ(testing::run(cli + " bench-compare a.json b.json --threshold-pct " + number, &out), 2) << number;
+    EXPECT_EQ(testing::run_cli(cli + " bench-compare a.json b.json --threshold-pct " + number, &out), 2) << number;
     EXPECT_THAT(out, HasSubstr(std::string("--threshold-pct: expected a finite number >= 0, got '") + number));
   }
 
   const auto missing = dir / "missing.yaml";
-  EXPECT_EQ(testing::run(cli + " profile --config " + missing + " --device cpu", &out), 3) << out;
+  EXPECT_EQ(testing::run_cli(cli + " profile --config " + missing + " --device cpu", &out), 3) << out;
   EXPECT_THAT(out, HasSubstr(missing));
-  EXPECT_EQ(testing::run(cli + " summary --results " + (dir / "missing.jsonl"), &out), 3) << out;
+  EXPECT_EQ(testing::run_cli(cli + " summary --results " + (dir / "missing.jsonl"), &out), 3) << out;
   EXPECT_THAT(out, HasSubstr("missing.jsonl"));
 }
 
@@ -171,15 +172,16 @@ TEST(AdviseCliTest, WorldSizeAdvisesEachRanksMicroBatch) {
   std::map<int, nlohmann::json> advice;
   for (const int world : {2, 4}) {
     const auto json = dir / fmt::format("advice{}.json", world);
-    ASSERT_EQ(testing::run(fmt::format("{} advise --config {} --device cpu --capacity-mib 6 --world-size {} --output {}",
-                                       cli, fixture, world, json), &out), 0) << out;
+    ASSERT_EQ(testing::run_cli(fmt::format("{} advise --config {} --device cpu --capacity-mib 6 --world-size {} "
+                                           "--output {}", cli, fixture, world, json), &out), 0) << out;
     EXPECT_THAT(out, HasSubstr(fmt::format("{} ranks: each batch is one rank's micro-batch", world)));
     advice[world] = nlohmann::json::parse(testing::read_file(json));
     EXPECT_EQ(advice[world]["world_size"], world);
   }
   EXPECT_GT(advice[4]["targets"][0]["batch_size"].get<int>(), advice[2]["targets"][0]["batch_size"].get<int>());
   const auto plain = testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
-  EXPECT_EQ(testing::run(cli + " advise --config " + plain + " --device cpu --capacity-mib 6 --world-size 2", &out), 3);
+  EXPECT_EQ(testing::run_cli(cli + " advise --config " + plain + " --device cpu --capacity-mib 6 --world-size 2", &out),
+            3);
   EXPECT_THAT(out, HasSubstr("trains on one device"));
 }
 
@@ -188,19 +190,19 @@ TEST(AdviseCliTest, AdvisesForACapacityAndWritesJson) {
   const std::string cli = MEMGATE_CLI;
   const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
   std::string out;
-  EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu", &out), 2) << out;
+  EXPECT_EQ(testing::run_cli(cli + " advise --config " + fixture + " --device cpu", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("--gpu, --all-gpus or --capacity-mib"));
-  EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 0", &out), 2) << out;
+  EXPECT_EQ(testing::run_cli(cli + " advise --config " + fixture + " --device cpu --capacity-mib 0", &out), 2) << out;
   // An unknown GPU id is a usage error, with the ids there are.
-  EXPECT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --gpu no_such_gpu", &out), 2) << out;
+  EXPECT_EQ(testing::run_cli(cli + " advise --config " + fixture + " --device cpu --gpu no_such_gpu", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("--gpu no_such_gpu"));
   EXPECT_THAT(out, HasSubstr("known ids: "));
   EXPECT_THAT(out, HasSubstr("t4_16gb"));
-  EXPECT_EQ(testing::run(cli + " estimate --config " + fixture + " --gpu no_such_gpu", &out), 2) << out;
+  EXPECT_EQ(testing::run_cli(cli + " estimate --config " + fixture + " --gpu no_such_gpu", &out), 2) << out;
   EXPECT_THAT(out, HasSubstr("t4_16gb"));
   const auto json = dir / "advice.json";
-  ASSERT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 8 --effective-batch 64 "
-                               "--output " + json, &out), 0) << out;
+  ASSERT_EQ(testing::run_cli(cli + " advise --config " + fixture + " --device cpu --capacity-mib 8 "
+                             "--effective-batch 64 --output " + json, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("effective batch 64: micro-batch"));
   const auto advice = nlohmann::json::parse(testing::read_file(json));
   const auto& target = advice["targets"][0];
@@ -213,7 +215,7 @@ TEST(AdviseCliTest, AdvisesForACapacityAndWritesJson) {
   EXPECT_TRUE(advice["from_estimates"].get<bool>());
   EXPECT_THAT(out, HasSubstr("Predictions came from estimates"));
   // From the line through the measured peaks when asked: the same batch.
-  ASSERT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --capacity-mib 8 --no-from-estimates "
+  ASSERT_EQ(testing::run_cli(cli + " advise --config " + fixture + " --device cpu --capacity-mib 8 --no-from-estimates "
                                "--output " + json, &out), 0) << out;
   EXPECT_THAT(out, Not(HasSubstr("Predictions came from estimates")));
   const auto line = nlohmann::json::parse(testing::read_file(json));
@@ -230,8 +232,8 @@ TEST(AdviseCliTest, AGpuThisMachineDoesNotHaveIsAnsweredFromEstimates) {
   const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
   std::string out;
   const auto json = dir / "advice.json", estimate = dir / "estimate.json";
-  ASSERT_EQ(testing::run("MEMGATE_PROGRESS=1 " + cli + " advise --config " + fixture + " --device cpu --gpu t4_16gb "
-                         "--gpu rtx_3070_8gb --output " + json, &out), 0) << out;
+  ASSERT_EQ(testing::run_cli("MEMGATE_PROGRESS=1 " + cli + " advise --config " + fixture + " --device cpu "
+                             "--gpu t4_16gb --gpu rtx_3070_8gb --output " + json, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("vit_tiny_lora on t4_16gb, rtx_3070_8gb, BY ESTIMATE, not measured: this machine has no "
                              "GPU to probe on"));
   EXPECT_THAT(out, HasSubstr("answered from estimates for CUDA, no probe"));
@@ -244,8 +246,8 @@ TEST(AdviseCliTest, AGpuThisMachineDoesNotHaveIsAnsweredFromEstimates) {
   EXPECT_FALSE(advice.contains("plans")) << "the fixture's largest batch fits both: nothing to plan";
   EXPECT_THAT(out, Not(HasSubstr("does not fit")));
   // The estimate's own answer, batch for batch.
-  ASSERT_EQ(testing::run(cli + " estimate --config " + fixture + " --batch-sizes 1 --gpu t4_16gb --gpu rtx_3070_8gb "
-                         "--output " + estimate, &out), 0) << out;
+  ASSERT_EQ(testing::run_cli(cli + " estimate --config " + fixture + " --batch-sizes 1 --gpu t4_16gb "
+                             "--gpu rtx_3070_8gb --output " + estimate, &out), 0) << out;
   const auto expected = nlohmann::json::parse(testing::read_file(estimate))["largest_batch_by_estimate"];
   ASSERT_EQ(advice["largest_batch_by_estimate"].size(), 2U) << advice.dump(2);
   for (std::size_t i = 0; i < 2; ++i) {
@@ -270,16 +272,16 @@ TEST(AdviseCliTest, AWantedBatchThatDoesNotFitIsPlannedAsMemgatePlanPlansIt) {
   testing::write_file(fixture, yaml);
   const auto advice_json = dir / "advice.json", plan_json = dir / "plan.json", estimate_json = dir / "estimate.json";
   std::string out;
-  ASSERT_EQ(testing::run(cli + " advise --config " + fixture + " --device cpu --gpu rtx_3070_8gb --gpu "
+  ASSERT_EQ(testing::run_cli(cli + " advise --config " + fixture + " --device cpu --gpu rtx_3070_8gb --gpu "
                          "h100_80gb --output " + advice_json, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("Batch 16000 does not fit rtx_3070_8gb: the plans that make it fit"));
   EXPECT_THAT(out, HasSubstr("memgate plan: big at batch 16000 on NVIDIA GeForce RTX 3070"));
   const auto plans = nlohmann::json::parse(testing::read_file(advice_json))["plans"];
   ASSERT_EQ(plans.size(), 1U) << "the H100 fits it as it is: " << plans.dump(2);
   ASSERT_TRUE(plans.contains("rtx_3070_8gb")) << plans.dump(2);
-  ASSERT_EQ(testing::run(cli + " plan --config " + fixture + " --gpu rtx_3070_8gb --output " +
+  ASSERT_EQ(testing::run_cli(cli + " plan --config " + fixture + " --gpu rtx_3070_8gb --output " +
                          plan_json, &out), 0) << out;
-  ASSERT_EQ(testing::run(cli + " estimate --config " + fixture + " --gpu rtx_3070_8gb --plan --output " +
+  ASSERT_EQ(testing::run_cli(cli + " estimate --config " + fixture + " --gpu rtx_3070_8gb --plan --output " +
                          estimate_json, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("memgate plan: big at batch 16000 on NVIDIA GeForce RTX 3070"));
   const auto without_time = [](nlohmann::json j) {
@@ -301,8 +303,8 @@ TEST(AdviseCliTest, EveryProbePrintsALine) {
   const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
   std::string out;
   const auto json = dir / "advice.json";
-  ASSERT_EQ(testing::run("MEMGATE_PROGRESS=1 " + cli + " advise --config " + fixture + " --device cpu --gpu t4_16gb "
-                         "--capacity-mib 8 --output " + json, &out), 0) << out;
+  ASSERT_EQ(testing::run_cli("MEMGATE_PROGRESS=1 " + cli + " advise --config " + fixture + " --device cpu "
+                             "--gpu t4_16gb --capacity-mib 8 --output " + json, &out), 0) << out;
   const auto advice = nlohmann::json::parse(testing::read_file(json));
   ASSERT_EQ(advice["targets"].size(), 1U) << "the capacity is probed, the GPU is not";
   EXPECT_EQ(advice["targets"][0]["id"], "capacity");
@@ -538,22 +540,22 @@ TEST(CheckCliTest, VerdictsAndExitCodesFollowTheGate) {
   const auto check = cli + " check --config " + fixture + " --device cpu --batch-sizes 2 --baselines " +
                      (dir / "baselines");
   std::string out;
-  EXPECT_EQ(testing::run("env -u CI -u MEMGATE_STRICT " + check, &out), 0) << out;
+  EXPECT_EQ(testing::run_cli("env -u CI -u MEMGATE_STRICT " + check, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("8 missing"));
   EXPECT_THAT(out, HasSubstr("0 components compared with a baseline"));
   EXPECT_THAT(out, HasSubstr("NOTHING WAS COMPARED"));
   EXPECT_THAT(out, HasSubstr("looked in " + (dir / "baselines/cpu")));
   EXPECT_THAT(out, HasSubstr("memgate check --update-baselines --config " + fixture)) << "the command of its world";
   EXPECT_THAT(out, Not(HasSubstr("ctest --preset"))) << "a pip user has no CTest preset";
-  EXPECT_EQ(testing::run("env -u CI -u MEMGATE_STRICT " + check + " --strict", &out), 1) << out;
+  EXPECT_EQ(testing::run_cli("env -u CI -u MEMGATE_STRICT " + check + " --strict", &out), 1) << out;
   // Under CI (which words turn CI on, and MEMGATE_STRICT=0 letting it pass there: StatusTest, tests/base).
-  EXPECT_EQ(testing::run("env -u MEMGATE_STRICT CI=TRUE " + check, &out), 1) << out;
+  EXPECT_EQ(testing::run_cli("env -u MEMGATE_STRICT CI=TRUE " + check, &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("memgate check: FAILED (1 probes on cpu, 0 components compared with a baseline)"));
   EXPECT_THAT(out, HasSubstr("under CI (CI=true) a missing baseline fails"));
 
   // Record the baseline through the memory suite's update path is not available here: write it with the same
   // library call the update preset uses, from a real profile.
-  EXPECT_EQ(testing::run(cli + " profile --config " + fixture + " --device cpu --batch-sizes 2 --output " +
+  EXPECT_EQ(testing::run_cli(cli + " profile --config " + fixture + " --device cpu --batch-sizes 2 --output " +
                              (dir / "p.json"), &out), 0) << out;
   const auto profile = nlohmann::json::parse(testing::read_file(dir / "p.json"));
   nlohmann::json baseline = {
@@ -563,20 +565,20 @@ TEST(CheckCliTest, VerdictsAndExitCodesFollowTheGate) {
       {"probes", {{{"batch_size", 2}, {"components", profile["probes"][0]["components"]},
                    {"provenance", {{"fixture_hash", profile["model"]["fixture_hash"]}}}}}}};
   testing::write_file(dir / "baselines/cpu/checked.json", baseline.dump(2));
-  EXPECT_EQ(testing::run(check, &out), 0) << out;
+  EXPECT_EQ(testing::run_cli(check, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("memgate check: passed (1 probes on cpu, 8 components compared with a baseline): 8 ok"));
 
   baseline["probes"][0]["components"]["activations"] =
       baseline["probes"][0]["components"]["activations"].get<std::int64_t>() * 99 / 100;
   testing::write_file(dir / "baselines/cpu/checked.json", baseline.dump(2));
-  EXPECT_EQ(testing::run(check, &out), 1) << out;
+  EXPECT_EQ(testing::run_cli(check, &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("regression  checked_bs2_activations"));
   EXPECT_THAT(out, HasSubstr("checked at batch 2: activations grew beyond its baseline"));
   EXPECT_THAT(out, HasSubstr("7 ok, 1 regression"));
   EXPECT_THAT(out, HasSubstr("If this growth is intended, record the new baseline: memgate check --update-baselines "
                              "--config " + fixture + " --baselines " + (dir / "baselines") + " --device cpu"));
 
-  EXPECT_EQ(testing::run(cli + " check --device cpu", &out), 2) << "--config or --suite is required";
+  EXPECT_EQ(testing::run_cli(cli + " check --device cpu", &out), 2) << "--config or --suite is required";
 }
 
 // `memgate check --update-baselines`: the update workflow outside CTest records the probes' baselines (a second run
@@ -590,18 +592,18 @@ TEST(CheckCliTest, UpdateBaselinesRecordsWhatTheGateThenPasses) {
                      (dir / "baselines");
   const auto file = dir / "baselines/cpu/recorded.json";
   std::string out;
-  EXPECT_EQ(testing::run(check + " --update-baselines", &out), 0) << out;
+  EXPECT_EQ(testing::run_cli(check + " --update-baselines", &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("recorded " + file));
   const auto recorded = testing::read_file(file);
   const auto baseline = nlohmann::json::parse(recorded);
   ASSERT_EQ(baseline["probes"].size(), 2U);
   EXPECT_TRUE(baseline["probes"][0]["provenance"].contains("fixture_hash"));
-  EXPECT_EQ(testing::run(check + " --update-baselines", &out), 0) << out;
+  EXPECT_EQ(testing::run_cli(check + " --update-baselines", &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("unchanged " + file));
   EXPECT_EQ(testing::read_file(file), recorded);
-  EXPECT_EQ(testing::run(check + " --strict", &out), 0) << out;
+  EXPECT_EQ(testing::run_cli(check + " --strict", &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("memgate check: passed (2 probes on cpu, 16 components compared with a baseline): 16 ok"));
-  EXPECT_EQ(testing::run(check + " --update-baselines --exact", &out), 2) << out;
+  EXPECT_EQ(testing::run_cli(check + " --update-baselines --exact", &out), 2) << out;
 }
 
 
@@ -618,7 +620,7 @@ TEST(CheckCliTest, WritesEveryReportOfOneRun) {
   const auto command = cli + " check --config " + fixture + " --device cpu --batch-sizes 2 --baselines " +
                        (dir / "baselines");
   std::string out;
-  ASSERT_EQ(testing::run("env -u CI -u MEMGATE_STRICT " + command + " --update-baselines", &out), 0) << out;
+  ASSERT_EQ(testing::run_cli("env -u CI -u MEMGATE_STRICT " + command + " --update-baselines", &out), 0) << out;
   const auto file = dir / "baselines/cpu/reported.json";
   auto baseline = nlohmann::json::parse(testing::read_file(file));
   auto& activations = baseline["probes"][0]["components"]["activations"];
@@ -627,7 +629,7 @@ TEST(CheckCliTest, WritesEveryReportOfOneRun) {
   testing::write_file(dir / "step.md", "earlier step\n");
   const auto reports = " --config " + (dir / "broken.yaml") + " --junit " + (dir / "junit.xml") + " --markdown " +
                        (dir / "summary.md") + " --json " + (dir / "verdicts.json") + " --html " + (dir / "page.html");
-  EXPECT_EQ(testing::run("env -u CI -u MEMGATE_STRICT GITHUB_STEP_SUMMARY=" + (dir / "step.md") + " " + command +
+  EXPECT_EQ(testing::run_cli("env -u CI -u MEMGATE_STRICT GITHUB_STEP_SUMMARY=" + (dir / "step.md") + " " + command +
                              reports,
                          &out),
             3)
@@ -660,7 +662,7 @@ TEST(CheckCliTest, WritesEveryReportOfOneRun) {
 
   // The XML as a CI's JUnit reader takes it: Python's own parser counts the cases, the failure, the error.
   std::string counted;
-  EXPECT_EQ(testing::run("python3 -c \"import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); "
+  EXPECT_EQ(testing::run_cli("python3 -c \"import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); "
                          "print(r.get('tests'), r.get('failures'), r.get('errors'), len(r.findall('.//testcase')), "
                          "[c.get('name') for c in r.findall('.//testcase') if c.find('failure') is not None], "
                          "[f.get('type') for f in r.findall('.//failure')])\" " + (dir / "junit.xml"),
@@ -683,7 +685,8 @@ TEST(CheckCliTest, WritesEveryReportOfOneRun) {
   EXPECT_THAT(html, HasSubstr("<h1>cpu / reported</h1>"));
   EXPECT_THAT(html, HasSubstr("memgate " MEMGATE_VERSION));
 
-  EXPECT_EQ(testing::run(command + " --update-baselines --json " + (dir / "x.json"), &out), 2) << "no report of a record";
+  EXPECT_EQ(testing::run_cli(command + " --update-baselines --json " + (dir / "x.json"), &out), 2)
+      << "no report of a record";
 }
 
 // A component that shrank beside a peak that grew beyond its tolerance: memory moved, it did not go down, and the
@@ -697,14 +700,14 @@ TEST(CheckCliTest, StaleNeverAdvisesRecordingWhileAPeakOfTheSameProbeGrew) {
   const auto check = "env -u CI -u MEMGATE_STRICT " + cli + " check --config " + fixture +
                      " --device cpu --batch-sizes 2 --baselines " + (dir / "baselines");
   std::string out;
-  ASSERT_EQ(testing::run(check + " --update-baselines", &out), 0) << out;
+  ASSERT_EQ(testing::run_cli(check + " --update-baselines", &out), 0) << out;
   const auto file = dir / "baselines/cpu/moved.json";
   auto baseline = nlohmann::json::parse(testing::read_file(file));
   auto& components = baseline["probes"][0]["components"];
   components["activations"] = components["activations"].get<std::int64_t>() * 2;  // measured now: half of it
   components["step_peak"] = components["step_peak"].get<std::int64_t>() * 9 / 10;  // measured now: 11% above
   testing::write_file(file, baseline.dump(2));
-  EXPECT_EQ(testing::run(check, &out), 1) << out;
+  EXPECT_EQ(testing::run_cli(check, &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("regression  moved_bs2_step_peak"));
   EXPECT_THAT(out, HasSubstr("stale       moved_bs2_activations"));
   EXPECT_THAT(out, HasSubstr("Do not record this smaller baseline on its own: at the same batch size step_peak +"));
@@ -712,11 +715,11 @@ TEST(CheckCliTest, StaleNeverAdvisesRecordingWhileAPeakOfTheSameProbeGrew) {
   EXPECT_THAT(out, Not(HasSubstr("not-repeatable"))) << "a model that repeats is measured twice to the same bytes";
 
   // Without the grown peak, a stale component says to record the smaller baseline, with the command that does.
-  ASSERT_EQ(testing::run(check + " --update-baselines", &out), 0) << out;
+  ASSERT_EQ(testing::run_cli(check + " --update-baselines", &out), 0) << out;
   auto fresh = nlohmann::json::parse(testing::read_file(file));
   fresh["probes"][0]["components"]["activations"] = fresh["probes"][0]["components"]["activations"].get<std::int64_t>() * 2;
   testing::write_file(file, fresh.dump(2));
-  EXPECT_EQ(testing::run(check, &out), 0) << out;
+  EXPECT_EQ(testing::run_cli(check, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("Memory went down: record the smaller baseline so that the gate keeps it: memgate check "
                              "--update-baselines --config " + fixture));
 }
@@ -735,7 +738,7 @@ TEST(CheckCliTest, ASuiteJudgesEveryFixtureAndExitsWithTheWorst) {
   const auto check = "env -u CI -u MEMGATE_STRICT " + cli + " check --suite " + (dir / "fixtures/suites/s.yaml") +
                      " --baselines " + (dir / "baselines");
   std::string out;
-  EXPECT_EQ(testing::run(check + " --update-baselines", &out), 3) << out;
+  EXPECT_EQ(testing::run_cli(check + " --update-baselines", &out), 3) << out;
   EXPECT_THAT(out, HasSubstr("recorded " + (dir / "baselines/cpu/good.json")));
   EXPECT_THAT(out, HasSubstr("recorded " + (dir / "baselines/cpu/grown.json"))) << "the fixture after the broken one";
   EXPECT_THAT(out, HasSubstr("broken.yaml"));
@@ -746,7 +749,7 @@ TEST(CheckCliTest, ASuiteJudgesEveryFixtureAndExitsWithTheWorst) {
   grown["probes"][0]["components"]["activations"] =
       grown["probes"][0]["components"]["activations"].get<std::int64_t>() * 9 / 10;
   testing::write_file(dir / "baselines/cpu/grown.json", grown.dump(2));
-  EXPECT_EQ(testing::run(check, &out), 3) << out;
+  EXPECT_EQ(testing::run_cli(check, &out), 3) << out;
   EXPECT_THAT(out, HasSubstr("bogus_key"));
   EXPECT_THAT(out, HasSubstr("regression  grown_bs1_activations"));
   EXPECT_THAT(out, HasSubstr("memgate check: ERROR (2 probes on cpu, 16 components compared with a baseline): 15 ok, "

@@ -1,6 +1,7 @@
 // memgate report, compare and profile --html/--snapshot end to end, and the report rendered in a real browser
 // (headless Chromium): the page loads without script errors, holds its plots, and paints them.
 #include "memgate/allocator/snapshot_pickle.h"
+#include "cli_fork.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -97,7 +98,7 @@ TEST(ReportCliTest, ProfileWritesItsHtmlAndOneSnapshotPerBatchSize) {
   testing::TempDir dir;
   std::string out;
   const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_lora.yaml";
-  ASSERT_EQ(testing::run(fmt::format("MEMGATE_PROGRESS=1 {} profile --config {} --device cpu --batch-sizes 1,2 "
+  ASSERT_EQ(testing::run_cli(fmt::format("MEMGATE_PROGRESS=1 {} profile --config {} --device cpu --batch-sizes 1,2 "
                                      "--html {} --snapshot {}",
                                      kCli, fixture, dir / "p.html", dir / "step.pickle"),
                          &out),
@@ -131,7 +132,7 @@ TEST(ReportCliTest, ProfileWritesItsHtmlAndOneSnapshotPerBatchSize) {
   // Progress on stderr, one line per probe in a log (not a terminal).
   EXPECT_THAT(out, HasSubstr("[memgate] vit_tiny_lora bs 1: step peak"));
   EXPECT_THAT(out, HasSubstr("[memgate] vit_tiny_lora bs 2: step peak"));
-  ASSERT_EQ(testing::run(fmt::format("MEMGATE_PROGRESS=0 {} profile --config {} --device cpu --batch-sizes 1", kCli,
+  ASSERT_EQ(testing::run_cli(fmt::format("MEMGATE_PROGRESS=0 {} profile --config {} --device cpu --batch-sizes 1", kCli,
                                      fixture),
                          &out),
             0);
@@ -149,7 +150,7 @@ TEST(ReportCliTest, DistributedProfileAndEstimateWriteOneSnapshotPerRank) {
     for (const auto& e : snapshot["device_traces"][0]) allocs += e["action"] == "segment_alloc" ? 1 : 0;
     return allocs;
   };
-  ASSERT_EQ(testing::run(fmt::format("{} profile --config {} --device cpu --batch-sizes 1 --snapshot {}", kCli,
+  ASSERT_EQ(testing::run_cli(fmt::format("{} profile --config {} --device cpu --batch-sizes 1 --snapshot {}", kCli,
                                      fixture, dir / "d.pickle"),
                          &out),
             0)
@@ -163,7 +164,7 @@ TEST(ReportCliTest, DistributedProfileAndEstimateWriteOneSnapshotPerRank) {
     EXPECT_GT(allocs_of(load_plain_pickle(dir / name)), 100) << name;
     EXPECT_THAT(out, HasSubstr(name));
   }
-  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {} --batch-sizes 1,2 --snapshot {}", kCli, fixture,
+  ASSERT_EQ(testing::run_cli(fmt::format("{} estimate --config {} --batch-sizes 1,2 --snapshot {}", kCli, fixture,
                                      dir / "e.pickle"),
                          &out),
             0)
@@ -173,8 +174,8 @@ TEST(ReportCliTest, DistributedProfileAndEstimateWriteOneSnapshotPerRank) {
     EXPECT_GT(allocs_of(load_plain_pickle(dir / name)), 100) << name;
   }
   // DDP's ranks print their buckets.
-  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {}/fixtures/models/vit_tiny_ddp.yaml --batch-sizes 1", kCli,
-                                     testing::source_dir()),
+  ASSERT_EQ(testing::run_cli(fmt::format("{} estimate --config {}/fixtures/models/vit_tiny_ddp.yaml --batch-sizes 1",
+                                         kCli, testing::source_dir()),
                          &out),
             0)
       << out;
@@ -189,9 +190,9 @@ TEST(ReportCliTest, EstimateWritesTheProfileJsonMarkedAsAnEstimate) {
   testing::TempDir dir;
   std::string out;
   const auto fixtures = testing::source_dir() + "/fixtures/models/";
-  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {}retfound_green_lora.yaml --for cuda --output {} --html {}",
-                                     kCli, fixtures, dir / "e.json", dir / "e.html"),
-                         &out),
+  ASSERT_EQ(testing::run_cli(fmt::format("{} estimate --config {}retfound_green_lora.yaml --for cuda --output {} "
+                                         "--html {}", kCli, fixtures, dir / "e.json", dir / "e.html"),
+                             &out),
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("memgate estimate: retfound_green_lora on estimate for CUDA"));
@@ -208,7 +209,7 @@ TEST(ReportCliTest, EstimateWritesTheProfileJsonMarkedAsAnEstimate) {
       << out;
   // The 7B fixture (bf16 autocast, frozen weights kept in bf16) on a machine without a GPU: 7.05 G parameters of
   // two bytes each, counted, not allocated.
-  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {}lisa_7b_bf16.yaml --batch-sizes 2 --output {}", kCli,
+  ASSERT_EQ(testing::run_cli(fmt::format("{} estimate --config {}lisa_7b_bf16.yaml --batch-sizes 2 --output {}", kCli,
                                      fixtures, dir / "lisa.json"),
                          &out),
             0)
@@ -217,7 +218,7 @@ TEST(ReportCliTest, EstimateWritesTheProfileJsonMarkedAsAnEstimate) {
   const auto params = lisa.at("probes").at(0).at("components").at("params").get<std::int64_t>();
   EXPECT_GT(params, std::int64_t{7'000'000'000} * 2);
   EXPECT_LT(params, std::int64_t{7'100'000'000} * 2) << "the frozen weights in bf16, not fp32";
-  EXPECT_EQ(testing::run(fmt::format("{} estimate --config {}gpt_tiny.yaml --for tpu", kCli, fixtures), &out), 2);
+  EXPECT_EQ(testing::run_cli(fmt::format("{} estimate --config {}gpt_tiny.yaml --for tpu", kCli, fixtures), &out), 2);
 }
 
 // Budgets of full-size fixtures on a machine without a GPU: the GPU suite's, each from an estimate for CUDA.
@@ -228,9 +229,9 @@ TEST(ReportCliTest, EstimateSearchesTheLargestBatchForEachGpu) {
   testing::TempDir dir;
   std::string out;
   const auto fixture = testing::source_dir() + "/fixtures/models/retfound_large_lora.yaml";
-  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {} --gpu rtx_3070_8gb --gpu h100_80gb --effective-batch 256 "
-                                     "--output {}",
-                                     kCli, fixture, dir / "e.json"),
+  ASSERT_EQ(testing::run_cli(fmt::format("{} estimate --config {} --gpu rtx_3070_8gb --gpu h100_80gb "
+                                         "--effective-batch 256 --output {}",
+                                         kCli, fixture, dir / "e.json"),
                          &out),
             0)
       << out;
@@ -253,8 +254,8 @@ TEST(ReportCliTest, EstimateSearchesTheLargestBatchForEachGpu) {
     EXPECT_EQ(f["gpu_measured"], false) << "neither GPU was ever measured by memgate";
     EXPECT_EQ(f["micro_batch"].get<std::int64_t>() * f["accumulation_steps"].get<std::int64_t>(), 256) << f;
     EXPECT_LE(f["micro_batch"], largest) << f;
-    ASSERT_EQ(testing::run(fmt::format("{} estimate --config {} --batch-sizes {},{} --output {}", kCli, fixture, largest,
-                                       largest + 1, dir / "b.json"),
+    ASSERT_EQ(testing::run_cli(fmt::format("{} estimate --config {} --batch-sizes {},{} --output {}", kCli, fixture,
+                                           largest, largest + 1, dir / "b.json"),
                            &out),
               0)
         << out;
@@ -269,7 +270,7 @@ TEST(ReportCliTest, EstimateSaysItsBatchesArePerRankAndWhereItsSearchStopped) {
   testing::TempDir dir;
   std::string out;
   const auto fixture = testing::source_dir() + "/fixtures/models/vit_tiny_ddp.yaml";
-  ASSERT_EQ(testing::run(fmt::format("{} estimate --config {} --batch-sizes 1 --world-size 4 --gpu h100_80gb "
+  ASSERT_EQ(testing::run_cli(fmt::format("{} estimate --config {} --batch-sizes 1 --world-size 4 --gpu h100_80gb "
                                      "--effective-batch 64 --output {}", kCli, fixture, dir / "e.json"),
                          &out),
             0)
@@ -288,7 +289,7 @@ TEST(ReportCliTest, EstimateSaysItsBatchesArePerRankAndWhereItsSearchStopped) {
 TEST(ReportCliTest, EstimateChecksASuitesBudgetsWithoutAGpu) {
   std::string out;
   const auto root = testing::source_dir() + "/fixtures";
-  ASSERT_EQ(testing::run(fmt::format("{} estimate --suite {}/suites/gpu.yaml", kCli, root), &out), 0) << out;
+  ASSERT_EQ(testing::run_cli(fmt::format("{} estimate --suite {}/suites/gpu.yaml", kCli, root), &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("lisa_7b_bf16"));
   EXPECT_THAT(out, HasSubstr("7 of 7 budgets fit, by estimate"));
   // The distributed fixtures' budgets hold each rank on a GPU of its own.
@@ -304,14 +305,16 @@ TEST(ReportCliTest, EstimateChecksASuitesBudgetsWithoutAGpu) {
   testing::write_file(dir / "suites/tight.yaml",
                       "device: cuda\nfixtures: []\nbudgets:\n"
                       "  - {fixture: retfound_large_full, batch_size: 64, gpu: rtx_3070_8gb}\n");
-  EXPECT_EQ(testing::run(fmt::format("{} estimate --suite {} --gpus {}/gpus", kCli, dir / "suites/tight.yaml", root),
-                         &out),
+  EXPECT_EQ(testing::run_cli(fmt::format("{} estimate --suite {} --gpus {}/gpus", kCli, dir / "suites/tight.yaml",
+                                         root),
+                             &out),
             1)
       << out;
   EXPECT_THAT(out, HasSubstr("DOES NOT FIT [estimate]"));
   EXPECT_THAT(out, HasSubstr("0 of 1 budgets fit"));
   // --suite is the whole run: a fixture or files beside it are a usage error.
-  EXPECT_EQ(testing::run(fmt::format("{} estimate --suite {}/suites/gpu.yaml --output x.json", kCli, root), &out), 2);
+  EXPECT_EQ(testing::run_cli(fmt::format("{} estimate --suite {}/suites/gpu.yaml --output x.json", kCli, root), &out),
+            2);
 }
 
 // --- The browser ----------------------------------------------------------------------------------------------
