@@ -767,45 +767,13 @@ INSTANTIATE_TEST_SUITE_P(Catalogue, BadPythonTest, ::testing::ValuesIn(bad_input
 namespace memgate {
 namespace {
 
-// A Python fixture's estimates as a search makes them (issue 59: a ViT-B with LoRA took 0.8 s per estimate, 54 s for
-// --all-gpus): several batch sizes in one Python process, forked from a server whose imports Python's collector no
-// longer walks (gc.freeze). Each component of each batch size equals, to the byte, the estimate of a process of its
-// own as memgate made it before (MEMGATE_GC_FREEZE=0: every object walked by each collection), for the timm ViT with
-// PEFT's LoRA and for the transformers LLaMA. (The search, every GPU's in step: tests/advise.)
-TEST(PythonEstimateSpeedTest, EstimatesInOneProcessEqualEachInAProcessOfItsOwn) {
-  const std::vector<std::int64_t> batches = {1, 3, 8};
-  for (const auto* name : {"py_vit_tiny_lora_timm", "py_llama_tiny_lora"}) {
-    const auto f = fixture(name);
-    for (const auto target : {EstimateTarget::kCuda, EstimateTarget::kCpu}) {
-      const auto for_what = target == EstimateTarget::kCuda ? "CUDA" : "the CPU";
-      ::setenv("MEMGATE_GC_FREEZE", "0", 1);
-      std::vector<ProbeResult> alone;
-      for (const auto b : batches) alone.push_back(estimate_probe(f, b, target));
-      ::unsetenv("MEMGATE_GC_FREEZE");
-      const auto together = estimate_profile(f, batches, target);
-      ASSERT_EQ(together.probes.size(), batches.size());
-      for (std::size_t i = 0; i < batches.size(); ++i) {
-        ASSERT_FALSE(alone[i].failed || together.probes[i].failed) << alone[i].error << together.probes[i].error;
-        expect_equal_components(together.probes[i].components, alone[i].components,
-                                fmt::format("{}, estimate for {} at batch {}: in one process with the others, and "
-                                            "in a process of its own", name, for_what, batches[i]));
-        EXPECT_TRUE(together.probes[i].modules == alone[i].modules) << name << " batch " << batches[i];
-      }
-    }
-  }
-}
-
-}  // namespace
-}  // namespace memgate
-
-namespace memgate {
-namespace {
-
 // One built module serves every batch size of an estimate process (issue 59: the build was most of a ViT-B's 0.2 s
 // per estimate): the builder runs for the parameter count and the first probe, and the later probes replay the
 // first's build (CountingMetaAllocator::BuildRecord) with the module as it left it. A module that a probe leaves
 // otherwise (a tensor it keeps from its first forward, a hook it adds) is built anew for the next probe. Either way
-// each estimate equals, to the byte, that of a process of its own, for CUDA and for the CPU.
+// each estimate equals, to the byte, that of a process of its own, for CUDA and for the CPU. First of its suite: its
+// 24 estimates fork from a server that has imported torch alone (0.10 CPU-s each), not from one that the next test's
+// timm, PEFT and transformers have grown (0.20 each).
 TEST(PythonEstimateSpeedTest, OneBuiltModuleServesEveryBatchSizeUnlessAProbeLeftItChanged) {
   testing::TempDir dir;
   testing::write_file(dir / "models.py",
@@ -852,6 +820,40 @@ TEST(PythonEstimateSpeedTest, OneBuiltModuleServesEveryBatchSizeUnlessAProbeLeft
         expect_equal_components(together.probes[i].components, alone[i].components,
                                 fmt::format("{} at batch {}: in one process, and in a process of its own", what,
                                             batches[i]));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memgate
+
+namespace memgate {
+namespace {
+
+// A Python fixture's estimates as a search makes them (issue 59: a ViT-B with LoRA took 0.8 s per estimate, 54 s for
+// --all-gpus): several batch sizes in one Python process, forked from a server whose imports Python's collector no
+// longer walks (gc.freeze). Each component of each batch size equals, to the byte, the estimate of a process of its
+// own as memgate made it before (MEMGATE_GC_FREEZE=0: every object walked by each collection), for the timm ViT with
+// PEFT's LoRA and for the transformers LLaMA. (The search, every GPU's in step: tests/advise.)
+TEST(PythonEstimateSpeedTest, EstimatesInOneProcessEqualEachInAProcessOfItsOwn) {
+  const std::vector<std::int64_t> batches = {1, 3, 8};
+  for (const auto* name : {"py_vit_tiny_lora_timm", "py_llama_tiny_lora"}) {
+    const auto f = fixture(name);
+    for (const auto target : {EstimateTarget::kCuda, EstimateTarget::kCpu}) {
+      const auto for_what = target == EstimateTarget::kCuda ? "CUDA" : "the CPU";
+      ::setenv("MEMGATE_GC_FREEZE", "0", 1);
+      std::vector<ProbeResult> alone;
+      for (const auto b : batches) alone.push_back(estimate_probe(f, b, target));
+      ::unsetenv("MEMGATE_GC_FREEZE");
+      const auto together = estimate_profile(f, batches, target);
+      ASSERT_EQ(together.probes.size(), batches.size());
+      for (std::size_t i = 0; i < batches.size(); ++i) {
+        ASSERT_FALSE(alone[i].failed || together.probes[i].failed) << alone[i].error << together.probes[i].error;
+        expect_equal_components(together.probes[i].components, alone[i].components,
+                                fmt::format("{}, estimate for {} at batch {}: in one process with the others, and "
+                                            "in a process of its own", name, for_what, batches[i]));
+        EXPECT_TRUE(together.probes[i].modules == alone[i].modules) << name << " batch " << batches[i];
       }
     }
   }
