@@ -59,9 +59,30 @@ const std::vector<Pattern>& patterns() {
   return all;
 }
 
-// The reference's documents of every pattern, in their order (each with its fixture and one JSON object per batch
-// size), from one run of tools/step_reference.py: torch and transformers imported once for the seven, each fixture run
-// as in a run of its own. Made by the first test that asks; `error` says why there are none.
+// vit_tiny_lora and its timm twin (py_vit_tiny_lora_timm, a Python fixture) with `training_line` added to their
+// training sections, written to `dir` as <name>_<suffix>.yaml: the twin's path and the zoo fixture.
+std::pair<std::string, Fixture> zoo_and_twin_with(const testing::TempDir& dir, const std::string& training_line,
+                                                  const std::string& suffix) {
+  const auto models = testing::source_dir() + "/fixtures/models/";
+  for (const auto* name : {"py_vit_tiny_lora_timm", "vit_tiny_lora"}) {
+    auto text = read_text_file(models + name + std::string(".yaml"), "a fixture");
+    text.replace(text.find("  precision: fp32\n"), 18, "  precision: fp32\n" + training_line);
+    if (const auto at = text.find("entry: python/"); at != std::string::npos) text.replace(at, 14, "entry: " + models + "python/");
+    write_file_atomically(dir / (std::string(name) + "_" + suffix + ".yaml"), text);
+  }
+  return {dir / ("py_vit_tiny_lora_timm_" + suffix + ".yaml"), load_fixture(dir / ("vit_tiny_lora_" + suffix + ".yaml"))};
+}
+
+// The twins that ClipGradNormTest and EmaTest compare (zoo_and_twin_with's, with max_grad_norm 0.5 and with an EMA
+// of decay 0.9998), at batches 1 and 4.
+const std::vector<std::pair<std::string, std::string>> kTwinSettings{{"clip", "  max_grad_norm: 0.5\n"},
+                                                                     {"ema", "  ema: {decay: 0.9998}\n"}};
+
+// The reference's documents (each with its fixture and one JSON object per batch size) of every pattern, in their
+// order, then of the twins of kTwinSettings, in theirs: one run of tools/step_reference.py for StepReferenceTest,
+// ClipGradNormTest and EmaTest (one CTest test, GROUPS), each fixture run as in a run of its own; torch, timm, PEFT
+// and transformers imported once for the nine (a run for the patterns and one for the twins was 4.5 s of CPU more).
+// Made by the first test that asks; `error` says why there are none.
 struct References {
   nlohmann::json docs;
   std::string error;
@@ -76,12 +97,19 @@ const References& references() {
       for (const auto b : p.batches) sizes += (sizes.empty() ? "" : ",") + std::to_string(b);
       configs += fmt::format(" --config {} --batch-sizes {}", fixture_path(p), sizes);
     }
+    for (const auto& [name, line] : kTwinSettings) {
+      configs += fmt::format(" --config {} --batch-sizes 1,4", zoo_and_twin_with(dir, line, name).first);
+    }
     std::string out;
     const int rc = testing::run(fmt::format("({} {}/tools/step_reference.py{} 2>{}) > {}", MEMGATE_TORCH_PYTHON,
                                             testing::source_dir(), configs, dir / "err.txt", dir / "ref.json"),
                                 &out);
     if (rc != 0) return References{{}, fmt::format("exit {}: {}{}", rc, out, testing::read_file(dir / "err.txt"))};
-    return References{nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON")), ""};
+    auto docs = nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON"));
+    if (!docs.is_array() || docs.size() != patterns().size() + kTwinSettings.size()) {
+      return References{{}, "expected a document per --config, got " + docs.dump()};
+    }
+    return References{std::move(docs), ""};
   }();
   return all;
 }
@@ -91,9 +119,8 @@ nlohmann::json reference(const Pattern& p) {
   const auto& all = references();
   EXPECT_TRUE(all.error.empty()) << "tools/step_reference.py: " << all.error;
   if (!all.error.empty()) return nlohmann::json::array();
-  EXPECT_EQ(all.docs.size(), patterns().size());
-  for (const auto& doc : all.docs) {
-    if (doc.at("fixture") == fixture_path(p)) return doc.at("probes");
+  for (std::size_t i = 0; i < patterns().size(); ++i) {
+    if (all.docs[i].at("fixture") == fixture_path(p)) return all.docs[i].at("probes");
   }
   ADD_FAILURE() << "tools/step_reference.py made no document of " << fixture_path(p);
   return nlohmann::json::array();
@@ -321,43 +348,15 @@ TEST(ClipGradNormTest, ClippingAZooModelAddsOnlyItsScalarsToTheStep) {
   EXPECT_LE(b.components.step_peak - a.components.step_peak, 4 * (2 * tensors + 8));
 }
 
-// vit_tiny_lora and its timm twin (py_vit_tiny_lora_timm, a Python fixture) with `training_line` added to their
-// training sections, written to `dir` as <name>_<suffix>.yaml: the twin's path and the zoo fixture.
-std::pair<std::string, Fixture> zoo_and_twin_with(const testing::TempDir& dir, const std::string& training_line,
-                                                  const std::string& suffix) {
-  const auto models = testing::source_dir() + "/fixtures/models/";
-  for (const auto* name : {"py_vit_tiny_lora_timm", "vit_tiny_lora"}) {
-    auto text = read_text_file(models + name + std::string(".yaml"), "a fixture");
-    text.replace(text.find("  precision: fp32\n"), 18, "  precision: fp32\n" + training_line);
-    if (const auto at = text.find("entry: python/"); at != std::string::npos) text.replace(at, 14, "entry: " + models + "python/");
-    write_file_atomically(dir / (std::string(name) + "_" + suffix + ".yaml"), text);
-  }
-  return {dir / ("py_vit_tiny_lora_timm_" + suffix + ".yaml"), load_fixture(dir / ("vit_tiny_lora_" + suffix + ".yaml"))};
-}
-
-// The twins that ClipGradNormTest and EmaTest compare (zoo_and_twin_with's, with max_grad_norm 0.5 and with an EMA
-// of decay 0.9998) in one run of tools/step_reference.py at batches 1 and 4, each fixture run as in a run of its own:
-// torch, timm and PEFT imported once for both (a run each was 4.5 s of CPU more). Made by the first test that asks;
-// the reference's probes of `suffix`'s twin ("clip" or "ema"), the same file the test writes.
-const std::vector<std::pair<std::string, std::string>> kTwinSettings{{"clip", "  max_grad_norm: 0.5\n"},
-                                                                     {"ema", "  ema: {decay: 0.9998}\n"}};
+// The reference's probes of `suffix`'s twin ("clip" or "ema"), the same file the test writes (references()).
 nlohmann::json twin_reference(const std::string& suffix) {
-  static const auto docs = [] {
-    testing::TempDir dir;
-    std::string configs;
-    for (const auto& [name, line] : kTwinSettings) {
-      configs += fmt::format(" --config {} --batch-sizes 1,4", zoo_and_twin_with(dir, line, name).first);
-    }
-    std::string out;
-    const int rc = testing::run(fmt::format("({} {}/tools/step_reference.py{} 2>{}) > {}", MEMGATE_TORCH_PYTHON,
-                                            testing::source_dir(), configs, dir / "err.txt", dir / "ref.json"),
-                                &out);
-    if (rc != 0) return nlohmann::json(fmt::format("exit {}: {}{}", rc, out, testing::read_file(dir / "err.txt")));
-    return nlohmann::json::parse(read_text_file(dir / "ref.json", "the reference's JSON"));
-  }();
-  EXPECT_TRUE(docs.is_array() && docs.size() == kTwinSettings.size()) << "tools/step_reference.py: " << docs.dump();
-  for (std::size_t i = 0; i < kTwinSettings.size() && docs.is_array() && i < docs.size(); ++i) {
-    if (kTwinSettings[i].first == suffix) return docs[i].at("probes");
+  const auto& all = references();
+  EXPECT_TRUE(all.error.empty()) << "tools/step_reference.py: " << all.error;
+  for (std::size_t i = 0; i < kTwinSettings.size() && all.error.empty(); ++i) {
+    if (kTwinSettings[i].first != suffix) continue;
+    const auto& doc = all.docs[patterns().size() + i];
+    EXPECT_TRUE(doc.at("fixture").get<std::string>().ends_with("py_vit_tiny_lora_timm_" + suffix + ".yaml")) << doc;
+    return doc.at("probes");
   }
   return nlohmann::json::array();
 }
