@@ -12,7 +12,8 @@ Run (timm installed beside the venv's torch, as tools/make_torchscript_models.sh
   PYTHONPATH=~/.cache/memgate/torchscript-tools ~/.cache/memgate/venv/bin/python tools/ddp_reference.py \\
       --config fixtures/models/vit_tiny_ddp.yaml --world-size 2 --batch-sizes 1,2
 (--config more than once and --world-size 2,4 run each fixture at each world size in one launch, as
-tools/fsdp_reference.py's do: {"runs": [...]}; so does --case CONFIG WORLD_SIZES BATCH_SIZES, several.)
+tools/fsdp_reference.py's do: {"runs": [...]}; so does --case CONFIG WORLD_SIZES BATCH_SIZES, several; and
+tools/fsdp_reference.py --case runs a DDP fixture as this script does, beside FSDP ones, in its launch.)
 """
 from __future__ import annotations
 
@@ -114,16 +115,20 @@ def main(argv=None) -> int:
                    help="ranks, or a list of them (0,2,4) each run (default: the fixture's world_size; 0: the "
                    "same model and training without ranks)")
     p.add_argument("--batch-sizes", default="1,2")
-    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS)
     a = p.parse_args(argv)
-
-    def options_for(_config: str, d: dict) -> dict:
-        ddp = {"gradient_as_bucket_view": bool(d.get("gradient_as_bucket_view", False))}
-        if "bucket_cap_mb" in d:
-            ddp["bucket_cap_mb"] = d["bucket_cap_mb"]
-        return {"reference": "torch DistributedDataParallel (Gloo), timm eager", **ddp}
-
     return fsdp_reference.run_many(p, a, "ddp", rank_main, options_for)
+
+
+WARMUP_STEPS = 2  # DDP rebuilds its buckets at the second iteration's forward: the measured step is the third
+
+
+def options_for(_config: str, d: dict) -> dict:
+    """DistributedDataParallel's options from the fixture's training.distributed block `d`, with "reference"."""
+    ddp = {"gradient_as_bucket_view": bool(d.get("gradient_as_bucket_view", False))}
+    if "bucket_cap_mb" in d:
+        ddp["bucket_cap_mb"] = d["bucket_cap_mb"]
+    return {"reference": "torch DistributedDataParallel (Gloo), timm eager", **ddp}
 
 
 if __name__ == "__main__":

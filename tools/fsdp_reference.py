@@ -32,9 +32,10 @@ Several runs in one launch: --config given more than once and --world-size a lis
 world size, each run's ranks forked afresh from this process once torch, timm and FSDP2 are imported (the import is
 most of a launch's time here); the output is then {"runs": [one run's object, ...]}, fixture by fixture, world size by
 world size. --case CONFIG WORLD_SIZES BATCH_SIZES (several) runs each fixture at world sizes and batch sizes of its own
-in one launch (tests/python/python_test.cpp's FsdpReferenceTest asks for all its runs so). One fixture at one world size prints that run's object alone, as before. World size 0 runs the fixture's
-model and training without ranks (no process group, no fully_shard: tools/timm_reference.py's probe, in a forked
-process of its own), to tell what of a gap is the model's own.
+in one launch, a DDP fixture as tools/ddp_reference.py runs it (tests/python/python_test.cpp's FsdpReferenceTest and
+DdpReferenceTest ask for all their runs so). One fixture at one world size prints that run's object alone, as before.
+World size 0 runs the fixture's model and training without ranks (no process group, no fully_shard:
+tools/timm_reference.py's probe, in a forked process of its own), to tell what of a gap is the model's own.
 
 Run (timm installed beside the venv's torch, as tools/make_torchscript_models.sh installs it):
   PYTHONPATH=~/.cache/memgate/torchscript-tools ~/.cache/memgate/venv/bin/python tools/fsdp_reference.py \\
@@ -55,6 +56,7 @@ import timm_reference  # noqa: E402
 
 
 FENCE = None  # a rank's one-element tensor for fenced()
+WARMUP_STEPS = 1
 
 
 def gloo_one_worker(store, rank: int, size: int, timeout):
@@ -173,7 +175,7 @@ def add_case_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--case", nargs=3, action="append", metavar=("CONFIG", "WORLD_SIZES", "BATCH_SIZES"),
                    help="a fixture run at its own world sizes (2,4; 0: without ranks; fixture: its world_size) and "
                    "batch sizes (1,4), in place of --config, --world-size and --batch-sizes; several: each is run, "
-                   "in order")
+                   "in order (tools/fsdp_reference.py: a DDP fixture too, as tools/ddp_reference.py runs it)")
 
 
 def run_many(p: argparse.ArgumentParser, a: argparse.Namespace, strategy: str, rank_main, options_for) -> int:
@@ -191,18 +193,28 @@ def run_many(p: argparse.ArgumentParser, a: argparse.Namespace, strategy: str, r
         cases = [(config, a.world_size, a.batch_sizes) for config in a.config]
     runs = []
     for config, world_sizes, batch_sizes in cases:
-        d = timm_reference.distributed_block(config, strategy, p.error)
-        options = options_for(config, d)
+        # A DDP fixture's --case in this script's launch runs as tools/ddp_reference.py runs it (its warm-up steps)
+        case_strategy, case_main, case_options, warmup = strategy, rank_main, options_for, a.warmup_steps
+        if a.case and strategy == "fsdp" and \
+                timm_reference.training_block(config).get("distributed", {}).get("strategy") == "ddp":
+            import ddp_reference
+
+            case_strategy, case_main, case_options = "ddp", ddp_reference.rank_main, ddp_reference.options_for
+            warmup = ddp_reference.WARMUP_STEPS if a.warmup_steps is None else a.warmup_steps
+        elif warmup is None:
+            warmup = WARMUP_STEPS
+        d = timm_reference.distributed_block(config, case_strategy, p.error)
+        options = case_options(config, d)
         reference = options.pop("reference")
         for world in world_sizes or [d["world_size"]]:
             if world == 0:
                 if timm_reference.training_block(config).get("precision", "fp32") != "fp32":
                     p.error(f"{config}: world size 0 runs without autocast: an fp32 fixture only")
-                ranks = timm_reference.run_ranks(without_ranks_main, 1, config, a.warmup_steps, batch_sizes, {})
+                ranks = timm_reference.run_ranks(without_ranks_main, 1, config, warmup, batch_sizes, {})
                 runs.append({"reference": "timm eager, no ranks", "config": config, "world_size": 0, "ranks": ranks})
                 continue
-            ranks = timm_reference.run_ranks(rank_main, world, config, a.warmup_steps, batch_sizes, options)
-            runs.append({"reference": reference, "config": config, "world_size": world, strategy: options,
+            ranks = timm_reference.run_ranks(case_main, world, config, warmup, batch_sizes, options)
+            runs.append({"reference": reference, "config": config, "world_size": world, case_strategy: options,
                          "ranks": ranks})
     json.dump(runs[0] if len(runs) == 1 else {"runs": runs}, sys.stdout, indent=1)
     print()
@@ -218,7 +230,8 @@ def main(argv=None) -> int:
                    help="ranks, or a list of them (0,2,4) each run (default: the fixture's world_size; 0: the "
                    "same model and training without ranks)")
     p.add_argument("--batch-sizes", default="1,2")
-    p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--warmup-steps", type=int,
+                   help=f"default {WARMUP_STEPS} (a DDP fixture's --case: tools/ddp_reference.py's, 2)")
     p.add_argument("--reshard-after-forward", type=reshard_arg,
                    help="true|false|int (default: the fixture's reshard_after_forward, else fully_shard's None)")
     p.add_argument("--backward-prefetch", type=int,

@@ -114,17 +114,22 @@ std::string vit_fsdp_bf16_yaml(const std::string& trainable) {
 
 std::string issue72_gpt_yaml(bool tied, int world);
 std::string gpt_offload_yaml(const std::string& offload, bool bf16);
+std::string gpt_ddp_yaml(int world);
 
-// FsdpReferenceTest's runs of FSDP2 (tools/fsdp_reference.py), all in one launch (each run's ranks forked afresh from
-// it, as in a launch of their own; importing torch, timm and FSDP2 is most of a launch): the runs of `name`, one of
-// "vit" (vit_fsdp_bf16_yaml("all") and ("head") at batch 1), "gpt" (issue72_gpt_yaml's tied then untied GPT, each
-// without ranks and over 2 and 4, at batches 1 and 4) and "offload" (gpt_offload_yaml("cpu") in fp32 then bf16 over
-// the fixture's 2 ranks at batch 1), in that order. Made by the first test that asks.
+// FsdpReferenceTest's runs of FSDP2 and DdpReferenceTest's of DDP (tools/fsdp_reference.py, which runs a DDP fixture
+// as tools/ddp_reference.py does), all in one launch (each run's ranks forked afresh from it, as in a launch of their
+// own; importing torch, timm and FSDP2 is most of a launch; the two suites run in one process, GROUPS): the runs of
+// `name`, one of "vit" (vit_fsdp_bf16_yaml("all") and ("head") at batch 1), "gpt" (issue72_gpt_yaml's tied then
+// untied GPT, each without ranks and over 2 and 4, at batches 1 and 4), "offload" (gpt_offload_yaml("cpu") in fp32
+// then bf16 over the fixture's 2 ranks at batch 1) and "ddp" (the TorchScript LM of torchscript_lm_ddp_yaml then the
+// GPT of gpt_ddp_yaml, each over 2 and 4 ranks at batches 1 and 3), in that order. Made by the first test that asks.
 std::vector<nlohmann::json> fsdp_reference_runs(const std::string& name) {
   struct Case {
     std::string test, file, yaml, worlds, batches;
   };
-  static const std::vector<Case> cases{{"vit", "vit_all", vit_fsdp_bf16_yaml("all"), "fixture", "1"},
+  static const std::vector<Case> cases{{"ddp", "ts_lm_ddp", testing::torchscript_lm_ddp_yaml(2), "2,4", "1,3"},
+                                       {"ddp", "gpt_ddp", gpt_ddp_yaml(2), "2,4", "1,3"},
+                                       {"vit", "vit_all", vit_fsdp_bf16_yaml("all"), "fixture", "1"},
                                        {"vit", "vit_head", vit_fsdp_bf16_yaml("head"), "fixture", "1"},
                                        {"gpt", "gpt_tied_301", issue72_gpt_yaml(true, 2), "0,2,4", "1,4"},
                                        {"gpt", "gpt_untied_250", issue72_gpt_yaml(false, 2), "0,2,4", "1,4"},
@@ -307,26 +312,13 @@ std::string gpt_ddp_yaml(int world) {
   return yaml;
 }
 
-// PyTorch's DDP over the TorchScript LM (torchscript_lm_ddp_yaml) and the GPT (gpt_ddp_yaml), each at 2 and 4 ranks
-// and batches 1 and 3: one launch for both tests, the TorchScript LM's runs first.
-const std::vector<nlohmann::json>& ddp_reference_runs() {
-  static const auto runs = [] {
-    testing::TempDir dir;
-    write_file_atomically(dir / "ts_lm_ddp.yaml", testing::torchscript_lm_ddp_yaml(2));
-    write_file_atomically(dir / "gpt_ddp.yaml", gpt_ddp_yaml(2));
-    return reference_runs("ddp_reference.py", fmt::format("--config {} --config {} --world-size 2,4 --batch-sizes 1,3",
-                                                          dir / "ts_lm_ddp.yaml", dir / "gpt_ddp.yaml"));
-  }();
-  return runs;
-}
-
 // memgate's measurement of `yaml(world)` at 2 and 4 ranks and batches 1 and 3 against PyTorch's runs `first` and
-// `first + 1` of ddp_reference_runs(): activations, gradients, optimizer_state, forward_peak and DDP's bucket bytes
-// equal on every rank; params, eval_peak and step_peak (read from before the build) the reference's less `loaded`
+// `first + 1` of fsdp_reference_runs("ddp"): activations, gradients, optimizer_state, forward_peak and DDP's bucket
+// bytes equal on every rank; params, eval_peak and step_peak (read from before the build) the reference's less `loaded`
 // bytes (what Python's loader keeps and memgate's does not: 0, or a TorchScript module's debug records, up to 64 KiB)
 // on every rank, step_peak that or a few bytes more in PyTorch's (the Reducer's rebuild broadcasts, below).
 void expect_ddp_reference(const std::function<std::string(int)>& yaml, std::size_t first, bool torchscript) {
-  const auto& runs = ddp_reference_runs();
+  const auto runs = fsdp_reference_runs("ddp");
   ASSERT_EQ(runs.size(), 4U);
   testing::TempDir dir;
   for (const int world : {2, 4}) {
