@@ -55,21 +55,26 @@ import step_reference  # noqa: E402
 from timm_reference import exit_fast  # noqa: E402
 
 
-def checkpoint_blocks(model: torch.nn.Module, names: list, use_reentrant: bool, preserve_rng_state: bool) -> None:
-    """Wraps each named block's forward in torch.utils.checkpoint.checkpoint; a name that matches no module exits."""
+def wrap_blocks(model: torch.nn.Module, names: list, flag: str, **checkpoint_options) -> None:
+    """Wraps each named block's forward in torch.utils.checkpoint.checkpoint(**checkpoint_options); a name that
+    matches no module, or several, exits naming `flag`."""
     modules = dict(model.named_modules())
     for name in names:
         found = [m for n, m in modules.items() if n == name or n.endswith("." + name)]
         if len(found) != 1:
-            raise SystemExit(f"--blocks: {name!r} matches {len(found)} modules, expected one")
+            raise SystemExit(f"{flag}: {name!r} matches {len(found)} modules, expected one")
         block = found[0]
         original = block.forward
 
         def forward(*args, _original=original, **kwargs):
-            return torch.utils.checkpoint.checkpoint(_original, *args, use_reentrant=use_reentrant,
-                                                     preserve_rng_state=preserve_rng_state, **kwargs)
+            return torch.utils.checkpoint.checkpoint(_original, *args, **checkpoint_options, **kwargs)
 
         block.forward = forward
+
+
+def checkpoint_blocks(model: torch.nn.Module, names: list, use_reentrant: bool, preserve_rng_state: bool) -> None:
+    """Wraps each named block's forward in torch.utils.checkpoint.checkpoint."""
+    wrap_blocks(model, names, "--blocks", use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state)
 
 
 def selective_policy(text: str):
@@ -94,19 +99,7 @@ def checkpoint_selectively(model: torch.nn.Module, names: list, policy) -> None:
     """Wraps each named block's forward in PyTorch's selective checkpointing with `policy`."""
     import functools
     context_fn = functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts, policy)
-    modules = dict(model.named_modules())
-    for name in names:
-        found = [m for n, m in modules.items() if n == name or n.endswith("." + name)]
-        if len(found) != 1:
-            raise SystemExit(f"--selective: {name!r} matches {len(found)} modules, expected one")
-        block = found[0]
-        original = block.forward
-
-        def forward(*args, _original=original, **kwargs):
-            return torch.utils.checkpoint.checkpoint(_original, *args, use_reentrant=False, preserve_rng_state=False,
-                                                     context_fn=context_fn, **kwargs)
-
-        block.forward = forward
+    wrap_blocks(model, names, "--selective", use_reentrant=False, preserve_rng_state=False, context_fn=context_fn)
 
 
 PACK = "memgate_save_on_cpu_pack"
