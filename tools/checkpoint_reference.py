@@ -215,6 +215,17 @@ def main(argv=None) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         fx = step_reference.Fixture(a.config)
     build = fx.build_fn
+    def probes_of(probe):
+        """Each batch size's probe, after one unmeasured call (what a first call imports or caches lazily)."""
+        probes = []
+        for bs in (int(s) for s in a.batch_sizes.split(",")):
+            with contextlib.redirect_stdout(sys.stderr):
+                probe(bs)
+            # A wrapped block's forward refers to the block (a cycle): its model is freed here, not in the next build.
+            gc.collect()
+            probes.append(probe(bs))
+        return probes
+
     measured = []
     for names in selections:
 
@@ -224,14 +235,7 @@ def main(argv=None) -> int:
             return model
 
         fx.build_fn = build_checkpointed
-        probes = []
-        for bs in (int(s) for s in a.batch_sizes.split(",")):
-            with contextlib.redirect_stdout(sys.stderr):
-                step_reference.run_probe(fx, bs)  # unmeasured: what a first call imports or caches lazily
-            # A wrapped block's forward refers to the block (a cycle): its model is freed here, not in the next build.
-            gc.collect()
-            probes.append(step_reference.run_probe(fx, bs))
-        measured.append({"blocks": names, "probes": probes})
+        measured.append({"blocks": names, "probes": probes_of(lambda bs: step_reference.run_probe(fx, bs))})
     for selective in a.selective:
         names, _, text = selective.partition("@")
         policy = selective_policy(text)
@@ -242,22 +246,12 @@ def main(argv=None) -> int:
             return model
 
         fx.build_fn = build_selective
-        probes = []
-        for bs in (int(s) for s in a.batch_sizes.split(",")):
-            with contextlib.redirect_stdout(sys.stderr):
-                step_reference.run_probe(fx, bs)  # unmeasured: what a first call imports or caches lazily
-            gc.collect()
-            probes.append(step_reference.run_probe(fx, bs))
-        measured.append({"blocks": names.split(","), "policy": text, "probes": probes})
+        measured.append({"blocks": names.split(","), "policy": text,
+                         "probes": probes_of(lambda bs: step_reference.run_probe(fx, bs))})
     fx.build_fn = build
     for pin in a.save_on_cpu:
-        probes = []
-        for bs in (int(s) for s in a.batch_sizes.split(",")):
-            with contextlib.redirect_stdout(sys.stderr):
-                save_on_cpu_probe(fx, bs, bool(pin))  # unmeasured: what a first call imports or caches lazily
-            gc.collect()
-            probes.append(save_on_cpu_probe(fx, bs, bool(pin)))
-        measured.append({"save_on_cpu": {"pin_memory": bool(pin)}, "probes": probes})
+        measured.append({"save_on_cpu": {"pin_memory": bool(pin)},
+                         "probes": probes_of(lambda bs, _pin=bool(pin): save_on_cpu_probe(fx, bs, _pin))})
     json.dump({"reference": "torch.utils.checkpoint on chosen blocks", "fixture": a.config,
                "blocks": measured[0].get("blocks", []), "use_reentrant": bool(a.use_reentrant),
                "preserve_rng_state": bool(a.preserve_rng_state), "probes": measured[0]["probes"],
