@@ -181,9 +181,9 @@ def add_case_argument(p: argparse.ArgumentParser) -> None:
 def run_many(p: argparse.ArgumentParser, a: argparse.Namespace, strategy: str, rank_main, options_for) -> int:
     """Runs every --config at every --world-size (default: each fixture's world_size; 0: the same model and training
     without ranks, one process, no wrap), or each --case at its own world sizes and batch sizes, each run's ranks
-    forked by timm_reference.run_ranks; prints the one run's object, or {"runs": [...]} for several. `options_for(config, d)`: the run's options from the fixture's
-    training.distributed block `d` (p.error on a bad one), with "reference" (what the run is) among them, taken out
-    for the output."""
+    forked by timm_reference.run_ranks; prints the one run's object, or {"runs": [...]} for several.
+    `options_for(config, d)`: the run's options from the fixture's training.distributed block `d` (p.error on a bad
+    one), with "reference" (what the run is) among them, taken out for the output."""
     if bool(a.config) == bool(a.case):
         p.error("--config or --case: one of them, at least once")
     if a.case:

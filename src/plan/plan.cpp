@@ -49,9 +49,11 @@ struct Point {
   /// The checkpointed blocks in PyTorch's selective checkpointing, saving their attention's output (a Python
   /// fixture's; with no block checkpointed, the same plan as without).
   bool selective = false;
+  /// Whether the plan's blocks run selectively: some are checkpointed (none is the plan without).
+  [[nodiscard]] bool saves_selectively() const { return selective && mask != 0; }
   [[nodiscard]] std::string key() const {
     return fmt::format("{}x{}|{}|{}|{}|{}|{}|{}", micro, steps, allocator, mask, variant, fsdp,
-                       offload ? static_cast<int>(*offload) : -1, selective && mask != 0);
+                       offload ? static_cast<int>(*offload) : -1, saves_selectively());
   }
 };
 
@@ -311,7 +313,7 @@ class Planner {
       }
       plan.checkpointed = p.mask == all ? blocks_ : t.checkpoint_blocks;
     }
-    const bool selective = p.selective && p.mask != 0 && !blocks_.empty();
+    const bool selective = p.saves_selectively();  // only where the lever exists, which needs blocks
     if (selective) {
       std::get<PythonOptions>(w.model.options).checkpoint_save = selective_save_;
       plan.checkpoint_save = selective_save_;
@@ -513,10 +515,11 @@ class Planner {
   // Cheapest first; a plan that another beats or equals on every cost (bytes moved to the host and back, recomputed
   // FLOPs, accumulation steps, communication, levers, changing the training), each per optimizer step, is left out:
   // recompute_flops is per micro-batch, so 2 micro-batches of 4 recompute per step what one batch of 8 does. Plans
-  // that change the training in different ways (bf16, a frozen backbone, SGD) do not compare: each is listed. Bytes moved to the host
-  // come first: save_on_cpu copies each saved tensor out in forward and back in backward when autograd asks for it,
-  // nothing prefetched, so they move on the step's critical path, and over PCIe they take longer than the forward
-  // they would recompute (docs/plan.md): an offload plan comes after every plan that keeps activations on the device.
+  // that change the training in different ways (bf16, a frozen backbone, SGD) do not compare: each is listed. Bytes
+  // moved to the host come first: save_on_cpu copies each saved tensor out in forward and back in backward when
+  // autograd asks for it, nothing prefetched, so they move on the step's critical path, and over PCIe they take
+  // longer than the forward they would recompute (docs/plan.md): an offload plan comes after every plan that keeps
+  // activations on the device.
   static std::vector<Plan> pareto_sorted(std::vector<Plan> plans) {
     const auto cost = [](const Plan& p) {
       return std::make_tuple(p.changes_training, p.host_transfer_bytes, p.recompute_flops_fraction,

@@ -11,6 +11,7 @@
 #include "memgate/models/task.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/torch.h>
@@ -306,11 +307,9 @@ bool g_reuse_builds = false;
 
 // What a kept build is kept for: the same callable with the same arguments, device and seed.
 std::string build_key(const PythonOptions& spec, torch::Device device, std::uint64_t seed) {
-  std::string save;
-  for (const auto& op : spec.checkpoint_save) save += op + ",";
   return fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}", spec.entry, spec.entry_file, spec.args.dump(),
-                     spec.loss, spec.batch.text, spec.compute_loss.text, spec.optimizer_class, spec.blocks, device.str(),
-                     seed, save, spec.checkpoint_policy.text);
+                     spec.loss, spec.batch.text, spec.compute_loss.text, spec.optimizer_class, spec.blocks,
+                     device.str(), seed, fmt::join(spec.checkpoint_save, ","), spec.checkpoint_policy.text);
 }
 
 }  // namespace
