@@ -45,7 +45,7 @@ Components max_over_ranks(const std::vector<RankComponents>& ranks) {
     std::int64_t most = 0;
     for (const auto& r : ranks) most = std::max(most, r.components.*info.member);
     out.*info.member = most;
-    // An optional component (`ema`, `host_activations`) is there where any rank has it.
+    // An optional component (`ema`, `host_activations`, `host_state`) is there where any rank has it.
     if (info.present != nullptr) {
       out.*info.present = std::any_of(ranks.begin(), ranks.end(),
                                       [&](const RankComponents& r) { return r.components.*info.present; });

@@ -9,6 +9,7 @@
 #include "memgate/estimate/meta_kernels.h"
 #include "memgate/models/autocast.h"
 
+#include <ATen/EmptyTensor.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -166,7 +167,8 @@ void set_unsharded_dtype(const torch::Tensor& param, torch::ScalarType dtype) {
 
 }  // namespace
 
-FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision precision, RankGroup group)
+FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision precision, RankGroup group,
+                       std::optional<HostAllocators> host)
     : group_(std::move(group)), spec_(spec) {
   if (precision != Precision::kFp32) param_dtype_ = dtype_of(precision);
   if (group_.world_size != spec.world_size) {
@@ -216,15 +218,21 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision prec
   gloo_ = device.is_cpu() || (device.is_meta() && estimate_context().target == EstimateTarget::kCpu);
   side_streams_ = device.is_meta() && estimate_context().target == EstimateTarget::kCuda;
   // CPUOffloadPolicy: on CPU ranks (and an estimate for the CPU) the shards are the host's already, FSDP2's
-  // `.to(cpu)` and `.to(device)` copies return the tensors themselves, and pin_memory() needs CUDA.
+  // `.to(cpu)` and `.to(device)` copies return the tensors themselves, and pin_memory() needs CUDA. In an estimate for
+  // CUDA the shards, their gradients and the optimizer's state are host memory (host_): see below.
   if (spec.offload_policy != FsdpOffload::kNone) {
     const auto word = name_of(kFsdpOffloadNames, spec.offload_policy);
-    if (!gloo_) {
+    if (side_streams_) {
+      if (!host || host->shards == nullptr || host->pageable == nullptr) {
+        throw Error(fmt::format("training.distributed.offload_policy: {} in an estimate for CUDA: fully_shard was given "
+                                "no host memory to keep the shards in", word));
+      }
+      host_ = host;
+    } else if (!gloo_) {
       throw Error(fmt::format("training.distributed.offload_policy: {} is measured on CPU ranks and estimated for the "
-                              "CPU only, for now (its host copies on GPUs are not modelled yet): expected none, or "
-                              "--device cpu / --for cpu", word));
-    }
-    if (spec.offload_policy == FsdpOffload::kCpuPinned) {
+                              "CPU and CUDA only, for now (no GPU has run FSDP2's host copies against memgate's): "
+                              "expected none, or --device cpu, or memgate estimate", word));
+    } else if (spec.offload_policy == FsdpOffload::kCpuPinned) {
       throw Error("training.distributed.offload_policy: cpu_pinned pins host memory, which needs CUDA (PyTorch's "
                   "pin_memory() raises without it): expected cpu or none on CPU ranks");
     }
@@ -248,7 +256,15 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision prec
       const auto length = std::clamp(rows - rank * chunk, std::int64_t{0}, chunk);
       auto sizes = p.full.sizes().vec();
       sizes[0] = chunk;
-      p.padded = torch::zeros(sizes, p.full.options());
+      if (host_) {
+        // _init_sharded_param under CPUOffloadPolicy: the padded shard made on the device, then `.cpu()` (and
+        // `.pin_memory()`): what stays is the host copy (each copy's predecessor freed at once, before any step).
+        p.padded = at::detail::empty_generic(sizes, host_->shards, c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                             p.full.scalar_type(), std::nullopt);
+        p.padded.zero_();
+      } else {
+        p.padded = torch::zeros(sizes, p.full.options());
+      }
       if (length > 0) p.padded.narrow(0, 0, length).copy_(p.full.narrow(0, rank * chunk, length));
       p.shard = p.padded.narrow(0, 0, length).detach().requires_grad_(p.full.requires_grad());
       p.padded_numel = p.padded.numel();
@@ -299,7 +315,16 @@ void FullyShard::unshard(Unit& unit) {
   const auto dtype = unit.params.front().full.scalar_type();
   const OnSideStream copy_in_stream(all_gather_stream_, side_streams_, kAllGatherCopyInStream);
   torch::Tensor copy_in;
-  if (dtype != unit.params.front().padded.scalar_type() && spec_.offload_policy != FsdpOffload::kNone) {
+  if (host_ && !unit.post_forward_sharded()) {
+    // FSDPParam.all_gather_inputs of an offloaded shard: `_sharded_param_data.to(device, non_blocking=True)`, one
+    // device copy per parameter, then cast on its own (_to_dtype_if_needed), the uncast copy let go once the cast is
+    // made; each input lives until the all-gather is issued (foreach_all_gather's all_gather_inputs).
+    for (auto& in : inputs) {
+      auto on_device = torch::empty_like(in, c10::TensorOptions().device(unit.params.front().full.device()));
+      on_device.copy_(in);
+      in = cast_fp(on_device, dtype);
+    }
+  } else if (dtype != unit.params.front().padded.scalar_type() && spec_.offload_policy != FsdpOffload::kNone) {
     // Offloaded shards take FSDPParam.all_gather_inputs instead of the foreach copy: each shard brought to the
     // device (on the CPU: itself) and cast on its own, every cast living until the all-gather ran.
     for (auto& input : inputs) input = cast_fp(input, dtype);
@@ -482,6 +507,16 @@ void FullyShard::post_backward(Unit& unit) {
   std::int64_t offset = 0;
   for (auto* p : with_grad) {
     auto view = output.as_strided(p->shard.sizes(), p->shard.contiguous().strides(), offset);
+    if (host_) {
+      // Offloaded: the view copied to the host (`.to("cpu", non_blocking=pin_memory and not to_accumulate_grad)`:
+      // pinned only where nothing accumulates into it), its device output let go with the last view.
+      const bool accumulate = p->shard.grad().defined();
+      auto* allocator = accumulate ? host_->pageable : host_->shards;
+      at::Tensor copy = at::detail::empty_strided_generic(p->shard.sizes(), p->shard.contiguous().strides(), allocator,
+                                                          c10::DispatchKeySet(c10::DispatchKey::Meta), view.scalar_type());
+      copy.copy_(view);
+      view = std::move(copy);
+    }
     if (p->shard.grad().defined()) p->shard.mutable_grad().add_(view);
     else p->shard.mutable_grad() = view;
     offset += p->padded_numel;

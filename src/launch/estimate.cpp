@@ -51,14 +51,13 @@ class CpuBesideMeta final : public CountingCpuAllocator::Observer {
 ProbeResult estimate_probe(const Workload& workload, std::int64_t batch_size, EstimateTarget target,
                            const ProbeOptions& options) {
   const c10::Device meta_device(c10::DeviceType::Meta);
-  // FSDP2's CPU offload is modelled for the CPU alone: its host copies on a GPU are not yet. Refused here, where the
-  // fixture's file is known, before a rank starts (fully_shard.cpp refuses it too, for a caller that gets this far).
+  // FSDP2's pinned CPU offload for the CPU: refused here, where the fixture's file is known, before a rank starts
+  // (fully_shard.cpp refuses it too, for a caller that gets this far). For CUDA it is estimated (fully_shard.h).
   const auto& distributed = workload.training.distributed;
-  if (target == EstimateTarget::kCuda && distributed.strategy == DistributedStrategy::kFsdp &&
-      distributed.offload_policy != FsdpOffload::kNone) {
-    throw Error(fmt::format("{}: training.distributed.offload_policy: {} is estimated for the CPU only, for now (FSDP2's "
-                            "host copies on a GPU are not modelled yet): expected none, or --for cpu",
-                            workload.source, name_of(kFsdpOffloadNames, distributed.offload_policy)));
+  if (target == EstimateTarget::kCpu && distributed.strategy == DistributedStrategy::kFsdp &&
+      distributed.offload_policy == FsdpOffload::kCpuPinned) {
+    throw Error(workload.source + ": training.distributed.offload_policy: cpu_pinned pins host memory, which needs "
+                "CUDA (PyTorch's pin_memory() raises without it): expected cpu or none for the CPU, or --for cuda");
   }
   if (place_of(workload, meta_device, options) == Place::kPython) {
     return run_python_probe(workload, batch_size, meta_device, options, target);

@@ -284,4 +284,30 @@ std::int64_t ActivationOffloader::peak_bytes() const { return state_->peak.load(
 std::int64_t ActivationOffloader::live_bytes() const { return state_->live.load(); }
 ActivationOffload ActivationOffloader::mode() const { return state_->mode; }
 
+// The same State as activation offload's (its allocators and count), with no hooks installed: only its Meta host
+// allocators are used.
+EstimatedHostMemory::EstimatedHostMemory(bool pinned)
+    : state_(std::make_shared<ActivationOffloader::State>(
+          pinned ? ActivationOffload::kCpuPinned : ActivationOffload::kCpu, std::string())),
+      pinned_(pinned) {}
+
+EstimatedHostMemory::~EstimatedHostMemory() = default;
+
+c10::Allocator* EstimatedHostMemory::allocator() const {
+  return pinned_ ? &state_->meta_host_pinned : &state_->meta_host;
+}
+c10::Allocator* EstimatedHostMemory::pageable() const { return &state_->meta_host; }
+
+// The Meta device's allocator swapped for the host's while the scope lives, at the counting Meta allocator's own
+// priority (backend/meta_allocator.cpp installs it at 100), and put back after.
+EstimatedHostMemory::Scope::Scope(const EstimatedHostMemory& host)
+    : previous_(c10::GetAllocator(c10::DeviceType::Meta)) {
+  c10::SetAllocator(c10::DeviceType::Meta, host.pageable(), /*priority=*/100);
+}
+EstimatedHostMemory::Scope::~Scope() { c10::SetAllocator(c10::DeviceType::Meta, previous_, /*priority=*/100); }
+
+void EstimatedHostMemory::reset_peak() { state_->peak.store(state_->live.load()); }
+std::int64_t EstimatedHostMemory::peak_bytes() const { return state_->peak.load(); }
+std::int64_t EstimatedHostMemory::live_bytes() const { return state_->live.load(); }
+
 }  // namespace memgate

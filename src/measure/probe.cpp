@@ -302,8 +302,11 @@ ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10
     PreparedStep prepared(workload, batch_size, device, options, &observer);
     base_allocated = observer.base().allocated;
     auto* offload = prepared.step().activation_offloader();
+    // FSDP2's CPUOffloadPolicy in an estimate for CUDA: its host memory.
+    auto* host_state = prepared.step().fsdp_host_memory();
     observer.start_measured_step();
     if (offload != nullptr) offload->reset_peak();
+    if (host_state != nullptr) host_state->reset_peak();
     const auto step_start = Clock::now();
     prepared.step().run(&observer);
     observer.finish_measured_step();
@@ -311,6 +314,8 @@ ProbeResult measure_probe(const Workload& workload, std::int64_t batch_size, c10
     result.components = observer.components();
     // The host copies activation offload made: their peak over the measured step (all freed by its end).
     if (offload != nullptr) result.components.set("host_activations", offload->peak_bytes());
+    // The shards, their gradients and the optimizer's state and temporaries on the host: their peak over the step.
+    if (host_state != nullptr) result.components.set("host_state", host_state->peak_bytes());
     result.modules = observer.modules();
     // The protocol measures one step as every step of training: a step that ends with more (or less) allocated than
     // it started with is not that, and its numbers would be recorded as truth.

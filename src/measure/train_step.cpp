@@ -3,6 +3,7 @@
 
 #include "memgate/base/error.h"
 #include "memgate/base/heartbeat.h"
+#include "memgate/estimate/estimate_context.h"
 #include "memgate/measure/activation_offload.h"
 #include "memgate/models/autocast.h"
 #include "memgate/models/python.h"
@@ -60,11 +61,20 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
       case DistributedStrategy::kDdp:
         ddp_ = std::make_unique<DataParallel>(model_->module(), trainable, training_.distributed, *group);
         break;
-      case DistributedStrategy::kFsdp:
-        fsdp_ = std::make_unique<FullyShard>(*model_, training_.distributed, training_.precision, *group);
+      case DistributedStrategy::kFsdp: {
+        // CPUOffloadPolicy in an estimate for CUDA: the shards are host memory, counted apart from the device's.
+        std::optional<FullyShard::HostAllocators> host;
+        if (training_.distributed.offload_policy != FsdpOffload::kNone && device.is_meta() &&
+            estimate_context().target == EstimateTarget::kCuda) {
+          fsdp_host_ = std::make_unique<EstimatedHostMemory>(training_.distributed.offload_policy ==
+                                                             FsdpOffload::kCpuPinned);
+          host = FullyShard::HostAllocators{.shards = fsdp_host_->allocator(), .pageable = fsdp_host_->pageable()};
+        }
+        fsdp_ = std::make_unique<FullyShard>(*model_, training_.distributed, training_.precision, *group, host);
         trainable = fsdp_->trainable_shards();
         if (observer != nullptr) observer->model_built();
         break;
+      }
       default: throw Error(workload.source + ": training.distributed names no strategy to train over ranks with");
     }
   }
@@ -80,7 +90,10 @@ TrainingStep::TrainingStep(const Workload& workload, std::int64_t batch_size, c1
       throw Error(workload.source + ": training.optimizer names a Python optimizer, which only a Python model "
                   "(arch: python) makes");
     }
-    optimizer_ = make_optimizer(training_, std::move(trainable), device);
+    // FSDP2's CPUOffloadPolicy in an estimate for CUDA: the shards are host tensors, which torch.optim steps as the
+    // CPU's (its default there: the for-loop), its state on the host (the step below, in the host memory's scope).
+    const bool host_shards = fsdp_host_ != nullptr;
+    optimizer_ = make_optimizer(training_, std::move(trainable), host_shards ? c10::Device(c10::kCPU) : device);
   }
   // The EMA copy, made after the optimizer as timm's training script makes its ModelEmaV3.
   if (training_.ema_decay > 0.0) {
@@ -185,6 +198,9 @@ void TrainingStep::run(StepObserver* observer) {
                             "model's output (not detached from it)", source_, batch_size_, loss_, trainable.size()));
   }
   if (observer != nullptr) observer->backward_done();
+  // Offloaded shards (an estimate for CUDA): what clipping and the optimizer allocate is host memory.
+  std::optional<EstimatedHostMemory::Scope> on_host;
+  if (fsdp_host_) on_host.emplace(*fsdp_host_);
   // Clipping, as a training loop calls clip_grad_norm_ (after scaler.unscale_ under fp16) before the optimizer step.
   if (training_.max_grad_norm > 0.0) {
     if (scaler_) scaler_->unscale(*optimizer_);
@@ -196,6 +212,7 @@ void TrainingStep::run(StepObserver* observer) {
   } else {
     optimizer_->step();
   }
+  on_host.reset();
   // timm's loop: model_ema.update(model) after each optimizer step (a step the fp16 scaler skipped included).
   if (ema_) ema_->update();
   if (observer != nullptr) observer->optimizer_done();

@@ -22,7 +22,7 @@ constexpr std::array<const char*, 10> kPalette{"#4e79a7", "#f28e2c", "#e15759", 
 
 const char* component_color(std::string_view name) {
   for (std::size_t i = 0; i < kComponentTable.size(); ++i) {
-    if (kComponentTable[i].name == name) return kPalette[i == 7 ? 8 : i];
+    if (kComponentTable[i].name == name) return kPalette[i == 7 ? 8 : i % kPalette.size()];
   }
   return kPalette[9];
 }

@@ -501,6 +501,7 @@ void print_ctest_registration(const std::string& binary, const std::string& verd
             for (const auto& info : kComponentTable) {
               if (info.present == &Components::keeps_ema && !c.keeps_ema) continue;
               if (info.present == &Components::offloads_activations && !c.offloads_activations) continue;
+              if (info.present == &Components::offloads_state) continue;  // estimated for CUDA only
               const auto component = c.world_size > 0 ? rank_component_name(static_cast<int>(r), info.name)
                                                       : std::string(info.name);
               const auto name = fmt::format("{}_bs{}_{}", c.fixture, batch_size, component);

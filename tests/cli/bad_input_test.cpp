@@ -438,11 +438,11 @@ std::vector<BadInput> catalogue() {
                "profile --config {dir}/f.yaml --batch-sizes 1 --device cpu", 3,
                {"f.yaml at batch 1: rank", "training.distributed.offload_policy: cpu_pinned pins host memory, which "
                 "needs CUDA", "expected cpu or none on CPU ranks"}});
-  c.push_back({"estimate_fsdp_offload_policy_for_cuda",
-               {{"f.yaml", training_with("  distributed: {strategy: fsdp, world_size: 2, offload_policy: cpu}\n")}},
-               "estimate --config {dir}/f.yaml --batch-sizes 1", 3,
-               {"f.yaml: training.distributed.offload_policy: cpu is estimated for the CPU only",
-                "expected none, or --for cpu"}});
+  c.push_back({"estimate_fsdp_offload_pinned_for_cpu",
+               {{"f.yaml", training_with("  distributed: {strategy: fsdp, world_size: 2, offload_policy: cpu_pinned}\n")}},
+               "estimate --config {dir}/f.yaml --batch-sizes 1 --for cpu", 3,
+               {"f.yaml: training.distributed.offload_policy: cpu_pinned pins host memory, which needs CUDA",
+                "expected cpu or none for the CPU, or --for cuda"}});
   c.push_back({"fsdp_on_torchscript",
                {{"ts.yaml", "model:\n  arch: torchscript\n  path: " + testing::source_dir() +
                                 "/fixtures/models/torchscript/vit_tiny_timm.pt\n  inputs:\n    - {shape: [B, 3, 40, 40], "

@@ -22,6 +22,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <filesystem>
 #include <map>
 #include <ostream>
@@ -430,6 +432,127 @@ TEST(FsdpEstimateTest, EstimateForCudaMakesTheCollectiveBuffersOnFsdpsStreams) {
       EXPECT_EQ(recorder.by_stream.size(), 1U) << at;
       EXPECT_TRUE(recorder.by_stream.contains(0)) << at;
     }
+  }
+}
+
+// Each parameter's shard on `rank` of `world` in the order fully_shard's units hold them, the order the optimizer
+// steps them: each block's parameters in turn, then the root's (the rest, in the model's order).
+struct ParamShard {
+  std::int64_t padded_numel = 0;  ///< ceil(rows / N) rows: what every rank keeps
+  std::int64_t own_numel = 0;     ///< the rows this rank owns: its sharded parameter, gradient and AdamW moments
+};
+
+std::vector<ParamShard> shards_in_unit_order(const Fixture& fixture, std::int64_t rank, std::int64_t world) {
+  const auto model = build_model(fixture.model, c10::Device(c10::DeviceType::Meta));
+  const auto named = model->module().named_parameters();
+  std::vector<ParamShard> out;
+  std::vector<bool> taken(named.size(), false);
+  const auto take = [&](std::size_t i) {
+    const auto& p = named[i].value();
+    const auto rows = p.size(0);
+    const auto chunk = (rows + world - 1) / world;
+    const auto own = std::clamp(rows - rank * chunk, std::int64_t{0}, chunk);
+    out.push_back({chunk * (p.numel() / rows), own * (p.numel() / rows)});
+    taken[i] = true;
+  };
+  for (const auto& prefix : model->unit_prefixes()) {
+    for (std::size_t i = 0; i < named.size(); ++i) {
+      if (!taken[i] && named[i].key().starts_with(prefix)) take(i);
+    }
+  }
+  for (std::size_t i = 0; i < named.size(); ++i) {
+    if (!taken[i]) take(i);
+  }
+  return out;
+}
+
+// A pinned block of CUDA's caching host allocator: the request rounded up to a power of two.
+std::int64_t pinned_block(std::int64_t bytes) {
+  return bytes == 0 ? 0 : static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(bytes)));
+}
+
+// FSDP2's CPUOffloadPolicy in an estimate for CUDA (vit_tiny_fsdp, fp32, AdamW, 2 ranks, batch 1): the padded shards,
+// their gradients and AdamW's moments are host memory, so the device keeps no parameter (the ViT has no buffers), no
+// gradient and no optimizer state, and its step peak is lower than without offload. host_state, counted here from
+// the parameters' shapes alone: the padded shards (pinned: each a power-of-two block), the gradients of the rows the
+// rank owns (each reduce-scattered view copied back: pinned as well), AdamW's two moments of them (torch.optim makes
+// them like the parameter: pageable), and torch.optim's for-loop's temporaries on the host at their peak: stepping
+// parameter i, sqrt(exp_avg_sq) and its quotient (2 x its bytes) while parameter i - 1's `denom` is still held.
+// cpu and cpu_pinned differ only there: every device byte is the same.
+TEST(FsdpEstimateTest, CpuOffloadForCudaKeepsShardsGradientsAndAdamWStateOnTheHost) {
+  testing::TempDir dir;
+  const std::int64_t world = 2;
+  const auto plain = estimate_probe(fsdp_twin(dir, world), 1, EstimateTarget::kCuda);
+  ASSERT_FALSE(plain.oom) << plain.error;
+  EXPECT_FALSE(plain.components.offloads_state) << "no offload, no host_state";
+  std::map<std::string, ProbeResult> by_policy;
+  for (const std::string policy : {"cpu", "cpu_pinned"}) {
+    const auto fixture = fsdp_twin(dir, world, "    offload_policy: " + policy + "\n");
+    const auto estimated = estimate_probe(fixture, 1, EstimateTarget::kCuda);
+    ASSERT_FALSE(estimated.oom) << estimated.error;
+    ASSERT_EQ(estimated.ranks.size(), static_cast<std::size_t>(world));
+    const bool pinned = policy == "cpu_pinned";
+    for (std::int64_t r = 0; r < world; ++r) {
+      const auto& e = estimated.ranks[static_cast<std::size_t>(r)].components;
+      const auto at = fmt::format("{} rank {}", policy, r);
+      EXPECT_EQ(e.params, 0) << at;
+      EXPECT_EQ(e.gradients, 0) << at;
+      EXPECT_EQ(e.optimizer_state, 0) << at;
+      std::int64_t host = 0, temporaries = 0, previous_denom = 0;
+      for (const auto& s : shards_in_unit_order(fixture, r, world)) {
+        const auto padded = s.padded_numel * 4, own = s.own_numel * 4;
+        host += (pinned ? pinned_block(padded) : padded) + (pinned ? pinned_block(own) : own) + 2 * own;
+        temporaries = std::max(temporaries, previous_denom + 2 * own);
+        previous_denom = own;
+      }
+      ASSERT_TRUE(e.offloads_state) << at;
+      EXPECT_EQ(e.host_state, host + temporaries) << at;
+      EXPECT_LT(e.step_peak, plain.ranks[static_cast<std::size_t>(r)].components.step_peak) << at;
+    }
+    EXPECT_TRUE(estimated.components.offloads_state) << policy;
+    by_policy[policy] = estimated;
+  }
+  for (const auto& info : kComponentTable) {
+    if (info.name == "host_state") {
+      EXPECT_GT(by_policy["cpu_pinned"].components.host_state, by_policy["cpu"].components.host_state);
+    } else {
+      EXPECT_EQ(by_policy["cpu_pinned"].components.get(info.name), by_policy["cpu"].components.get(info.name))
+          << info.name;
+    }
+  }
+  // On the CPU nothing of the above: the device is the host, and no component is added.
+  const auto cpu = estimate_probe(fsdp_twin(dir, world, "    offload_policy: cpu\n"), 1, EstimateTarget::kCpu);
+  ASSERT_FALSE(cpu.oom) << cpu.error;
+  EXPECT_FALSE(cpu.components.offloads_state);
+  EXPECT_EQ(cpu.components.params, estimate_probe(fsdp_twin(dir, world), 1, EstimateTarget::kCpu).components.params);
+}
+
+// Offloaded shards skip FSDP2's foreach copy-in: before each all-gather every shard is brought to the device on its
+// own (`.to(device)`: its padded bytes) and, under bf16's param_dtype, cast on its own (half of them), on the
+// all-gather copy-in stream, beside each unit's all-gather output and never one flat copy-in buffer. The gradients'
+// copies back are host memory: the reduce-scatter stream sees what it sees without offload.
+TEST(FsdpEstimateTest, CpuOffloadForCudaBringsEachShardToTheDeviceAndCastsItOnItsOwn) {
+  for (const bool bf16 : {false, true}) {
+    testing::TempDir dir;
+    const std::int64_t world = 2;
+    const auto fixture = fsdp_twin(dir, world, "    offload_policy: cpu_pinned\n", bf16 ? "  precision: bf16\n" : "");
+    const std::int64_t param_bytes = bf16 ? 2 : 4;
+    std::set<std::int64_t> all_gather, reduce_scatter;
+    for (const auto numel : unit_shard_numels(fixture, world)) {
+      all_gather.insert(blocks_of_512(world * numel * param_bytes));
+      reduce_scatter.insert(blocks_of_512(numel * param_bytes));
+      if (bf16) reduce_scatter.insert(blocks_of_512(numel * 4));
+    }
+    for (const auto& s : shards_in_unit_order(fixture, 0, world)) {
+      all_gather.insert(blocks_of_512(s.padded_numel * 4));
+      if (bf16) all_gather.insert(blocks_of_512(s.padded_numel * 2));
+    }
+    StreamRecorder recorder;
+    const auto estimated = estimate_probe(fixture, 1, EstimateTarget::kCuda);
+    ASSERT_FALSE(estimated.oom) << estimated.error;
+    const auto at = bf16 ? "bf16" : "fp32";
+    EXPECT_EQ(recorder.by_stream[FullyShard::kAllGatherCopyInStream], all_gather) << at;
+    EXPECT_EQ(recorder.by_stream[FullyShard::kReduceScatterStream], reduce_scatter) << at;
   }
 }
 

@@ -29,6 +29,12 @@ struct Components {
   /// torch.autograd.graph.save_on_cpu) made of what the forward saved for backward, during the measured step.
   std::int64_t host_activations = 0;
   bool offloads_activations = false;    ///< whether the probe's fixture offloads, and so has `host_activations`
+  /// FSDP2's CPUOffloadPolicy (`training.distributed.offload_policy: cpu | cpu_pinned`), estimated for CUDA: the peak
+  /// over the measured step of the host bytes of the padded sharded parameters, their gradients and the optimizer's
+  /// state and temporaries (torch.optim steps them on the host); pinned ones as CUDA's caching host allocator rounds
+  /// them. AdamW's step counters are not in it (on the host with or without offload, as in no component for CUDA).
+  std::int64_t host_state = 0;
+  bool offloads_state = false;          ///< whether the probe has `host_state` (an estimate for CUDA that offloads)
 
   /// The component named `name` (a name of kComponentTable); throws memgate::Error for another name.
   [[nodiscard]] std::int64_t get(std::string_view name) const;
@@ -58,7 +64,7 @@ struct ComponentInfo {
 };
 
 /// Every component, in report order.
-inline constexpr std::array<ComponentInfo, 10> kComponentTable{{
+inline constexpr std::array<ComponentInfo, 11> kComponentTable{{
     {"params", &Components::params, ComponentKind::kAllocated, "parameters and buffers on the device"},
     {"gradients", &Components::gradients, ComponentKind::kAllocated, ".grad of the trainable parameters"},
     {"optimizer_state", &Components::optimizer_state, ComponentKind::kAllocated,
@@ -75,10 +81,13 @@ inline constexpr std::array<ComponentInfo, 10> kComponentTable{{
      &Components::keeps_ema},
     {"host_activations", &Components::host_activations, ComponentKind::kAllocated,
      "peak of the activations offloaded to host memory during one training step", &Components::offloads_activations},
+    {"host_state", &Components::host_state, ComponentKind::kAllocated,
+     "peak of the sharded parameters, gradients and optimizer state in host memory (FSDP's CPU offload) during one "
+     "training step", &Components::offloads_state},
 }};
 
-/// Whether `components` has the component `info` (every one but `ema` where no EMA copy is kept and
-/// `host_activations` where nothing is offloaded).
+/// Whether `components` has the component `info` (every one but `ema` where no EMA copy is kept, `host_activations`
+/// where nothing is offloaded and `host_state` but in an estimate for CUDA of FSDP's CPU offload).
 [[nodiscard]] constexpr bool has_component(const Components& components, const ComponentInfo& info) {
   return info.present == nullptr || components.*info.present;
 }

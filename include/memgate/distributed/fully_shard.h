@@ -41,6 +41,15 @@ namespace memgate {
 /// floating forward inputs are cast to it; gradients come in it, are reduce-scattered in the reduce dtype (unset:
 /// theirs) and cast back to the shards' dtype.
 ///
+/// CPUOffloadPolicy (`offload_policy: cpu | cpu_pinned`): on CPU ranks and in an estimate for the CPU the device is the
+/// host, and FSDP2's copies return the tensors themselves (nothing changes but that bf16 casts each shard on its own).
+/// In an estimate for CUDA the padded shards are host memory (HostAllocators: pinned with cpu_pinned); before each
+/// all-gather each shard is copied to the device on its own and, under a param_dtype, cast on its own (FSDP2 skips its
+/// foreach copy-in for offloaded parameters), each living until the all-gather is issued; each reduce-scattered
+/// gradient view is copied back to the host (pinned with cpu_pinned unless it accumulates into the gradient there)
+/// and its device output let go; the unsharded parameters and the collective buffers stay on the device. On a GPU it
+/// is refused: no GPU has run it against memgate's measurement yet.
+///
 /// Streams: FSDP2 allocates a unit's copy-in and all-gather buffers on its all-gather copy-in stream, and the
 /// reduce-scatter's output (and its cast back) on its reduce-scatter stream; everything else (the unsharded
 /// parameters, the reduce-scatter input) on the current one. A GPU's caching allocator keeps a pool per stream, so
@@ -52,14 +61,28 @@ class FullyShard final : public BlockHook {
   /// The estimate's stand-ins for FSDP2's all_gather_copy_in_stream and reduce_scatter_stream (0 is the default).
   static constexpr std::uint64_t kAllGatherCopyInStream = 1;
   static constexpr std::uint64_t kReduceScatterStream = 2;
-  /// `precision`: the policy's param_dtype (fp32: no mixed precision).
-  FullyShard(Model& model, const DistributedSpec& spec, Precision precision, RankGroup group);
+  /// Where CPUOffloadPolicy (`offload_policy: cpu | cpu_pinned`) keeps the shards in an estimate for CUDA: host memory
+  /// outside the device's count (measure/activation_offload.h's EstimatedHostMemory makes and counts it).
+  struct HostAllocators {
+    /// The padded shards and each reduce-scattered gradient copied back (pinned blocks with cpu_pinned).
+    c10::Allocator* shards = nullptr;
+    /// A gradient copied back to be added into the one already there (`non_blocking=False`: pageable).
+    c10::Allocator* pageable = nullptr;
+  };
+  /// `precision`: the policy's param_dtype (fp32: no mixed precision). `host`: needed, and only taken, in an estimate
+  /// for CUDA whose spec offloads (CPU ranks and an estimate for the CPU keep the shards where they are: the host).
+  FullyShard(Model& model, const DistributedSpec& spec, Precision precision, RankGroup group,
+             std::optional<HostAllocators> host = std::nullopt);
   ~FullyShard() override;
   FullyShard(const FullyShard&) = delete;
   FullyShard& operator=(const FullyShard&) = delete;
 
   /// The shards of the parameters that train, in module order: what the optimizer steps.
   [[nodiscard]] std::vector<torch::Tensor> trainable_shards() const;
+
+  /// Whether the shards are host memory apart from the device's (an estimate for CUDA under CPUOffloadPolicy): then
+  /// the optimizer steps host tensors, and what it allocates belongs in the host's allocator too.
+  [[nodiscard]] bool offloads_to_host() const { return host_.has_value(); }
 
   /// The root's forward inputs as its pre-forward casts them (cast_forward_inputs): floating tensors to the param
   /// dtype, the rest as they are. The target is not an input of the module and stays.
@@ -119,6 +142,7 @@ class FullyShard final : public BlockHook {
   /// The last reduce-scatter input, freed at the next reduce-scatter (FSDP2's comm_ctx.reduce_scatter_state).
   torch::Tensor reduce_scatter_input_;
   std::vector<Unit*> post_forward_order_;
+  std::optional<HostAllocators> host_;  ///< offloads_to_host()
 };
 
 }  // namespace memgate

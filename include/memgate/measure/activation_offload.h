@@ -11,6 +11,10 @@
 #include <memory>
 #include <string>
 
+namespace c10 {
+struct Allocator;
+}
+
 namespace memgate {
 
 /// One training step's offload: its mode and the bytes its host copies hold.
@@ -67,6 +71,51 @@ class ActivationOffloader {
 
  private:
   std::shared_ptr<State> state_;
+};
+
+/// Host memory in an estimate for CUDA that is not activation offload's: FSDP2's CPUOffloadPolicy keeps the sharded
+/// parameters, their gradients and the optimizer's state on the host. Meta tensors whose storage comes from
+/// allocator() or pageable() are outside the device's count and counted here, from allocation to free, with the
+/// same allocators and rounding as activation offload's host copies in an estimate for CUDA (pinned: a block rounded
+/// up to a power of two, as CUDA's caching host allocator rounds it; pageable: the request).
+///
+///   EstimatedHostMemory host(/*pinned=*/true);
+///   auto shard = at::detail::empty_generic({1000}, host.allocator(), meta_keys, at::kFloat, std::nullopt);  // 4096
+class EstimatedHostMemory {
+ public:
+  explicit EstimatedHostMemory(bool pinned);
+  ~EstimatedHostMemory();
+  EstimatedHostMemory(const EstimatedHostMemory&) = delete;
+  EstimatedHostMemory& operator=(const EstimatedHostMemory&) = delete;
+
+  /// Pinned where constructed so, else pageable.
+  [[nodiscard]] c10::Allocator* allocator() const;
+  /// Pageable host memory, whatever the construction said (torch.optim's state of host parameters, a copy made
+  /// with non_blocking=False).
+  [[nodiscard]] c10::Allocator* pageable() const;
+  [[nodiscard]] bool pinned() const { return pinned_; }
+
+  /// While alive, the Meta tensors this process allocates (an estimate's ranks run one at a time, on one thread)
+  /// are pageable host memory of `host`: what torch.optim allocates stepping host parameters. Scopes nest.
+  class Scope {
+   public:
+    explicit Scope(const EstimatedHostMemory& host);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    c10::Allocator* previous_;
+  };
+
+  /// The peak from now on starts at what is held now.
+  void reset_peak();
+  [[nodiscard]] std::int64_t peak_bytes() const;
+  [[nodiscard]] std::int64_t live_bytes() const;
+
+ private:
+  std::shared_ptr<ActivationOffloader::State> state_;
+  bool pinned_;
 };
 
 }  // namespace memgate

@@ -97,6 +97,9 @@ class TrainingStep {
   [[nodiscard]] const DataParallel* data_parallel() const { return ddp_.get(); }
   /// The fully_shard wrapper of a rank's step; null unless the strategy is fsdp.
   [[nodiscard]] const FullyShard* fully_shard() const { return fsdp_.get(); }
+  /// FSDP2's CPUOffloadPolicy in an estimate for CUDA: the host memory of the shards, their gradients and the
+  /// optimizer's state (the component host_state); null elsewhere.
+  [[nodiscard]] EstimatedHostMemory* fsdp_host_memory() { return fsdp_host_.get(); }
   /// The offload of what the forward saves for backward (training.activation_offload); null where none.
   [[nodiscard]] ActivationOffloader* activation_offloader() { return offload_.get(); }
   /// Samples one step trains on: batch size x accumulation steps.
@@ -113,6 +116,7 @@ class TrainingStep {
   c10::Device device_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<EstimatedHostMemory> fsdp_host_;  ///< fsdp_host_memory()
   std::unique_ptr<FullyShard> fsdp_;
   Batch batch_;
   std::unique_ptr<TrainingOptimizer> optimizer_;

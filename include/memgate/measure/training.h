@@ -91,10 +91,12 @@ struct TrainingSpec {
 };
 
 /// Whether a probe of this training setup has the component `info`: every one, `ema` where an EMA copy is kept and
-/// `host_activations` where activations are offloaded.
+/// `host_activations` where activations are offloaded; never `host_state` (estimated for CUDA only).
 [[nodiscard]] inline bool keeps_component(const TrainingSpec& training, const ComponentInfo& info) {
   if (info.present == &Components::keeps_ema) return training.ema_decay > 0.0;
   if (info.present == &Components::offloads_activations) return training.activation_offload != ActivationOffload::kNone;
+  // FSDP's CPU offload has host_state in an estimate for CUDA only: no probe that is measured has it.
+  if (info.present == &Components::offloads_state) return false;
   return true;
 }
 
