@@ -10,7 +10,9 @@ MEMGATE_* variable memgate reads is in docs/design.md's table of them.
 `python` extracts the ```python blocks of README.md and docs/*.md and runs each as a script, those of one document
 in order in a fresh folder of their own (the repository is MEMGATE_PROJECT_DIR); a block whose first line is
 `# file: <path>` (```python or ```yaml) is written to that path of the folder instead, for the blocks after it. A
-block that raises, or whose asserts fail, fails the test, named by file and line.
+block that raises, or whose asserts fail, fails the test, named by file and line. Each script runs as `python
+<script>` runs it (as __main__, its folder first on sys.path and as the working folder, its own environment) in a
+process of its own forked from this one, which has imported torch: the examples' imports of it cost nothing.
 
 `variables` reads (does not run) memgate's code and installed CMake scripts for the MEMGATE_* environment variables
 they read, and fails on one that is not a row of docs/design.md's table under "## Environment variables", or on a row
@@ -19,9 +21,10 @@ that nothing reads.
 import os
 import pathlib
 import re
-import subprocess
+import runpy
 import sys
 import tempfile
+import traceback
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```(\w*)\s*$")
@@ -103,6 +106,40 @@ def python_blocks(source):
     return out
 
 
+def run_script(script, env):
+    """`python <script>` with `env` in the script's folder, forked from this process: (exit code, stdout and stderr).
+    The child ends with os._exit: this process's exit functions (its temporary folders' removal) are not the child's."""
+    with tempfile.TemporaryFile() as out:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(out.fileno(), 2)
+                os.chdir(script.parent)
+                os.environ.clear()
+                os.environ.update(env)
+                sys.argv = [str(script)]
+                sys.path[0] = str(script.parent)
+                runpy.run_path(str(script), run_name="__main__")
+                code = 0
+            except SystemExit as e:  # as Python exits on it: None is 0, a number itself, anything else printed and 1
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                if not isinstance(e.code, int) and e.code is not None:
+                    print(e.code, file=sys.stderr)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        out.seek(0)
+        return os.waitstatus_to_exitcode(status), out.read().decode(errors="replace")
+
+
 def run_python(source):
     """Each document's examples in a folder of their own, in order: `# file:` blocks written there, the other
     ```python blocks run there as scripts."""
@@ -110,6 +147,8 @@ def run_python(source):
     documents_with_examples = python_blocks(source)
     ran = 0
     env = dict(os.environ, MEMGATE_PROJECT_DIR=str(source.resolve()), MEMGATE_PYTHON=sys.executable)
+    import torch  # noqa: F401  (once, for every example forked after it)
+
     for doc, blocks in documents_with_examples.items():
         with tempfile.TemporaryDirectory(prefix="memgate-docs-") as tmp:
             for line, language, code in blocks:
@@ -121,12 +160,11 @@ def run_python(source):
                     continue
                 script = pathlib.Path(tmp) / f"example_{line}.py"
                 script.write_text(code)
-                run = subprocess.run([sys.executable, str(script)], cwd=tmp, env=env, capture_output=True, text=True)
+                returncode, output = run_script(script, env)
                 ran += 1
-                print(f"{doc}:{line}: exit {run.returncode}")
-                if run.returncode != 0:
-                    failures.append(f"{doc}:{line}: the example exits {run.returncode}, expected 0:\n"
-                                    f"{run.stdout[-3000:]}{run.stderr[-3000:]}")
+                print(f"{doc}:{line}: exit {returncode}")
+                if returncode != 0:
+                    failures.append(f"{doc}:{line}: the example exits {returncode}, expected 0:\n{output[-6000:]}")
     if ran == 0:
         failures.append("no ```python example to run in README.md or docs/*.md (expected those of docs/python.md)")
     return failures
