@@ -5,14 +5,16 @@ request makes them pass, a grown component fails with the gate's message, and py
 
     PYTHONPATH=build/cpu/python python tests/python/pytest_plugin_test.py
 """
+import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import tempfile
+import traceback
 import xml.etree.ElementTree as ET
-import json
+
+import pytest as _pytest
 
 failures = []
 
@@ -38,12 +40,39 @@ batch_sizes: [1, 2]
 
 
 def pytest(project, *args, ci=False):
+    """`python -m pytest -p memgate.pytest_plugin ... <args>` in `project`: (exit code, stdout + stderr). It runs as
+    pytest.main() in a process forked from this one, which has imported pytest (not the plugin, which pytest imports
+    itself to rewrite its asserts): a run pays no start of Python and pytest, and is otherwise the command's: its own
+    process, environment and working folder, the folder first on sys.path as `python -m` puts it."""
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "MEMGATE_STRICT", "GITHUB_STEP_SUMMARY")}
     if ci:
         env["CI"] = ci if isinstance(ci, str) else "true"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "memgate.pytest_plugin", "-p", "no:cacheprovider",
-                          "-q", "-rA", *args], cwd=project, env=env, capture_output=True, text=True)
-    return run.returncode, run.stdout + run.stderr
+    argv = ["-p", "memgate.pytest_plugin", "-p", "no:cacheprovider", "-q", "-rA", *args]
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.dup2(stdout.fileno(), 1)
+                os.dup2(stderr.fileno(), 2)
+                os.chdir(project)
+                os.environ.clear()
+                os.environ.update(env)
+                sys.argv = [_pytest.__file__]
+                sys.path[0] = os.getcwd()
+                code = int(_pytest.main(argv))
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)  # not this process's exit functions (its temporary folders' removal)
+        _, status = os.waitpid(pid, 0)
+        stdout.seek(0)
+        stderr.seek(0)
+        return os.waitstatus_to_exitcode(status), (stdout.read() + stderr.read()).decode(errors="replace")
 
 
 def counts(output):
