@@ -224,8 +224,8 @@ FullyShard::FullyShard(Model& model, const DistributedSpec& spec, Precision prec
     const auto word = name_of(kFsdpOffloadNames, spec.offload_policy);
     if (side_streams_) {
       if (!host || host->shards == nullptr || host->pageable == nullptr) {
-        throw Error(fmt::format("training.distributed.offload_policy: {} in an estimate for CUDA: fully_shard was given "
-                                "no host memory to keep the shards in", word));
+        throw Error(fmt::format("training.distributed.offload_policy: {} in an estimate for CUDA: fully_shard was "
+                                "given no host memory to keep the shards in", word));
       }
       host_ = host;
     } else if (!gloo_) {
@@ -512,8 +512,9 @@ void FullyShard::post_backward(Unit& unit) {
       // pinned only where nothing accumulates into it), its device output let go with the last view.
       const bool accumulate = p->shard.grad().defined();
       auto* allocator = accumulate ? host_->pageable : host_->shards;
+      const c10::DispatchKeySet meta(c10::DispatchKey::Meta);
       at::Tensor copy = at::detail::empty_strided_generic(p->shard.sizes(), p->shard.contiguous().strides(), allocator,
-                                                          c10::DispatchKeySet(c10::DispatchKey::Meta), view.scalar_type());
+                                                          meta, view.scalar_type());
       copy.copy_(view);
       view = std::move(copy);
     }

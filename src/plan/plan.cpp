@@ -30,14 +30,16 @@ namespace {
 
 constexpr std::int64_t kCannotRun = std::numeric_limits<std::int64_t>::max() / 4;
 constexpr const char* kExpandable = "expandable_segments:True";
-// The offload lever in words (count_host_transfer adds what it holds and moves).
+// The offload levers in words (count_host_transfer adds what each holds and moves).
 constexpr const char* kOffloadLever = "offload activations to pinned host memory";
+constexpr const char* kFsdpOffloadLever = "parameters and optimizer state offloaded to pinned host memory";
 // The most plans an exhaustive search estimates when asked for (a few seconds of a small model's estimates).
 constexpr std::int64_t kMaxExhaustive = 4096;
 
 // One point of the space: a micro-batch and its accumulation, the allocator's settings, the checkpointed blocks (a
-// bit each), a lever that changes the training (-1: none), whether FSDP shards it over --world-size's ranks, and
-// where the forward's saved tensors are kept (training.activation_offload; unset: the fixture's own).
+// bit each), a lever that changes the training (-1: none), whether FSDP shards it over --world-size's ranks (and
+// offloads its shards and optimizer state to pinned host memory: CPUOffloadPolicy), and where the forward's saved
+// tensors are kept (training.activation_offload; unset: the fixture's own).
 struct Point {
   std::int64_t micro = 0;
   std::int64_t steps = 1;
@@ -46,14 +48,16 @@ struct Point {
   int variant = -1;
   bool fsdp = false;
   std::optional<ActivationOffload> offload;
+  /// FSDP (the lever's or the fixture's own) with offload_policy: cpu_pinned.
+  bool fsdp_offload = false;
   /// The checkpointed blocks in PyTorch's selective checkpointing, saving their attention's output (a Python
   /// fixture's; with no block checkpointed, the same plan as without).
   bool selective = false;
   /// Whether the plan's blocks run selectively: some are checkpointed (none is the plan without).
   [[nodiscard]] bool saves_selectively() const { return selective && mask != 0; }
   [[nodiscard]] std::string key() const {
-    return fmt::format("{}x{}|{}|{}|{}|{}|{}|{}", micro, steps, allocator, mask, variant, fsdp,
-                       offload ? static_cast<int>(*offload) : -1, saves_selectively());
+    return fmt::format("{}x{}|{}|{}|{}|{}|{}|{}|{}", micro, steps, allocator, mask, variant, fsdp,
+                       offload ? static_cast<int>(*offload) : -1, saves_selectively(), fsdp_offload);
   }
 };
 
@@ -110,12 +114,21 @@ class Planner {
     const auto world = *options.world_size;
     auto& d = fixture_.training.distributed;
     if (d.enabled()) d.world_size = world;
-    if (world < 2 || d.strategy == DistributedStrategy::kFsdp) return;
+    if (world < 2) return;
+    // FSDP2's CPUOffloadPolicy(pin_memory=True) as a lever, for CUDA (on the CPU the device is the host: nothing
+    // moves): with the sharding lever, or on a fixture under FSDP that keeps its shards on the device.
+    const bool cuda = options.target == EstimateTarget::kCuda;
+    if (d.strategy == DistributedStrategy::kFsdp) {
+      fsdp_offload_lever_ = cuda && d.offload_policy == FsdpOffload::kNone && fixture.model.arch != Arch::kPython &&
+                            fixture.model.arch != Arch::kTorchScript;
+      return;
+    }
     if (const auto why = why_not_sharded(); !why.empty()) {
       not_sharded_ = why;
       return;
     }
     fsdp_world_ = world;
+    fsdp_offload_lever_ = cuda;
     // FSDP's units: blocks where the model has units (its blocks' forwards run one by one), else the whole model one.
     const auto model = build_model(fixture.model, c10::Device(c10::DeviceType::Meta));
     fsdp_units_ = model->unit_prefixes().empty() ? "root" : "blocks";
@@ -201,8 +214,10 @@ class Planner {
     std::vector<bool> shardings{false};
     if (fsdp_world_ > 0) shardings.push_back(true);
     out.sharding = fsdp_world_ > 0 ? fmt::format("FSDP over {} ranks", fsdp_world_) : not_sharded_;
-    // Offload is not combined with sharding (the fixture's key refuses it over ranks).
-    const std::size_t layouts = shardings.size() + (offload_lever_ ? 1 : 0) + (selective_save_.empty() ? 0 : 1);
+    // Activation offload is not combined with sharding (the fixture's key refuses it over ranks); FSDP's offload of
+    // its shards is sharding's.
+    const std::size_t layouts = shardings.size() + (offload_lever_ ? 1 : 0) + (selective_save_.empty() ? 0 : 1) +
+                                (fsdp_offload_lever_ ? 1 : 0);
     out.space = static_cast<std::int64_t>(micro.size() * allocators.size() * layouts) * subsets +
                 static_cast<std::int64_t>(variants_.size());
     const bool exhaustive = options_.search == PlanOptions::Search::kExhaustive ||
@@ -216,15 +231,17 @@ class Planner {
     Point as_is{micro.front().first, micro.front().second, fixture_.training.allocator, current_mask(), -1};
     out.as_is = estimate(as_is);
     std::vector<Plan> found;
-    std::vector<std::tuple<bool, std::optional<ActivationOffload>, bool>> layout_points;
-    for (const bool fsdp : shardings) layout_points.emplace_back(fsdp, std::nullopt, false);
-    if (offload_lever_) layout_points.emplace_back(false, offload_lever_, false);
-    if (!selective_save_.empty()) layout_points.emplace_back(false, std::nullopt, true);
+    std::vector<std::tuple<bool, std::optional<ActivationOffload>, bool, bool>> layout_points;
+    for (const bool fsdp : shardings) layout_points.emplace_back(fsdp, std::nullopt, false, false);
+    if (offload_lever_) layout_points.emplace_back(false, offload_lever_, false, false);
+    if (!selective_save_.empty()) layout_points.emplace_back(false, std::nullopt, true, false);
+    // FSDP with its shards offloaded: the sharding lever's, or the FSDP fixture's own.
+    if (fsdp_offload_lever_) layout_points.emplace_back(fsdp_world_ > 0, std::nullopt, false, true);
     for (const auto& [m, steps] : micro) {
-      for (const auto& [fsdp, offload, selective] : layout_points) {
+      for (const auto& [fsdp, offload, selective, fsdp_offload] : layout_points) {
         std::optional<Plan> default_allocator;
         for (const auto& allocator : allocators) {
-          Point base{m, steps, allocator, 0, -1, fsdp, offload, selective};
+          Point base{m, steps, allocator, 0, -1, fsdp, offload, fsdp_offload, selective};
           auto best = exhaustive ? cheapest_subset(base) : greedy(base);
           if (!best) continue;
           // Expandable segments only where they save reserved bytes or recomputation over the default's plan.
@@ -296,6 +313,7 @@ class Planner {
       t.distributed.world_size = fsdp_world_;
       t.distributed.units = fsdp_units_;
     }
+    if (p.fsdp_offload) t.distributed.offload_policy = FsdpOffload::kCpuPinned;
     plan.world_size = t.distributed.enabled() ? t.distributed.world_size : 1;
     plan.strategy = std::string(name_of(kDistributedStrategyNames, t.distributed.strategy));
     plan.global_batch = p.micro * p.steps * plan.world_size;
@@ -345,12 +363,16 @@ class Planner {
       auto& d = change["training"]["distributed"];
       d = {{"strategy", "fsdp"}, {"world_size", fsdp_world_}};
       if (fsdp_units_ != "blocks") d["units"] = fsdp_units_;
+      if (p.fsdp_offload) d["offload_policy"] = "cpu_pinned";
       if (fixture_.training.distributed.strategy == DistributedStrategy::kDdp) {
         d["bucket_cap_mb"] = nullptr;
         d["gradient_as_bucket_view"] = nullptr;
       }
-    } else if (t.distributed.enabled() && t.distributed.world_size != own_world_) {
-      change["training"]["distributed"]["world_size"] = t.distributed.world_size;
+    } else {
+      if (t.distributed.enabled() && t.distributed.world_size != own_world_) {
+        change["training"]["distributed"]["world_size"] = t.distributed.world_size;
+      }
+      if (p.fsdp_offload) change["training"]["distributed"]["offload_policy"] = "cpu_pinned";
     }
     if (t.activation_offload != fixture_.training.activation_offload) {
       change["training"]["activation_offload"] = std::string(name_of(kActivationOffloadNames, t.activation_offload));
@@ -362,6 +384,7 @@ class Planner {
                                         plan.communication_bytes ? format_bytes(*plan.communication_bytes)
                                                                  : std::string("not counted")));
     }
+    if (p.fsdp_offload) plan.levers.push_back(kFsdpOffloadLever);
     if (!plan.checkpointed.empty()) {
       plan.levers.push_back(fmt::format("checkpoint {} of {} blocks{}", plan.checkpointed.size(), blocks_.size(),
                                         selective ? " selectively, their attention's output saved" : ""));
@@ -375,7 +398,7 @@ class Planner {
       const auto r = estimate_probe(w, p.micro, EstimateTarget::kCpu);
       plan.step_peak = r.components.step_peak;
       plan.step_peak_reserved = r.components.step_peak_reserved;
-      plan.host_bytes = r.components.host_activations;
+      plan.host_bytes = r.components.host_activations + r.components.host_state;
       plan.required_bytes = plan.step_peak_reserved + target_.library_workspace_bytes;
     } else {
       const EstimateContextGuard for_gpu(
@@ -384,7 +407,7 @@ class Planner {
         const auto r = estimate_probe(w, p.micro, EstimateTarget::kCuda);
         plan.step_peak = r.components.step_peak;
         plan.step_peak_reserved = r.components.step_peak_reserved;
-        plan.host_bytes = r.components.host_activations;
+        plan.host_bytes = r.components.host_activations + r.components.host_state;
         plan.required_bytes = plan.step_peak_reserved + target_.library_workspace_bytes;
       } catch (const std::exception& e) {
         if (!cannot_run_on_cuda(e)) throw;
@@ -423,6 +446,27 @@ class Planner {
   // (`cpu`: a copy of each saved tensor with its strides, all alive until backward, so their peak is their sum). It
   // also says, in words, what the plan holds and moves. 0 for a plan that does not offload.
   void count_host_transfer(Plan& plan) {
+    const auto policy = plan.workload.training.distributed.offload_policy;
+    if (policy != FsdpOffload::kNone && plan.workload.training.distributed.strategy == DistributedStrategy::kFsdp &&
+        plan.required_bytes < kCannotRun) {
+      // FSDP's CPUOffloadPolicy: each shard to the device before each all-gather, each gradient back, counted from
+      // the shards (plan/communication.h); its host bytes the estimate's host_state.
+      const auto key = fmt::format("{}|{}", plan.accumulation_steps, plan.change.dump());
+      auto it = host_transfer_.find(key);
+      if (it == host_transfer_.end()) {
+        const auto moved = fsdp_host_transfer(plan.workload);
+        it = host_transfer_.emplace(key, moved ? moved->total() : 0).first;
+      }
+      plan.host_transfer_bytes = it->second;
+      if (policy != fixture_.training.distributed.offload_policy) {
+        const auto lever = std::find(plan.levers.begin(), plan.levers.end(), std::string(kFsdpOffloadLever));
+        if (lever != plan.levers.end()) {
+          *lever = fmt::format("{} ({} held, {} moved per step)", kFsdpOffloadLever, format_bytes(plan.host_bytes),
+                               format_bytes(plan.host_transfer_bytes));
+        }
+      }
+      return;
+    }
     const auto mode = plan.workload.training.activation_offload;
     if (mode == ActivationOffload::kNone || plan.required_bytes >= kCannotRun) return;
     std::int64_t copies = plan.host_bytes;
@@ -469,7 +513,8 @@ class Planner {
     auto current = estimate(base);
     if (current.fits || blocks_.empty()) return current.fits ? std::optional<Plan>(current) : std::nullopt;
     const auto& per_block = flops_.at(base.micro).per_block;
-    auto& order = order_[{base.fsdp, base.offload ? static_cast<int>(*base.offload) : -1, base.selective}];
+    auto& order =
+        order_[{base.fsdp, base.offload ? static_cast<int>(*base.offload) : -1, base.selective, base.fsdp_offload}];
     if (order.empty()) {
       std::vector<std::pair<double, std::size_t>> ranked;
       for (std::size_t i = 0; i < blocks_.size(); ++i) {
@@ -563,16 +608,18 @@ class Planner {
   std::vector<Variant> variants_;
   std::map<std::int64_t, StepFlops> flops_;
   std::map<std::string, Plan> cache_;
-  // The greedy search's order of the blocks, per sharding, offload and selective checkpointing.
-  std::map<std::tuple<bool, int, bool>, std::vector<std::size_t>> order_;
+  // The greedy search's order of the blocks, per sharding, offload, selective checkpointing and FSDP's offload.
+  std::map<std::tuple<bool, int, bool, bool>, std::vector<std::size_t>> order_;
   // The ops a selective plan's checkpointed blocks save (the target's attention kernels); empty: no such lever.
   std::vector<std::string> selective_save_;
   std::map<std::string, std::optional<std::int64_t>> communication_;
+  std::map<std::string, std::int64_t> host_transfer_;  // FSDP's offload: bytes over the host link, per change
   std::int64_t own_world_ = 1;      // the fixture's own ranks
   std::int64_t fsdp_world_ = 0;     // the ranks FSDP's lever shards over; 0: no sharding lever
   std::string fsdp_units_ = "blocks";
   std::string not_sharded_;         // why --world-size's sharding is not searched
   std::optional<ActivationOffload> offload_lever_;  // the offload the search tries; unset: none
+  bool fsdp_offload_lever_ = false;  // FSDP with offload_policy: cpu_pinned tried (for CUDA, with --world-size)
   std::unique_ptr<Plan> least_;
   std::int64_t estimates_ = 0;
 };

@@ -231,6 +231,113 @@ TEST(FsdpPlanTest, ShardingCostsItsCommunicationAfterRecomputationAndAccumulatio
   EXPECT_EQ(j.at("plans")[1].at("global_batch"), 8);
 }
 
+// A ViT whose parameters, gradients and AdamW state outweigh its activations (embed_dim 512, 2 blocks, 4 tokens:
+// 6,410,245 parameters). Estimated for CUDA at batch 1 it needs 134 MiB reserved on one device, and as much under FSDP
+// over 2 ranks (its collectives' buffers in pools of their own streams); 102 MiB with the shards offloaded.
+constexpr const char* kWideVit =
+    "model:\n  arch: vit\n  img_size: 16\n  patch_size: 8\n  embed_dim: 512\n  depth: 2\n  num_heads: 8\n"
+    "  num_classes: 5\ntraining:\n  optimizer: adamw\n  trainable: all\nbatch_sizes: [1]\n";
+
+// FSDP2's CPUOffloadPolicy as a lever (for CUDA, with --world-size). In 110 MiB nothing that keeps the shards on the
+// device fits: every point estimated apart through the fixture's keys (one device, activation offload, FSDP over 2
+// ranks, FSDP with its shards offloaded; each subset of the 2 blocks; both allocator settings) fits only with the
+// shards offloaded. Both searches find that plan alone: FSDP over 2 ranks, offload_policy cpu_pinned, nothing
+// checkpointed. Its change merged into the fixture estimates to the plan's workload on every component, host_state
+// (= host_bytes) included, and to the plan's peaks; its host_transfer_bytes are counted here from the parameters'
+// shapes: each padded shard to the device before its unit's forward all-gather, again before backward for the
+// blocks (they reshard after forward, the root does not), and each gradient back (rank 0 owns each parameter's
+// first chunk whole: its padded shard). Where the fixture fits as it is, no plan offloads.
+TEST(FsdpPlanTest, WhereOnlyOffloadedShardsFitTheFsdpOffloadPlanIsFoundAndItsChangeEstimatesToItsBytes) {
+  testing::TempDir dir;
+  write_file_atomically(dir / "wide.yaml", kWideVit);
+  const auto path = dir / "wide.yaml";
+  const auto fixture = load_fixture(path);
+  constexpr std::int64_t kCapacity = std::int64_t{110} << 20;
+  const EstimateContextGuard for_gpu(estimate_context_for_gpu({}));
+  auto blocks = build_model(fixture.model, c10::Device(c10::DeviceType::Meta))->checkpoint_prefixes();
+  ASSERT_EQ(blocks.size(), 2U);
+  for (auto& b : blocks) b.pop_back();
+  int fitting = 0;
+  for (const std::string allocator : {"", "expandable_segments:True"}) {
+    for (std::uint64_t mask = 0; mask < 4; ++mask) {
+      for (const auto& [layout, fsdp, offload] : {std::tuple{"one device", false, false},
+                                                  std::tuple{"activation offload", false, true},
+                                                  std::tuple{"FSDP", true, false},
+                                                  std::tuple{"FSDP offloaded", true, true}}) {
+        Workload w = fixture;
+        w.training.allocator = allocator;
+        w.training.gradient_checkpointing = mask != 0;
+        for (std::size_t i = 0; i < blocks.size(); ++i) {
+          if (mask & (std::uint64_t{1} << i)) w.training.checkpoint_blocks.push_back(blocks[i]);
+        }
+        if (fsdp) {
+          w.training.distributed.strategy = DistributedStrategy::kFsdp;
+          w.training.distributed.world_size = 2;
+          if (offload) w.training.distributed.offload_policy = FsdpOffload::kCpuPinned;
+        } else if (offload) {
+          w.training.activation_offload = ActivationOffload::kCpuPinned;
+        }
+        const auto reserved = estimate_probe(w, 1, EstimateTarget::kCuda).components.step_peak_reserved;
+        const bool fits = reserved <= kCapacity;
+        EXPECT_EQ(fits, fsdp && offload) << layout << ", blocks " << mask << ", '" << allocator << "': " << reserved;
+        fitting += fits ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GT(fitting, 0);
+  PlanOptions options;
+  options.batch = 1;
+  options.world_size = 2;
+  for (const auto search : {PlanOptions::Search::kExhaustive, PlanOptions::Search::kGreedy}) {
+    options.search = search;
+    const auto r = plan_at(path, kCapacity, options);
+    SCOPED_TRACE(r.search);
+    ASSERT_TRUE(r.as_is);
+    EXPECT_FALSE(r.as_is->fits);
+    ASSERT_EQ(r.plans.size(), 1U);
+    const auto& p = r.plans.front();
+    SCOPED_TRACE(p.change.dump());
+    EXPECT_EQ(p.change, nlohmann::json::parse(R"({"training":{"distributed":{"offload_policy":"cpu_pinned",)"
+                                              R"("strategy":"fsdp","world_size":2}}})"));
+    EXPECT_EQ(p.strategy, "fsdp");
+    EXPECT_EQ(p.recompute_flops, 0);
+    ASSERT_EQ(p.levers.size(), 2U);
+    EXPECT_EQ(p.levers.back(), fmt::format("parameters and optimizer state offloaded to pinned host memory ({} held, "
+                                           "{} moved per step)", format_bytes(p.host_bytes),
+                                           format_bytes(p.host_transfer_bytes)));
+    // The change merged: the plan's workload, estimated for CUDA, on every component.
+    const auto merged = applied(dir, path, p, "offloaded.yaml");
+    ASSERT_EQ(merged.training.distributed.offload_policy, FsdpOffload::kCpuPinned);
+    const auto e = estimate_probe(merged, 1, EstimateTarget::kCuda).components;
+    const auto w = estimate_probe(p.workload, 1, EstimateTarget::kCuda).components;
+    ASSERT_TRUE(e.offloads_state);
+    for (const auto& c : kComponentTable) {
+      EXPECT_EQ(has_component(e, c), has_component(w, c)) << c.name;
+      EXPECT_EQ(e.*c.member, w.*c.member) << c.name;
+    }
+    EXPECT_EQ(e.step_peak, p.step_peak);
+    EXPECT_EQ(e.step_peak_reserved, p.step_peak_reserved);
+    EXPECT_EQ(e.host_state, p.host_bytes);
+    // What moves over rank 0's host link, from the parameters' shapes.
+    std::int64_t moved = 0;
+    const auto model = build_model(merged.model, c10::Device(c10::DeviceType::Meta));
+    for (const auto& named : model->module().named_parameters()) {
+      const auto rows = named.value().size(0);
+      const auto padded = (rows + 1) / 2 * (named.value().numel() / rows) * 4;
+      moved += padded * (named.key().starts_with("blocks.") ? 3 : 2);
+    }
+    EXPECT_EQ(p.host_transfer_bytes, moved);
+    const auto j = plan_to_json(r).at("plans")[0];
+    EXPECT_EQ(j.at("host_bytes"), p.host_bytes);
+    EXPECT_EQ(j.at("host_transfer_bytes"), p.host_transfer_bytes);
+  }
+  options.search = PlanOptions::Search::kAuto;
+  const auto roomy = plan_at(path, std::int64_t{140} << 20, options);
+  ASSERT_EQ(roomy.plans.size(), 1U);
+  EXPECT_TRUE(roomy.plans.front().levers.empty()) << "as it is beats every plan that offloads";
+  EXPECT_EQ(roomy.plans.front().host_transfer_bytes, 0);
+}
+
 TEST(FsdpPlanTest, OneRankOnOneDeviceIsRefusedAndWhatFsdpRefusesIsNotSharded) {
   try {
     (void)plan_at(zoo_fixture("vit_tiny_full"), kFitsOnlySharded, over_ranks(1));

@@ -31,4 +31,23 @@ struct FsdpCommunication {
 /// fixture, whose parameters this process does not build.
 [[nodiscard]] std::optional<FsdpCommunication> fsdp_communication(const Workload& workload);
 
+/// Bytes rank 0 moves over its host link per optimizer step under FSDP2's CPUOffloadPolicy (training.distributed.
+/// offload_policy: cpu | cpu_pinned, what an estimate for CUDA models: fully_shard.h): each padded shard copied to the
+/// device before each all-gather of its unit (before forward; before backward too where the unit resharded to its
+/// shards after forward and its output needs a gradient: reshard_after_forward true, the blocks' default), in the
+/// shard's dtype (param_dtype's cast is made on the device), and each trainable parameter's reduce-scattered
+/// gradient copied back (rank 0 owns each parameter's first chunk whole: its padded shard's bytes), every
+/// micro-batch. Rank 0 moves the most (a rank past a parameter's last row copies back an empty gradient).
+struct FsdpHostTransfer {
+  std::int64_t to_device_forward = 0;   ///< the shards, before each unit's forward all-gather
+  std::int64_t to_device_backward = 0;  ///< the shards again, before the backward all-gather of a resharded unit
+  std::int64_t to_host_gradients = 0;   ///< the sharded gradients, after each unit's reduce-scatter
+  [[nodiscard]] std::int64_t total() const { return to_device_forward + to_device_backward + to_host_gradients; }
+};
+
+/// What `workload` (training.distributed: {strategy: fsdp}) would move under CPUOffloadPolicy per optimizer step,
+/// counted from its parameters as fsdp_communication counts them (whatever its own offload_policy); unset for a
+/// workload that is not FSDP, and for a Python or TorchScript fixture.
+[[nodiscard]] std::optional<FsdpHostTransfer> fsdp_host_transfer(const Workload& workload);
+
 }  // namespace memgate

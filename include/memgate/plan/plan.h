@@ -63,11 +63,13 @@ struct Plan {
   std::int64_t step_peak_reserved = 0;    ///< ... and reserved
   std::int64_t required_bytes = 0;        ///< reserved + the GPU's library workspaces (as estimate --gpu)
   std::int64_t headroom_bytes = 0;        ///< usable - required (negative: does not fit)
-  /// Host memory the plan holds: the peak of its offloaded activations (the estimate's host_activations; 0 where it
-  /// does not offload).
+  /// Host memory the plan holds: the peak of its offloaded activations (the estimate's host_activations) or, under
+  /// FSDP's CPUOffloadPolicy, of its shards, their gradients and the optimizer's state (host_state); 0 where it does
+  /// not offload.
   std::int64_t host_bytes = 0;
-  /// Bytes moved over the host link per optimizer step: 2 x the copies' bytes (to the host in forward, back in
-  /// backward) x the accumulation steps; 0 where it does not offload.
+  /// Bytes moved over the host link per optimizer step: activation offload's 2 x the copies' bytes (to the host in
+  /// forward, back in backward) x the accumulation steps; FSDP's offload the largest rank's shards to the device before
+  /// each all-gather and gradients back (plan/communication.h's fsdp_host_transfer); 0 where it does not offload.
   std::int64_t host_transfer_bytes = 0;
   std::int64_t recompute_flops = 0;       ///< per micro-batch: the checkpointed blocks' forward
   std::int64_t step_flops = 0;            ///< per micro-batch: forward and backward without recomputation
