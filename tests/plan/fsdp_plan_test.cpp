@@ -246,7 +246,8 @@ constexpr const char* kWideVit =
 // (= host_bytes) included, and to the plan's peaks; its host_transfer_bytes are counted here from the parameters'
 // shapes: each padded shard to the device before its unit's forward all-gather, again before backward for the
 // blocks (they reshard after forward, the root does not), and each gradient back (rank 0 owns each parameter's
-// first chunk whole: its padded shard). Where the fixture fits as it is, no plan offloads.
+// first chunk whole: its padded shard). A fixture already under FSDP gets the offload alone. Where the fixture fits as
+// it is, no plan offloads.
 TEST(FsdpPlanTest, WhereOnlyOffloadedShardsFitTheFsdpOffloadPlanIsFoundAndItsChangeEstimatesToItsBytes) {
   testing::TempDir dir;
   write_file_atomically(dir / "wide.yaml", kWideVit);
@@ -332,6 +333,16 @@ TEST(FsdpPlanTest, WhereOnlyOffloadedShardsFitTheFsdpOffloadPlanIsFoundAndItsCha
     EXPECT_EQ(j.at("host_transfer_bytes"), p.host_transfer_bytes);
   }
   options.search = PlanOptions::Search::kAuto;
+  // A fixture under FSDP that keeps its shards on the device: the offload is its one distributed lever.
+  auto fsdp = std::string(kWideVit);
+  const std::string trainable = "  trainable: all\n";
+  fsdp.insert(fsdp.find(trainable) + trainable.size(), "  distributed: {strategy: fsdp, world_size: 2}\n");
+  write_file_atomically(dir / "wide_fsdp.yaml", fsdp);
+  const auto own = plan_at(dir / "wide_fsdp.yaml", kCapacity, options);
+  ASSERT_EQ(own.plans.size(), 1U);
+  EXPECT_EQ(own.plans.front().change, nlohmann::json::parse(R"({"training":{"distributed":{"offload_policy":)"
+                                                            R"("cpu_pinned"}}})"));
+  EXPECT_GT(own.plans.front().host_transfer_bytes, 0);
   const auto roomy = plan_at(path, std::int64_t{140} << 20, options);
   ASSERT_EQ(roomy.plans.size(), 1U);
   EXPECT_TRUE(roomy.plans.front().levers.empty()) << "as it is beats every plan that offloads";
