@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/jit/runtime/operator.h>
 
 #include <cctype>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <charconv>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <string_view>
 
 namespace memgate {
@@ -681,10 +683,49 @@ bool read_own_optimizer(MapReader& r, ModelSpec& model) {
   return true;
 }
 
+// The aten ops a selective checkpointing policy saves, looked up where torch.ops.aten looks them up: LibTorch's
+// operator registry (torch::jit::getAllSortedOperatorsFor, whose order torch.ops.aten.mm.overloads() lists), so that a
+// misspelt op or overload is refused as the fixture is read, before a Python starts. torch.ops.aten knows every op and
+// overload of this registry (checked name by name for torch 2.11) and, besides them, only the TorchScript RPC
+// builtins that libtorch_python adds (aten.to_here, aten.owner, ...), which the dispatcher never runs and so no policy
+// ever sees: those are refused here. Other namespaces are checked in Python only (PythonModel): a fixture's own Python
+// may define their ops (torch.library).
+void check_aten_ops(const MapReader& ckpt, const std::vector<std::string>& names) {
+  const auto where = fmt::format("{}:{}: {}", ckpt.file(), ckpt.line_of("save"), ckpt.key_path("save"));
+  for (const auto& name : names) {
+    const auto bare = name.starts_with("torch.ops.") ? name.substr(10) : name;
+    if (!bare.starts_with("aten.")) continue;
+    const auto dot = bare.find('.', 5);
+    const auto op = bare.substr(5, dot == std::string::npos ? std::string::npos : dot - 5);
+    const auto ops = torch::jit::getAllSortedOperatorsFor(c10::Symbol::fromQualString("aten::" + op));
+    if (ops.empty()) {
+      std::set<std::string> known;
+      for (const auto& o : torch::jit::getAllOperators()) {
+        if (o->schema().name().starts_with("aten::")) known.insert(o->schema().name().substr(6));
+      }
+      const auto near = detail::nearest_key(op, known);
+      throw Error(fmt::format("{}: '{}' is not an op of torch.ops.aten (expected an op whose outputs are saved, as "
+                              "torch.ops spells it, such as aten.mm, aten.addmm or aten.mm.default){}",
+                              where, name, near.empty() ? "" : ": did you mean 'aten." + near + "'?"));
+    }
+    if (dot == std::string::npos) continue;
+    const auto overload = bare.substr(dot + 1);
+    std::vector<std::string> overloads;
+    for (const auto& o : ops) {
+      overloads.push_back(o->schema().overload_name().empty() ? "default" : o->schema().overload_name());
+    }
+    if (std::find(overloads.begin(), overloads.end(), overload) == overloads.end()) {
+      throw Error(fmt::format("{}: '{}': torch.ops.aten.{} has no overload '{}' (its overloads: {})", where, name, op,
+                              overload, fmt::join(overloads, ", ")));
+    }
+  }
+}
+
 // `training.gradient_checkpointing: {save: [ops]}` or `{policy: file.py:callable}` (besides an optional `blocks`):
 // PyTorch's selective activation checkpointing (torch.utils.checkpoint.checkpoint(use_reentrant=False, context_fn=
 // create_selective_checkpoint_contexts(...))), which runs in Python: an arch: python fixture's only. The op names are
-// checked against torch.ops where the model is built (PythonModel); here, their form and where they can apply.
+// checked against torch.ops where the model is built (PythonModel); here, their form, where they can apply, and the
+// aten ones against LibTorch's operator registry (check_aten_ops).
 void read_selective_checkpointing(MapReader& ckpt, const TrainingSpec& t, ModelSpec& model) {
   auto* py = std::get_if<PythonOptions>(&model.options);
   const char* key = ckpt.has("save") ? "save" : "policy";
@@ -729,6 +770,7 @@ void read_selective_checkpointing(MapReader& ckpt, const TrainingSpec& t, ModelS
   if (t.activation_offload != ActivationOffload::kNone) {
     refuse("training.activation_offload", "with activation_offload", "a policy with save_on_cpu");
   }
+  check_aten_ops(ckpt, py->checkpoint_save);
 }
 
 TrainingSpec read_training(MapReader& r, ModelSpec& model) {

@@ -120,8 +120,8 @@ class Bounds : public YAML::EventHandler {
   std::unordered_map<YAML::anchor_t, Anchored> anchors_;
 };
 
-// The key of `known` that `key` misspells: one edit or two away (Levenshtein), or one of them the other's start
-// ("ema_decay" for "ema", whose decay is a key under it); empty when none is, or two are equally near.
+}  // namespace
+
 std::string nearest_key(const std::string& key, const std::set<std::string>& known) {
   const auto distance = [](const std::string& a, const std::string& b) {
     std::vector<std::size_t> row(b.size() + 1);
@@ -157,6 +157,8 @@ std::string nearest_key(const std::string& key, const std::set<std::string>& kno
   }
   return tie ? std::string() : best;
 }
+
+namespace {
 
 // The file's text, at most kMaxYamlBytes of it: a larger file is an error before it is read whole.
 std::string read_bounded(const std::string& path) {

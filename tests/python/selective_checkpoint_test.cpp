@@ -239,6 +239,9 @@ TEST(SelectiveCheckpointTest, APolicyChangesTheHashAndItsAbsenceDoesNot) {
 }
 
 // --- Bad input: an op torch.ops does not have, named with the fixture and the key (exit 3) -------------------------
+// An aten op or overload is refused as the fixture is read (LibTorch's operator registry, before any Python starts),
+// its line named, with the nearest op's name where one is; an op of another namespace, and a policy callable, in Python, where the
+// model is built (its namespace may be one the Python defines: prims here, which torch defines in Python).
 
 struct BadPolicy {
   std::string name;
@@ -271,12 +274,18 @@ TEST_P(BadSelectiveCheckpointTest, ExitsWithThreeNamingTheFixtureTheKeyAndTheOp)
 std::vector<BadPolicy> sac_bad_policies() {
   return {
       {"op_not_in_aten", "{save: [aten.not_an_op]}",
-       {"f.yaml", "training.gradient_checkpointing.save: 'aten.not_an_op' is not an op of torch.ops.aten"}},
+       {"f.yaml:9: training.gradient_checkpointing.save: 'aten.not_an_op' is not an op of torch.ops.aten"}},
       {"namespace_unknown", "{save: [noway.mm]}",
        {"f.yaml", "training.gradient_checkpointing.save: 'noway.mm' is not an op of torch.ops.noway"}},
+      {"op_misspelt", "{save: [aten.scaled_dot_product_atention]}",
+       {"f.yaml:9: training.gradient_checkpointing.save: 'aten.scaled_dot_product_atention' is not an op of "
+        "torch.ops.aten", "did you mean 'aten.scaled_dot_product_attention'?"}},
       {"overload_unknown", "{save: [aten.mm.fast]}",
-       {"f.yaml", "training.gradient_checkpointing.save: 'aten.mm.fast': torch.ops.aten.mm has no overload 'fast'",
+       {"f.yaml:9: training.gradient_checkpointing.save: 'aten.mm.fast': torch.ops.aten.mm has no overload 'fast'",
         "default"}},
+      {"overload_unknown_outside_aten", "{save: [prims.add.fast]}",
+       {"f.yaml", "training.gradient_checkpointing.save: 'prims.add.fast': torch.ops.prims.add has no overload 'fast' "
+        "(its overloads: default)"}},
       {"policy_callable_missing", "{policy: models.py:no_policy}",
        {"f.yaml", "training.gradient_checkpointing.policy", "has no attribute 'no_policy'"}},
   };

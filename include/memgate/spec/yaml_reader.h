@@ -96,4 +96,9 @@ class MapReader {
 /// Describes a YAML node for an error message: its scalar, or "a map" / "a list".
 [[nodiscard]] std::string describe(const YAML::Node& node);
 
+/// The name of `known` that `key` misspells: one edit or two away (Levenshtein), or one of them the other's start
+/// ("ema_decay" for "ema", whose decay is a key under it); empty when none is, or two are equally near. The keys a
+/// map does not know, and the aten op names a fixture's selective checkpointing saves.
+[[nodiscard]] std::string nearest_key(const std::string& key, const std::set<std::string>& known);
+
 }  // namespace memgate::detail
