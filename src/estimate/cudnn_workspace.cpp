@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -67,6 +68,34 @@ std::vector<std::string> library_candidates() {
   return candidates;
 }
 
+// cuDNN opens NVRTC (libnvrtc.so.<its CUDA's major>, 109 MB) to build a runtime-compiled engine's plan and closes it
+// again before the plan is finalized: each such plan loaded, relocated and initialised it anew, half the CPU time of a
+// conv net's estimates for CUDA (camo_seg_stage2's search by estimate over the GPUs and camo_seg_stage1's per GPU,
+// 12.7 s against 6.0). So the file that cuDNN's open finds is opened here, once, and kept (RTLD_NODELETE): cuDNN's
+// open then finds it loaded (by its soname). Only where the dynamic loader's search from libcudnn_graph finds it in
+// LD_LIBRARY_PATH or libcudnn_graph's RUNPATH (the wheel's nvidia/cu13/lib): in the system's folders the loader's cache
+// decides, and cuDNN opens it as before. A plan's workspace is the same either way.
+void keep_nvrtc_loaded(void* cudnn_graph, std::size_t cudart_version) {
+  Dl_serinfo size{};
+  if (cudart_version < 1000 || dlinfo(cudnn_graph, RTLD_DI_SERINFOSIZE, &size) != 0) return;
+  // Room to spare: glibc 2.36 wrote past the size it counted (the folders of libcudnn_graph's search: 547 bytes).
+  std::vector<std::max_align_t> buffer((2 * size.dls_size + 4096) / sizeof(std::max_align_t));
+  auto* info = reinterpret_cast<Dl_serinfo*>(buffer.data());
+  if (dlinfo(cudnn_graph, RTLD_DI_SERINFOSIZE, info) != 0 || dlinfo(cudnn_graph, RTLD_DI_SERINFO, info) != 0) return;
+  const auto file = "libnvrtc.so." + std::to_string(cudart_version / 1000);
+  for (unsigned i = 0; i < info->dls_cnt; ++i) {
+    const std::filesystem::path folder = std::filesystem::path(info->dls_serpath[i].dls_name).lexically_normal();
+    const auto system = [](const std::filesystem::path& p) {
+      return p == "/lib" || p == "/usr/lib" || p == "/lib64" || p == "/usr/lib64";
+    };
+    if (system(folder) || system(folder.parent_path())) return;
+    std::error_code ec;
+    if (!std::filesystem::exists(folder / file, ec)) continue;
+    (void)dlopen((folder / file).c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    return;
+  }
+}
+
 const CudnnLibrary& cudnn() {
   static const CudnnLibrary library = [] {
     CudnnLibrary l;
@@ -105,6 +134,11 @@ const CudnnLibrary& cudnn() {
     if (l.failure.empty() && l.get_version() / 10000 != CUDNN_MAJOR) {
       l.failure = l.path + " is cuDNN " + std::to_string(l.get_version()) + ", not the major version " +
                   std::to_string(CUDNN_MAJOR) + " memgate was built with";
+    }
+    if (const auto cudart_version = reinterpret_cast<decltype(&cudnnGetCudartVersion)>(
+            dlsym(handle, "cudnnGetCudartVersion"));
+        l.failure.empty() && cudart_version != nullptr) {
+      keep_nvrtc_loaded(handle, cudart_version());
     }
     return l;
   }();
