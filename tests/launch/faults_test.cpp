@@ -43,7 +43,8 @@ std::vector<pid_t> processes_with(const std::string& text) {
 // makes its compile cache, torchinductor_<user>, in the temporary directory, to keep: inductor_cache_in(dir) puts it
 // in `dir`.) A Python rank runs memgate's Python extension, which has no fault points (launch/fault_points.h): the
 // fixture's own model injects MEMGATE_TEST_RANK_FAULT=<rank>:<fault>:<phase> (crash, exit, stop or slow, in its
-// first forward in that phase, which the rank's heartbeat file names), as memgate-measure-faults does for a C++ rank.
+// first forward in that phase, which the rank's heartbeat file names), as memgate-measure-faults does for a C++ rank;
+// or one fault per batch size, <batch>=<rank>:<fault>:<phase>;... (each probe of a profile with its own).
 std::string python_ddp_fixture(const testing::TempDir& dir) {
   const auto models = testing::source_dir() + "/fixtures/models/";
   auto text = testing::read_file(models + "py_resnet_tiny_torchvision.yaml");
@@ -63,6 +64,10 @@ def torchvision_resnet(**kwargs):
         return model
     with open(sys.argv[sys.argv.index("--request") + 1]) as f:
         request = json.load(f)
+    faults = dict(one.split("=", 1) for one in spec.split(";")) if "=" in spec else {{}}
+    spec = faults.get(str(request["batch_sizes"][0]), "") if faults else spec
+    if not spec:
+        return model
     rank, fault, phase = spec.split(":", 2)
     if not request.get("store") or request.get("rank") != int(rank):
         return model
@@ -221,28 +226,30 @@ TEST(RankFaultTest, CtrlCLeavesNoForkedPythonRankAndNoForkServer) {
 }
 
 // Python ranks forked from the fork server fail as ranks started directly do: named, with their cause. The three
-// probes run at once (each memgate with its Python fork server): the stopped one mostly waits out its timeout.
+// faults are the three probes of one profile, one a batch size, each forked from the one fork server (which a crashed,
+// an exited and a stopped rank each leave able to fork the next probe's ranks): the stopped one mostly waits out its
+// timeout.
 TEST(RankFaultTest, AForkedPythonRankThatFailsIsNamedWithItsCause) {
-  testing::TempDir fixture_dir;
+  testing::TempDir fixture_dir, tmp, out;
   const auto path = python_ddp_fixture(fixture_dir);
   const std::vector<std::pair<std::string, std::string>> cases{
-      {"1:crash:warm-up", "rank 1 of 2 was killed by signal 11"},
-      {"0:exit:warm-up", "rank 0 of 2 exited with status 7"},
-      {"1:stop:measured step: forward", "rank 1 of 2 stopped answering"}};
-  std::vector<testing::TempDir> tmp(cases.size()), out(cases.size());
-  std::vector<std::unique_ptr<testing::Memgate>> probes;
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    probes.push_back(start_profile(tmp[i], out[i], path,
-                                   {"MEMGATE_TEST_RANK_FAULT=" + cases[i].first, inductor_cache_in(fixture_dir)}));
-  }
+      {"1=1:crash:warm-up", "rank 1 of 2 was killed by signal 11"},
+      {"2=0:exit:warm-up", "rank 0 of 2 exited with status 7"},
+      {"3=1:stop:measured step: forward", "rank 1 of 2 stopped answering"}};
+  std::string faults;
+  for (const auto& c : cases) faults += (faults.empty() ? "" : ";") + c.first;
+  testing::Memgate m(fmt::format("profile --config {} --batch-sizes 1,2,3 --device cpu --rank-timeout {}", path,
+                                 kTimeout),
+                     {"TMPDIR=" + tmp.path().string(), "MEMGATE_TEST_RANK_FAULT=" + faults,
+                      inductor_cache_in(fixture_dir)},
+                     out);
+  const auto o = m.wait(std::chrono::seconds(3 * (kTimeout + 60)));
+  EXPECT_EQ(testing::exit_code(o), 3) << o.output;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].first);
-    const auto o = probes[i]->wait(std::chrono::seconds(kTimeout + 60));
-    EXPECT_EQ(testing::exit_code(o), 3) << o.output;
-    EXPECT_THAT(o.output, HasSubstr(cases[i].second));
-    EXPECT_THAT(o.output, HasSubstr("py_ddp.yaml at batch 1"));
-    expect_nothing_left(tmp[i]);
+    EXPECT_THAT(o.output, HasSubstr(fmt::format("py_ddp.yaml at batch {}: {}", i + 1, cases[i].second)));
   }
+  expect_nothing_left(tmp);
 }
 
 TEST(RankFaultTest, TwoProbesInOneTemporaryDirectoryMeetNeitherEachOtherNorItsFiles) {
