@@ -304,14 +304,17 @@ class Tools:
             self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pkg), os.environ.get("PYTHONPATH")]))
         # The references run in processes forked from one Python that has imported torch and timm (multiprocessing's
         # forkserver), where `python` is this one: each was a Python of its own that imported them (2.7 s here, of a
-        # reference's 4.6 s). Each is still a process of its own, started fresh from that server.
+        # reference's 4.6 s). Each is still a process of its own, started fresh from that server. timm's ViT module is
+        # among what the server imports (timm_reference imports it only when called): each reference imported it
+        # again, 1.0 s of CPU of its 1.2-1.4 before it forks its ranks.
         self.forkserver = None
         import importlib.util
         import multiprocessing
 
         if Path(python).resolve() == Path(sys.executable).resolve() and importlib.util.find_spec("torch"):
             self.forkserver = multiprocessing.get_context("forkserver")
-            self.forkserver.set_forkserver_preload(["torch", "torch.distributed.fsdp", "timm_reference"])
+            self.forkserver.set_forkserver_preload(["torch", "torch.distributed.fsdp", "timm_reference",
+                                                    "timm.models.vision_transformer"])
 
     def reference(self, script: Path, argv: list[str], what: str) -> str:
         """What tools/<strategy>_reference.py with `argv` prints (JSON)."""
