@@ -6,6 +6,7 @@
 #include "memgate/base/module_breakdown.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/launch/run.h"
+#include "cli_fork.h"
 #include "fixture_util.h"
 #include "test_util.h"
 
@@ -14,9 +15,22 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <numeric>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 namespace memgate {
 namespace {
@@ -47,16 +61,108 @@ const std::string kModulesFixture =
     "model:\n  arch: python\n  entry: models.py:build\n  inputs:\n    - {shape: [B, 32], dtype: float32}\n"
     "  task: sum\ntraining: {optimizer: adamw, trainable: all}\nbatch_sizes: [4]\n";
 
+// What the gate runs here without: CI (and MEMGATE_STRICT) make a missing baseline a failure, and
+// GITHUB_STEP_SUMMARY would have it write a summary.
+constexpr std::array<const char*, 3> kNotTheGates = {"CI", "MEMGATE_STRICT", "GITHUB_STEP_SUMMARY"};
+
+// This process's environment without kNotTheGates while it lives.
+class WithoutCi {
+ public:
+  WithoutCi() {
+    for (const char* name : kNotTheGates) {
+      const char* value = std::getenv(name);
+      saved_.emplace_back(name, value != nullptr ? std::optional<std::string>(value) : std::nullopt);
+      ::unsetenv(name);
+    }
+  }
+  ~WithoutCi() {
+    for (const auto& [name, value] : saved_) {
+      if (value) ::setenv(name.c_str(), value->c_str(), 1);
+    }
+  }
+  WithoutCi(const WithoutCi&) = delete;
+  WithoutCi& operator=(const WithoutCi&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// Whether this process has the Python fork server (launch/fork_server.h: one per Python and environment, started on
+// a process's first Python probe) of a probe run WithoutCi: EachSplitSumsToItsComponentToTheByte's probes start it.
+bool g_gates_server_started = false;
+
+// `memgate check` with `args`, as `env -u CI -u MEMGATE_STRICT -u GITHUB_STEP_SUMMARY memgate check ...` runs it (its
+// exit code, its stdout and stderr), forked from this process as tests/common/cli_fork.h forks a CLI case (what
+// memgate-measure's main() runs, LibTorch started already), and with this process's fork server: a probe of the plain
+// decoder run here WithoutCi (once, where no test has) starts it, and the forked run, whose environment is the same,
+// finds it among what it inherited: its probes are forked from it, as a memgate process forks each of its probes from
+// its own server, and pay no Python start and no import of torch (~1.9 CPU-s of each run's ~2.2). The child ends with
+// _exit, not exit_fast, whose handler would end the server it inherited (this process's). Where this process has
+// threads besides its main one (fork copies that one only), or with MEMGATE_TEST_FORK_CLI=0, the real program runs
+// instead; MEMGATE_TEST_CLI_RECORD records each run as cli_fork.h does (tests/cli/compare_cli_runs.py compares two).
+int run_check(const std::string& fixture, const std::vector<std::string>& args, std::string* output) {
+  std::vector<std::string> argv_text{MEMGATE_CLI, "check"};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  testing::CliRun run;
+  const char* fork_cli = std::getenv("MEMGATE_TEST_FORK_CLI");
+  if ((fork_cli != nullptr && std::string_view(fork_cli) == "0") || !testing::has_one_thread()) {
+    std::string command = fmt::format("env -u CI -u MEMGATE_STRICT -u GITHUB_STEP_SUMMARY {}", MEMGATE_CLI);
+    for (std::size_t i = 1; i < argv_text.size(); ++i) command += " '" + argv_text[i] + "'";
+    run.exit_code = testing::run(command, &run.output);
+  } else {
+    if (!g_gates_server_started) {
+      const WithoutCi without;
+      const auto probe = run_probe(load_fixture(fixture), 4, testing::kCpu);
+      EXPECT_TRUE(probe.measured()) << probe.error;
+      g_gates_server_started = true;
+    }
+    std::vector<char*> argv;
+    for (auto& a : argv_text) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const testing::TempDir scratch;
+    const auto out_path = scratch / "output";
+    std::cout.flush();
+    std::fflush(nullptr);  // nothing of this process's buffers printed twice
+    const pid_t pid = ::fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+      for (const char* name : kNotTheGates) ::unsetenv(name);
+      const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (fd < 0 || ::dup2(fd, STDOUT_FILENO) < 0 || ::dup2(fd, STDERR_FILENO) < 0) ::_exit(127);
+      ::close(fd);
+      // As a new program's: stdout fully buffered (into a file), stderr unbuffered.
+      std::setvbuf(stdout, nullptr, _IOFBF, BUFSIZ);
+      std::setvbuf(stderr, nullptr, _IONBF, 0);
+      const int code = memgate::cli::run_command_line(static_cast<int>(argv.size()) - 1, argv.data(),
+                                                      memgate::cli::measures);
+      std::cout.flush();
+      std::cerr.flush();
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    run.forked = true;
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    run.output = testing::read_file(out_path);
+  }
+  testing::detail::record(run);
+  if (output != nullptr) *output = std::move(run.output);
+  return run.exit_code;
+}
+
 struct ModulesProject {
   testing::TempDir dir;
   explicit ModulesProject(const std::string& decoder_code) {
     testing::write_file(dir / "f.yaml", kModulesFixture);
     testing::write_file(dir / "models.py", modules_model_code(decoder_code));
   }
-  [[nodiscard]] std::string check(const std::string& extra = "") const {
-    return fmt::format("env -u CI -u MEMGATE_STRICT -u GITHUB_STEP_SUMMARY {} check --config {} --device cpu "
-                       "--baselines {} {}",
-                       MEMGATE_CLI, dir / "f.yaml", dir / "baselines", extra);
+  // `memgate check --config f.yaml --device cpu --baselines baselines <extra...>` (run_check).
+  int check(const std::vector<std::string>& extra, std::string* output) const {
+    std::vector<std::string> args{"--config", dir / "f.yaml", "--device", "cpu", "--baselines", dir / "baselines"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_check(dir / "f.yaml", args, output);
   }
 };
 
@@ -73,7 +179,7 @@ const Recorded& plain_recorded() {
   static const Recorded recorded = [] {
     ModulesProject p(kModulesPlainDecoder);
     Recorded r;
-    r.rc = testing::run(p.check("--update-baselines"), &r.out);
+    r.rc = p.check({"--update-baselines"}, &r.out);
     if (const auto file = p.dir / "baselines/cpu/f.json"; std::filesystem::exists(file)) {
       r.baseline = testing::read_file(file);
     }
@@ -101,8 +207,10 @@ std::int64_t sum_of_modules(const ModuleBytes& modules) {
 TEST(ModuleBreakdownTest, EachSplitSumsToItsComponentToTheByte) {
   ModulesProject p(kModulesPlainDecoder);
   const auto fixture = load_fixture(p.dir / "f.yaml");
+  const WithoutCi without;  // the gate's environment: its runs (run_check) fork their probes from the server it starts
   for (const std::int64_t batch : {2, 4}) {
     const auto probe = run_probe(fixture, batch, testing::kCpu);
+    g_gates_server_started = true;
     ASSERT_TRUE(probe.measured()) << probe.error;
     for (const auto component : kBrokenDownComponents) {
       const auto* modules = probe.modules.find(component);
@@ -143,16 +251,16 @@ TEST(ModuleBreakdownTest, AGrownModuleIsNamedByTheGate) {
   ASSERT_TRUE(baseline["probes"][0].contains("modules")) << recorded;
   EXPECT_EQ(baseline["probes"][0]["modules"]["activations"]["decoder"], 2048) << recorded;
   // Recorded again with nothing changed: the file stays byte for byte.
-  ASSERT_EQ(testing::run(p.check("--update-baselines"), &out), 0) << out;
+  ASSERT_EQ(p.check({"--update-baselines"}, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("unchanged"));
   EXPECT_EQ(testing::read_file(file), recorded);
-  ASSERT_EQ(testing::run(p.check(), &out), 0) << out;
+  ASSERT_EQ(p.check({}, &out), 0) << out;
 
   // The decoder's code changes: its forward keeps a gate's two tensors more.
   testing::write_file(p.dir / "models.py", modules_model_code(kModulesGatedDecoder));
-  const auto reports = fmt::format("--json {} --junit {} --markdown {} --html {}", p.dir / "v.json", p.dir / "j.xml",
-                                   p.dir / "s.md", p.dir / "s.html");
-  EXPECT_EQ(testing::run(p.check(reports), &out), 1) << out;
+  const std::vector<std::string> reports{"--json",     p.dir / "v.json", "--junit", p.dir / "j.xml",
+                                         "--markdown", p.dir / "s.md",   "--html",  p.dir / "s.html"};
+  EXPECT_EQ(p.check(reports, &out), 1) << out;
   // 4 x 128 float32 twice, in the decoder's own forward.
   EXPECT_THAT(out, HasSubstr("by module: +4,096 B in decoder")) << out;
   EXPECT_THAT(out, HasSubstr("regression  f_bs4_activations")) << out;
@@ -181,8 +289,8 @@ TEST(ModuleBreakdownTest, AGrownModuleIsNamedByTheGate) {
   EXPECT_THAT(html, HasSubstr("<td>decoder</td>"));
 
   // Recorded, the gate passes again and the breakdown holds the decoder's new bytes.
-  ASSERT_EQ(testing::run(p.check("--update-baselines"), &out), 0) << out;
-  EXPECT_EQ(testing::run(p.check(), &out), 0) << out;
+  ASSERT_EQ(p.check({"--update-baselines"}, &out), 0) << out;
+  EXPECT_EQ(p.check({}, &out), 0) << out;
   EXPECT_THAT(out, Not(HasSubstr("by module")));
 }
 
@@ -195,14 +303,14 @@ TEST(ModuleBreakdownTest, ABaselineWithoutOneSaysHowToGetIt) {
   auto baseline = nlohmann::json::parse(testing::read_file(file));
   baseline["probes"][0].erase("modules");
   testing::write_file(file, baseline.dump(2));
-  EXPECT_EQ(testing::run(p.check(), &out), 0) << out;
+  EXPECT_EQ(p.check({}, &out), 0) << out;
   testing::write_file(p.dir / "models.py", modules_model_code(kModulesGatedDecoder));
-  EXPECT_EQ(testing::run(p.check(), &out), 1) << out;
+  EXPECT_EQ(p.check({}, &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("the baseline has no per-module breakdown of activations; record it again")) << out;
   // A corrupt breakdown is an error naming the file and the key.
   baseline["probes"][0]["modules"] = {{"activations", {{"decoder", "many"}}}};
   testing::write_file(file, baseline.dump(2));
-  EXPECT_EQ(testing::run(p.check(), &out), 3) << out;
+  EXPECT_EQ(p.check({}, &out), 3) << out;
   EXPECT_THAT(out, HasSubstr("probes[0].modules.activations.decoder: expected a whole number of bytes")) << out;
 }
 
