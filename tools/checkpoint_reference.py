@@ -32,6 +32,10 @@ measured step (each allocation inside the hook, by its address, until its free).
 pin_memory=True makes plain CPU copies (torch.cuda.is_available() is false), and pin_memory=False on CPU tensors
 keeps the tensor itself (tensor.cpu()): no copy.
 
+Several fixtures in one launch (torch and the fixtures' libraries imported once): each fixture's options, --config
+first, separated by `--then`; the output is then {"runs": [one fixture's object, ...]}, in that order. One fixture
+prints its object alone, as before.
+
 Run: ~/.cache/memgate/venv/bin/python tools/checkpoint_reference.py \\
        --config fixtures/models/py_vit_tiny_lora_timm.yaml --blocks blocks.1,blocks.2 --blocks blocks.1 \\
        --batch-sizes 1,4
@@ -192,6 +196,22 @@ def save_on_cpu_probe(fx, batch_size: int, pin_memory: bool) -> dict:
 
 
 def main(argv=None) -> int:
+    """One fixture's object, or with `--then` between fixtures' options, {"runs": [...]} (one launch)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    groups = [[]]
+    for arg in argv:
+        if arg == "--then":
+            groups.append([])
+        else:
+            groups[-1].append(arg)
+    runs = [reference(group) for group in groups]
+    json.dump(runs[0] if len(runs) == 1 else {"runs": runs}, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+def reference(argv: list) -> dict:
+    """The selections of one fixture's options (--config and what follows it), measured in this process."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="a Python fixture (arch: python) without gradient_checkpointing")
     p.add_argument("--blocks", action="append", default=[],
@@ -252,12 +272,9 @@ def main(argv=None) -> int:
     for pin in a.save_on_cpu:
         measured.append({"save_on_cpu": {"pin_memory": bool(pin)},
                          "probes": probes_of(lambda bs, _pin=bool(pin): save_on_cpu_probe(fx, bs, _pin))})
-    json.dump({"reference": "torch.utils.checkpoint on chosen blocks", "fixture": a.config,
-               "blocks": measured[0].get("blocks", []), "use_reentrant": bool(a.use_reentrant),
-               "preserve_rng_state": bool(a.preserve_rng_state), "probes": measured[0]["probes"],
-               "selections": measured}, sys.stdout, indent=2)
-    print()
-    return 0
+    return {"reference": "torch.utils.checkpoint on chosen blocks", "fixture": a.config,
+            "blocks": measured[0].get("blocks", []), "use_reentrant": bool(a.use_reentrant),
+            "preserve_rng_state": bool(a.preserve_rng_state), "probes": measured[0]["probes"], "selections": measured}
 
 
 if __name__ == "__main__":

@@ -73,24 +73,24 @@ Fixture sac_fixture(const testing::TempDir& dir, const std::string& fixture, con
 const std::string kVitBlocks = "blocks.0,blocks.1,blocks.2,blocks.3";
 const std::string kLlamaLayers = "layers.0,layers.1";
 
-// tools/checkpoint_reference.py once for each model: PyTorch's loop with the named blocks in selective checkpointing.
-// ViT: every block saving the matmuls (0), every block saving the CPU's attention (1), blocks 1 and 2 with the policy
-// callable (2). LLaMA: every layer saving the matmuls (0), layer 1 saving the CPU's attention (1).
-const nlohmann::json& sac_vit_reference() {
+// tools/checkpoint_reference.py launched once for both models (torch, timm, PEFT and transformers imported once):
+// PyTorch's loop with the named blocks in selective checkpointing. ViT: every block saving the matmuls (0), every block
+// saving the CPU's attention (1), blocks 1 and 2 with the policy callable (2). LLaMA: every layer saving the matmuls
+// (0), layer 1 saving the CPU's attention (1).
+const std::vector<nlohmann::json>& sac_references() {
   static const auto selections = testing::checkpoint_reference_selections(
-      "py_vit_tiny_lora_timm",
-      fmt::format("--selective {0}@{1} --selective {0}@{2} --selective blocks.1,blocks.2@{3}:save_widening_linears "
-                  "--batch-sizes 1,4",
-                  kVitBlocks, kSacMatmuls, kSacCpuAttention, sac_policy_dir() / "policies.py"));
+      {{"py_vit_tiny_lora_timm",
+        fmt::format("--selective {0}@{1} --selective {0}@{2} --selective blocks.1,blocks.2@{3}:save_widening_linears "
+                    "--batch-sizes 1,4",
+                    kVitBlocks, kSacMatmuls, kSacCpuAttention, sac_policy_dir() / "policies.py")},
+       {"py_llama_tiny_lora", fmt::format("--selective {}@{} --selective layers.1@{} --batch-sizes 1,4", kLlamaLayers,
+                                          kSacMatmuls, kSacCpuAttention)}});
   return selections;
 }
 
-const nlohmann::json& sac_llama_reference() {
-  static const auto selections = testing::checkpoint_reference_selections(
-      "py_llama_tiny_lora",
-      fmt::format("--selective {}@{} --selective layers.1@{} --batch-sizes 1,4", kLlamaLayers, kSacMatmuls, kSacCpuAttention));
-  return selections;
-}
+const nlohmann::json& sac_vit_reference() { return sac_references().at(0); }
+
+const nlohmann::json& sac_llama_reference() { return sac_references().at(1); }
 
 const std::vector<const char*> kSacCompared{"params", "gradients", "optimizer_state", "activations", "forward_peak",
                                          "eval_peak", "step_peak"};
