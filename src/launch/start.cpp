@@ -11,8 +11,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <string_view>
 #include <utility>
 #include <variant>
@@ -118,7 +120,12 @@ ForkServer* fork_server_of(const std::vector<std::string>& command, const std::v
     // CPU's vector ISAs first (each a Python that imports torch: 11 s here), so that each probe does not.
     std::vector<std::string> start{command[0], "-m", "memgate._forkserver"};
     if (compiles) start.emplace_back("--inductor");
-    return ForkServer::of(start, env);
+    // MEMGATE_GC_FREEZE=0 (memgate's tests) is the probe's own: it unfreezes what the server froze (_probe.py), so it
+    // forks from the server the others fork from rather than from one of its own that imports everything again.
+    std::vector<std::string> server_env;
+    std::ranges::copy_if(env, std::back_inserter(server_env),
+                         [](const std::string& e) { return !e.starts_with("MEMGATE_GC_FREEZE="); });
+    return ForkServer::of(start, server_env);
   }
   if (const char* exe = std::getenv("MEMGATE_RANK_EXECUTABLE"); exe != nullptr && *exe != '\0') return nullptr;
   return ForkServer::of({command.front(), "--memgate-fork-server"}, env);

@@ -826,8 +826,9 @@ namespace {
 // A Python fixture's estimates as a search makes them (issue 59: a ViT-B with LoRA took 0.8 s per estimate, 54 s for
 // --all-gpus): several batch sizes in one Python process, forked from a server whose imports Python's collector no
 // longer walks (gc.freeze). Each component of each batch size equals, to the byte, the estimate of a process of its
-// own as memgate made it before (MEMGATE_GC_FREEZE=0: every object walked by each collection), for the timm ViT with
-// PEFT's LoRA and for the transformers LLaMA. (The search, every GPU's in step: tests/advise.)
+// own as memgate made it before (MEMGATE_GC_FREEZE=0: every object walked by each collection; such a probe forks from
+// the same server and unfreezes what it froze), for the timm ViT with PEFT's LoRA and for the transformers LLaMA. (The
+// search, every GPU's in step: tests/advise.)
 TEST(PythonEstimateSpeedTest, EstimatesInOneProcessEqualEachInAProcessOfItsOwn) {
   const std::vector<std::int64_t> batches = {1, 3, 8};
   for (const auto* name : {"py_vit_tiny_lora_timm", "py_llama_tiny_lora"}) {
