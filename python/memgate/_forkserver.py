@@ -1,7 +1,8 @@
 """`python -m memgate._forkserver [--inductor] PARENT_PID`: the warm Python that a memgate process forks its Python
 probes from.
 
-memgate starts one per Python and environment, on the first Python probe it runs, with a socket as file descriptor 3. It
+memgate starts one per Python and environment (MEMGATE_GC_FREEZE aside: that is the probe's own, see
+memgate._probe.freeze_what_is_alive), on the first Python probe it runs, with a socket as file descriptor 3. It
 imports torch and memgate's extension once; each probe is then a fork of it (os.fork) that runs what `python -m memgate
 --memgate-rank ...` would (memgate._probe.main), so that a probe pays no import of torch. After a probe has ended, the
 server also imports the installed packages that probe imported (timm, transformers, peft: seconds each), never the
