@@ -236,11 +236,13 @@ def reference(argv: list) -> dict:
         fx = step_reference.Fixture(a.config)
     build = fx.build_fn
     def probes_of(probe):
-        """Each batch size's probe, after one unmeasured call (what a first call imports or caches lazily)."""
+        """Each batch size's probe, the first after one unmeasured call (what a first call imports or caches lazily:
+        once per selection, its first batch size's; the next batch sizes' find it done)."""
         probes = []
-        for bs in (int(s) for s in a.batch_sizes.split(",")):
-            with contextlib.redirect_stdout(sys.stderr):
-                probe(bs)
+        for i, bs in enumerate(int(s) for s in a.batch_sizes.split(",")):
+            if i == 0:
+                with contextlib.redirect_stdout(sys.stderr):
+                    probe(bs)
             # A wrapped block's forward refers to the block (a cycle): its model is freed here, not in the next build.
             gc.collect()
             probes.append(probe(bs))
