@@ -22,6 +22,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -33,8 +35,15 @@ std::string fixture_path(const std::string& name) { return testing::source_dir()
 
 AdviceTarget capacity_mib(std::int64_t mib) { return {"capacity", std::to_string(mib) + " MiB", mib << 20}; }
 
-PlanResult plan_of(const std::string& name, std::int64_t mib, PlanOptions options) {
-  return plan(load_fixture(fixture_path(name)), capacity_mib(mib), options);
+// Each (fixture, capacity, options) planned once in this program: several tests read the same plan (issue 69).
+const PlanResult& plan_of(const std::string& name, std::int64_t mib, const PlanOptions& options) {
+  using Key = std::tuple<std::string, std::int64_t, std::optional<std::int64_t>, std::optional<std::int64_t>, bool,
+                         PlanOptions::Search, std::int64_t, EstimateTarget, std::optional<std::int64_t>>;
+  static std::map<Key, PlanResult> planned;
+  const Key key{name,           mib,          options.batch,  options.effective_batch, options.allow_changes,
+                options.search, options.exhaustive_limit, options.target, options.world_size};
+  if (const auto it = planned.find(key); it != planned.end()) return it->second;
+  return planned.emplace(key, plan(load_fixture(fixture_path(name)), capacity_mib(mib), options)).first->second;
 }
 
 PlanOptions batch(std::int64_t b, PlanOptions::Search search = PlanOptions::Search::kAuto) {
