@@ -393,8 +393,26 @@ class Planner {
     if (p.allocator != fixture_.training.allocator) plan.levers.push_back("expandable segments");
     if (t.activation_offload != fixture_.training.activation_offload) plan.levers.push_back(kOffloadLever);
     if (p.variant >= 0) plan.levers.push_back(variants_[static_cast<std::size_t>(p.variant)].lever);
-    // The same estimate as `memgate estimate --gpu`: for CUDA, staged for this GPU's SMs; or `--for cpu`'s.
-    if (options_.target == EstimateTarget::kCpu) {
+    // The same estimate as `memgate estimate --gpu`: for CUDA, staged for this GPU's SMs; or `--for cpu`'s. Taken
+    // from options_.memo where a plan() that shares it estimated this workload already.
+    const auto memo_key =
+        options_.memo ? fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", fixture_.path, fixture_.hash,
+                                    options_.world_size.value_or(0), static_cast<int>(options_.target),
+                                    target_.multiprocessors, target_.max_threads_per_multiprocessor, key, change.dump())
+                      : std::string();
+    const PlanEstimateMemo::Bytes* memoized = nullptr;
+    if (options_.memo) {
+      if (const auto it = options_.memo->estimated.find(memo_key); it != options_.memo->estimated.end()) {
+        memoized = &it->second;
+      }
+    }
+    if (memoized != nullptr) {
+      const auto& b = *memoized;
+      plan.step_peak = b.step_peak;
+      plan.step_peak_reserved = b.step_peak_reserved;
+      plan.host_bytes = b.host_bytes;
+      plan.required_bytes = b.cannot_run ? kCannotRun : plan.step_peak_reserved + target_.library_workspace_bytes;
+    } else if (options_.target == EstimateTarget::kCpu) {
       const auto r = estimate_probe(w, p.micro, EstimateTarget::kCpu);
       plan.step_peak = r.components.step_peak;
       plan.step_peak_reserved = r.components.step_peak_reserved;
@@ -413,6 +431,11 @@ class Planner {
         if (!cannot_run_on_cuda(e)) throw;
         plan.required_bytes = kCannotRun;
       }
+    }
+    if (options_.memo && memoized == nullptr) {
+      options_.memo->estimated.emplace(memo_key, PlanEstimateMemo::Bytes{plan.step_peak, plan.step_peak_reserved,
+                                                                         plan.host_bytes,
+                                                                         plan.required_bytes == kCannotRun});
     }
     ++estimates_;
     plan.headroom_bytes = target_.usable_bytes - plan.required_bytes;

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -43,7 +44,12 @@ const PlanResult& plan_of(const std::string& name, std::int64_t mib, const PlanO
   const Key key{name,           mib,          options.batch,  options.effective_batch, options.allow_changes,
                 options.search, options.exhaustive_limit, options.target, options.world_size};
   if (const auto it = planned.find(key); it != planned.end()) return it->second;
-  return planned.emplace(key, plan(load_fixture(fixture_path(name)), capacity_mib(mib), options)).first->second;
+  // The plans of one fixture share its points' estimates (a search at another capacity revisits them): each
+  // search's plans, its count of estimates and its order are what it returns without the memo.
+  static const auto memo = std::make_shared<PlanEstimateMemo>();
+  auto memoized = options;
+  memoized.memo = memo;
+  return planned.emplace(key, plan(load_fixture(fixture_path(name)), capacity_mib(mib), memoized)).first->second;
 }
 
 PlanOptions batch(std::int64_t b, PlanOptions::Search search = PlanOptions::Search::kAuto) {

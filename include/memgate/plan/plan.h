@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +41,23 @@ struct PlanOptions {
   /// (`training.distributed: {strategy: fsdp, world_size: W}`), alone and with every other lever. Unset: the
   /// fixture's own ranks, no sharding lever. W < 2 for a fixture on one device is an error (nothing to shard over).
   std::optional<std::int64_t> world_size;
+  /// Estimates kept across plan() calls that share this object (a program that plans one fixture many ways: its
+  /// tests); unset: each plan() estimates its own. See PlanEstimateMemo.
+  std::shared_ptr<struct PlanEstimateMemo> memo;
+};
+
+/// What plan() estimated of each point, keyed by the fixture's path and content hash, --world-size, the target (and
+/// the GPU's SMs), the point and its change: the same key is the same workload at the same micro-batch, whose estimate
+/// is the same bytes. A plan() that finds its point here takes its bytes instead of estimating again; it still counts
+/// the point in its `estimates` (its search asked for it), so what each search returns is unchanged.
+struct PlanEstimateMemo {
+  struct Bytes {
+    std::int64_t step_peak = 0;
+    std::int64_t step_peak_reserved = 0;
+    std::int64_t host_bytes = 0;
+    bool cannot_run = false;  ///< the estimate for CUDA cannot run the step (plan.required_bytes: kCannotRun)
+  };
+  std::map<std::string, Bytes> estimated;
 };
 
 /// One way to run the step, estimated for the target.
