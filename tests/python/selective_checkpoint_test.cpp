@@ -53,10 +53,10 @@ const testing::TempDir& sac_policy_dir() {
   return *dir;
 }
 
-// `models/<fixture>.yaml` with `gradient_checkpointing: <value>` after `optimizer: adamw`, its Python files given by
-// absolute paths, written into `dir` as <stem>.yaml.
+// `models/<fixture>.yaml` with `gradient_checkpointing: <value>` after `optimizer: adamw` (and `precision`, where
+// given, for its fp32), its Python files given by absolute paths, written into `dir` as <stem>.yaml.
 Fixture sac_fixture(const testing::TempDir& dir, const std::string& fixture, const std::string& value,
-                     const std::string& stem) {
+                     const std::string& stem, const std::string& precision = "") {
   const auto models = testing::source_dir() + "/fixtures/models/";
   auto text = read_text_file(models + fixture + ".yaml", "a fixture");
   for (auto at = text.find(" python/models.py"); at != std::string::npos; at = text.find(" python/models.py", at + 1)) {
@@ -65,6 +65,7 @@ Fixture sac_fixture(const testing::TempDir& dir, const std::string& fixture, con
   if (!value.empty()) {
     text.replace(text.find("  optimizer: adamw\n"), 19, "  optimizer: adamw\n  gradient_checkpointing: " + value + "\n");
   }
+  if (!precision.empty()) text.replace(text.find("  precision: fp32\n"), 18, "  precision: " + precision + "\n");
   write_file_atomically(dir / (stem + ".yaml"), text);
   return load_fixture(dir / (stem + ".yaml"));
 }
@@ -203,6 +204,30 @@ TEST(SelectiveCheckpointEstimateTest, AnEstimateForTheCpuEqualsTheMeasurementOnE
             << f.name << " at batch " << kSacBatches[i] << ": " << info.name;
       }
     }
+  }
+}
+
+// Under bf16 autocast the estimate's recomputation runs in the forward's autocast (torch.utils.checkpoint restores no
+// autocast of the Meta device: it failed, "Recomputed values ... have different metadata"). Its parameters, gradients
+// and optimizer state equal the measurement, and its step peak is within 1% of it: the activations keep 8,192 bytes
+// less than the measurement's (one bf16 copy of a 64 x 64 weight; not found yet, docs/fixtures.md).
+TEST(SelectiveCheckpointEstimateTest, UnderBf16AutocastTheEstimateRecomputesCastAsTheForward) {
+  const auto& dir = sac_policy_dir();
+  const auto f = sac_fixture(dir, "py_vit_tiny_lora_timm", "{save: [" + kSacCpuAttention + ", aten.addmm]}", "e_bf16",
+                             "bf16");
+  const auto measured = run_probes(f, kSacBatches, kCpu);
+  const auto estimated = estimate_profile(f, kSacBatches, EstimateTarget::kCpu).probes;
+  ASSERT_EQ(measured.size(), kSacBatches.size());
+  ASSERT_EQ(estimated.size(), kSacBatches.size());
+  for (std::size_t i = 0; i < kSacBatches.size(); ++i) {
+    const auto& m = measured[i].components;
+    const auto& e = estimated[i].components;
+    ASSERT_FALSE(measured[i].failed || estimated[i].failed) << measured[i].error << estimated[i].error;
+    std::cout << fmt::format("[ SAC      ] bf16 bs{} step_peak estimated {} measured {}; activations {} {}\n",
+                             kSacBatches[i], e.step_peak, m.step_peak, e.activations, m.activations);
+    for (const auto* c : {"params", "gradients", "optimizer_state"}) EXPECT_EQ(e.get(c), m.get(c)) << c;
+    EXPECT_NEAR(static_cast<double>(e.step_peak), static_cast<double>(m.step_peak), 0.01 * m.step_peak)
+        << "batch " << kSacBatches[i];
   }
 }
 
