@@ -7,12 +7,9 @@
 #include "memgate/base/heartbeat.h"
 #include "memgate/estimate/estimate_context.h"
 #include "memgate/estimate/meta_kernels.h"
-#include "memgate/models/autocast.h"
 #include "memgate/models/checkpoint.h"
 #include "memgate/models/task.h"
 
-#include <ATen/autocast_mode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -579,20 +576,8 @@ void PythonModel::wrap_blocks() {
           throw Error("training.gradient_checkpointing: a selective policy runs no block through FSDP's units");
         }
         note_progress();
-        // An estimate's autocast on the Meta device is PrivateUse1's (AutocastScope), which torch.utils.checkpoint
-        // does not restore: it re-enters a device's autocast for the recomputation only where
-        // torch.amp.is_autocast_available (not "meta"), so a bf16 block was recomputed uncast ("Recomputed values
-        // ... have different metadata"). The forward's state is kept here and the recomputation runs in it, as
-        // memgate's own checkpoint does (models/checkpoint.cpp). The CPU's and CUDA's autocast torch restores itself.
-        const bool meta_autocast = at::autocast::is_autocast_enabled(torch::kPrivateUse1) &&
-                                   c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::AutocastPrivateUse1);
-        const auto meta_precision =
-            at::autocast::get_autocast_dtype(torch::kPrivateUse1) == torch::kHalf ? Precision::kFp16 : Precision::kBf16;
-        auto calls = std::make_shared<int>(0);
-        const py::cpp_function run([original, meta_autocast, meta_precision, calls](py::args a, py::kwargs k) {
+        const py::cpp_function run([original](py::args a, py::kwargs k) {
           note_progress();  // the block's forward, and its recomputation in backward
-          std::optional<AutocastScope> recomputing;  // every call after the forward's
-          if (meta_autocast && (*calls)++ > 0) recomputing.emplace(torch::kMeta, meta_precision);
           return original(*a, **k);
         });
         py::dict options(kwargs);

@@ -5,6 +5,7 @@
 // (tools/checkpoint_reference.py --selective), every component to the byte, on a timm ViT with PEFT's LoRA and on a
 // transformers LLaMA with LoRA; estimated on the Meta device through the same code path.
 #include "memgate/base/components.h"
+#include "memgate/base/error.h"
 #include "memgate/base/files.h"
 #include "memgate/gate/fixture.h"
 #include "memgate/launch/estimate.h"
@@ -207,27 +208,26 @@ TEST(SelectiveCheckpointEstimateTest, AnEstimateForTheCpuEqualsTheMeasurementOnE
   }
 }
 
-// Under bf16 autocast the estimate's recomputation runs in the forward's autocast (torch.utils.checkpoint restores no
-// autocast of the Meta device: it failed, "Recomputed values ... have different metadata"). Its parameters, gradients
-// and optimizer state equal the measurement, and its step peak is within 1% of it: the activations keep 8,192 bytes
-// less than the measurement's (one bf16 copy of a 64 x 64 weight; not found yet, docs/fixtures.md).
-TEST(SelectiveCheckpointEstimateTest, UnderBf16AutocastTheEstimateRecomputesCastAsTheForward) {
+// Under bf16 autocast a selective policy is measured, and its estimate is refused naming the fixture and the key (not
+// modelled yet: src/launch/estimate.cpp): torch.utils.checkpoint restores no autocast of the Meta device, and with it
+// restored a GPT-2 saving its addmms was estimated 74% short of the measured activations.
+TEST(SelectiveCheckpointEstimateTest, UnderBf16AutocastTheEstimateIsRefusedAndTheMeasurementRuns) {
   const auto& dir = sac_policy_dir();
   const auto f = sac_fixture(dir, "py_vit_tiny_lora_timm", "{save: [" + kSacCpuAttention + ", aten.addmm]}", "e_bf16",
                              "bf16");
-  const auto measured = run_probes(f, kSacBatches, kCpu);
-  const auto estimated = estimate_profile(f, kSacBatches, EstimateTarget::kCpu).probes;
-  ASSERT_EQ(measured.size(), kSacBatches.size());
-  ASSERT_EQ(estimated.size(), kSacBatches.size());
-  for (std::size_t i = 0; i < kSacBatches.size(); ++i) {
-    const auto& m = measured[i].components;
-    const auto& e = estimated[i].components;
-    ASSERT_FALSE(measured[i].failed || estimated[i].failed) << measured[i].error << estimated[i].error;
-    std::cout << fmt::format("[ SAC      ] bf16 bs{} step_peak estimated {} measured {}; activations {} {}\n",
-                             kSacBatches[i], e.step_peak, m.step_peak, e.activations, m.activations);
-    for (const auto* c : {"params", "gradients", "optimizer_state"}) EXPECT_EQ(e.get(c), m.get(c)) << c;
-    EXPECT_NEAR(static_cast<double>(e.step_peak), static_cast<double>(m.step_peak), 0.01 * m.step_peak)
-        << "batch " << kSacBatches[i];
+  const std::vector<std::int64_t> one{1};
+  const auto measured = run_probes(f, one, kCpu);
+  ASSERT_EQ(measured.size(), 1U);
+  EXPECT_TRUE(measured[0].measured()) << measured[0].error;
+  for (const auto target : {EstimateTarget::kCpu, EstimateTarget::kCuda}) {
+    try {
+      (void)estimate_profile(f, one, target);
+      ADD_FAILURE() << "the estimate ran";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("e_bf16.yaml: training.gradient_checkpointing: a selective policy "
+                                       "under bf16 autocast is measured but not estimated yet"));
+    }
+    EXPECT_THROW((void)estimate_probe(f, 1, target), Error);
   }
 }
 
