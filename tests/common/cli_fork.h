@@ -39,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <string>
@@ -123,9 +124,12 @@ struct CliRun {
 #ifdef MEMGATE_CLI
 namespace detail {
 
-// The case's memgate forked from this process; nothing where it could not fork.
+// The case's memgate forked from this process; nothing where it could not fork. `keep_fork_servers`: the child ends
+// with _exit, not as memgate-measure does (exit_fast), whose handler would end the fork servers it inherited (this
+// process's: a test program whose probes started one lends it to its forked runs, tests/python/modules_test.cpp).
 inline std::optional<CliRun> fork_memgate(const std::string& dir, const std::vector<std::string>& unset,
-                                          const std::vector<std::string>& env, const std::vector<std::string>& args) {
+                                          const std::vector<std::string>& env, const std::vector<std::string>& args,
+                                          bool keep_fork_servers = false) {
   TempDir scratch;
   const auto out_path = scratch / "output";
   std::vector<std::string> argv_text{MEMGATE_CLI};
@@ -149,8 +153,13 @@ inline std::optional<CliRun> fork_memgate(const std::string& dir, const std::vec
     // As a new program's: stdout fully buffered (into a file), stderr unbuffered.
     std::setvbuf(stdout, nullptr, _IOFBF, BUFSIZ);
     std::setvbuf(stderr, nullptr, _IONBF, 0);
-    memgate::exit_fast(memgate::cli::run_command_line(static_cast<int>(argv.size()) - 1, argv.data(),
-                                                      memgate::cli::measures));
+    const int code =
+        memgate::cli::run_command_line(static_cast<int>(argv.size()) - 1, argv.data(), memgate::cli::measures);
+    if (!keep_fork_servers) memgate::exit_fast(code);
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    ::_exit(code);
   }
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {

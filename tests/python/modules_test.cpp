@@ -15,16 +15,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
-#include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <iostream>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -116,36 +111,11 @@ int run_check(const std::string& fixture, const std::vector<std::string>& args, 
       EXPECT_TRUE(probe.measured()) << probe.error;
       g_gates_server_started = true;
     }
-    std::vector<char*> argv;
-    for (auto& a : argv_text) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const testing::TempDir scratch;
-    const auto out_path = scratch / "output";
-    std::cout.flush();
-    std::fflush(nullptr);  // nothing of this process's buffers printed twice
-    const pid_t pid = ::fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-      for (const char* name : kNotTheGates) ::unsetenv(name);
-      const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (fd < 0 || ::dup2(fd, STDOUT_FILENO) < 0 || ::dup2(fd, STDERR_FILENO) < 0) ::_exit(127);
-      ::close(fd);
-      // As a new program's: stdout fully buffered (into a file), stderr unbuffered.
-      std::setvbuf(stdout, nullptr, _IOFBF, BUFSIZ);
-      std::setvbuf(stderr, nullptr, _IONBF, 0);
-      const int code = memgate::cli::run_command_line(static_cast<int>(argv.size()) - 1, argv.data(),
-                                                      memgate::cli::measures);
-      std::cout.flush();
-      std::cerr.flush();
-      std::fflush(nullptr);
-      ::_exit(code);
-    }
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    run.forked = true;
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    run.output = testing::read_file(out_path);
+    std::vector<std::string> unset(kNotTheGates.begin(), kNotTheGates.end());
+    const std::vector<std::string> words(argv_text.begin() + 1, argv_text.end());
+    run = testing::detail::fork_memgate(std::filesystem::current_path().string(), unset, {}, words,
+                                        /*keep_fork_servers=*/true)
+              .value_or(testing::CliRun{});
   }
   testing::detail::record(run);
   if (output != nullptr) *output = std::move(run.output);
