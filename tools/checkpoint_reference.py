@@ -234,6 +234,7 @@ def reference(argv: list) -> dict:
     selections = [[n for n in blocks.split(",") if n] for blocks in a.blocks]
     with contextlib.redirect_stdout(sys.stderr):
         fx = step_reference.Fixture(a.config)
+    step_reference.freeze_what_is_alive()  # its packages and modules imported: out of the probes' collections
     build = fx.build_fn
     def probes_of(probe):
         """Each batch size's probe, the first after one unmeasured call (what a first call imports or caches lazily:

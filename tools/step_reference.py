@@ -39,7 +39,7 @@ from torch.profiler import record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference_loop  # noqa: E402
-from reference_loop import exit_fast, phase_window, protocol_components  # noqa: E402
+from reference_loop import exit_fast, freeze_what_is_alive, phase_window, protocol_components  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
           "int32": torch.int32, "bool": torch.bool}
@@ -231,6 +231,7 @@ def reference(config: str, batch_sizes: str, warmup_steps: int, timeline) -> dic
     """The document of one fixture: its probes at each of `batch_sizes` (comma-separated)."""
     with contextlib.redirect_stdout(sys.stderr):  # what importing the user's libraries prints
         fx = Fixture(config)
+    freeze_what_is_alive()  # its packages and modules imported: out of the probes' collections
     probes = []
     for i, bs in enumerate(int(s) for s in batch_sizes.split(",")):
         # One probe first, unmeasured, so that what a first call imports or caches lazily is not in the numbers (once

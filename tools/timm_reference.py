@@ -283,6 +283,7 @@ def run_ranks(rank_main, world: int, config: str, warmup_steps: int, batch_sizes
     # pool is forked, as with a DataLoader's workers.
     import_timm()
     import torch.distributed.fsdp  # noqa: F401
+    reference_loop.freeze_what_is_alive()  # out of the ranks' collections too: they are forked with it frozen
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(rank_main, args=(world, os.path.join(tmp, "store"), ref, options, tmp), nprocs=world,
                            join=True, start_method="fork")
@@ -299,6 +300,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     torch.backends.mkldnn.enabled = False
     import_timm()  # imported before any probe: nothing of the import lands in a timeline
+    reference_loop.freeze_what_is_alive()
     timeline = open(a.timeline, "w") if a.timeline else None
     probes = []
     for bs in (int(s) for s in a.batch_sizes.split(",")):
