@@ -23,8 +23,8 @@ def freeze_what_is_alive() -> None:
     """What is alive once the imports are made (torch, timm, PEFT, transformers, the fixture's own modules), garbage
     collected first, out of every later collection's walk (gc.freeze), as memgate's fork server freezes what it imported
     (python/memgate/_forkserver.py): each collection of a probe, the protocol's own and those Python makes as objects
-    pile up, walked all of torch's and the packages' objects again (a third of a step reference's CPU). A frozen object is
-    alive and stays so; what a probe allocates is collected as before, so its bytes are the same."""
+    pile up, walked all of torch's and the packages' objects again (a third of a step reference's CPU). A frozen
+    object is alive and stays so; what a probe allocates is collected as before, so its bytes are the same."""
     gc.collect()
     gc.freeze()
 
