@@ -185,7 +185,8 @@ inline void record(const CliRun& run) {
 
 // The case forked, where that is the same run (above); nothing where the real program must run it. `prefix`: what
 // comes before memgate, variables to set (VAR=value ...), or `env`, then -u VAR and VAR=value words.
-inline std::optional<CliRun> forked(const std::string& dir, const std::string& prefix, const std::string& args) {
+inline std::optional<CliRun> forked(const std::string& dir, const std::string& prefix, const std::string& args,
+                                   bool keep_fork_servers = false) {
   const char* fork_cli = std::getenv("MEMGATE_TEST_FORK_CLI");
   if (fork_cli != nullptr && std::string_view(fork_cli) == "0") return std::nullopt;
   auto env_words = plain_shell_words(prefix);
@@ -211,16 +212,19 @@ inline std::optional<CliRun> forked(const std::string& dir, const std::string& p
     set.push_back(e);
   }
   if (!has_one_thread()) return std::nullopt;
-  return fork_memgate(dir, unset, set, *arg_words);
+  return fork_memgate(dir, unset, set, *arg_words, keep_fork_servers);
 }
 
 }  // namespace detail
 
 /// `cd <dir> && <env> memgate <args>` (env: VAR=value words, args: a shell's words, as the tests write them): forked
 /// from this process where that is the same run (above), else (or with `real`) the real program through /bin/sh.
-inline CliRun run_memgate(const std::string& dir, const std::string& env, const std::string& args, bool real = false) {
+/// `keep_fork_servers`: the forked run uses this process's fork servers where its probes' command and environment are
+/// theirs, and leaves them running (fork_memgate): a test program that started one lends it to each run.
+inline CliRun run_memgate(const std::string& dir, const std::string& env, const std::string& args, bool real = false,
+                          bool keep_fork_servers = false) {
   std::optional<CliRun> run;
-  if (!real) run = detail::forked(dir, env, args);
+  if (!real) run = detail::forked(dir, env, args, keep_fork_servers);
   if (!run) {
     run.emplace();
     run->exit_code = testing::run("cd " + dir + " && " + env + " " + MEMGATE_CLI + " " + args, &run->output);
