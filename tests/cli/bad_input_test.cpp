@@ -5,8 +5,6 @@
 #include "fixture_util.h"
 #include "test_util.h"
 
-#include "memgate/gate/fixture.h"
-#include "memgate/launch/run.h"
 #include "memgate/report/svg_chart.h"
 
 #include <gmock/gmock.h>
@@ -723,26 +721,6 @@ std::vector<BadInput> python_catalogue() {
 
 class BadInputTest : public ::testing::TestWithParam<BadInput> {};
 
-#ifdef MEMGATE_TEST_PYTHON_FIXTURES
-// Whether this program has its Python fork server (launch/fork_server.h: one per Python and environment, started on a
-// process's first Python probe), started by python_fork_server_here.
-bool g_python_server_started = false;
-
-// A Python case's memgate, forked from this program, finds this program's Python fork server among what it inherited
-// (its probes' Python and environment are the same) and forks its probes from it, as a memgate process forks each of
-// its probes from its own: each case then pays no Python start and no import of torch (~1.7 CPU-s of a case's ~2).
-// Started here by one probe of a plain Python fixture, where this program has one thread (fork copies that one only).
-void python_fork_server_here() {
-  if (g_python_server_started || !testing::has_one_thread()) return;
-  g_python_server_started = true;
-  testing::TempDir dir;
-  testing::write_file(dir / "m.py", kPythonModel);
-  testing::write_file(dir / "f.yaml", python_fixture("  inputs:\n    - {shape: [B, 8]}\n  task: sum\n"));
-  const auto probe = run_probe(load_fixture(dir / "f.yaml"), 1, testing::kCpu);
-  EXPECT_TRUE(probe.measured()) << probe.error;
-}
-#endif
-
 TEST_P(BadInputTest, ExitsWithTheContractsCodeAndNamesTheProblem) {
   const auto& c = GetParam();
   testing::TempDir dir;
@@ -754,12 +732,14 @@ TEST_P(BadInputTest, ExitsWithTheContractsCodeAndNamesTheProblem) {
   if (c.files.contains("rank.sh")) std::filesystem::permissions(dir / "rank.sh", std::filesystem::perms::owner_all);
   // Forked from this program where that is the same run as memgate's own (tests/common/cli_fork.h); a case with a
   // rank program of its own (rank.sh) runs the real one. A Python case's probes fork from this program's Python fork
-  // server (python_fork_server_here).
+  // server (cli_fork.h's lend_python_fork_server: ~1.5 CPU-s of a case's ~1.7).
   bool lends = false;
 #ifdef MEMGATE_TEST_PYTHON_FIXTURES
   if (c.files.contains("m.py") && c.files.at("m.py") == kPythonModel) {
-    python_fork_server_here();
-    lends = g_python_server_started;
+    testing::TempDir plain;
+    testing::write_file(plain / "m.py", kPythonModel);
+    testing::write_file(plain / "f.yaml", python_fixture("  inputs:\n    - {shape: [B, 8]}\n  task: sum\n"));
+    lends = testing::lend_python_fork_server(plain / "f.yaml");
   }
 #endif
   const auto run = testing::run_memgate(dir.path().string(), env, args, /*real=*/c.files.contains("rank.sh"), lends);

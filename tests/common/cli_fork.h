@@ -24,9 +24,12 @@
 
 #include "test_util.h"
 
+#include "fixture_util.h"
 #include "measure_cli.h"  // src/cli: memgate::cli::measures, run_command_line
 
 #include "memgate/base/process.h"
+#include "memgate/gate/fixture.h"
+#include "memgate/launch/run.h"
 
 #include <gtest/gtest.h>
 
@@ -216,6 +219,20 @@ inline std::optional<CliRun> forked(const std::string& dir, const std::string& p
 }
 
 }  // namespace detail
+
+/// Whether this process has its Python fork server (launch/fork_server.h: one per Python and environment, started on a
+/// process's first Python probe), started now by one probe of the Python fixture `fixture` where it has none yet and
+/// has one thread (fork copies that one only). A run forked with keep_fork_servers (run_memgate) whose probes' Python
+/// and environment are this process's finds it among what it inherited and forks them from it, as a memgate process
+/// forks each of its probes from its own: it pays no Python start and no import of torch (~1.5 CPU-s).
+inline bool lend_python_fork_server(const std::filesystem::path& fixture) {
+  static bool started = false;
+  if (started || !has_one_thread()) return started;
+  started = true;
+  const auto probe = run_probe(load_fixture(fixture), 1, kCpu);
+  EXPECT_TRUE(probe.measured()) << fixture << ": " << probe.error;
+  return true;
+}
 
 /// `cd <dir> && <env> memgate <args>` (env: VAR=value words, args: a shell's words, as the tests write them): forked
 /// from this process where that is the same run (above), else (or with `real`) the real program through /bin/sh.

@@ -10,6 +10,7 @@
 #include "memgate/gate/verdict.h"
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
+#include "cli_fork.h"
 #include "fixture_util.h"
 #include "twins.h"
 #include "test_util.h"
@@ -741,10 +742,17 @@ TEST_P(BadPythonTest, ExitsWithThreeNamingTheFixtureTheKeyAndThePythonError) {
   testing::write_file(dir / "faketorch/torch/__init__.py", "__version__ = '1.13.1'\n");
   auto env = c.env;
   if (const auto at = env.find("{dir}"); at != std::string::npos) env.replace(at, 5, dir.path().string());
-  std::string output;
-  const int rc = testing::run(fmt::format("{} {} profile --config {} --device cpu", env, MEMGATE_CLI, dir / "f.yaml"),
-                              &output);
-  EXPECT_EQ(rc, 3) << output;
+  // Forked from this program (tests/common/cli_fork.h), its probes from this program's Python fork server where their
+  // Python and environment are this program's (lend_python_fork_server: ~1.5 CPU-s of a case's ~1.7).
+  testing::TempDir plain;
+  testing::write_file(plain / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n" + kInputs +
+                                            "batch_sizes: [1]\n");
+  testing::write_file(plain / "models.py", kCode);
+  const bool lends = testing::lend_python_fork_server(plain / "f.yaml");
+  const auto run = testing::run_memgate(dir.path().string(), env,
+                                        fmt::format("profile --config {} --device cpu", dir / "f.yaml"), false, lends);
+  const std::string& output = run.output;
+  EXPECT_EQ(run.exit_code, 3) << output;
   for (const auto& s : c.says) EXPECT_THAT(output, HasSubstr(s)) << c.name;
   EXPECT_THAT(output, ::testing::Not(HasSubstr("Traceback"))) << "a traceback instead of one line";
 }
