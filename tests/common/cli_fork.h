@@ -222,12 +222,14 @@ inline std::optional<CliRun> forked(const std::string& dir, const std::string& p
 
 /// Whether this process has its Python fork server (launch/fork_server.h: one per Python and environment, started on a
 /// process's first Python probe), started now by one probe of the Python fixture `fixture` where it has none yet and
-/// has one thread (fork copies that one only). A run forked with keep_fork_servers (run_memgate) whose probes' Python
-/// and environment are this process's finds it among what it inherited and forks them from it, as a memgate process
-/// forks each of its probes from its own: it pays no Python start and no import of torch (~1.5 CPU-s).
+/// has one thread (fork copies that one only), unless MEMGATE_TEST_FORK_CLI=0. A run forked with keep_fork_servers
+/// (run_memgate) whose probes' Python and environment are this process's finds it among what it inherited and forks
+/// them from it, as a memgate process forks each of its probes from its own: it pays no Python start and no import of
+/// torch (~1.5 CPU-s).
 inline bool lend_python_fork_server(const std::filesystem::path& fixture) {
   static bool started = false;
-  if (started || !has_one_thread()) return started;
+  const char* fork_cli = std::getenv("MEMGATE_TEST_FORK_CLI");
+  if (started || !has_one_thread() || (fork_cli != nullptr && std::string_view(fork_cli) == "0")) return started;
   started = true;
   const auto probe = run_probe(load_fixture(fixture), 1, kCpu);
   EXPECT_TRUE(probe.measured()) << fixture << ": " << probe.error;

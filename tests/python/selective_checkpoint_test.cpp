@@ -11,6 +11,7 @@
 #include "memgate/launch/estimate.h"
 #include "memgate/launch/run.h"
 #include "checkpoint_reference.h"
+#include "cli_fork.h"
 #include "fixture_util.h"
 #include "test_util.h"
 
@@ -286,11 +287,18 @@ TEST_P(BadSelectiveCheckpointTest, ExitsWithThreeNamingTheFixtureTheKeyAndTheOp)
   testing::write_file(dir / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n  inputs:\n"
                                       "    - {shape: [B, 4], dtype: float32}\n  task: sum\n  blocks: \"0\"\n"
                                       "training:\n  gradient_checkpointing: " + c.value + "\nbatch_sizes: [1]\n");
+  // Forked from this program (tests/common/cli_fork.h), the probes of a case refused in Python from this program's
+  // Python fork server (lend_python_fork_server), started by a probe of the same model without the policy.
+  testing::TempDir plain;
+  testing::write_file(plain / "models.py", testing::read_file(dir / "models.py"));
+  testing::write_file(plain / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n  inputs:\n"
+                                        "    - {shape: [B, 4], dtype: float32}\n  task: sum\nbatch_sizes: [1]\n");
+  const bool lends = testing::lend_python_fork_server(plain / "f.yaml");
   for (const auto* command : {"profile --device cpu", "estimate --for cuda"}) {
-    std::string output;
-    const int rc = testing::run(fmt::format("{} {} --config {} --batch-sizes 1", MEMGATE_CLI, command, dir / "f.yaml"),
-                                &output);
-    EXPECT_EQ(rc, 3) << command << ": " << output;
+    const auto run = testing::run_memgate(
+        dir.path().string(), "", fmt::format("{} --config {} --batch-sizes 1", command, dir / "f.yaml"), false, lends);
+    const std::string& output = run.output;
+    EXPECT_EQ(run.exit_code, 3) << command << ": " << output;
     for (const auto& s : c.says) EXPECT_THAT(output, HasSubstr(s)) << command;
     EXPECT_THAT(output, ::testing::Not(HasSubstr("Traceback"))) << "a traceback instead of one line";
   }
