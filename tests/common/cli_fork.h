@@ -45,6 +45,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -221,17 +222,24 @@ inline std::optional<CliRun> forked(const std::string& dir, const std::string& p
 }  // namespace detail
 
 /// Whether this process has its Python fork server (launch/fork_server.h: one per Python and environment, started on a
-/// process's first Python probe), started now by one probe of the Python fixture `fixture` where it has none yet and
-/// has one thread (fork copies that one only), unless MEMGATE_TEST_FORK_CLI=0. A run forked with keep_fork_servers
-/// (run_memgate) whose probes' Python and environment are this process's finds it among what it inherited and forks
-/// them from it, as a memgate process forks each of its probes from its own: it pays no Python start and no import of
-/// torch (~1.5 CPU-s).
-inline bool lend_python_fork_server(const std::filesystem::path& fixture) {
-  static bool started = false;
+/// process's first Python probe) for runs that unset `unset`, started now by one probe of the Python fixture `fixture`
+/// (with `unset` unset meanwhile) where it has none yet and has one thread (fork copies that one only), unless
+/// MEMGATE_TEST_FORK_CLI=0. A run forked with keep_fork_servers (run_memgate, run_cli) whose probes' Python and
+/// environment are that server's finds it among what it inherited and forks them from it, as a memgate process forks
+/// each of its probes from its own: it pays no Python start and no import of torch (~1.5 CPU-s).
+inline bool lend_python_fork_server(const std::filesystem::path& fixture, const std::vector<std::string>& unset = {}) {
+  static std::set<std::vector<std::string>> started;
+  if (started.contains(unset)) return true;
   const char* fork_cli = std::getenv("MEMGATE_TEST_FORK_CLI");
-  if (started || !has_one_thread() || (fork_cli != nullptr && std::string_view(fork_cli) == "0")) return started;
-  started = true;
+  if (!has_one_thread() || (fork_cli != nullptr && std::string_view(fork_cli) == "0")) return false;
+  started.insert(unset);
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const auto& name : unset) {
+    if (const char* value = std::getenv(name.c_str()); value != nullptr) saved.emplace_back(name, value);
+    ::unsetenv(name.c_str());
+  }
   const auto probe = run_probe(load_fixture(fixture), 1, kCpu);
+  for (const auto& [name, value] : saved) ::setenv(name.c_str(), value.c_str(), 1);
   EXPECT_TRUE(probe.measured()) << fixture << ": " << probe.error;
   return true;
 }
@@ -254,13 +262,13 @@ inline CliRun run_memgate(const std::string& dir, const std::string& env, const 
 
 /// testing::run for a command that runs memgate: `[VAR=value ...] <MEMGATE_CLI> <args>` or `env [-u VAR ...]
 /// [VAR=value ...] <MEMGATE_CLI> <args>` (nothing after but its arguments) forked as run_memgate forks it, in this
-/// process's folder; any other command as testing::run runs it.
-inline int run_cli(const std::string& command, std::string* output = nullptr) {
+/// process's folder; any other command as testing::run runs it. `keep_fork_servers`: as run_memgate's.
+inline int run_cli(const std::string& command, std::string* output = nullptr, bool keep_fork_servers = false) {
   const std::string cli = MEMGATE_CLI;
   std::optional<CliRun> run;
   if (const auto at = command.find(cli + " "); at != std::string::npos && (at == 0 || command[at - 1] == ' ')) {
     run = detail::forked(std::filesystem::current_path().string(), command.substr(0, at),
-                         command.substr(at + cli.size() + 1));
+                         command.substr(at + cli.size() + 1), keep_fork_servers);
   }
   if (!run) {
     run.emplace();
