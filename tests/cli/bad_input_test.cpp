@@ -735,12 +735,7 @@ TEST_P(BadInputTest, ExitsWithTheContractsCodeAndNamesTheProblem) {
   // server (cli_fork.h's lend_python_fork_server: ~1.5 CPU-s of a case's ~1.7).
   bool lends = false;
 #ifdef MEMGATE_TEST_PYTHON_FIXTURES
-  if (c.files.contains("m.py") && c.files.at("m.py") == kPythonModel) {
-    testing::TempDir plain;
-    testing::write_file(plain / "m.py", kPythonModel);
-    testing::write_file(plain / "f.yaml", python_fixture("  inputs:\n    - {shape: [B, 8]}\n  task: sum\n"));
-    lends = testing::lend_python_fork_server(plain / "f.yaml");
-  }
+  if (c.files.contains("m.py") && c.files.at("m.py") == kPythonModel) lends = testing::lend_python_fork_server();
 #endif
   const auto run = testing::run_memgate(dir.path().string(), env, args, /*real=*/c.files.contains("rank.sh"), lends);
   const int rc = run.exit_code;

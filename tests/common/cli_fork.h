@@ -222,25 +222,29 @@ inline std::optional<CliRun> forked(const std::string& dir, const std::string& p
 }  // namespace detail
 
 /// Whether this process has its Python fork server (launch/fork_server.h: one per Python and environment, started on a
-/// process's first Python probe) for runs that unset `unset`, started now by one probe of the Python fixture `fixture`
-/// (with `unset` unset meanwhile) where it has none yet and has one thread (fork copies that one only), unless
-/// MEMGATE_TEST_FORK_CLI=0. A run forked with keep_fork_servers (run_memgate, run_cli) whose probes' Python and
-/// environment are that server's finds it among what it inherited and forks them from it, as a memgate process forks
-/// each of its probes from its own: it pays no Python start and no import of torch (~1.5 CPU-s).
-inline bool lend_python_fork_server(const std::filesystem::path& fixture, const std::vector<std::string>& unset = {}) {
+/// process's first Python probe) for runs that unset `unset`, started now by one probe of a plain Python fixture (a
+/// Linear of torch alone; `unset` unset meanwhile) where it has none yet and has one thread (fork copies that one
+/// only), unless MEMGATE_TEST_FORK_CLI=0. A run forked with keep_fork_servers (run_memgate, run_cli) whose probes'
+/// Python and environment are that server's finds it among what it inherited and forks them from it, as a memgate
+/// process forks each of its probes from its own: it pays no Python start and no import of torch (~1.5 CPU-s).
+inline bool lend_python_fork_server(const std::vector<std::string>& unset = {}) {
   static std::set<std::vector<std::string>> started;
   if (started.contains(unset)) return true;
   const char* fork_cli = std::getenv("MEMGATE_TEST_FORK_CLI");
   if (!has_one_thread() || (fork_cli != nullptr && std::string_view(fork_cli) == "0")) return false;
   started.insert(unset);
+  TempDir plain;
+  write_file(plain / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n  inputs:\n"
+                               "    - {shape: [B, 4], dtype: float32}\n  task: sum\nbatch_sizes: [1]\n");
+  write_file(plain / "models.py", "import torch\n\ndef build():\n    return torch.nn.Linear(4, 2)\n");
   std::vector<std::pair<std::string, std::string>> saved;
   for (const auto& name : unset) {
     if (const char* value = std::getenv(name.c_str()); value != nullptr) saved.emplace_back(name, value);
     ::unsetenv(name.c_str());
   }
-  const auto probe = run_probe(load_fixture(fixture), 1, kCpu);
+  const auto probe = run_probe(load_fixture(plain / "f.yaml"), 1, kCpu);
   for (const auto& [name, value] : saved) ::setenv(name.c_str(), value.c_str(), 1);
-  EXPECT_TRUE(probe.measured()) << fixture << ": " << probe.error;
+  EXPECT_TRUE(probe.measured()) << probe.error;
   return true;
 }
 
@@ -277,6 +281,12 @@ inline int run_cli(const std::string& command, std::string* output = nullptr, bo
   detail::record(*run);
   if (output != nullptr) *output = std::move(run->output);
   return run->exit_code;
+}
+
+/// run_cli of `env -u CI -u MEMGATE_STRICT memgate ...` (a run as a developer's shell runs it: not in CI, not strict),
+/// its Python probes from this process's Python fork server for such runs (lend_python_fork_server).
+inline int run_dev(const std::string& command, std::string* output) {
+  return run_cli(command, output, lend_python_fork_server({"CI", "MEMGATE_STRICT"}));
 }
 #endif
 

@@ -10,6 +10,7 @@
 #include "memgate/measure/probe.h"
 #include "estimate_check.h"
 #include "fixture_util.h"
+#include "cli_fork.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -69,10 +70,10 @@ TEST(BuildReadsValuesTest, ReadingARandomParametersValueOnMetaIsStillAnError) {
   const auto memgate = [&](const std::string& args) {
     return fmt::format("env -u CI -u MEMGATE_STRICT {} {}", MEMGATE_CLI, args);
   };
-  EXPECT_EQ(testing::run(memgate(fmt::format("estimate --config {} --for cpu", dir / "f.yaml")), &out), 3) << out;
+  EXPECT_EQ(testing::run_dev(memgate(fmt::format("estimate --config {} --for cpu", dir / "f.yaml")), &out), 3) << out;
   EXPECT_THAT(out, HasSubstr("model.entry models.py:build")) << out;
   EXPECT_THAT(out, Not(HasSubstr("Traceback"))) << out;
-  EXPECT_EQ(testing::run(memgate(fmt::format("profile --config {} --device cpu", dir / "f.yaml")), &out), 0) << out;
+  EXPECT_EQ(testing::run_dev(memgate(fmt::format("profile --config {} --device cpu", dir / "f.yaml")), &out), 0) << out;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "memgate/launch/run.h"
 #include "estimate_check.h"
 #include "fixture_util.h"
+#include "cli_fork.h"
 #include "test_util.h"
 
 #include <fmt/format.h>
@@ -123,13 +124,15 @@ TEST(MetaOpsEstimateTest, AnOpWithNoMetaKernelIsAnErrorNamingTheOpAndTheModule) 
             "def build():\n    return Net()\n",
             "[2]");
   std::string out;
-  EXPECT_EQ(testing::run(p.memgate(fmt::format("estimate --config {} --for cpu", p.dir / "f.yaml")), &out), 3) << out;
+  EXPECT_EQ(testing::run_dev(p.memgate(fmt::format("estimate --config {} --for cpu", p.dir / "f.yaml")), &out), 3)
+      << out;
   EXPECT_THAT(out, HasSubstr("f.yaml at batch 2")) << out;
   EXPECT_THAT(out, HasSubstr("the op memgate_test::twice has no Meta kernel")) << out;
   EXPECT_THAT(out, HasSubstr("called in the forward of 'block.1' (Inner)")) << out;
   EXPECT_THAT(out, HasSubstr("measure the fixture instead")) << out;
   EXPECT_THAT(out, Not(HasSubstr("Traceback"))) << out;
-  EXPECT_EQ(testing::run(p.memgate(fmt::format("profile --config {} --device cpu", p.dir / "f.yaml")), &out), 0) << out;
+  EXPECT_EQ(testing::run_dev(p.memgate(fmt::format("profile --config {} --device cpu", p.dir / "f.yaml")), &out), 0)
+      << out;
 }
 
 // CTC loss whose lengths were made on the model's device: measured on the CPU; on the Meta device the lengths hold no
@@ -194,9 +197,9 @@ TEST(ProfileFailedBatchTest, AModelErrorAtOneBatchSizeIsReportedAndTheOthersAreM
             "def build():\n    return Net(4, 2)\n",
             "[2, 4, 8]");
   std::string out;
-  EXPECT_EQ(testing::run(p.memgate(fmt::format("profile --config {} --device cpu --output {}", p.dir / "f.yaml",
-                                               p.dir / "p.json")),
-                         &out),
+  EXPECT_EQ(testing::run_dev(p.memgate(fmt::format("profile --config {} --device cpu --output {}", p.dir / "f.yaml",
+                                                   p.dir / "p.json")),
+                             &out),
             3)
       << out;
   EXPECT_THAT(out, HasSubstr("batch size 4 failed")) << out;
@@ -231,9 +234,9 @@ TEST(ProfileFailedBatchTest, AProcessThatDiesAtOneBatchSizeLeavesTheOthersMeasur
             "def build():\n    return Net(4, 2)\n",
             "[2, 4, 8]");
   std::string out;
-  EXPECT_EQ(testing::run(p.memgate(fmt::format("profile --config {} --device cpu --output {}", p.dir / "f.yaml",
-                                               p.dir / "p.json")),
-                         &out),
+  EXPECT_EQ(testing::run_dev(p.memgate(fmt::format("profile --config {} --device cpu --output {}", p.dir / "f.yaml",
+                                                   p.dir / "p.json")),
+                             &out),
             3)
       << out;
   EXPECT_THAT(out, HasSubstr("batch size 4 failed")) << out;

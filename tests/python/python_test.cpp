@@ -744,11 +744,7 @@ TEST_P(BadPythonTest, ExitsWithThreeNamingTheFixtureTheKeyAndThePythonError) {
   if (const auto at = env.find("{dir}"); at != std::string::npos) env.replace(at, 5, dir.path().string());
   // Forked from this program (tests/common/cli_fork.h), its probes from this program's Python fork server where their
   // Python and environment are this program's (lend_python_fork_server: ~1.5 CPU-s of a case's ~1.7).
-  testing::TempDir plain;
-  testing::write_file(plain / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n" + kInputs +
-                                            "batch_sizes: [1]\n");
-  testing::write_file(plain / "models.py", kCode);
-  const bool lends = testing::lend_python_fork_server(plain / "f.yaml");
+  const bool lends = testing::lend_python_fork_server();
   const auto run = testing::run_memgate(dir.path().string(), env,
                                         fmt::format("profile --config {} --device cpu", dir / "f.yaml"), false, lends);
   const std::string& output = run.output;

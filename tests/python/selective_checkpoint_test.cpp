@@ -288,12 +288,8 @@ TEST_P(BadSelectiveCheckpointTest, ExitsWithThreeNamingTheFixtureTheKeyAndTheOp)
                                       "    - {shape: [B, 4], dtype: float32}\n  task: sum\n  blocks: \"0\"\n"
                                       "training:\n  gradient_checkpointing: " + c.value + "\nbatch_sizes: [1]\n");
   // Forked from this program (tests/common/cli_fork.h), the probes of a case refused in Python from this program's
-  // Python fork server (lend_python_fork_server), started by a probe of the same model without the policy.
-  testing::TempDir plain;
-  testing::write_file(plain / "models.py", testing::read_file(dir / "models.py"));
-  testing::write_file(plain / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n  inputs:\n"
-                                        "    - {shape: [B, 4], dtype: float32}\n  task: sum\nbatch_sizes: [1]\n");
-  const bool lends = testing::lend_python_fork_server(plain / "f.yaml");
+  // Python fork server (lend_python_fork_server).
+  const bool lends = testing::lend_python_fork_server();
   for (const auto* command : {"profile --device cpu", "estimate --for cuda"}) {
     const auto run = testing::run_memgate(
         dir.path().string(), "", fmt::format("{} --config {} --batch-sizes 1", command, dir / "f.yaml"), false, lends);

@@ -39,16 +39,6 @@ struct Project {
     return memgate(fmt::format("check --config {} --device cpu --baselines {} {}", dir / "f.yaml", dir / "baselines",
                                extra));
   }
-  // `command` (memgate's or check's) forked from this program (tests/common/cli_fork.h), its probes from this
-  // program's Python fork server for runs without CI and strict mode (lend_python_fork_server, started by a probe of
-  // a plain Linear): ~1.5 CPU-s of a run's ~2.
-  static int run(const std::string& command, std::string* output) {
-    testing::TempDir plain;
-    testing::write_file(plain / "f.yaml", kFixture);
-    testing::write_file(plain / "models.py", "import torch\n\ndef build():\n    return torch.nn.Linear(4, 2)\n");
-    const bool lends = testing::lend_python_fork_server(plain / "f.yaml", {"CI", "MEMGATE_STRICT"});
-    return testing::run_cli(command, output, lends);
-  }
 };
 
 // Each forward keeps a copy of its output on the module (a loss history kept as tensors, say): 2 x 2 float32 at batch
@@ -61,11 +51,11 @@ TEST(SteadyStateTest, AStepWhoseMemoryGrowsIsAnErrorThatSaysByHowManyBytesPerSte
             "        return y\n\n"
             "def build():\n    return Leaky()\n");
   std::string out;
-  EXPECT_EQ(Project::run(p.memgate(fmt::format("profile --config {} --device cpu", p.dir / "f.yaml")), &out), 3)
+  EXPECT_EQ(testing::run_dev(p.memgate(fmt::format("profile --config {} --device cpu", p.dir / "f.yaml")), &out), 3)
       << out;
   EXPECT_THAT(out, HasSubstr("f.yaml at batch 2: memory grows by 16 bytes per step")) << out;
   EXPECT_THAT(out, HasSubstr("not steady"));
-  EXPECT_EQ(Project::run(p.check("--update-baselines"), &out), 3) << out;
+  EXPECT_EQ(testing::run_dev(p.check("--update-baselines"), &out), 3) << out;
   EXPECT_THAT(out, HasSubstr("memory grows by 16 bytes per step"));
   EXPECT_FALSE(std::filesystem::exists(p.dir / "baselines")) << "nothing is recorded from it";
 }
@@ -78,9 +68,9 @@ TEST(SteadyStateTest, AnEarlierProbesModuleIsCollectedBeforeTheNextProbesBase) {
   Project p("import torch\n\n_KEPT = []\n\n"
             "def build():\n    _KEPT.append(torch.zeros(1000))\n    return torch.nn.Linear(4, 2)\n");
   std::string out;
-  ASSERT_EQ(Project::run(p.memgate(fmt::format("profile --config {} --device cpu --batch-sizes 1,2 --output {}",
-                                               p.dir / "f.yaml", p.dir / "p.json")),
-                         &out),
+  ASSERT_EQ(testing::run_dev(p.memgate(fmt::format("profile --config {} --device cpu --batch-sizes 1,2 --output {}",
+                                                   p.dir / "f.yaml", p.dir / "p.json")),
+                             &out),
             0)
       << out;
   const auto profile = nlohmann::json::parse(testing::read_file(p.dir / "p.json"));
@@ -100,8 +90,8 @@ TEST(SteadyStateTest, AProbeThatFreesAnEarlierProbesTensorsIsAnErrorNotNumbers) 
             "        builtins._memgate_test_kept = torch.zeros(1000)\n"
             "    return torch.nn.Linear(4, 2)\n");
   std::string out;
-  EXPECT_EQ(Project::run(p.memgate(fmt::format("profile --config {} --device cpu --batch-sizes 1,2", p.dir / "f.yaml")),
-                         &out),
+  EXPECT_EQ(testing::run_dev(
+                p.memgate(fmt::format("profile --config {} --device cpu --batch-sizes 1,2", p.dir / "f.yaml")), &out),
             3)
       << out;
   // Seen first as a negative component (params -3,960 bytes), else by the base it did not return to.
@@ -121,7 +111,7 @@ const std::string kNoisy =
 TEST(RepeatabilityTest, RecordingMeasuresTwiceAndRefusesBytesThatDiffer) {
   Project p(kNoisy);
   std::string out;
-  EXPECT_EQ(Project::run(p.check("--update-baselines"), &out), 3) << out;
+  EXPECT_EQ(testing::run_dev(p.check("--update-baselines"), &out), 3) << out;
   EXPECT_THAT(out, HasSubstr("not repeatable, nothing recorded: measured twice, these components differ"));
   EXPECT_THAT(out, HasSubstr("batch 2: "));
   EXPECT_THAT(out, HasSubstr("activations "));
@@ -133,9 +123,9 @@ TEST(RepeatabilityTest, ACheckThatSeesBytesMoveSaysNotRepeatableNeverRegressionO
   Project p(kNoisy);
   std::string out;
   // A baseline from one measurement (as a record from before the model became noisy would be).
-  ASSERT_EQ(Project::run(p.memgate(fmt::format("profile --config {} --device cpu --output {}", p.dir / "f.yaml",
-                                               p.dir / "p.json")),
-                         &out),
+  ASSERT_EQ(testing::run_dev(p.memgate(fmt::format("profile --config {} --device cpu --output {}", p.dir / "f.yaml",
+                                                   p.dir / "p.json")),
+                             &out),
             0)
       << out;
   const auto profile = nlohmann::json::parse(testing::read_file(p.dir / "p.json"));
@@ -146,7 +136,7 @@ TEST(RepeatabilityTest, ACheckThatSeesBytesMoveSaysNotRepeatableNeverRegressionO
       {"probes", {{{"batch_size", 2}, {"components", profile["probes"][0]["components"]},
                    {"provenance", {{"fixture_hash", profile["model"]["fixture_hash"]}}}}}}};
   testing::write_file(p.dir / "baselines/cpu/f.json", baseline.dump(2));
-  EXPECT_EQ(Project::run(p.check(), &out), 1) << out;
+  EXPECT_EQ(testing::run_dev(p.check(), &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("not-repeatable f_bs2_activations"));
   EXPECT_THAT(out, HasSubstr("activations is not repeatable: two measurements of the same probe gave"));
   EXPECT_THAT(out, Not(HasSubstr("regression  f_bs2_activations")));
