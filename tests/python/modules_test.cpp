@@ -82,44 +82,19 @@ class WithoutCi {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-// Whether this process has the Python fork server (launch/fork_server.h: one per Python and environment, started on
-// a process's first Python probe) of a probe run WithoutCi: EachSplitSumsToItsComponentToTheByte's probes start it.
-bool g_gates_server_started = false;
-
 // `memgate check` with `args`, as `env -u CI -u MEMGATE_STRICT -u GITHUB_STEP_SUMMARY memgate check ...` runs it (its
-// exit code, its stdout and stderr), forked from this process as tests/common/cli_fork.h forks a CLI case (what
-// memgate-measure's main() runs, LibTorch started already), and with this process's fork server: a probe of the plain
-// decoder run here WithoutCi (once, where no test has) starts it, and the forked run, whose environment is the same,
-// finds it among what it inherited: its probes are forked from it, as a memgate process forks each of its probes from
-// its own server, and pay no Python start and no import of torch (~1.9 CPU-s of each run's ~2.2). The child ends with
-// _exit, not exit_fast, whose handler would end the server it inherited (this process's). Where this process has
-// threads besides its main one (fork copies that one only), or with MEMGATE_TEST_FORK_CLI=0, the real program runs
-// instead; MEMGATE_TEST_CLI_RECORD records each run as cli_fork.h does (tests/cli/compare_cli_runs.py compares two).
-int run_check(const std::string& fixture, const std::vector<std::string>& args, std::string* output) {
-  std::vector<std::string> argv_text{MEMGATE_CLI, "check"};
-  argv_text.insert(argv_text.end(), args.begin(), args.end());
-  testing::CliRun run;
-  const char* fork_cli = std::getenv("MEMGATE_TEST_FORK_CLI");
-  if ((fork_cli != nullptr && std::string_view(fork_cli) == "0") || !testing::has_one_thread()) {
-    std::string command = fmt::format("env -u CI -u MEMGATE_STRICT -u GITHUB_STEP_SUMMARY {}", MEMGATE_CLI);
-    for (std::size_t i = 1; i < argv_text.size(); ++i) command += " '" + argv_text[i] + "'";
-    run.exit_code = testing::run(command, &run.output);
-  } else {
-    if (!g_gates_server_started) {
-      const WithoutCi without;
-      const auto probe = run_probe(load_fixture(fixture), 4, testing::kCpu);
-      EXPECT_TRUE(probe.measured()) << probe.error;
-      g_gates_server_started = true;
-    }
-    std::vector<std::string> unset(kNotTheGates.begin(), kNotTheGates.end());
-    const std::vector<std::string> words(argv_text.begin() + 1, argv_text.end());
-    run = testing::detail::fork_memgate(std::filesystem::current_path().string(), unset, {}, words,
-                                        /*keep_fork_servers=*/true)
-              .value_or(testing::CliRun{});
-  }
-  testing::detail::record(run);
-  if (output != nullptr) *output = std::move(run.output);
-  return run.exit_code;
+// exit code, its stdout and stderr), through tests/common/cli_fork.h's run_cli: forked from this process (what
+// memgate-measure's main() runs, LibTorch started already), its probes forked from this process's Python fork server
+// for runs without those variables (lend_python_fork_server; EachSplitSumsToItsComponentToTheByte's probes, run
+// WithoutCi, come from the same one), so that they pay no Python start and no import of torch (~1.9 CPU-s of each
+// run's ~2.2). Where this process has threads besides its main one (fork copies that one only), or with
+// MEMGATE_TEST_FORK_CLI=0, the real program runs instead; MEMGATE_TEST_CLI_RECORD records each run
+// (tests/cli/compare_cli_runs.py compares two).
+int run_check(const std::vector<std::string>& args, std::string* output) {
+  std::string command = fmt::format("env -u CI -u MEMGATE_STRICT -u GITHUB_STEP_SUMMARY {} check", MEMGATE_CLI);
+  for (const auto& a : args) command += " '" + a + "'";
+  return testing::run_cli(command, output,
+                          testing::lend_python_fork_server({kNotTheGates.begin(), kNotTheGates.end()}));
 }
 
 struct ModulesProject {
@@ -132,7 +107,7 @@ struct ModulesProject {
   int check(const std::vector<std::string>& extra, std::string* output) const {
     std::vector<std::string> args{"--config", dir / "f.yaml", "--device", "cpu", "--baselines", dir / "baselines"};
     args.insert(args.end(), extra.begin(), extra.end());
-    return run_check(dir / "f.yaml", args, output);
+    return run_check(args, output);
   }
 };
 
@@ -180,7 +155,6 @@ TEST(ModuleBreakdownTest, EachSplitSumsToItsComponentToTheByte) {
   const WithoutCi without;  // the gate's environment: its runs (run_check) fork their probes from the server it starts
   for (const std::int64_t batch : {2, 4}) {
     const auto probe = run_probe(fixture, batch, testing::kCpu);
-    g_gates_server_started = true;
     ASSERT_TRUE(probe.measured()) << probe.error;
     for (const auto component : kBrokenDownComponents) {
       const auto* modules = probe.modules.find(component);
