@@ -221,6 +221,25 @@ inline std::optional<CliRun> forked(const std::string& dir, const std::string& p
 
 }  // namespace detail
 
+/// This process's environment without the variables `names` while it lives; each is set back as it was after.
+class WithoutVariables {
+ public:
+  explicit WithoutVariables(const std::vector<std::string>& names) {
+    for (const auto& name : names) {
+      if (const char* value = std::getenv(name.c_str()); value != nullptr) saved_.emplace_back(name, value);
+      ::unsetenv(name.c_str());
+    }
+  }
+  ~WithoutVariables() {
+    for (const auto& [name, value] : saved_) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  WithoutVariables(const WithoutVariables&) = delete;
+  WithoutVariables& operator=(const WithoutVariables&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
 /// Whether this process has its Python fork server (launch/fork_server.h: one per Python and environment, started on a
 /// process's first Python probe) for runs that unset `unset`, started now by one probe of a plain Python fixture (a
 /// Linear of torch alone; `unset` unset meanwhile) where it has none yet and has one thread (fork copies that one
@@ -237,13 +256,10 @@ inline bool lend_python_fork_server(const std::vector<std::string>& unset = {}) 
   write_file(plain / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n  inputs:\n"
                                "    - {shape: [B, 4], dtype: float32}\n  task: sum\nbatch_sizes: [1]\n");
   write_file(plain / "models.py", "import torch\n\ndef build():\n    return torch.nn.Linear(4, 2)\n");
-  std::vector<std::pair<std::string, std::string>> saved;
-  for (const auto& name : unset) {
-    if (const char* value = std::getenv(name.c_str()); value != nullptr) saved.emplace_back(name, value);
-    ::unsetenv(name.c_str());
-  }
-  const auto probe = run_probe(load_fixture(plain / "f.yaml"), 1, kCpu);
-  for (const auto& [name, value] : saved) ::setenv(name.c_str(), value.c_str(), 1);
+  const auto probe = [&] {
+    const WithoutVariables without(unset);
+    return run_probe(load_fixture(plain / "f.yaml"), 1, kCpu);
+  }();
   EXPECT_TRUE(probe.measured()) << probe.error;
   return true;
 }

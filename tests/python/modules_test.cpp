@@ -17,11 +17,9 @@
 
 #include <unistd.h>
 
-#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -58,43 +56,20 @@ const std::string kModulesFixture =
 
 // What the gate runs here without: CI (and MEMGATE_STRICT) make a missing baseline a failure, and
 // GITHUB_STEP_SUMMARY would have it write a summary.
-constexpr std::array<const char*, 3> kNotTheGates = {"CI", "MEMGATE_STRICT", "GITHUB_STEP_SUMMARY"};
-
-// This process's environment without kNotTheGates while it lives.
-class WithoutCi {
- public:
-  WithoutCi() {
-    for (const char* name : kNotTheGates) {
-      const char* value = std::getenv(name);
-      saved_.emplace_back(name, value != nullptr ? std::optional<std::string>(value) : std::nullopt);
-      ::unsetenv(name);
-    }
-  }
-  ~WithoutCi() {
-    for (const auto& [name, value] : saved_) {
-      if (value) ::setenv(name.c_str(), value->c_str(), 1);
-    }
-  }
-  WithoutCi(const WithoutCi&) = delete;
-  WithoutCi& operator=(const WithoutCi&) = delete;
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+const std::vector<std::string> kNotTheGates = {"CI", "MEMGATE_STRICT", "GITHUB_STEP_SUMMARY"};
 
 // `memgate check` with `args`, as `env -u CI -u MEMGATE_STRICT -u GITHUB_STEP_SUMMARY memgate check ...` runs it (its
 // exit code, its stdout and stderr), through tests/common/cli_fork.h's run_cli: forked from this process (what
 // memgate-measure's main() runs, LibTorch started already), its probes forked from this process's Python fork server
 // for runs without those variables (lend_python_fork_server; EachSplitSumsToItsComponentToTheByte's probes, run
-// WithoutCi, come from the same one), so that they pay no Python start and no import of torch (~1.9 CPU-s of each
+// without them, come from the same one), so that they pay no Python start and no import of torch (~1.9 CPU-s of each
 // run's ~2.2). Where this process has threads besides its main one (fork copies that one only), or with
 // MEMGATE_TEST_FORK_CLI=0, the real program runs instead; MEMGATE_TEST_CLI_RECORD records each run
 // (tests/cli/compare_cli_runs.py compares two).
 int run_check(const std::vector<std::string>& args, std::string* output) {
   std::string command = fmt::format("env -u CI -u MEMGATE_STRICT -u GITHUB_STEP_SUMMARY {} check", MEMGATE_CLI);
   for (const auto& a : args) command += " '" + a + "'";
-  return testing::run_cli(command, output,
-                          testing::lend_python_fork_server({kNotTheGates.begin(), kNotTheGates.end()}));
+  return testing::run_cli(command, output, testing::lend_python_fork_server(kNotTheGates));
 }
 
 struct ModulesProject {
@@ -152,7 +127,8 @@ std::int64_t sum_of_modules(const ModuleBytes& modules) {
 TEST(ModuleBreakdownTest, EachSplitSumsToItsComponentToTheByte) {
   ModulesProject p(kModulesPlainDecoder);
   const auto fixture = load_fixture(p.dir / "f.yaml");
-  const WithoutCi without;  // the gate's environment: its runs (run_check) fork their probes from the server it starts
+  // The gate's environment: its runs (run_check) fork their probes from the server these probes start.
+  const testing::WithoutVariables without(kNotTheGates);
   for (const std::int64_t batch : {2, 4}) {
     const auto probe = run_probe(fixture, batch, testing::kCpu);
     ASSERT_TRUE(probe.measured()) << probe.error;
