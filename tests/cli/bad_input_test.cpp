@@ -733,11 +733,8 @@ TEST_P(BadInputTest, ExitsWithTheContractsCodeAndNamesTheProblem) {
   // Forked from this program where that is the same run as memgate's own (tests/common/cli_fork.h); a case with a
   // rank program of its own (rank.sh) runs the real one. A Python case's probes fork from this program's Python fork
   // server (cli_fork.h's lend_python_fork_server: ~1.5 CPU-s of a case's ~1.7).
-  bool lends = false;
-#ifdef MEMGATE_TEST_PYTHON_FIXTURES
-  if (c.files.contains("m.py") && c.files.at("m.py") == kPythonModel) lends = testing::lend_python_fork_server();
-#endif
-  const auto run = testing::run_memgate(dir.path().string(), env, args, /*real=*/c.files.contains("rank.sh"), lends);
+  const bool python = c.files.contains("m.py") && c.files.at("m.py") == kPythonModel;
+  const auto run = testing::run_memgate(dir.path().string(), env, args, /*real=*/c.files.contains("rank.sh"), python);
   const int rc = run.exit_code;
   const std::string& out = run.output;
   EXPECT_EQ(rc, c.exit_code) << out;

@@ -19,7 +19,9 @@
 // which hands them to memgate-measure, the program the real run uses. The Python package (build/<preset>/python) and
 // the data folder are found the same from tests/ as from libexec/memgate/. A child ends as memgate-measure does
 // (exit_fast), which ends the fork servers it knows: a test program that runs probes in its own process (and so has
-// fork servers of its own, launch/fork_server.h) must run its cases as the real program (`real`).
+// fork servers of its own, launch/fork_server.h) must run its cases as the real program (`real`), unless it lends its
+// Python fork server to them (lend_python_fork_server, `lend_python_server`): then each child ends with _exit and
+// leaves this program's servers running.
 #pragma once
 
 #include "test_util.h"
@@ -125,15 +127,42 @@ struct CliRun {
   bool forked = false;  ///< forked from the test program (else the real program ran)
 };
 
+/// This process's environment without the variables `names` while it lives; each is set back as it was after.
+class WithoutVariables {
+ public:
+  explicit WithoutVariables(const std::vector<std::string>& names) {
+    for (const auto& name : names) {
+      if (const char* value = std::getenv(name.c_str()); value != nullptr) saved_.emplace_back(name, value);
+      ::unsetenv(name.c_str());
+    }
+  }
+  ~WithoutVariables() {
+    for (const auto& [name, value] : saved_) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  WithoutVariables(const WithoutVariables&) = delete;
+  WithoutVariables& operator=(const WithoutVariables&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
 #ifdef MEMGATE_CLI
 namespace detail {
 
-// The case's memgate forked from this process; nothing where it could not fork. `keep_fork_servers`: the child ends
-// with _exit, not as memgate-measure does (exit_fast), whose handler would end the fork servers it inherited (this
-// process's: a test program whose probes started one lends it to its forked runs, tests/python/modules_test.cpp).
+// The environments, by the variables their runs unset, for which this process lends its Python fork server
+// (lend_python_fork_server).
+inline std::set<std::vector<std::string>>& lent_python_fork_servers() {
+  static std::set<std::vector<std::string>> lent;
+  return lent;
+}
+
+// The case's memgate forked from this process; nothing where it could not fork. The child of a process that lends
+// its Python fork server ends with _exit, not as memgate-measure does (exit_fast), whose handler would end the fork
+// servers it inherited: this process's, lent to the next runs too (a server the child started ends with it all the
+// same, PR_SET_PDEATHSIG).
 inline std::optional<CliRun> fork_memgate(const std::string& dir, const std::vector<std::string>& unset,
-                                          const std::vector<std::string>& env, const std::vector<std::string>& args,
-                                          bool keep_fork_servers = false) {
+                                          const std::vector<std::string>& env, const std::vector<std::string>& args) {
+  const bool keep_fork_servers = !lent_python_fork_servers().empty();
   TempDir scratch;
   const auto out_path = scratch / "output";
   std::vector<std::string> argv_text{MEMGATE_CLI};
@@ -187,10 +216,41 @@ inline void record(const CliRun& run) {
              std::to_string(run.exit_code) + (run.forked ? " forked\n" : " real\n") + run.output);
 }
 
+}  // namespace detail
+
+/// Whether this process lends its Python fork server (launch/fork_server.h: one per Python and environment, started on
+/// a process's first Python probe) to forked runs that unset `unset`, started now by one probe of a plain Python
+/// fixture (a Linear of torch alone; `unset` unset meanwhile) where it has none yet and has one thread (fork copies
+/// that one only), unless MEMGATE_TEST_FORK_CLI=0. A forked run (run_memgate, run_cli with lend_python_server) whose
+/// probes' Python and environment are that server's finds it among what it inherited and forks them from it, as a
+/// memgate process forks each of its probes from its own: it pays no Python start and no import of torch (~1.5 CPU-s).
+inline bool lend_python_fork_server(const std::vector<std::string>& unset = {}) {
+  auto& lent = detail::lent_python_fork_servers();
+  if (lent.contains(unset)) return true;
+  const char* fork_cli = std::getenv("MEMGATE_TEST_FORK_CLI");
+  if (!has_one_thread() || (fork_cli != nullptr && std::string_view(fork_cli) == "0")) return false;
+  lent.insert(unset);
+  TempDir plain;
+  write_file(plain / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n  inputs:\n"
+                               "    - {shape: [B, 4], dtype: float32}\n  task: sum\nbatch_sizes: [1]\n");
+  write_file(plain / "models.py", "import torch\n\ndef build():\n    return torch.nn.Linear(4, 2)\n");
+  const auto probe = [&] {
+    const WithoutVariables without(unset);
+    return run_probe(load_fixture(plain / "f.yaml"), 1, kCpu);
+  }();
+  EXPECT_TRUE(probe.measured()) << probe.error;
+  return true;
+}
+
+namespace detail {
+
 // The case forked, where that is the same run (above); nothing where the real program must run it. `prefix`: what
 // comes before memgate, variables to set (VAR=value ...), or `env`, then -u VAR and VAR=value words.
+// `lend_python_server`: a run that sets no variable has its Python probes forked from this process's Python fork
+// server for runs that unset what it unsets (lend_python_fork_server); one that sets some has an environment of its
+// own, and starts a server of its own as memgate does.
 inline std::optional<CliRun> forked(const std::string& dir, const std::string& prefix, const std::string& args,
-                                   bool keep_fork_servers = false) {
+                                   bool lend_python_server = false) {
   const char* fork_cli = std::getenv("MEMGATE_TEST_FORK_CLI");
   if (fork_cli != nullptr && std::string_view(fork_cli) == "0") return std::nullopt;
   auto env_words = plain_shell_words(prefix);
@@ -216,62 +276,19 @@ inline std::optional<CliRun> forked(const std::string& dir, const std::string& p
     set.push_back(e);
   }
   if (!has_one_thread()) return std::nullopt;
-  return fork_memgate(dir, unset, set, *arg_words, keep_fork_servers);
+  if (lend_python_server && set.empty()) (void)lend_python_fork_server(unset);
+  return fork_memgate(dir, unset, set, *arg_words);
 }
 
 }  // namespace detail
 
-/// This process's environment without the variables `names` while it lives; each is set back as it was after.
-class WithoutVariables {
- public:
-  explicit WithoutVariables(const std::vector<std::string>& names) {
-    for (const auto& name : names) {
-      if (const char* value = std::getenv(name.c_str()); value != nullptr) saved_.emplace_back(name, value);
-      ::unsetenv(name.c_str());
-    }
-  }
-  ~WithoutVariables() {
-    for (const auto& [name, value] : saved_) ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  WithoutVariables(const WithoutVariables&) = delete;
-  WithoutVariables& operator=(const WithoutVariables&) = delete;
-
- private:
-  std::vector<std::pair<std::string, std::string>> saved_;
-};
-
-/// Whether this process has its Python fork server (launch/fork_server.h: one per Python and environment, started on a
-/// process's first Python probe) for runs that unset `unset`, started now by one probe of a plain Python fixture (a
-/// Linear of torch alone; `unset` unset meanwhile) where it has none yet and has one thread (fork copies that one
-/// only), unless MEMGATE_TEST_FORK_CLI=0. A run forked with keep_fork_servers (run_memgate, run_cli) whose probes'
-/// Python and environment are that server's finds it among what it inherited and forks them from it, as a memgate
-/// process forks each of its probes from its own: it pays no Python start and no import of torch (~1.5 CPU-s).
-inline bool lend_python_fork_server(const std::vector<std::string>& unset = {}) {
-  static std::set<std::vector<std::string>> started;
-  if (started.contains(unset)) return true;
-  const char* fork_cli = std::getenv("MEMGATE_TEST_FORK_CLI");
-  if (!has_one_thread() || (fork_cli != nullptr && std::string_view(fork_cli) == "0")) return false;
-  started.insert(unset);
-  TempDir plain;
-  write_file(plain / "f.yaml", "model:\n  arch: python\n  entry: models.py:build\n  inputs:\n"
-                               "    - {shape: [B, 4], dtype: float32}\n  task: sum\nbatch_sizes: [1]\n");
-  write_file(plain / "models.py", "import torch\n\ndef build():\n    return torch.nn.Linear(4, 2)\n");
-  const auto probe = [&] {
-    const WithoutVariables without(unset);
-    return run_probe(load_fixture(plain / "f.yaml"), 1, kCpu);
-  }();
-  EXPECT_TRUE(probe.measured()) << probe.error;
-  return true;
-}
-
 /// `cd <dir> && <env> memgate <args>` (env: VAR=value words, args: a shell's words, as the tests write them): forked
 /// from this process where that is the same run (above), else (or with `real`) the real program through /bin/sh.
-/// `keep_fork_servers`: the forked run uses this process's fork servers where its probes' command and environment are
-/// theirs, and leaves them running (fork_memgate): a test program that started one lends it to each run.
+/// `lend_python_server`: its Python probes from this process's Python fork server (detail::forked).
 inline CliRun run_memgate(const std::string& dir, const std::string& env, const std::string& args, bool real = false,
-                          bool keep_fork_servers = false) {
+                          bool lend_python_server = false) {
   std::optional<CliRun> run;
-  if (!real) run = detail::forked(dir, env, args, keep_fork_servers);
+  if (!real) run = detail::forked(dir, env, args, lend_python_server);
   if (!run) {
     run.emplace();
     run->exit_code = testing::run("cd " + dir + " && " + env + " " + MEMGATE_CLI + " " + args, &run->output);
@@ -282,13 +299,13 @@ inline CliRun run_memgate(const std::string& dir, const std::string& env, const 
 
 /// testing::run for a command that runs memgate: `[VAR=value ...] <MEMGATE_CLI> <args>` or `env [-u VAR ...]
 /// [VAR=value ...] <MEMGATE_CLI> <args>` (nothing after but its arguments) forked as run_memgate forks it, in this
-/// process's folder; any other command as testing::run runs it. `keep_fork_servers`: as run_memgate's.
-inline int run_cli(const std::string& command, std::string* output = nullptr, bool keep_fork_servers = false) {
+/// process's folder; any other command as testing::run runs it. `lend_python_server`: as run_memgate's.
+inline int run_cli(const std::string& command, std::string* output = nullptr, bool lend_python_server = false) {
   const std::string cli = MEMGATE_CLI;
   std::optional<CliRun> run;
   if (const auto at = command.find(cli + " "); at != std::string::npos && (at == 0 || command[at - 1] == ' ')) {
     run = detail::forked(std::filesystem::current_path().string(), command.substr(0, at),
-                         command.substr(at + cli.size() + 1), keep_fork_servers);
+                         command.substr(at + cli.size() + 1), lend_python_server);
   }
   if (!run) {
     run.emplace();
@@ -299,10 +316,10 @@ inline int run_cli(const std::string& command, std::string* output = nullptr, bo
   return run->exit_code;
 }
 
-/// run_cli of `env -u CI -u MEMGATE_STRICT memgate ...` (a run as a developer's shell runs it: not in CI, not strict),
-/// its Python probes from this process's Python fork server for such runs (lend_python_fork_server).
+/// run_cli of a developer's run as the Python tests write it (`env -u CI -u MEMGATE_STRICT memgate ...`: not in CI, not
+/// strict), its Python probes from this process's Python fork server for such runs (lend_python_server).
 inline int run_dev(const std::string& command, std::string* output) {
-  return run_cli(command, output, lend_python_fork_server({"CI", "MEMGATE_STRICT"}));
+  return run_cli(command, output, /*lend_python_server=*/true);
 }
 #endif
 

@@ -69,7 +69,7 @@ const std::vector<std::string> kNotTheGates = {"CI", "MEMGATE_STRICT", "GITHUB_S
 int run_check(const std::vector<std::string>& args, std::string* output) {
   std::string command = fmt::format("env -u CI -u MEMGATE_STRICT -u GITHUB_STEP_SUMMARY {} check", MEMGATE_CLI);
   for (const auto& a : args) command += " '" + a + "'";
-  return testing::run_cli(command, output, testing::lend_python_fork_server(kNotTheGates));
+  return testing::run_cli(command, output, /*lend_python_server=*/true);
 }
 
 struct ModulesProject {

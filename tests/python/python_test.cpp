@@ -744,9 +744,9 @@ TEST_P(BadPythonTest, ExitsWithThreeNamingTheFixtureTheKeyAndThePythonError) {
   if (const auto at = env.find("{dir}"); at != std::string::npos) env.replace(at, 5, dir.path().string());
   // Forked from this program (tests/common/cli_fork.h), its probes from this program's Python fork server where their
   // Python and environment are this program's (lend_python_fork_server: ~1.5 CPU-s of a case's ~1.7).
-  const bool lends = testing::lend_python_fork_server();
   const auto run = testing::run_memgate(dir.path().string(), env,
-                                        fmt::format("profile --config {} --device cpu", dir / "f.yaml"), false, lends);
+                                        fmt::format("profile --config {} --device cpu", dir / "f.yaml"),
+                                        /*real=*/false, /*lend_python_server=*/true);
   const std::string& output = run.output;
   EXPECT_EQ(run.exit_code, 3) << output;
   for (const auto& s : c.says) EXPECT_THAT(output, HasSubstr(s)) << c.name;

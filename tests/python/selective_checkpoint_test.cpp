@@ -289,10 +289,10 @@ TEST_P(BadSelectiveCheckpointTest, ExitsWithThreeNamingTheFixtureTheKeyAndTheOp)
                                       "training:\n  gradient_checkpointing: " + c.value + "\nbatch_sizes: [1]\n");
   // Forked from this program (tests/common/cli_fork.h), the probes of a case refused in Python from this program's
   // Python fork server (lend_python_fork_server).
-  const bool lends = testing::lend_python_fork_server();
   for (const auto* command : {"profile --device cpu", "estimate --for cuda"}) {
-    const auto run = testing::run_memgate(
-        dir.path().string(), "", fmt::format("{} --config {} --batch-sizes 1", command, dir / "f.yaml"), false, lends);
+    const auto run = testing::run_memgate(dir.path().string(), "",
+                                          fmt::format("{} --config {} --batch-sizes 1", command, dir / "f.yaml"),
+                                          /*real=*/false, /*lend_python_server=*/true);
     const std::string& output = run.output;
     EXPECT_EQ(run.exit_code, 3) << command << ": " << output;
     for (const auto& s : c.says) EXPECT_THAT(output, HasSubstr(s)) << command;
